@@ -1,0 +1,118 @@
+# River build. `make` builds the library, the tools and the tests; `make test` runs the Check
+# suites; `make demo` runs the main job. Each of them first installs the Debian packages the
+# build needs (scripts/install-deps.sh) when they are missing.
+#
+# Variables: PREFIX (install root, /usr/local), SANITIZE (e.g. address,undefined),
+# OPT (optimisation flags), V=1 (echo commands).
+
+PREFIX      ?= /usr/local
+BUILD       ?= build
+CC          ?= gcc
+OPT         ?= -O2
+SANITIZE    ?=
+
+PKGS        := jansson libpcre2-8 libutf8proc
+PKG_CFLAGS  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS    := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null)
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
+               -Wno-unused-parameter -fno-strict-aliasing -pthread -MMD -MP -I. $(PKG_CFLAGS)
+ifneq ($(SANITIZE),)
+CFLAGS_BASE += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+LDFLAGS     += -fsanitize=$(SANITIZE)
+endif
+CFLAGS      ?=
+ALL_CFLAGS  := $(CFLAGS_BASE) $(CFLAGS)
+LDLIBS      := $(PKG_LIBS) -lm -pthread
+
+# SIMD kernels are compiled per file with their own target flags and picked at run time.
+SIMD_AVX2   := -mavx2 -mfma -mf16c
+SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
+
+LIB_SRC     := $(wildcard common/*.c engine/*.c kernels/*.c kernels/cpu/*.c)
+LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB         := $(BUILD)/libriver.a
+
+CLI_SRC     := $(wildcard cli/*.c)
+CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
+RIVER_BIN   := $(BUILD)/bin/river
+
+TEST_SRC    := $(wildcard tests/test_*.c)
+TEST_BIN    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+.PHONY: all deps deps-check test demo install clean bench build-all build-test build-demo \
+	build-install build-bench
+
+# The public targets first make sure the packages are there (cheap when they are), then
+# re-run make so that pkg-config sees the installed libraries.
+all test demo install bench: deps-check
+	$(Q)$(MAKE) --no-print-directory build-$@
+
+deps-check:
+	$(Q)scripts/install-deps.sh --quiet
+
+build-all: $(LIB) $(RIVER_BIN) $(TEST_BIN)
+
+deps:
+	scripts/install-deps.sh
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(ALL_CFLAGS) $(SIMD_AVX2) -c $< -o $@
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(ALL_CFLAGS) $(SIMD_AVX512) -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(RIVER_BIN): $(CLI_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEST_COMMON_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
+
+build-test: build-all
+	$(Q)scripts/run-tests.sh $(TEST_BIN)
+
+build-demo: build-all
+	$(Q)scripts/demo.sh
+
+build-bench: build-all
+	$(Q)$(RIVER_BIN) bench --model tests/data/stories260K/stories260K.bin --threads 1
+
+build-install: build-all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib
+	install -m 755 $(RIVER_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 kernels/ops.h engine/model.h engine/tokenizer.h common/err.h \
+		$(DESTDIR)$(PREFIX)/include/river/
+
+clean:
+	rm -rf $(BUILD)
+
+.SECONDARY:
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)

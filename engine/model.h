@@ -1,0 +1,105 @@
+/* A loaded model: its configuration and its weights, mapped in place from the checkpoint.
+ *
+ * Loading accepts a Hugging Face checkpoint directory (config.json + model.safetensors, or
+ * shards named by model.safetensors.index.json) or a llama2.c .bin file. Every malformed
+ * input fails with a river_err code and a detail naming the file and the problem; on
+ * failure nothing stays allocated or mapped. */
+#ifndef RIVER_ENGINE_MODEL_H
+#define RIVER_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+typedef enum {
+    ARCH_LLAMA = 0, /* Llama 2/3/3.1/3.2, and llama2.c .bin */
+    ARCH_MISTRAL,
+    ARCH_QWEN2,     /* q/k/v bias */
+    ARCH_QWEN3,     /* per-head q/k RMSNorm */
+    ARCH_PHI3,      /* fused qkv and gate_up, partial rotary, longrope */
+    ARCH_COUNT
+} arch_t;
+
+const char *arch_name(arch_t a);
+
+typedef enum {
+    ROPE_SCALING_NONE = 0,
+    ROPE_SCALING_LLAMA3,
+    ROPE_SCALING_LONGROPE,
+    ROPE_SCALING_LINEAR,
+} rope_scaling_t;
+
+typedef struct model_config {
+    arch_t arch;
+    int dim;            /* hidden size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int hidden_dim;     /* FFN intermediate size */
+    int vocab_size;
+    int max_seq_len;    /* max_position_embeddings */
+    float norm_eps;
+    float rope_theta;
+    rope_layout_t rope_layout;
+    float partial_rotary_factor;  /* 1 unless the config says otherwise */
+    rope_scaling_t rope_scaling;
+    float rope_factor;            /* llama3 / linear / longrope scaling factor */
+    float rope_low_freq_factor;   /* llama3 */
+    float rope_high_freq_factor;  /* llama3 */
+    int rope_orig_max_pos;        /* llama3 / longrope original_max_position_embeddings */
+    float *rope_short_factor;     /* longrope: (rot_dim/2), owned, else NULL */
+    float *rope_long_factor;      /* longrope: (rot_dim/2), owned, else NULL */
+    int tied_embeddings;
+    int bos_id;          /* -1 when none */
+    int eos_ids[4];      /* ids that end generation; n_eos of them */
+    int n_eos;
+    dtype_t dtype;       /* dtype of the large matrices */
+} model_config_t;
+
+/* Weights of one decoder layer. A fused checkpoint tensor (Phi-3 qkv_proj, gate_up_proj)
+ * appears here as views: wq, wk, wv point at consecutive row ranges of one tensor. */
+typedef struct layer_weights {
+    weight_t attn_norm;  /* (1, dim) */
+    weight_t wq;         /* (n_heads*head_dim, dim) */
+    weight_t wk;         /* (n_kv_heads*head_dim, dim) */
+    weight_t wv;         /* (n_kv_heads*head_dim, dim) */
+    weight_t wo;         /* (dim, n_heads*head_dim) */
+    weight_t bq, bk, bv; /* (1, rows of wq/wk/wv); data NULL when absent */
+    weight_t q_norm;     /* (1, head_dim); data NULL when absent (Qwen3) */
+    weight_t k_norm;     /* (1, head_dim); data NULL when absent */
+    weight_t ffn_norm;   /* (1, dim) */
+    weight_t w_gate;     /* (hidden_dim, dim) */
+    weight_t w_up;       /* (hidden_dim, dim) */
+    weight_t w_down;     /* (dim, hidden_dim) */
+} layer_weights_t;
+
+typedef struct model_mapping model_mapping_t; /* opaque: mmaps and owned copies */
+
+typedef struct model {
+    model_config_t cfg;
+    weight_t embed;       /* (vocab, dim) */
+    layer_weights_t *layers; /* (n_layers) */
+    weight_t final_norm;  /* (1, dim) */
+    weight_t lm_head;     /* (vocab, dim); the embedding table when tied */
+    char *path;           /* what was loaded, owned */
+    char *dir;            /* directory holding it (for tokenizer.json), owned */
+    int is_llama2c;       /* loaded from a llama2.c .bin */
+    model_mapping_t *map; /* owns every byte the weights point at */
+} model_t;
+
+/* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin. */
+int model_load(model_t **out, const char *path);
+void model_destroy(model_t **m);
+
+/* Parameters, counting a tied embedding once. */
+int64_t model_param_count(const model_t *m);
+/* Bytes of weights one decode step reads: every matrix and vector of every layer, the
+ * final norm and the LM head (the embedding lookup reads one row, counted as one row). */
+int64_t model_bytes_per_token(const model_t *m);
+
+/* Fills cfg->...-derived values and checks them (positive sizes, heads dividing dim...). */
+int model_config_validate(const model_config_t *cfg, const char *what);
+
+#endif

@@ -1,0 +1,33 @@
+/* The CPU backend: the reference implementation of every op in kernels/ops.h, with SIMD
+ * paths chosen at run time (AVX-512, AVX2/FMA, portable C) and a thread pool. */
+#ifndef RIVER_KERNELS_CPU_H
+#define RIVER_KERNELS_CPU_H
+
+#include "kernels/ops.h"
+
+typedef enum {
+    CPU_SIMD_SCALAR = 0,
+    CPU_SIMD_AVX2,   /* AVX2 + FMA + F16C */
+    CPU_SIMD_AVX512, /* AVX-512 F/BW/VL (+BF16 where present) */
+    CPU_SIMD_COUNT
+} cpu_simd_t;
+
+/* The best SIMD level this processor supports. */
+cpu_simd_t cpu_simd_detect(void);
+const char *cpu_simd_name(cpu_simd_t level);
+
+/* Creates a CPU backend with n_threads workers (0: one per online core) using SIMD level
+ * `simd` (capped at what the processor supports; pass CPU_SIMD_COUNT for the best).
+ * On failure *out is untouched. */
+int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd);
+void cpu_backend_destroy(backend_t **b);
+
+/* Threads the backend runs ops on. */
+int cpu_backend_threads(const backend_t *b);
+
+/* Measures the read bandwidth of main memory in GB/s (1e9 bytes/s): a read-only SIMD sweep
+ * with n_threads threads over a buffer of `bytes` (far larger than the caches), best of
+ * `reps` passes. Returns a negative river_err code on failure. */
+double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps);
+
+#endif

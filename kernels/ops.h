@@ -1,0 +1,144 @@
+/* The op interface: every piece of model math the engine needs, as a table of function
+ * pointers that a backend fills in. The model code in engine/ is written once against this
+ * table; kernels/cpu/ is the reference backend and a CUDA backend fills the same table.
+ *
+ * Conventions
+ * - Activation buffers are `void *` in the backend's activation type (f32 on the CPU) and
+ *   are allocated with ops->buf_alloc, so the model code never dereferences them; results
+ *   reach the host through ops->to_host.
+ * - Matrices follow the PyTorch Linear layout: a weight of `rows` outputs and `cols` inputs
+ *   is stored row-major (rows, cols); y = x W^T.
+ * - A batch is n rows (tokens); row i of an (n, d) buffer starts at element i*d.
+ * - Every op returns 0 or a negative river_err code; on failure the output buffers hold
+ *   unspecified values and nothing else changes.
+ */
+#ifndef RIVER_KERNELS_OPS_H
+#define RIVER_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    DTYPE_F32 = 0,
+    DTYPE_F16,
+    DTYPE_BF16,
+    DTYPE_Q4, /* 4-bit affine groups: data is (rows, cols/2) bytes, low nibble first */
+    DTYPE_Q8, /* 8-bit affine groups: data is (rows, cols) bytes */
+    DTYPE_COUNT
+} dtype_t;
+
+/* Bytes of one element; 0 for the packed types (use dtype_row_bytes). */
+size_t dtype_size(dtype_t dt);
+/* Bytes of one row of `cols` elements, packing included. */
+size_t dtype_row_bytes(dtype_t dt, int64_t cols);
+const char *dtype_name(dtype_t dt);
+
+/* A weight matrix or vector, resident where its backend can read it (on the CPU: the mmap'd
+ * checkpoint, used in place). A 1-D tensor has rows = 1. For Q4/Q8 a value is
+ * (q - zero) * scale, one fp16 scale and zero per `group` consecutive inputs of a row. */
+typedef struct weight {
+    dtype_t dtype;
+    int64_t rows;            /* output features */
+    int64_t cols;            /* input features */
+    const void *data;        /* (rows, cols) elements of dtype, or packed codes */
+    const uint16_t *scales;  /* Q4/Q8: (rows, cols/group) fp16, else NULL */
+    const uint16_t *zeros;   /* Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
+    int group;               /* Q4/Q8: inputs per group, else 0 */
+} weight_t;
+
+typedef enum {
+    ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]): llama2.c / Meta layout */
+    ROPE_HALF,            /* pairs (x[i], x[i + rot/2]): Hugging Face rotate_half */
+} rope_layout_t;
+
+/* Rotary embedding of one model. inv_freq already includes theta and any scaling
+ * (llama3, longrope), so the op only computes angle = pos * inv_freq[i]. */
+typedef struct rope {
+    rope_layout_t layout;
+    int head_dim;          /* elements per head */
+    int rot_dim;           /* rotated elements per head (partial rotary: < head_dim), even */
+    const float *inv_freq; /* (rot_dim/2) host memory */
+    float attn_factor;     /* multiplies cos and sin (longrope); 1 otherwise */
+} rope_t;
+
+/* Where the paged KV cache of one layer lives, in the backend's memory. A page holds
+ * `page_size` consecutive positions of one sequence; element (page, pos_in_page, j) of
+ * layer l is at base + page*page_stride + l*layer_stride + pos_in_page*kv_dim + j. */
+typedef struct kv_view {
+    void *k;                /* K base, backend KV type (f32 on the CPU) */
+    void *v;                /* V base */
+    int64_t page_stride;    /* elements between pages */
+    int64_t layer_stride;   /* elements between layers of one page */
+    int page_size;          /* positions per page */
+    int kv_dim;             /* n_kv_heads * head_dim */
+    int n_pages;            /* pages in the pool; a page id must be below it */
+} kv_view_t;
+
+/* The rows of one batch as attention sees them: row i is position pos[i] of a sequence
+ * whose page table is page_table[i] (page_table[i][p / page_size] holds position p). A
+ * row attends to positions 0..pos[i] of its own sequence. Rows of one sequence in one
+ * batch must have their K/V written (kv_write) before attention runs. */
+typedef struct attn_batch {
+    int n;                             /* rows */
+    const int32_t *pos;                /* (n) host memory */
+    const int32_t *const *page_table;  /* (n) host pointers to page tables */
+} attn_batch_t;
+
+typedef struct ops_ctx ops_ctx_t; /* backend state (thread pool, streams, scratch) */
+
+typedef struct ops {
+    const char *name;
+
+    /* Buffers in the backend's activation type; NULL on failure. Zero-filled. */
+    void *(*buf_alloc)(ops_ctx_t *ctx, size_t n_elems);
+    void (*buf_free)(ops_ctx_t *ctx, void *buf);
+    /* Copies n f32 values between host memory and a buffer (offset in elements). */
+    int (*to_host)(ops_ctx_t *ctx, float *dst, const void *src, size_t offset, size_t n);
+    int (*from_host)(ops_ctx_t *ctx, void *dst, size_t offset, const float *src, size_t n);
+
+    /* out[i,:] = row tokens[i] of table (rows = vocab, cols = d), converted. */
+    int (*embed)(ops_ctx_t *ctx, void *out, const weight_t *table, const int32_t *tokens, int n);
+    /* out[i,:] = x[i,:] / sqrt(mean(x[i,:]^2) + eps) * w; rows n of width d (w: 1 x d).
+     * out may equal x. */
+    int (*rmsnorm)(ops_ctx_t *ctx, void *out, const void *x, const weight_t *w, int n, int d,
+                   float eps);
+    /* y (n, w->rows) = x (n, w->cols) W^T; y must not alias x. */
+    int (*matmul)(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n);
+    /* y[i,:] += b for each of n rows (b: 1 x d). */
+    int (*add_bias)(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d);
+    /* y += x, n*d elements. */
+    int (*add)(ops_ctx_t *ctx, void *y, const void *x, size_t n_elems);
+    /* Rotates n_heads heads of each row in place (row stride = n_heads*head_dim). */
+    int (*rope)(ops_ctx_t *ctx, void *x, const int32_t *pos, int n, int n_heads,
+                const rope_t *rope);
+    /* out[i,:] = silu(gate[i,:]) * up[i,:]; gate and up have row stride `stride`
+     * (they may be two halves of one fused gate_up row), out has row stride d. */
+    int (*swiglu)(ops_ctx_t *ctx, void *out, const void *gate, const void *up, int n, int d,
+                  int stride);
+    /* Writes k and v (n, kv_dim) into the slots (layer, pos[i]) of each row's pages. */
+    int (*kv_write)(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
+                    const void *k, const void *v);
+    /* Causal grouped-query attention of q (n, n_heads*head_dim) over the pages of each
+     * row's sequence in layer `layer`; out has the same shape as q. scale multiplies q.k. */
+    int (*attention)(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv, int layer,
+                     const attn_batch_t *b, int n_heads, int n_kv_heads, int head_dim,
+                     float scale);
+    /* out[i] = cos(a[i,:], b[i,:]) into host memory (n floats). */
+    int (*cosine)(ops_ctx_t *ctx, float *out, const void *a, const void *b, int n, int d);
+    /* dst[i,:] = src[idx[i],:] for n rows of width d (gather for compaction). */
+    int (*gather_rows)(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx, int n,
+                       int d);
+    /* dst[idx[i],:] = src[i,:] (scatter back after compaction). */
+    int (*scatter_rows)(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx, int n,
+                        int d);
+    /* Waits until all queued work is done (no-op on the CPU). */
+    int (*sync)(ops_ctx_t *ctx);
+} ops_t;
+
+/* A backend instance: the table plus its state. */
+typedef struct backend {
+    const ops_t *ops;
+    ops_ctx_t *ctx;
+} backend_t;
+
+#endif

@@ -1,0 +1,52 @@
+#include "tests/testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    long n = ftell(f);
+    rewind(f);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+const char *test_tmpdir(void)
+{
+    static char dir[256];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/river-test-%d", (int)getpid());
+        mkdir(dir, 0700);
+    }
+    return dir;
+}
+
+const char *test_write_tmp(const char *name, const void *data, size_t len)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return NULL;
+    size_t w = fwrite(data, 1, len, f);
+    fclose(f);
+    return w == len ? path : NULL;
+}

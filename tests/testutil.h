@@ -1,0 +1,32 @@
+/* Shared helpers for the Check suites. Every test binary runs from the repository root and
+ * finds its data under tests/data/. */
+#ifndef RIVER_TESTS_TESTUTIL_H
+#define RIVER_TESTS_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TEST_DATA "tests/data"
+
+/* One main per test binary: runs the suite built by `suite_fn` and fails the process when
+ * any check fails. */
+#define RIVER_TEST_MAIN(suite_fn)                                      \
+    int main(void)                                                     \
+    {                                                                  \
+        SRunner *sr = srunner_create(suite_fn());                      \
+        srunner_run_all(sr, CK_NORMAL);                                \
+        int failed = srunner_ntests_failed(sr);                        \
+        srunner_free(sr);                                              \
+        return failed == 0 ? 0 : 1;                                    \
+    }
+
+/* Reads a whole file; NULL (and *len untouched) when it cannot. Caller frees. */
+void *test_read_file(const char *path, size_t *len);
+/* Writes len bytes to a fresh file under a per-process temp directory and returns its
+ * path (static storage, overwritten by the next call with the same name). */
+const char *test_write_tmp(const char *name, const void *data, size_t len);
+/* A per-process temporary directory, created on first use. */
+const char *test_tmpdir(void);
+
+#endif
