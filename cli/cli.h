@@ -14,4 +14,27 @@ int cmd_synth(int argc, char **argv);
 /* Prints "river <cmd>: <message>: <detail>" for a river_err code to stderr; returns 1. */
 int cli_fail(const char *cmd, int err);
 
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/ops.h"
+
+/* What most commands open: the model, its tokenizer (from tok_path, or found beside the
+ * model: tokenizer.json in its directory, or the one tok*.bin beside a llama2.c file) and
+ * a CPU backend with n_threads threads (0: all cores). want_tok 0 skips the tokenizer. */
+typedef struct cli_env {
+    model_t *model;
+    tokenizer_t *tok;
+    backend_t *be;
+} cli_env_t;
+
+int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, int n_threads,
+                 int want_tok);
+void cli_env_close(cli_env_t *env);
+
+/* Finds the tokenizer file that belongs to a model path; writes it to buf. */
+int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);
+
+/* Strict number parsing for options: fails (returns -1) on junk or out-of-range values. */
+int cli_parse_int(const char *s, long min, long max, long *out);
+int cli_parse_float(const char *s, double *out);
 #endif

@@ -1,9 +1,169 @@
+/* river bench: prefill and decode speed of a model, and how close decode comes to the
+ * memory-bandwidth roofline (every weight byte read once per decoded token). */
+#include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "common/err.h"
+#include "engine/generate.h"
+#include "kernels/cpu/cpu.h"
+
+static int bench__cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double bench__median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench__cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void bench__usage(FILE *f)
+{
+    fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
+               "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
+               "Prints the median prefill and decode tokens/s over R runs, the read bandwidth\n"
+               "of a SIMD sweep over M MiB (default 2048) with the same threads, and\n"
+               "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n");
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    fprintf(stderr, "river bench: not built yet\n");
-    return 1;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},      {"threads", required_argument, 0, 'j'},
+        {"prompt-len", required_argument, 0, 'p'}, {"gen-len", required_argument, 0, 'g'},
+        {"runs", required_argument, 0, 'r'},       {"bandwidth-mib", required_argument, 0, 'b'},
+        {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_path = NULL;
+    long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
+    int json = 0, c, li = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
+        long *target = NULL, lo = 1, hi = 1 << 20;
+        switch (c) {
+        case 'm': model_path = optarg; continue;
+        case 'j': target = &threads; lo = 0; hi = 1024; break;
+        case 'p': target = &prompt_len; break;
+        case 'g': target = &gen_len; break;
+        case 'r': target = &runs; hi = 1000; break;
+        case 'b': target = &bw_mib; hi = 1 << 20; break;
+        case 'o':
+            if (!strcmp(optarg, "json"))
+                json = 1;
+            else if (strcmp(optarg, "text")) {
+                fprintf(stderr, "river bench: bad value '%s' for --output\n", optarg);
+                return 2;
+            }
+            continue;
+        case 'h': bench__usage(stdout); return 0;
+        default: bench__usage(stderr); return 2;
+        }
+        if (cli_parse_int(optarg, lo, hi, target)) {
+            fprintf(stderr, "river bench: bad value '%s' for --%s\n", optarg, opts[li].name);
+            return 2;
+        }
+    }
+    if (!model_path || optind != argc) {
+        bench__usage(stderr);
+        return 2;
+    }
+    cli_env_t env;
+    int e = cli_env_open(&env, model_path, NULL, (int)threads, 0);
+    if (e)
+        return cli_fail("bench", e);
+    const model_config_t *cfg = &env.model->cfg;
+    if (prompt_len + gen_len > cfg->max_seq_len) {
+        fprintf(stderr, "river bench: prompt-len + gen-len = %ld exceeds the context of %d\n",
+                prompt_len + gen_len, cfg->max_seq_len);
+        cli_env_close(&env);
+        return 2;
+    }
+    int rc = 1;
+    gen_t *g = NULL;
+    int32_t *prompt = malloc(sizeof *prompt * (size_t)prompt_len);
+    double *pre = calloc((size_t)runs, sizeof *pre), *dec = calloc((size_t)runs, sizeof *dec);
+    if (!prompt || !pre || !dec) {
+        e = river_err_set(RIVER_ENOMEM, "bench buffers");
+        goto done;
+    }
+    /* A fixed pseudo-random prompt: the speed does not depend on the ids. */
+    uint32_t x = 12345;
+    for (long i = 0; i < prompt_len; i++) {
+        x = x * 1664525u + 1013904223u;
+        prompt[i] = (int32_t)((x >> 8) % (uint32_t)cfg->vocab_size);
+    }
+    int chunk = prompt_len < 256 ? (int)prompt_len : 256;
+    gen_config_t gc = {.max_rows = chunk, .prefill_chunk = chunk, .page_size = 16,
+                       .max_seqs = 1};
+    e = gen_new(&g, env.model, NULL, env.be, &gc);
+    if (e)
+        goto done;
+    int n_threads = cpu_backend_threads(env.be);
+    if (!json)
+        fprintf(stderr, "river bench: %s, %d threads, prompt %ld, gen %ld, %ld runs\n",
+                model_path, n_threads, prompt_len, gen_len, runs);
+    /* One untimed warm-up run faults the mapped weights in. */
+    for (long r = -1; r < runs; r++) {
+        gen_stats_t a, b;
+        gen_get_stats(g, &a);
+        gen_request_t req = {.prompt = prompt, .n_prompt = (size_t)prompt_len,
+                             .max_tokens = (int)gen_len + 1, .ignore_eos = 1};
+        int seq;
+        e = gen_submit(g, &req, &seq);
+        if (!e)
+            e = gen_run_all(g);
+        if (e)
+            goto done;
+        gen_get_stats(g, &b);
+        if (r < 0)
+            continue;
+        pre[r] = (double)(b.prefill_tokens - a.prefill_tokens) / (b.prefill_s - a.prefill_s);
+        dec[r] = (double)(b.decode_tokens - a.decode_tokens) / (b.decode_s - a.decode_s);
+    }
+    double prefill_tps = bench__median(pre, (int)runs);
+    double decode_tps = bench__median(dec, (int)runs);
+    double bw = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3);
+    if (bw <= 0) {
+        e = (int)bw;
+        goto done;
+    }
+    int64_t bpt = model_bytes_per_token(env.model);
+    double frac = (double)bpt * decode_tps / (bw * 1e9);
+    if (json) {
+        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:f, s:f}",
+                              "model", model_path, "dtype", dtype_name(cfg->dtype),
+                              "threads", n_threads, "prompt_len", (int)prompt_len,
+                              "gen_len", (int)gen_len, "runs", (int)runs,
+                              "prefill_tok_s", prefill_tps, "decode_tok_s", decode_tps,
+                              "bytes_per_token", (json_int_t)bpt, "read_bandwidth_gbs", bw,
+                              "roofline_fraction", frac);
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("prefill_tok_s       %.1f\n", prefill_tps);
+        printf("decode_tok_s        %.2f\n", decode_tps);
+        printf("bytes_per_token     %lld\n", (long long)bpt);
+        printf("read_bandwidth_gbs  %.2f\n", bw);
+        printf("roofline_fraction   %.3f\n", frac);
+    }
+    rc = 0;
+done:
+    if (e)
+        rc = cli_fail("bench", e);
+    gen_destroy(&g);
+    free(prompt);
+    free(pre);
+    free(dec);
+    cli_env_close(&env);
+    return rc;
 }

@@ -1,0 +1,55 @@
+/* The forward pass: one batch of tokens through the model, written once against the op
+ * interface (kernels/ops.h), so every backend runs the same model code.
+ *
+ * A batch mixes sequences freely: each row is one token at one position of one sequence
+ * (a prefill chunk is several rows of one sequence, a decode step one row per sequence).
+ * The rows' K/V go into the paged pool before attention reads it, so rows of one sequence
+ * in one batch see each other causally. */
+#ifndef RIVER_ENGINE_FORWARD_H
+#define RIVER_ENGINE_FORWARD_H
+
+#include <stdint.h>
+
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "kernels/ops.h"
+
+typedef struct fwd_batch {
+    int n;                            /* rows, at most the forward's max_rows */
+    const int32_t *tokens;            /* (n) token ids */
+    const int32_t *pos;               /* (n) positions */
+    const int32_t *const *page_table; /* (n) each row's sequence page table */
+    int n_logits;                     /* rows whose logits are wanted */
+    const int32_t *logit_rows;        /* (n_logits) row indices into the batch */
+} fwd_batch_t;
+
+/* Called after every layer with the residual stream of all rows, copied to the host:
+ * hidden is (n, dim). Used by tests (per-layer parity) and by exit statistics. */
+typedef void (*fwd_layer_hook_t)(void *user, int layer, const float *hidden, int n, int dim);
+
+typedef struct forward forward_t;
+
+/* Scratch for batches of up to max_rows rows on backend `be`. The model and backend must
+ * outlive the forward. */
+int forward_new(forward_t **out, const model_t *m, backend_t *be, int max_rows);
+void forward_destroy(forward_t **f);
+
+int forward_max_rows(const forward_t *f);
+const rope_t *forward_rope(const forward_t *f);
+
+/* Runs the batch. logits (n_logits, vocab) in host memory receives the LM-head output of
+ * the requested rows. Positions must have pages reserved in every row's page table. On
+ * failure the KV slots of this batch's positions hold unspecified values. */
+int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logits);
+
+/* Runs layer `layer` alone on host input x_in (n, dim), writing its K/V and its output to
+ * x_out (n, dim). Tests use it to check each layer on its own against a reference. */
+int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int layer,
+                       const float *x_in, float *x_out);
+
+void forward_set_layer_hook(forward_t *f, fwd_layer_hook_t hook, void *user);
+
+/* Fills rope with the model's rotary parameters; inv_freq is malloc'd (caller frees). */
+int rope_build(rope_t *rope, const model_config_t *cfg);
+
+#endif

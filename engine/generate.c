@@ -1,0 +1,406 @@
+#include "engine/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+
+typedef struct gseq {
+    int used;
+    int id;
+    gen_request_t req;     /* stop strings and callback borrowed from the caller */
+    int32_t *prompt;       /* (n_prompt) owned copy */
+    size_t n_prompt;
+    size_t n_prefilled;    /* prompt positions whose K/V are written */
+    int32_t last;          /* last sampled id, fed at position `pos` */
+    int pos;               /* next position to write */
+    int n_generated;
+    kv_seq_t kv;
+    sampler_t *sampler;
+    tok_stream_t *stream;
+    char *pending;         /* text held back because it may start a stop string */
+    size_t n_pending, cap_pending;
+} gseq_t;
+
+struct gen {
+    const model_t *m;
+    const tokenizer_t *tok;
+    backend_t *be;
+    gen_config_t cfg;
+    forward_t *fwd;
+    kv_pool_t *kv;
+    gseq_t *seqs;          /* (max_seqs) slots */
+    int n_active;
+    int next_id;
+    /* Batch assembly, (max_rows) each. */
+    int32_t *tokens, *pos, *logit_rows, *row_seq;
+    const int32_t **tables;
+    float *logits;         /* (max_rows, vocab) host */
+    gen_stats_t stats;
+};
+
+const char *gen_finish_name(gen_finish_t f)
+{
+    static const char *names[] = {"running", "length", "eos", "stop", "context", "cancel",
+                                  "error"};
+    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
+}
+
+static double gen__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be,
+            const gen_config_t *cfg)
+{
+    gen_config_t c = *cfg;
+    if (c.max_rows <= 0 || c.max_seqs <= 0 || c.page_size <= 0 || c.prefill_chunk <= 0)
+        return river_err_set(RIVER_EINVAL, "generate: bad config (rows %d, seqs %d, page %d, "
+                             "chunk %d)", c.max_rows, c.max_seqs, c.page_size, c.prefill_chunk);
+    if (c.n_pages <= 0)
+        c.n_pages = c.max_seqs * ((m->cfg.max_seq_len + c.page_size - 1) / c.page_size);
+    int e;
+    gen_t *g = calloc(1, sizeof *g);
+    if (!g)
+        return river_err_set(RIVER_ENOMEM, "generate: state");
+    g->m = m;
+    g->tok = tok;
+    g->be = be;
+    g->cfg = c;
+    e = forward_new(&g->fwd, m, be, c.max_rows);
+    if (e)
+        goto fail_fwd;
+    e = kv_pool_new(&g->kv, be, m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim,
+                    c.page_size, c.n_pages);
+    if (e)
+        goto fail_kv;
+    size_t r = (size_t)c.max_rows;
+    g->seqs = calloc((size_t)c.max_seqs, sizeof *g->seqs);
+    g->tokens = malloc(r * sizeof *g->tokens);
+    g->pos = malloc(r * sizeof *g->pos);
+    g->logit_rows = malloc(r * sizeof *g->logit_rows);
+    g->row_seq = malloc(r * sizeof *g->row_seq);
+    g->tables = malloc(r * sizeof *g->tables);
+    g->logits = malloc(r * (size_t)m->cfg.vocab_size * sizeof *g->logits);
+    if (!g->seqs || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq || !g->tables ||
+        !g->logits) {
+        e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
+        goto fail_bufs;
+    }
+    *out = g;
+    return 0;
+
+fail_bufs:
+    free(g->seqs);
+    free(g->tokens);
+    free(g->pos);
+    free(g->logit_rows);
+    free(g->row_seq);
+    free(g->tables);
+    free(g->logits);
+    kv_pool_destroy(&g->kv);
+fail_kv:
+    forward_destroy(&g->fwd);
+fail_fwd:
+    free(g);
+    return e;
+}
+
+static void gen__release(gen_t *g, gseq_t *s)
+{
+    kv_seq_free(&s->kv, g->kv);
+    sampler_destroy(&s->sampler);
+    tok_stream_destroy(&s->stream);
+    free(s->prompt);
+    free(s->pending);
+    memset(s, 0, sizeof *s);
+    g->n_active--;
+}
+
+void gen_destroy(gen_t **gp)
+{
+    gen_t *g = *gp;
+    if (!g)
+        return;
+    for (int i = 0; i < g->cfg.max_seqs; i++)
+        if (g->seqs[i].used)
+            gen__release(g, &g->seqs[i]);
+    free(g->seqs);
+    free(g->tokens);
+    free(g->pos);
+    free(g->logit_rows);
+    free(g->row_seq);
+    free(g->tables);
+    free(g->logits);
+    kv_pool_destroy(&g->kv);
+    forward_destroy(&g->fwd);
+    free(g);
+    *gp = NULL;
+}
+
+int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
+{
+    if (r->n_prompt == 0)
+        return river_err_set(RIVER_EINVAL, "generate: empty prompt");
+    if (r->n_prompt >= (size_t)g->m->cfg.max_seq_len)
+        return river_err_set(RIVER_EINVAL, "generate: prompt of %zu tokens does not fit the "
+                             "context of %d", r->n_prompt, g->m->cfg.max_seq_len);
+    if (r->max_tokens <= 0)
+        return river_err_set(RIVER_EINVAL, "generate: max_tokens %d must be positive",
+                             r->max_tokens);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= g->m->cfg.vocab_size)
+            return river_err_set(RIVER_ERANGE, "generate: prompt id %d outside vocab %d",
+                                 r->prompt[i], g->m->cfg.vocab_size);
+    if (r->n_stop > 0 && !g->tok)
+        return river_err_set(RIVER_EINVAL, "generate: stop strings need a tokenizer");
+    gseq_t *s = NULL;
+    for (int i = 0; i < g->cfg.max_seqs && !s; i++)
+        if (!g->seqs[i].used)
+            s = &g->seqs[i];
+    if (!s)
+        return river_err_set(RIVER_EFULL, "generate: %d sequences already running",
+                             g->cfg.max_seqs);
+    int e = sampler_new(&s->sampler, &r->sampling, g->m->cfg.vocab_size);
+    if (e)
+        return e;
+    if (g->tok && (e = tok_stream_new(&s->stream, g->tok, 1)))
+        goto fail;
+    s->prompt = malloc(r->n_prompt * sizeof *s->prompt);
+    if (!s->prompt) {
+        e = river_err_set(RIVER_ENOMEM, "generate: prompt copy");
+        goto fail;
+    }
+    memcpy(s->prompt, r->prompt, r->n_prompt * sizeof *s->prompt);
+    s->n_prompt = r->n_prompt;
+    s->req = *r;
+    s->req.prompt = s->prompt;
+    kv_seq_init(&s->kv);
+    s->used = 1;
+    s->id = g->next_id++;
+    g->n_active++;
+    *seq = s->id;
+    return 0;
+
+fail:
+    tok_stream_destroy(&s->stream);
+    sampler_destroy(&s->sampler);
+    return e;
+}
+
+static gseq_t *gen__find(gen_t *g, int seq)
+{
+    for (int i = 0; i < g->cfg.max_seqs; i++)
+        if (g->seqs[i].used && g->seqs[i].id == seq)
+            return &g->seqs[i];
+    return NULL;
+}
+
+static int gen__pending_add(gseq_t *s, const char *text, size_t len)
+{
+    if (s->n_pending + len + 1 > s->cap_pending) {
+        size_t cap = s->cap_pending ? s->cap_pending : 64;
+        while (cap < s->n_pending + len + 1)
+            cap *= 2;
+        char *p = realloc(s->pending, cap);
+        if (!p)
+            return river_err_set(RIVER_ENOMEM, "generate: text buffer");
+        s->pending = p;
+        s->cap_pending = cap;
+    }
+    memcpy(s->pending + s->n_pending, text, len);
+    s->n_pending += len;
+    s->pending[s->n_pending] = '\0';
+    return 0;
+}
+
+/* Length of the longest tail of pending text that could still grow into a stop string:
+ * that much is held back, the rest is final. */
+static size_t gen__held_back(const gseq_t *s)
+{
+    size_t hold = 0;
+    for (int k = 0; k < s->req.n_stop; k++) {
+        size_t sl = strlen(s->req.stop[k]);
+        for (size_t t = sl > 1 ? sl - 1 : 0; t > hold; t--)
+            if (t <= s->n_pending &&
+                !memcmp(s->pending + s->n_pending - t, s->req.stop[k], t)) {
+                hold = t;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Reports the sequence's end to its owner and frees it. */
+static void gen__finish(gen_t *g, gseq_t *s, int32_t id, gen_finish_t why)
+{
+    if (s->stream && why != GEN_FINISH_STOP) {
+        const char *piece;
+        size_t len;
+        if (tok_stream_finish(s->stream, &piece, &len) == 0)
+            gen__pending_add(s, piece, len);
+    }
+    if (s->req.on_token)
+        s->req.on_token(s->req.user, s->id, id, s->pending ? s->pending : "", s->n_pending,
+                        why);
+    gen__release(g, s);
+}
+
+int gen_cancel(gen_t *g, int seq)
+{
+    gseq_t *s = gen__find(g, seq);
+    if (!s)
+        return river_err_set(RIVER_ENOTFOUND, "generate: no running sequence %d", seq);
+    s->n_pending = 0;
+    gen__finish(g, s, -1, GEN_FINISH_CANCEL);
+    return 0;
+}
+
+/* Handles one sampled id: EOS, text, stop strings, length and context limits. */
+static void gen__accept(gen_t *g, gseq_t *s, int32_t id)
+{
+    const model_config_t *c = &g->m->cfg;
+    s->n_generated++;
+    s->last = id;
+    if (!s->req.ignore_eos)
+        for (int i = 0; i < c->n_eos; i++)
+            if (id == c->eos_ids[i]) {
+                gen__finish(g, s, id, GEN_FINISH_EOS);
+                return;
+            }
+    if (s->stream) {
+        const char *piece;
+        size_t len;
+        if (tok_stream_push(s->stream, id, &piece, &len) || gen__pending_add(s, piece, len)) {
+            gen__finish(g, s, id, GEN_FINISH_ERROR);
+            return;
+        }
+        for (int k = 0; k < s->req.n_stop; k++) {
+            const char *hit = s->n_pending ? strstr(s->pending, s->req.stop[k]) : NULL;
+            if (hit && s->req.stop[k][0]) {
+                s->n_pending = (size_t)(hit - s->pending);
+                gen__finish(g, s, id, GEN_FINISH_STOP);
+                return;
+            }
+        }
+    }
+    if (s->n_generated >= s->req.max_tokens) {
+        gen__finish(g, s, id, GEN_FINISH_LENGTH);
+        return;
+    }
+    if (s->pos >= c->max_seq_len) {
+        gen__finish(g, s, id, GEN_FINISH_CONTEXT);
+        return;
+    }
+    size_t hold = gen__held_back(s);
+    size_t emit = s->n_pending - hold;
+    if (s->req.on_token)
+        s->req.on_token(s->req.user, s->id, id, s->pending ? s->pending : "", emit,
+                        GEN_RUNNING);
+    memmove(s->pending, s->pending + emit, hold);
+    s->n_pending = hold;
+}
+
+int gen_step(gen_t *g)
+{
+    int n = 0, n_logits = 0, n_prefill = 0;
+    int budget = g->cfg.max_rows;
+    /* Running sequences first: one decode row each keeps their latency steady. */
+    for (int i = 0; i < g->cfg.max_seqs && n < budget; i++) {
+        gseq_t *s = &g->seqs[i];
+        if (!s->used || s->n_prefilled < s->n_prompt)
+            continue;
+        int e = kv_seq_reserve(&s->kv, g->kv, s->pos + 1);
+        if (e) {
+            gen__finish(g, s, -1, GEN_FINISH_ERROR);
+            continue;
+        }
+        g->tokens[n] = s->last;
+        g->pos[n] = s->pos;
+        g->tables[n] = s->kv.pages;
+        g->row_seq[n] = i;
+        g->logit_rows[n_logits++] = n;
+        n++;
+    }
+    /* Then prompt chunks of sequences still in prefill, as far as the batch has room. */
+    for (int i = 0; i < g->cfg.max_seqs && n < budget; i++) {
+        gseq_t *s = &g->seqs[i];
+        if (!s->used || s->n_prefilled >= s->n_prompt)
+            continue;
+        size_t left = s->n_prompt - s->n_prefilled;
+        int chunk = (int)(left < (size_t)g->cfg.prefill_chunk ? left : (size_t)g->cfg.prefill_chunk);
+        if (chunk > budget - n)
+            chunk = budget - n;
+        int e = kv_seq_reserve(&s->kv, g->kv, (int)s->n_prefilled + chunk);
+        if (e) {
+            gen__finish(g, s, -1, GEN_FINISH_ERROR);
+            continue;
+        }
+        for (int j = 0; j < chunk; j++) {
+            g->tokens[n] = s->prompt[s->n_prefilled + (size_t)j];
+            g->pos[n] = (int)s->n_prefilled + j;
+            g->tables[n] = s->kv.pages;
+            g->row_seq[n] = i;
+            n++;
+        }
+        if ((size_t)chunk == left)
+            g->logit_rows[n_logits++] = n - 1;
+        n_prefill += chunk;
+    }
+    if (n == 0)
+        return 0;
+
+    double t0 = gen__now();
+    fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
+                     .n_logits = n_logits, .logit_rows = g->logit_rows};
+    int e = forward_step(g->fwd, g->kv, &b, g->logits);
+    double dt = gen__now() - t0;
+    if (e) {
+        for (int i = 0; i < g->cfg.max_seqs; i++)
+            if (g->seqs[i].used)
+                gen__finish(g, &g->seqs[i], -1, GEN_FINISH_ERROR);
+        return e;
+    }
+    if (n_prefill) {
+        g->stats.prefill_s += dt;
+        g->stats.prefill_tokens += n_prefill;
+    } else {
+        g->stats.decode_s += dt;
+        g->stats.decode_tokens += n_logits;
+    }
+    /* Advance positions before sampling, which may finish and free a sequence. */
+    for (int r = 0; r < n; r++) {
+        gseq_t *s = &g->seqs[g->row_seq[r]];
+        if (s->n_prefilled < s->n_prompt)
+            s->n_prefilled++;
+        else
+            s->pos++;
+        if (s->n_prefilled == s->n_prompt && s->pos < (int)s->n_prompt)
+            s->pos = (int)s->n_prompt;
+    }
+    for (int k = 0; k < n_logits; k++) {
+        gseq_t *s = &g->seqs[g->row_seq[g->logit_rows[k]]];
+        const float *lg = g->logits + (size_t)k * (size_t)g->m->cfg.vocab_size;
+        gen__accept(g, s, sampler_sample(s->sampler, lg));
+    }
+    return 0;
+}
+
+int gen_active(const gen_t *g) { return g->n_active; }
+kv_pool_t *gen_kv_pool(gen_t *g) { return g->kv; }
+forward_t *gen_forward(gen_t *g) { return g->fwd; }
+void gen_get_stats(const gen_t *g, gen_stats_t *st) { *st = g->stats; }
+
+int gen_run_all(gen_t *g)
+{
+    while (g->n_active > 0) {
+        int e = gen_step(g);
+        if (e)
+            return e;
+    }
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* Generation: sequences from prompt ids to finished completions, batched. Each step puts
+ * one decode row per running sequence and prefill chunks of new sequences into one forward
+ * batch (continuous batching), samples, streams text through a callback and stops on
+ * EOS, stop strings or max tokens. Finished sequences give their KV pages back at once.
+ *
+ * The worker's scheduler and `river run` both drive this; it owns the forward scratch and
+ * the KV pool of one model on one backend. */
+#ifndef RIVER_ENGINE_GENERATE_H
+#define RIVER_ENGINE_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/forward.h"
+#include "engine/kv_pool.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+typedef enum {
+    GEN_RUNNING = 0,
+    GEN_FINISH_LENGTH, /* max_tokens generated */
+    GEN_FINISH_EOS,    /* an end-of-sequence id was sampled */
+    GEN_FINISH_STOP,   /* a stop string appeared in the text */
+    GEN_FINISH_CONTEXT,/* the model's context is full */
+    GEN_FINISH_CANCEL,
+    GEN_FINISH_ERROR,
+} gen_finish_t;
+
+const char *gen_finish_name(gen_finish_t f);
+
+typedef struct gen_config {
+    int max_rows;      /* rows per forward batch */
+    int prefill_chunk; /* prompt rows one sequence may put into one batch */
+    int page_size;     /* KV positions per page */
+    int n_pages;       /* KV pages in the pool (0: enough for max_seqs full contexts) */
+    int max_seqs;      /* sequences running at once */
+} gen_config_t;
+
+/* Called for every generated token, in order. text is the newly final UTF-8 text (stop
+ * strings removed; may be empty), finish is GEN_RUNNING until the last call of the
+ * sequence. For a sequence that ends without a new token (cancel, error) id is -1. */
+typedef void (*gen_token_cb)(void *user, int seq, int32_t id, const char *text, size_t len,
+                             gen_finish_t finish);
+
+typedef struct gen_request {
+    const int32_t *prompt; /* (n_prompt) ids, BOS included if the model wants one */
+    size_t n_prompt;
+    int max_tokens;
+    sampler_params_t sampling;
+    const char *const *stop; /* (n_stop) stop strings */
+    int n_stop;
+    int ignore_eos;          /* keep going past EOS ids (benchmarks, goldens) */
+    gen_token_cb on_token;
+    void *user;
+} gen_request_t;
+
+typedef struct gen gen_t;
+
+/* tok may be NULL (no text, no stop strings). m, tok and be must outlive the generator. */
+int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be,
+            const gen_config_t *cfg);
+void gen_destroy(gen_t **g);
+
+/* Queues a request; *seq receives its id. RIVER_EFULL when max_seqs are running,
+ * RIVER_EINVAL for an empty prompt, one longer than the context, or bad sampling. */
+int gen_submit(gen_t *g, const gen_request_t *r, int *seq);
+/* Ends a sequence early; its callback gets GEN_FINISH_CANCEL. */
+int gen_cancel(gen_t *g, int seq);
+/* Runs one batch over the running sequences. A sequence that fails ends with
+ * GEN_FINISH_ERROR; the error is returned only when the whole step failed. */
+int gen_step(gen_t *g);
+/* Sequences submitted and not yet finished. */
+int gen_active(const gen_t *g);
+
+/* Runs until every sequence finished. */
+int gen_run_all(gen_t *g);
+
+kv_pool_t *gen_kv_pool(gen_t *g);
+forward_t *gen_forward(gen_t *g);
+
+typedef struct gen_stats {
+    double prefill_s;   /* wall time of steps that carried prefill rows */
+    double decode_s;    /* wall time of decode-only steps */
+    int64_t prefill_tokens;
+    int64_t decode_tokens; /* tokens sampled in decode-only steps */
+} gen_stats_t;
+
+void gen_get_stats(const gen_t *g, gen_stats_t *st);
+
+#endif

@@ -1,0 +1,44 @@
+/* The paged KV cache: a pool of fixed-size pages in backend memory, and per-sequence page
+ * tables. A page holds `page_size` consecutive positions of one sequence for every layer,
+ * so a sequence grows one page at a time and gives all its pages back when it ends.
+ *
+ * The pool's memory layout is kv_view_t (kernels/ops.h); attention reads it through the
+ * page tables. A failed call leaves the pool and the sequence unchanged. */
+#ifndef RIVER_ENGINE_KV_POOL_H
+#define RIVER_ENGINE_KV_POOL_H
+
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+typedef struct kv_pool kv_pool_t;
+
+/* n_pages pages of page_size positions, n_layers layers, kv_dim K and V values each. */
+int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
+                int n_pages);
+void kv_pool_destroy(kv_pool_t **p);
+
+/* RIVER_EFULL when every page is in use. */
+int kv_pool_alloc_page(kv_pool_t *p, int32_t *page);
+void kv_pool_free_page(kv_pool_t *p, int32_t page);
+int kv_pool_free_pages(const kv_pool_t *p);
+int kv_pool_total_pages(const kv_pool_t *p);
+int kv_pool_page_size(const kv_pool_t *p);
+const kv_view_t *kv_pool_view(const kv_pool_t *p);
+/* Sets every K and V value of the pool to `value` (tests fill it with NaN). */
+int kv_pool_fill(kv_pool_t *p, float value);
+
+/* The pages of one sequence. Embedded in its owner: kv_seq_init / kv_seq_free. */
+typedef struct kv_seq {
+    int32_t *pages; /* (n_pages) page ids, position p lives in pages[p / page_size] */
+    int n_pages;
+    int cap;        /* allocated entries of pages */
+} kv_seq_t;
+
+void kv_seq_init(kv_seq_t *s);
+/* Makes room for positions 0..n_pos-1; on RIVER_EFULL the sequence keeps what it had. */
+int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos);
+/* Returns every page to the pool. */
+void kv_seq_free(kv_seq_t *s, kv_pool_t *p);
+
+#endif

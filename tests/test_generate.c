@@ -1,0 +1,324 @@
+/* The generator: a sequence batched with others gives the same tokens as alone, stop
+ * strings, EOS, cancel, streaming text, limits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/generate.h"
+#include "kernels/cpu/cpu.h"
+#include "tests/testutil.h"
+
+typedef struct out {
+    int32_t ids[512];
+    size_t n;
+    char text[8192];
+    size_t n_text;
+    gen_finish_t finish;
+    int calls_after_finish;
+    int finished;
+} out_t;
+
+static void on_token(void *user, int seq, int32_t id, const char *text, size_t len,
+                     gen_finish_t finish)
+{
+    out_t *o = user;
+    (void)seq;
+    if (o->finished)
+        o->calls_after_finish++;
+    if (id >= 0 && o->n < 512)
+        o->ids[o->n++] = id;
+    if (o->n_text + len < sizeof o->text) {
+        memcpy(o->text + o->n_text, text, len);
+        o->n_text += len;
+        o->text[o->n_text] = '\0';
+    }
+    o->finish = finish;
+    if (finish != GEN_RUNNING)
+        o->finished = 1;
+}
+
+typedef struct env {
+    model_t *m;
+    tokenizer_t *tok;
+    backend_t *be;
+} env_t;
+
+static void env_open(env_t *e, const char *dir, int threads)
+{
+    char tp[256];
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+    ck_assert_msg(model_load(&e->m, dir) == 0, "%s", river_err_detail());
+    ck_assert_msg(tokenizer_load(&e->tok, tp, 0) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(cpu_backend_new(&e->be, threads, CPU_SIMD_COUNT), 0);
+}
+
+static void env_close(env_t *e)
+{
+    cpu_backend_destroy(&e->be);
+    tokenizer_destroy(&e->tok);
+    model_destroy(&e->m);
+}
+
+static int32_t *encode(env_t *e, const char *text, size_t *n)
+{
+    int32_t *ids;
+    ck_assert_int_eq(tokenizer_encode(e->tok, text, strlen(text), 1, &ids, n), 0);
+    return ids;
+}
+
+static const char *prompts[] = {
+    "In the beginning",
+    "And the LORD spake unto Moses, saying, Speak unto the children of Israel",
+    "Blessed",
+    "The wise man said that a fool and his money are soon parted, and",
+};
+#define N_PROMPTS 4
+
+static void run_alone(env_t *e, int i, int max_tokens, out_t *o)
+{
+    gen_t *g;
+    gen_config_t c = {.max_rows = 32, .prefill_chunk = 32, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, e->m, e->tok, e->be, &c), 0);
+    size_t n;
+    int32_t *ids = encode(e, prompts[i], &n);
+    gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                       .ignore_eos = 1, .on_token = on_token, .user = o};
+    int seq;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    free(ids);
+    gen_destroy(&g);
+}
+
+/* Four sequences of different lengths share batches (small prefill chunks, one joining
+ * late, pages of 4 positions interleaved in the pool) and still give exactly the tokens
+ * each gives alone. */
+START_TEST(test_batched_equals_alone)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", 2);
+    static out_t alone[N_PROMPTS], together[N_PROMPTS];
+    memset(alone, 0, sizeof alone);
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < N_PROMPTS; i++)
+        run_alone(&e, i, 24, &alone[i]);
+    gen_t *g;
+    gen_config_t c = {.max_rows = 12, .prefill_chunk = 5, .page_size = 4, .max_seqs = 4};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    int32_t *ids[N_PROMPTS];
+    size_t n[N_PROMPTS];
+    int seq;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ids[i] = encode(&e, prompts[i], &n[i]);
+        gen_request_t r = {.prompt = ids[i], .n_prompt = n[i], .max_tokens = 24,
+                           .ignore_eos = 1, .on_token = on_token, .user = &together[i]};
+        if (i == N_PROMPTS - 1) /* the last one joins while the others decode */
+            for (int s = 0; s < 6; s++)
+                ck_assert_int_eq(gen_step(g), 0);
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    }
+    ck_assert_int_eq(gen_run_all(g), 0);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ck_assert_uint_eq(together[i].n, alone[i].n);
+        for (size_t t = 0; t < alone[i].n; t++)
+            ck_assert_msg(together[i].ids[t] == alone[i].ids[t],
+                          "prompt %d token %zu: batched %d, alone %d", i, t,
+                          together[i].ids[t], alone[i].ids[t]);
+        ck_assert_str_eq(together[i].text, alone[i].text);
+        free(ids[i]);
+    }
+    ck_assert_int_eq(kv_pool_free_pages(gen_kv_pool(g)), kv_pool_total_pages(gen_kv_pool(g)));
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+/* The streamed pieces add up to the decode of the generated ids. */
+START_TEST(test_stream_text_matches_decode)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/tinystories-656k", 1);
+    out_t o = {0};
+    gen_t *g;
+    gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    size_t n;
+    int32_t *ids = encode(&e, "Once upon a time", &n);
+    gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 40, .ignore_eos = 1,
+                       .on_token = on_token, .user = &o};
+    int seq;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    ck_assert_int_eq(o.finish, GEN_FINISH_LENGTH);
+    ck_assert_uint_eq(o.n, 40);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(tokenizer_decode(e.tok, o.ids, o.n, 1, &text, &len), 0);
+    ck_assert_str_eq(o.text, text);
+    ck_assert_int_gt((int)len, 20);
+    ck_assert_int_eq(o.calls_after_finish, 0);
+    free(text);
+    free(ids);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+/* A stop string from the middle of the free-running text ends the completion right before
+ * it, even when the string spans tokens. */
+START_TEST(test_stop_string)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/tinystories-656k", 1);
+    out_t free_run = {0}, stopped = {0};
+    size_t n;
+    int32_t *ids = encode(&e, "Once upon a time", &n);
+    for (int pass = 0; pass < 2; pass++) {
+        gen_t *g;
+        gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 16, .max_seqs = 1};
+        ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+        char stop[16] = {0};
+        const char *stops[1] = {stop};
+        if (pass == 1) {
+            ck_assert_int_gt((int)free_run.n_text, 40);
+            memcpy(stop, free_run.text + 30, 7);
+        }
+        gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 60, .ignore_eos = 1,
+                           .stop = stops, .n_stop = pass, .on_token = on_token,
+                           .user = pass ? &stopped : &free_run};
+        int seq;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+        ck_assert_int_eq(gen_run_all(g), 0);
+        if (pass == 1) {
+            const char *first = strstr(free_run.text, stop);
+            ck_assert_ptr_nonnull(first);
+            ck_assert_int_eq(stopped.finish, GEN_FINISH_STOP);
+            ck_assert_uint_eq(stopped.n_text, (size_t)(first - free_run.text));
+            ck_assert_int_eq(strncmp(stopped.text, free_run.text, stopped.n_text), 0);
+            ck_assert_uint_lt(stopped.n, free_run.n);
+        }
+        gen_destroy(&g);
+    }
+    free(ids);
+    env_close(&e);
+}
+END_TEST
+
+/* An EOS id ends the sequence unless ignore_eos is set. */
+START_TEST(test_eos)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/tinystories-656k", 1);
+    out_t ref = {0}, o = {0};
+    size_t n;
+    int32_t *ids = encode(&e, "Tom and Lily", &n);
+    gen_t *g;
+    gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 10, .ignore_eos = 1,
+                       .on_token = on_token, .user = &ref};
+    int seq;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    /* Declare the fourth generated token an end-of-sequence id of the model. */
+    int saved = e.m->cfg.eos_ids[0], saved_n = e.m->cfg.n_eos;
+    e.m->cfg.eos_ids[0] = ref.ids[3];
+    e.m->cfg.n_eos = 1;
+    r.ignore_eos = 0;
+    r.user = &o;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    ck_assert_int_eq(o.finish, GEN_FINISH_EOS);
+    size_t first = 0;
+    while (ref.ids[first] != ref.ids[3])
+        first++;
+    ck_assert_uint_eq(o.n, first + 1);
+    e.m->cfg.eos_ids[0] = saved;
+    e.m->cfg.n_eos = saved_n;
+    free(ids);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+START_TEST(test_cancel_frees_pages)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", 1);
+    gen_t *g;
+    gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 4, .max_seqs = 2};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    int total = kv_pool_total_pages(gen_kv_pool(g));
+    size_t n;
+    int32_t *ids = encode(&e, prompts[1], &n);
+    out_t o = {0};
+    gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 100, .ignore_eos = 1,
+                       .on_token = on_token, .user = &o};
+    int seq;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(gen_step(g), 0);
+    ck_assert_int_lt(kv_pool_free_pages(gen_kv_pool(g)), total);
+    ck_assert_int_eq(gen_cancel(g, seq), 0);
+    ck_assert_int_eq(o.finish, GEN_FINISH_CANCEL);
+    ck_assert_int_eq(kv_pool_free_pages(gen_kv_pool(g)), total);
+    ck_assert_int_eq(gen_active(g), 0);
+    ck_assert_int_eq(gen_cancel(g, seq), RIVER_ENOTFOUND);
+    free(ids);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+START_TEST(test_limits)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", 1);
+    gen_t *g;
+    gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    int32_t big[300];
+    for (int i = 0; i < 300; i++)
+        big[i] = 5;
+    int seq;
+    gen_request_t r = {.prompt = big, .n_prompt = 300, .max_tokens = 4};
+    ck_assert_int_eq(gen_submit(g, &r, &seq), RIVER_EINVAL); /* context is 256 */
+    r.n_prompt = 0;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), RIVER_EINVAL);
+    big[1] = 99999;
+    r.n_prompt = 4;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), RIVER_ERANGE);
+    big[1] = 5;
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_submit(g, &r, &seq), RIVER_EFULL);
+    /* Generation stops at the end of the context. */
+    ck_assert_int_eq(gen_cancel(g, seq), 0);
+    out_t o = {0};
+    r = (gen_request_t){.prompt = big, .n_prompt = 250, .max_tokens = 100, .ignore_eos = 1,
+                        .on_token = on_token, .user = &o};
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    ck_assert_int_eq(o.finish, GEN_FINISH_CONTEXT);
+    ck_assert_uint_eq(250 + o.n, 256 + 1);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+static Suite *generate_suite(void)
+{
+    Suite *s = suite_create("generate");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_batched_equals_alone);
+    tcase_add_test(tc, test_stream_text_matches_decode);
+    tcase_add_test(tc, test_stop_string);
+    tcase_add_test(tc, test_eos);
+    tcase_add_test(tc, test_cancel_frees_pages);
+    tcase_add_test(tc, test_limits);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+RIVER_TEST_MAIN(generate_suite)
