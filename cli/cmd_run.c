@@ -36,11 +36,12 @@ static int run__append(void **buf, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-static void run__on_token(void *user, int seq, int32_t id, const char *text, size_t len,
-                          gen_finish_t finish)
+static void run__on_token(void *user, const gen_event_t *ev)
 {
     run_out_t *o = user;
-    (void)seq;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
     if (id >= 0) {
         if (run__append((void **)&o->ids, &o->cap, o->n_ids + 1, sizeof *o->ids))
             o->failed = 1;
@@ -59,7 +60,7 @@ static void run__on_token(void *user, int seq, int32_t id, const char *text, siz
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
-    o->finish = finish;
+    o->finish = ev->finish;
 }
 
 static void run__usage(FILE *f)

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "engine/exit.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "kernels/ops.h"
@@ -21,6 +22,12 @@ typedef struct fwd_batch {
     const int32_t *const *page_table; /* (n) each row's sequence page table */
     int n_logits;                     /* rows whose logits are wanted */
     const int32_t *logit_rows;        /* (n_logits) row indices into the batch */
+    /* Early exit, all optional (forward_set_exit): */
+    const int32_t *group;       /* (n) rows of one group exit together; NULL: one group per
+                                   row under EXIT_AGG_ROW, one for the batch under MIN */
+    exit_seq_t *const *exit_seq;/* (n) each row's sequence state, for the baselines */
+    int32_t *depth;             /* (n) out: backbone layers each row ran before it exited
+                                   (n_layers when it never did) */
 } fwd_batch_t;
 
 /* Called after every layer with the residual stream of all rows, copied to the host:
@@ -46,6 +53,27 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
  * x_out (n, dim). Tests use it to check each layer on its own against a reference. */
 int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int layer,
                        const float *x_in, float *x_out);
+
+/* Turns early exit on (cfg copied; the river layers and router must outlive the forward)
+ * or off (cfg NULL). RIVER_EINVAL when the policy needs a river or router it lacks. */
+int forward_set_exit(forward_t *f, const exit_config_t *cfg);
+
+/* Measures the cost model of row splitting: one backbone and one river layer on 1 and on
+ * max_rows rows, timed; fills the cost_* fields of cfg. Uses positions 0..max_rows-1 of
+ * a scratch sequence in kv. */
+int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg);
+
+typedef struct fwd_stats {
+    double step_s;     /* wall time in forward_step */
+    double decide_s;   /* of which: exit decisions (similarity, routers, aggregation) */
+    int64_t steps;
+    int64_t layer_rows_backbone; /* rows x layers run with backbone weights */
+    int64_t layer_rows_river;    /* rows x layers run with river weights */
+    int64_t splits;              /* layers run as two groups */
+} fwd_stats_t;
+
+void forward_get_stats(const forward_t *f, fwd_stats_t *st);
+void forward_reset_stats(forward_t *f);
 
 void forward_set_layer_hook(forward_t *f, fwd_layer_hook_t hook, void *user);
 

@@ -17,6 +17,7 @@ typedef struct gseq {
     int pos;               /* next position to write */
     int n_generated;
     kv_seq_t kv;
+    exit_seq_t exit;
     sampler_t *sampler;
     tok_stream_t *stream;
     char *pending;         /* text held back because it may start a stop string */
@@ -34,8 +35,10 @@ struct gen {
     int n_active;
     int next_id;
     /* Batch assembly, (max_rows) each. */
-    int32_t *tokens, *pos, *logit_rows, *row_seq;
+    int32_t *tokens, *pos, *logit_rows, *row_seq, *group, *depth;
     const int32_t **tables;
+    exit_seq_t **exit_seqs;
+    exit_agg_t agg;
     float *logits;         /* (max_rows, vocab) host */
     gen_stats_t stats;
 };
@@ -85,9 +88,12 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->logit_rows = malloc(r * sizeof *g->logit_rows);
     g->row_seq = malloc(r * sizeof *g->row_seq);
     g->tables = malloc(r * sizeof *g->tables);
+    g->group = malloc(r * sizeof *g->group);
+    g->depth = malloc(r * sizeof *g->depth);
+    g->exit_seqs = malloc(r * sizeof *g->exit_seqs);
     g->logits = malloc(r * (size_t)m->cfg.vocab_size * sizeof *g->logits);
     if (!g->seqs || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq || !g->tables ||
-        !g->logits) {
+        !g->group || !g->depth || !g->exit_seqs || !g->logits) {
         e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
         goto fail_bufs;
     }
@@ -95,6 +101,9 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     return 0;
 
 fail_bufs:
+    free(g->group);
+    free(g->depth);
+    free(g->exit_seqs);
     free(g->seqs);
     free(g->tokens);
     free(g->pos);
@@ -113,6 +122,7 @@ fail_fwd:
 static void gen__release(gen_t *g, gseq_t *s)
 {
     kv_seq_free(&s->kv, g->kv);
+    exit_seq_free(&s->exit);
     sampler_destroy(&s->sampler);
     tok_stream_destroy(&s->stream);
     free(s->prompt);
@@ -135,6 +145,9 @@ void gen_destroy(gen_t **gp)
     free(g->logit_rows);
     free(g->row_seq);
     free(g->tables);
+    free(g->group);
+    free(g->depth);
+    free(g->exit_seqs);
     free(g->logits);
     kv_pool_destroy(&g->kv);
     forward_destroy(&g->fwd);
@@ -180,6 +193,7 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     s->req = *r;
     s->req.prompt = s->prompt;
     kv_seq_init(&s->kv);
+    exit_seq_init(&s->exit);
     s->used = 1;
     s->id = g->next_id++;
     g->n_active++;
@@ -236,7 +250,7 @@ static size_t gen__held_back(const gseq_t *s)
 }
 
 /* Reports the sequence's end to its owner and frees it. */
-static void gen__finish(gen_t *g, gseq_t *s, int32_t id, gen_finish_t why)
+static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t why)
 {
     if (s->stream && why != GEN_FINISH_STOP) {
         const char *piece;
@@ -244,9 +258,10 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, gen_finish_t why)
         if (tok_stream_finish(s->stream, &piece, &len) == 0)
             gen__pending_add(s, piece, len);
     }
+    gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
+                      .len = s->n_pending, .finish = why, .depth = depth};
     if (s->req.on_token)
-        s->req.on_token(s->req.user, s->id, id, s->pending ? s->pending : "", s->n_pending,
-                        why);
+        s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
 }
 
@@ -256,12 +271,12 @@ int gen_cancel(gen_t *g, int seq)
     if (!s)
         return river_err_set(RIVER_ENOTFOUND, "generate: no running sequence %d", seq);
     s->n_pending = 0;
-    gen__finish(g, s, -1, GEN_FINISH_CANCEL);
+    gen__finish(g, s, -1, 0, GEN_FINISH_CANCEL);
     return 0;
 }
 
 /* Handles one sampled id: EOS, text, stop strings, length and context limits. */
-static void gen__accept(gen_t *g, gseq_t *s, int32_t id)
+static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
 {
     const model_config_t *c = &g->m->cfg;
     s->n_generated++;
@@ -269,38 +284,39 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id)
     if (!s->req.ignore_eos)
         for (int i = 0; i < c->n_eos; i++)
             if (id == c->eos_ids[i]) {
-                gen__finish(g, s, id, GEN_FINISH_EOS);
+                gen__finish(g, s, id, depth, GEN_FINISH_EOS);
                 return;
             }
     if (s->stream) {
         const char *piece;
         size_t len;
         if (tok_stream_push(s->stream, id, &piece, &len) || gen__pending_add(s, piece, len)) {
-            gen__finish(g, s, id, GEN_FINISH_ERROR);
+            gen__finish(g, s, id, depth, GEN_FINISH_ERROR);
             return;
         }
         for (int k = 0; k < s->req.n_stop; k++) {
             const char *hit = s->n_pending ? strstr(s->pending, s->req.stop[k]) : NULL;
             if (hit && s->req.stop[k][0]) {
                 s->n_pending = (size_t)(hit - s->pending);
-                gen__finish(g, s, id, GEN_FINISH_STOP);
+                gen__finish(g, s, id, depth, GEN_FINISH_STOP);
                 return;
             }
         }
     }
     if (s->n_generated >= s->req.max_tokens) {
-        gen__finish(g, s, id, GEN_FINISH_LENGTH);
+        gen__finish(g, s, id, depth, GEN_FINISH_LENGTH);
         return;
     }
     if (s->pos >= c->max_seq_len) {
-        gen__finish(g, s, id, GEN_FINISH_CONTEXT);
+        gen__finish(g, s, id, depth, GEN_FINISH_CONTEXT);
         return;
     }
     size_t hold = gen__held_back(s);
     size_t emit = s->n_pending - hold;
+    gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
+                      .len = emit, .finish = GEN_RUNNING, .depth = depth};
     if (s->req.on_token)
-        s->req.on_token(s->req.user, s->id, id, s->pending ? s->pending : "", emit,
-                        GEN_RUNNING);
+        s->req.on_token(s->req.user, &ev);
     memmove(s->pending, s->pending + emit, hold);
     s->n_pending = hold;
 }
@@ -316,13 +332,16 @@ int gen_step(gen_t *g)
             continue;
         int e = kv_seq_reserve(&s->kv, g->kv, s->pos + 1);
         if (e) {
-            gen__finish(g, s, -1, GEN_FINISH_ERROR);
+            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
             continue;
         }
         g->tokens[n] = s->last;
         g->pos[n] = s->pos;
         g->tables[n] = s->kv.pages;
         g->row_seq[n] = i;
+        /* Decode rows exit together under min aggregation, each on its own under row. */
+        g->group[n] = g->agg == EXIT_AGG_ROW ? g->cfg.max_seqs + n : -1;
+        g->exit_seqs[n] = &s->exit;
         g->logit_rows[n_logits++] = n;
         n++;
     }
@@ -337,7 +356,7 @@ int gen_step(gen_t *g)
             chunk = budget - n;
         int e = kv_seq_reserve(&s->kv, g->kv, (int)s->n_prefilled + chunk);
         if (e) {
-            gen__finish(g, s, -1, GEN_FINISH_ERROR);
+            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
             continue;
         }
         for (int j = 0; j < chunk; j++) {
@@ -345,6 +364,8 @@ int gen_step(gen_t *g)
             g->pos[n] = (int)s->n_prefilled + j;
             g->tables[n] = s->kv.pages;
             g->row_seq[n] = i;
+            g->group[n] = i; /* a prompt chunk exits as one (sequence-level exit) */
+            g->exit_seqs[n] = &s->exit;
             n++;
         }
         if ((size_t)chunk == left)
@@ -356,13 +377,14 @@ int gen_step(gen_t *g)
 
     double t0 = gen__now();
     fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
-                     .n_logits = n_logits, .logit_rows = g->logit_rows};
+                     .n_logits = n_logits, .logit_rows = g->logit_rows, .group = g->group,
+                     .exit_seq = g->exit_seqs, .depth = g->depth};
     int e = forward_step(g->fwd, g->kv, &b, g->logits);
     double dt = gen__now() - t0;
     if (e) {
         for (int i = 0; i < g->cfg.max_seqs; i++)
             if (g->seqs[i].used)
-                gen__finish(g, &g->seqs[i], -1, GEN_FINISH_ERROR);
+                gen__finish(g, &g->seqs[i], -1, 0, GEN_FINISH_ERROR);
         return e;
     }
     if (n_prefill) {
@@ -385,12 +407,21 @@ int gen_step(gen_t *g)
     for (int k = 0; k < n_logits; k++) {
         gseq_t *s = &g->seqs[g->row_seq[g->logit_rows[k]]];
         const float *lg = g->logits + (size_t)k * (size_t)g->m->cfg.vocab_size;
-        gen__accept(g, s, sampler_sample(s->sampler, lg));
+        gen__accept(g, s, sampler_sample(s->sampler, lg), g->depth[g->logit_rows[k]]);
     }
     return 0;
 }
 
 int gen_active(const gen_t *g) { return g->n_active; }
+
+int gen_set_exit(gen_t *g, const exit_config_t *cfg)
+{
+    int e = forward_set_exit(g->fwd, cfg);
+    if (e)
+        return e;
+    g->agg = cfg ? cfg->policy.agg : EXIT_AGG_MIN;
+    return 0;
+}
 kv_pool_t *gen_kv_pool(gen_t *g) { return g->kv; }
 forward_t *gen_forward(gen_t *g) { return g->fwd; }
 void gen_get_stats(const gen_t *g, gen_stats_t *st) { *st = g->stats; }

@@ -37,11 +37,19 @@ typedef struct gen_config {
     int max_seqs;      /* sequences running at once */
 } gen_config_t;
 
-/* Called for every generated token, in order. text is the newly final UTF-8 text (stop
- * strings removed; may be empty), finish is GEN_RUNNING until the last call of the
- * sequence. For a sequence that ends without a new token (cancel, error) id is -1. */
-typedef void (*gen_token_cb)(void *user, int seq, int32_t id, const char *text, size_t len,
-                             gen_finish_t finish);
+/* One generated token as its owner sees it. text is the newly final UTF-8 text (stop
+ * strings removed; may be empty); finish is GEN_RUNNING until the last event of the
+ * sequence. A sequence that ends without a new token (cancel, error) gets id -1. */
+typedef struct gen_event {
+    int seq;
+    int32_t id;
+    const char *text;
+    size_t len;
+    gen_finish_t finish;
+    int depth;       /* backbone layers the token's row ran before it exited */
+} gen_event_t;
+
+typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);
 
 typedef struct gen_request {
     const int32_t *prompt; /* (n_prompt) ids, BOS included if the model wants one */
@@ -61,6 +69,9 @@ typedef struct gen gen_t;
 int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be,
             const gen_config_t *cfg);
 void gen_destroy(gen_t **g);
+
+/* Turns early exit on for every sequence (NULL: off). See forward_set_exit. */
+int gen_set_exit(gen_t *g, const exit_config_t *cfg);
 
 /* Queues a request; *seq receives its id. RIVER_EFULL when max_seqs are running,
  * RIVER_EINVAL for an empty prompt, one longer than the context, or bad sampling. */

@@ -82,6 +82,11 @@ typedef struct attn_batch {
     int n;                             /* rows */
     const int32_t *pos;                /* (n) host memory */
     const int32_t *const *page_table;  /* (n) host pointers to page tables */
+    /* Optional (NULL: every slot valid). Row i may read slot (layer, p) only where
+     * kv_valid[i][layer * kv_valid_stride + p] is nonzero; the masking baseline of early
+     * exit leaves slots unwritten and skips them this way. */
+    const uint8_t *const *kv_valid;    /* (n) host pointers, or NULL */
+    int kv_valid_stride;               /* positions per layer in a kv_valid map */
 } attn_batch_t;
 
 typedef struct ops_ctx ops_ctx_t; /* backend state (thread pool, streams, scratch) */

@@ -19,11 +19,13 @@ typedef struct out {
     int finished;
 } out_t;
 
-static void on_token(void *user, int seq, int32_t id, const char *text, size_t len,
-                     gen_finish_t finish)
+static void on_token(void *user, const gen_event_t *ev)
 {
     out_t *o = user;
-    (void)seq;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    gen_finish_t finish = ev->finish;
     if (o->finished)
         o->calls_after_finish++;
     if (id >= 0 && o->n < 512)

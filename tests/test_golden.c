@@ -293,16 +293,12 @@ typedef struct collected {
     gen_finish_t finish;
 } collected_t;
 
-static void collect_ids(void *user, int seq, int32_t id, const char *text, size_t len,
-                        gen_finish_t finish)
+static void collect_ids(void *user, const gen_event_t *ev)
 {
     collected_t *c = user;
-    (void)seq;
-    (void)text;
-    (void)len;
-    if (id >= 0 && c->n < 512)
-        c->ids[c->n++] = id;
-    c->finish = finish;
+    if (ev->id >= 0 && c->n < 512)
+        c->ids[c->n++] = ev->id;
+    c->finish = ev->finish;
 }
 
 /* Through the generator (chunked prefill, sampler, small KV pages): the golden tokens. */
