@@ -89,9 +89,17 @@ typedef struct model {
     model_mapping_t *map; /* owns every byte the weights point at */
 } model_t;
 
-/* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin. */
+/* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin.
+ * A llama2.c file has no eps field: it gets rms_norm_eps (or norm_eps) from a JSON file
+ * beside it named like it (stories.bin -> stories.json) or config.json, else run.c's 1e-5;
+ * model_set_norm_eps overrides it. Errors: RIVER_ENOTFOUND (file or tensor missing),
+ * RIVER_EFORMAT (malformed file), RIVER_ETRUNC, RIVER_ESHAPE, RIVER_EDTYPE, RIVER_EARCH,
+ * RIVER_ECONFIG (inconsistent configuration values), RIVER_EUNSUPPORTED. */
 int model_load(model_t **out, const char *path);
 void model_destroy(model_t **m);
+
+/* Sets the RMSNorm epsilon (for llama2.c files, whose format does not record it). */
+void model_set_norm_eps(model_t *m, float eps);
 
 /* Parameters, counting a tied embedding once. */
 int64_t model_param_count(const model_t *m);
@@ -99,7 +107,9 @@ int64_t model_param_count(const model_t *m);
  * final norm and the LM head (the embedding lookup reads one row, counted as one row). */
 int64_t model_bytes_per_token(const model_t *m);
 
-/* Fills cfg->...-derived values and checks them (positive sizes, heads dividing dim...). */
+/* Checks a configuration (positive, plausible sizes; kv heads dividing heads; rotary dims;
+ * scaling parameters; special ids inside the vocabulary). Returns 0, or RIVER_ECONFIG with
+ * a detail that starts with `what` (normally the file the configuration came from). */
 int model_config_validate(const model_config_t *cfg, const char *what);
 
 #endif

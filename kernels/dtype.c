@@ -1,0 +1,57 @@
+/* Element sizes and names of the weight dtypes in kernels/ops.h. */
+#include "kernels/ops.h"
+
+size_t dtype_size(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_F32:
+        return 4;
+    case DTYPE_F16:
+    case DTYPE_BF16:
+        return 2;
+    case DTYPE_Q4:
+    case DTYPE_Q8:
+    case DTYPE_COUNT:
+        break;
+    }
+    return 0;
+}
+
+size_t dtype_row_bytes(dtype_t dt, int64_t cols)
+{
+    if (cols <= 0)
+        return 0;
+    switch (dt) {
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+        return (size_t)cols * dtype_size(dt);
+    case DTYPE_Q4:
+        /* Two codes per byte; an odd last code still takes a whole byte. */
+        return (size_t)(cols + 1) / 2;
+    case DTYPE_Q8:
+        return (size_t)cols;
+    case DTYPE_COUNT:
+        break;
+    }
+    return 0;
+}
+
+const char *dtype_name(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_F32:
+        return "f32";
+    case DTYPE_F16:
+        return "f16";
+    case DTYPE_BF16:
+        return "bf16";
+    case DTYPE_Q4:
+        return "q4";
+    case DTYPE_Q8:
+        return "q8";
+    case DTYPE_COUNT:
+        break;
+    }
+    return "unknown";
+}
