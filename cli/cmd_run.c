@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
+#include "cli/exit_opts.h"
 #include "engine/generate.h"
 
 #define RUN_MAX_STOP 16
@@ -14,7 +15,8 @@
 typedef struct run_out {
     int json;
     int32_t *ids;   /* (n_ids) generated ids */
-    size_t n_ids, cap;
+    int32_t *depth; /* (n_ids) backbone layers each token ran before it exited */
+    size_t n_ids, cap, cap_depth;
     char *text;     /* generated text (JSON mode) */
     size_t n_text, cap_text;
     gen_finish_t finish;
@@ -43,10 +45,13 @@ static void run__on_token(void *user, const gen_event_t *ev)
     const char *text = ev->text;
     size_t len = ev->len;
     if (id >= 0) {
-        if (run__append((void **)&o->ids, &o->cap, o->n_ids + 1, sizeof *o->ids))
+        if (run__append((void **)&o->ids, &o->cap, o->n_ids + 1, sizeof *o->ids) ||
+            run__append((void **)&o->depth, &o->cap_depth, o->n_ids + 1, sizeof *o->depth)) {
             o->failed = 1;
-        else
+        } else {
+            o->depth[o->n_ids] = ev->depth;
             o->ids[o->n_ids++] = id;
+        }
     }
     if (o->json) {
         if (run__append((void **)&o->text, &o->cap_text, o->n_text + len + 1, 1)) {
@@ -70,13 +75,18 @@ static void run__usage(FILE *f)
             "                 [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                 [--stop TEXT]... [--ignore-eos] [--threads N]\n"
             "                 [--output text|json]\n"
+            "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
+            "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
+            "                 [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
             "Greedy decoding unless --temperature > 0. Text mode streams the completion;\n"
-            "json prints {prompt_ids, ids, text, finish, prefill_tok_s, decode_tok_s}.\n");
+            "json prints {prompt_ids, ids, exit_layers, text, finish, prefill_tok_s,\n"
+            "decode_tok_s}; exit_layers holds the backbone layers each token ran.\n");
 }
 
 int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
+        EXIT_OPTS_LONG,
         {"model", required_argument, 0, 'm'},     {"tokenizer", required_argument, 0, 'k'},
         {"prompt", required_argument, 0, 'p'},    {"max-tokens", required_argument, 0, 'n'},
         {"temperature", required_argument, 0, 't'}, {"top-k", required_argument, 0, 'K'},
@@ -92,8 +102,15 @@ int cmd_run(int argc, char **argv)
     double temperature = 0, top_p = 1;
     int json = 0, ignore_eos = 0;
     int c, li = 0;
+    exit_opts_t xo;
+    exit_opts_init(&xo);
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
+        int xr = exit_opts_parse(&xo, c, optarg);
+        if (xr == 1)
+            continue;
+        if (xr < 0)
+            goto bad_value;
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'k': tok_path = optarg; break;
@@ -155,11 +172,19 @@ int cmd_run(int argc, char **argv)
     size_t n_ids = 0;
     gen_t *g = NULL;
     run_out_t out = {.json = json};
+    exit_ctx_t xc;
+    e = exit_ctx_open(&xc, &xo, env.model);
+    if (e) {
+        cli_env_close(&env);
+        return cli_fail("run", e);
+    }
     e = tokenizer_encode(env.tok, prompt, strlen(prompt), 1, &ids, &n_ids);
     if (e)
         goto done;
     gen_config_t gc = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};
     e = gen_new(&g, env.model, env.tok, env.be, &gc);
+    if (!e && xo.policy.rule != EXIT_RULE_NONE)
+        e = gen_set_exit(g, &xc.cfg);
     if (e)
         goto done;
     gen_request_t req = {
@@ -192,6 +217,10 @@ int cmd_run(int argc, char **argv)
             json_array_append_new(ga, json_integer(out.ids[i]));
         json_object_set_new(o, "prompt_ids", pa);
         json_object_set_new(o, "ids", ga);
+        json_t *xa = json_array();
+        for (size_t i = 0; i < out.n_ids; i++)
+            json_array_append_new(xa, json_integer(out.depth[i]));
+        json_object_set_new(o, "exit_layers", xa);
         json_object_set_new(o, "text", json_stringn(out.text ? out.text : "", out.n_text));
         json_object_set_new(o, "finish", json_string(gen_finish_name(out.finish)));
         json_object_set_new(o, "prefill_tok_s", json_real(prefill_tps));
@@ -216,7 +245,9 @@ done:
     gen_destroy(&g);
     free(ids);
     free(out.ids);
+    free(out.depth);
     free(out.text);
+    exit_ctx_close(&xc);
     cli_env_close(&env);
     return rc;
 

@@ -1,0 +1,445 @@
+/* river eval: decode prompts with an exit policy and with the full backbone, teacher-forced
+ * on the backbone's tokens so every position compares like with like, and report exit
+ * depth, agreement (next-token match, KL) and speed against the ideal speed-up. */
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "cli/exit_opts.h"
+#include "common/err.h"
+#include "engine/forward.h"
+#include "engine/sampler.h"
+
+#define EVAL_MAX_SWEEP 32
+
+typedef struct eval_prompt {
+    int32_t *ids;        /* (n_ids) prompt with BOS */
+    size_t n_ids;
+    int32_t *gen;        /* (n_gen) the backbone's greedy tokens */
+    float *logits;       /* (n_gen, vocab) the backbone's logits at each generated position */
+    int n_gen;
+} eval_prompt_t;
+
+typedef struct eval_result {
+    double mean_depth, match, kl, tok_s, decide_frac;
+    int64_t tokens;
+    int64_t *hist;       /* (n_layers + 1) tokens by depth */
+    double river_layers; /* mean layers a token ran on the river */
+} eval_result_t;
+
+static double eval__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* KL(p || q) of two logit rows, in nats. */
+static double eval__kl(const float *lp, const float *lq, int n)
+{
+    float mp = lp[sampler_argmax(lp, n)], mq = lq[sampler_argmax(lq, n)];
+    double zp = 0, zq = 0;
+    for (int i = 0; i < n; i++) {
+        zp += exp((double)(lp[i] - mp));
+        zq += exp((double)(lq[i] - mq));
+    }
+    double lzp = log(zp), lzq = log(zq), kl = 0;
+    for (int i = 0; i < n; i++) {
+        double a = (double)(lp[i] - mp) - lzp, b = (double)(lq[i] - mq) - lzq;
+        kl += exp(a) * (a - b);
+    }
+    return kl > 0 ? kl : 0;
+}
+
+/* One sequence through the forward pass: the prompt in chunks (one exit group), then
+ * n_gen decode steps fed with `feed` (the backbone's tokens) or, when feed is NULL, with
+ * the greedy choice. Logits of each generated position go to logits (n_gen, vocab),
+ * depths to depth (n_gen), decode seconds to *decode_s. */
+static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const int32_t *ids,
+                          size_t n_ids, int n_gen, const int32_t *feed, int32_t *out_gen,
+                          float *logits, int32_t *depth, double *decode_s)
+{
+    int vocab = m->cfg.vocab_size;
+    int max_rows = forward_max_rows(f);
+    kv_seq_t seq;
+    exit_seq_t es;
+    kv_seq_init(&seq);
+    exit_seq_init(&es);
+    int e = kv_seq_reserve(&seq, kv, (int)n_ids + n_gen);
+    int32_t *pos = malloc(sizeof *pos * (size_t)max_rows);
+    int32_t *grp = calloc((size_t)max_rows, sizeof *grp);
+    int32_t *dep = malloc(sizeof *dep * (size_t)max_rows);
+    const int32_t **tab = malloc(sizeof *tab * (size_t)max_rows);
+    exit_seq_t **ess = malloc(sizeof *ess * (size_t)max_rows);
+    if (!e && (!pos || !grp || !dep || !tab || !ess))
+        e = river_err_set(RIVER_ENOMEM, "eval: batch bookkeeping");
+    for (int i = 0; !e && i < max_rows; i++) {
+        tab[i] = seq.pages;
+        ess[i] = &es;
+    }
+    /* The prompt, in chunks that each exit as one group. */
+    for (size_t done = 0; !e && done < n_ids;) {
+        int n = (int)(n_ids - done < (size_t)max_rows ? n_ids - done : (size_t)max_rows);
+        for (int i = 0; i < n; i++)
+            pos[i] = (int32_t)done + i;
+        int32_t last = n - 1;
+        fwd_batch_t b = {.n = n, .tokens = ids + done, .pos = pos, .page_table = tab,
+                         .n_logits = done + (size_t)n == n_ids, .logit_rows = &last,
+                         .group = grp, .exit_seq = ess, .depth = dep};
+        e = forward_step(f, kv, &b, logits);
+        if (!e && done + (size_t)n == n_ids)
+            depth[0] = dep[last];
+        done += (size_t)n;
+    }
+    double t0 = eval__now();
+    for (int t = 1; !e && t < n_gen; t++) {
+        int32_t tok = feed ? feed[t - 1] : out_gen[t - 1], p = (int32_t)n_ids + t - 1, row = 0;
+        if (!feed)
+            out_gen[t - 1] = sampler_argmax(logits + (size_t)(t - 1) * (size_t)vocab, vocab);
+        tok = feed ? feed[t - 1] : out_gen[t - 1];
+        fwd_batch_t b = {.n = 1, .tokens = &tok, .pos = &p, .page_table = tab, .n_logits = 1,
+                         .logit_rows = &row, .group = grp, .exit_seq = ess, .depth = dep};
+        e = forward_step(f, kv, &b, logits + (size_t)t * (size_t)vocab);
+        depth[t] = dep[0];
+    }
+    *decode_s = eval__now() - t0;
+    if (!e && !feed)
+        out_gen[n_gen - 1] = sampler_argmax(logits + (size_t)(n_gen - 1) * (size_t)vocab, vocab);
+    kv_seq_free(&seq, kv);
+    exit_seq_free(&es);
+    free(pos);
+    free(grp);
+    free(dep);
+    free(tab);
+    free(ess);
+    return e;
+}
+
+static void eval__usage(FILE *f)
+{
+    fprintf(f,
+            "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE [--river FILE]\n"
+            "                  [--routers FILE] [--policy cosine|router|fixed|none]\n"
+            "                  [--tau T | --theta P | --exit-layer K | --sweep a,b,c]\n"
+            "                  [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
+            "                  [--aggregation min|row] [--max-tokens N] [--threads N]\n"
+            "                  [--output text|json]\n"
+            "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
+            "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
+            "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"
+            "speed-up, the ideal speed-up L / (E[backbone layers] + r E[river layers]) with\n"
+            "r the measured river/backbone layer time, realized/ideal and peak RSS.\n"
+            "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n");
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        EXIT_OPTS_LONG,
+        {"model", required_argument, 0, 'm'},     {"tokenizer", required_argument, 0, 'k'},
+        {"prompts", required_argument, 0, 'f'},   {"sweep", required_argument, 0, 'W'},
+        {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 'j'},
+        {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *sweep = NULL;
+    long max_tokens = 32, threads = 0;
+    int json = 0, c, li = 0;
+    exit_opts_t xo;
+    exit_opts_init(&xo);
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
+        int r = exit_opts_parse(&xo, c, optarg);
+        if (r == 1)
+            continue;
+        if (r < 0)
+            goto bad_value;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'k': tok_path = optarg; break;
+        case 'f': prompts_path = optarg; break;
+        case 'W': sweep = optarg; break;
+        case 'n':
+            if (cli_parse_int(optarg, 2, 1 << 16, &max_tokens))
+                goto bad_value;
+            break;
+        case 'j':
+            if (cli_parse_int(optarg, 0, 1024, &threads))
+                goto bad_value;
+            break;
+        case 'o':
+            if (!strcmp(optarg, "json"))
+                json = 1;
+            else if (strcmp(optarg, "text"))
+                goto bad_value;
+            break;
+        case 'h': eval__usage(stdout); return 0;
+        default: eval__usage(stderr); return 2;
+        }
+    }
+    if (!model_path || !prompts_path || optind != argc) {
+        fprintf(stderr, "river eval: --model and --prompts are required\n");
+        eval__usage(stderr);
+        return 2;
+    }
+    double sweep_v[EVAL_MAX_SWEEP];
+    int n_sweep = 0;
+    if (sweep) {
+        char *copy = strdup(sweep), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (n_sweep == EVAL_MAX_SWEEP || cli_parse_float(t, &sweep_v[n_sweep])) {
+                fprintf(stderr, "river eval: bad --sweep value '%s' (at most %d numbers)\n", t,
+                        EVAL_MAX_SWEEP);
+                free(copy);
+                return 2;
+            }
+            n_sweep++;
+        }
+        free(copy);
+    }
+
+    cli_env_t env;
+    int e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
+    if (e)
+        return cli_fail("eval", e);
+    const model_t *m = env.model;
+    const model_config_t *cfg = &m->cfg;
+    int L = cfg->n_layers, vocab = cfg->vocab_size, rc = 1;
+    exit_ctx_t xc;
+    eval_prompt_t *ps = NULL;
+    int n_ps = 0;
+    forward_t *f = NULL;
+    kv_pool_t *kv = NULL;
+    float *lg = NULL;
+    int32_t *depth = NULL;
+    e = exit_ctx_open(&xc, &xo, m);
+    if (e)
+        goto done;
+    /* Prompts, one a line. */
+    size_t text_len;
+    char *text = NULL;
+    {
+        FILE *pf = fopen(prompts_path, "rb");
+        if (!pf) {
+            e = river_err_set(RIVER_ENOTFOUND, "%s: cannot open the prompts file", prompts_path);
+            goto done;
+        }
+        size_t cap = 0;
+        text_len = 0;
+        char buf[4096];
+        size_t got;
+        while ((got = fread(buf, 1, sizeof buf, pf)) > 0) {
+            char *t = realloc(text, cap = text_len + got + 1);
+            if (!t) {
+                fclose(pf);
+                e = river_err_set(RIVER_ENOMEM, "%s", prompts_path);
+                goto done;
+            }
+            text = t;
+            memcpy(text + text_len, buf, got);
+            text_len += got;
+        }
+        fclose(pf);
+        (void)cap;
+    }
+    for (char *line = text, *next; line && line < text + text_len; line = next) {
+        next = memchr(line, '\n', (size_t)(text + text_len - line));
+        size_t len = next ? (size_t)(next - line) : (size_t)(text + text_len - line);
+        if (next)
+            next++;
+        if (len && line[len - 1] == '\r')
+            len--;
+        if (!len)
+            continue;
+        eval_prompt_t *np = realloc(ps, sizeof *ps * (size_t)(n_ps + 1));
+        if (!np) {
+            e = river_err_set(RIVER_ENOMEM, "prompts");
+            break;
+        }
+        ps = np;
+        memset(&ps[n_ps], 0, sizeof ps[n_ps]);
+        e = tokenizer_encode(env.tok, line, len, 1, &ps[n_ps].ids, &ps[n_ps].n_ids);
+        n_ps++;
+        if (e)
+            break;
+        if (ps[n_ps - 1].n_ids + (size_t)max_tokens > (size_t)cfg->max_seq_len) {
+            e = river_err_set(RIVER_EINVAL, "%s: prompt %d has %zu tokens; with %ld generated "
+                              "it exceeds the context of %d", prompts_path, n_ps,
+                              ps[n_ps - 1].n_ids, max_tokens, cfg->max_seq_len);
+            break;
+        }
+    }
+    free(text);
+    if (e)
+        goto done;
+    if (!n_ps) {
+        e = river_err_set(RIVER_EINVAL, "%s: no prompts", prompts_path);
+        goto done;
+    }
+    int max_rows = 64;
+    e = forward_new(&f, m, env.be, max_rows);
+    if (!e)
+        e = kv_pool_new(&kv, env.be, L, cfg->n_kv_heads * cfg->head_dim, 16,
+                        (cfg->max_seq_len + 15) / 16 + 2);
+    lg = malloc(sizeof *lg * (size_t)max_tokens * (size_t)vocab);
+    depth = malloc(sizeof *depth * (size_t)max_tokens);
+    if (!e && (!lg || !depth))
+        e = river_err_set(RIVER_ENOMEM, "eval: logits of %ld tokens", max_tokens);
+    if (e)
+        goto done;
+    /* The river/backbone layer time ratio r for the ideal speed-up. */
+    double r_ratio = 0;
+    if (xc.cfg.river) {
+        e = forward_calibrate_costs(f, kv, &xc.cfg);
+        if (e)
+            goto done;
+        r_ratio = (xc.cfg.cost_r_fixed + xc.cfg.cost_r_row) /
+                  (xc.cfg.cost_b_fixed + xc.cfg.cost_b_row);
+    }
+    /* The backbone's own greedy run: the reference tokens, logits and speed. */
+    double bb_s = 0;
+    int64_t bb_tokens = 0;
+    forward_set_exit(f, NULL);
+    for (int i = 0; i < n_ps; i++) {
+        eval_prompt_t *p = &ps[i];
+        p->n_gen = (int)max_tokens;
+        p->gen = malloc(sizeof *p->gen * (size_t)p->n_gen);
+        p->logits = malloc(sizeof *p->logits * (size_t)p->n_gen * (size_t)vocab);
+        if (!p->gen || !p->logits) {
+            e = river_err_set(RIVER_ENOMEM, "eval: backbone logits");
+            goto done;
+        }
+        double ds;
+        e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, NULL, p->gen, p->logits,
+                           depth, &ds);
+        if (e)
+            goto done;
+        bb_s += ds;
+        bb_tokens += p->n_gen - 1;
+    }
+    double bb_tok_s = (double)bb_tokens / bb_s;
+    int n_set = n_sweep ? n_sweep : 1;
+    if (!json)
+        printf("%-8s %-9s %8s %7s %8s %8s %9s %9s %8s %8s %7s\n", "policy", "strategy",
+               "value", "exit", "match", "kl", "tok/s", "bb tok/s", "speedup", "ideal",
+               "r/i");
+    for (int si = 0; si < n_set; si++) {
+        exit_config_t sc = xc.cfg;
+        if (n_sweep)
+            exit_opts_set_value(&sc.policy, sweep_v[si]);
+        e = forward_set_exit(f, &sc);
+        if (e)
+            goto done;
+        forward_reset_stats(f);
+        int64_t *hist = calloc((size_t)L + 1, sizeof *hist);
+        if (!hist) {
+            e = river_err_set(RIVER_ENOMEM, "eval: histogram");
+            goto done;
+        }
+        double dec_s = 0, kl = 0, depth_sum = 0, river_sum = 0;
+        int64_t match = 0, n_tok = 0, n_dec = 0;
+        for (int i = 0; i < n_ps && !e; i++) {
+            eval_prompt_t *p = &ps[i];
+            double ds;
+            e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg, depth,
+                               &ds);
+            for (int t = 0; !e && t < p->n_gen; t++) {
+                const float *a = p->logits + (size_t)t * (size_t)vocab;
+                const float *b = lg + (size_t)t * (size_t)vocab;
+                match += sampler_argmax(b, vocab) == p->gen[t];
+                kl += eval__kl(a, b, vocab);
+                int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
+                hist[d]++;
+                depth_sum += d;
+                if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
+                    river_sum += L - d;
+                n_tok++;
+            }
+            dec_s += ds;
+            n_dec += p->n_gen - 1;
+        }
+        if (e) {
+            free(hist);
+            goto done;
+        }
+        fwd_stats_t st;
+        forward_get_stats(f, &st);
+        double tok_s = (double)n_dec / dec_s;
+        double mean_depth = depth_sum / (double)n_tok;
+        double mean_river = river_sum / (double)n_tok;
+        double bb_layers = sc.policy.kv == EXIT_KV_POSTHOC || sc.policy.rule == EXIT_RULE_NONE
+                               ? L : mean_depth;
+        double ideal = (double)L / (bb_layers + r_ratio * mean_river);
+        double speedup = tok_s / bb_tok_s;
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        long long rss = (long long)ru.ru_maxrss * 1024;
+        double value = sc.policy.rule == EXIT_RULE_COSINE   ? sc.policy.tau
+                       : sc.policy.rule == EXIT_RULE_ROUTER ? sc.policy.theta
+                       : sc.policy.rule == EXIT_RULE_FIXED  ? sc.policy.exit_layer
+                                                            : 0;
+        if (json) {
+            json_t *h = json_array();
+            for (int d = 1; d <= L; d++)
+                json_array_append_new(h, json_integer(hist[d]));
+            json_t *o = json_pack(
+                "{s:s, s:s, s:s, s:f, s:f, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}",
+                "policy", exit_rule_name(sc.policy.rule), "strategy",
+                exit_kv_name(sc.policy.kv), "aggregation",
+                sc.policy.agg == EXIT_AGG_ROW ? "row" : "min", "tau", (double)sc.policy.tau,
+                "mean_exit_layer", mean_depth, "exit_histogram", h, "match_rate",
+                (double)match / (double)n_tok, "kl", kl / (double)n_tok, "tok_s", tok_s,
+                "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup", ideal,
+                "realized_over_ideal", speedup / ideal, "r", r_ratio, "decision_fraction",
+                st.step_s > 0 ? st.decide_s / st.step_s : 0.0, "peak_rss_bytes",
+                (json_int_t)rss, "tokens", (json_int_t)n_tok);
+            if (o) {
+                json_object_set_new(o, "value", json_real(value));
+                char *s = json_dumps(o, JSON_COMPACT);
+                if (s)
+                    printf("%s\n", s);
+                free(s);
+                json_decref(o);
+            }
+        } else {
+            printf("%-8s %-9s %8.3f %7.2f %7.2f%% %8.4f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
+                   exit_rule_name(sc.policy.rule), exit_kv_name(sc.policy.kv), value,
+                   mean_depth, 100.0 * (double)match / (double)n_tok, kl / (double)n_tok, tok_s,
+                   bb_tok_s, speedup, ideal, speedup / ideal);
+            printf("         exit histogram (depth 1..%d):", L);
+            for (int d = 1; d <= L; d++)
+                printf(" %lld", (long long)hist[d]);
+            printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f\n",
+                   st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,
+                   (double)rss / 1048576.0, r_ratio);
+        }
+        free(hist);
+    }
+    rc = 0;
+done:
+    if (e)
+        rc = cli_fail("eval", e);
+    for (int i = 0; i < n_ps; i++) {
+        free(ps[i].ids);
+        free(ps[i].gen);
+        free(ps[i].logits);
+    }
+    free(ps);
+    free(lg);
+    free(depth);
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+    exit_ctx_close(&xc);
+    cli_env_close(&env);
+    return rc;
+
+bad_value:
+    fprintf(stderr, "river eval: bad value '%s' for --%s\n", optarg, opts[li].name);
+    return 2;
+}

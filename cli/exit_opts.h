@@ -1,0 +1,66 @@
+/* The early-exit options that `run` and `eval` share: parsing them, and opening the river
+ * and routers they name into an exit_config_t. */
+#ifndef RIVER_CLI_EXIT_OPTS_H
+#define RIVER_CLI_EXIT_OPTS_H
+
+#include <getopt.h>
+
+#include "engine/exit.h"
+#include "engine/model.h"
+
+typedef struct river river_t;
+typedef struct router_set router_set_t;
+
+enum {
+    EXIT_OPT_POLICY = 0x100,
+    EXIT_OPT_TAU,
+    EXIT_OPT_THETA,
+    EXIT_OPT_EXIT_LAYER,
+    EXIT_OPT_STRATEGY,
+    EXIT_OPT_AGGREGATION,
+    EXIT_OPT_RIVER,
+    EXIT_OPT_ROUTERS,
+    EXIT_OPT_NO_COST_MODEL,
+};
+
+#define EXIT_OPTS_LONG                                                          \
+    {"policy", required_argument, 0, EXIT_OPT_POLICY},                          \
+        {"tau", required_argument, 0, EXIT_OPT_TAU},                            \
+        {"theta", required_argument, 0, EXIT_OPT_THETA},                        \
+        {"exit-layer", required_argument, 0, EXIT_OPT_EXIT_LAYER},              \
+        {"strategy", required_argument, 0, EXIT_OPT_STRATEGY},                  \
+        {"aggregation", required_argument, 0, EXIT_OPT_AGGREGATION},            \
+        {"river", required_argument, 0, EXIT_OPT_RIVER},                        \
+        {"routers", required_argument, 0, EXIT_OPT_ROUTERS},                    \
+        {"no-cost-model", no_argument, 0, EXIT_OPT_NO_COST_MODEL}
+
+typedef struct exit_opts {
+    exit_policy_t policy;
+    int policy_given;
+    const char *river_path;
+    const char *routers_path;
+} exit_opts_t;
+
+/* Defaults: policy none, tau 0.9, theta 0.5, strategy river, aggregation min, the split
+ * cost model on. */
+void exit_opts_init(exit_opts_t *xo);
+/* 1 when option c was an exit option and parsed, 0 when it is not one, -1 for a bad
+ * value. */
+int exit_opts_parse(exit_opts_t *xo, int c, const char *arg);
+/* Sets the policy's own parameter: tau (cosine), theta (router) or the exit layer (fixed). */
+void exit_opts_set_value(exit_policy_t *p, double v);
+
+/* The opened river and routers, and the exit configuration pointing at them. */
+typedef struct exit_ctx {
+    exit_config_t cfg;
+    river_t *river;
+    router_set_t *routers;
+    const layer_weights_t **layers; /* (n_layers) river layers, NULL below the start */
+} exit_ctx_t;
+
+/* Opens what the options name; a policy that needs a river (strategy river with a rule
+ * other than none) or routers (rule router) without one is RIVER_EINVAL. */
+int exit_ctx_open(exit_ctx_t *xc, const exit_opts_t *xo, const model_t *m);
+void exit_ctx_close(exit_ctx_t *xc);
+
+#endif
