@@ -66,14 +66,15 @@ static float *load_f32(const char *dir, const char *file, size_t expect)
     return p;
 }
 
-static void fixture_open(fixture_t *fx, const golden_case_t *gc, int threads)
+static void fixture_open_simd(fixture_t *fx, const golden_case_t *gc, int threads,
+                              cpu_simd_t simd)
 {
     memset(fx, 0, sizeof *fx);
     int e = model_load(&fx->m, gc->model);
     ck_assert_msg(e == 0, "load %s: %s", gc->model, river_err_detail());
     e = tokenizer_load(&fx->tok, gc->tokenizer, fx->m->cfg.vocab_size);
     ck_assert_msg(e == 0, "tokenizer %s: %s", gc->tokenizer, river_err_detail());
-    ck_assert_int_eq(cpu_backend_new(&fx->be, threads, CPU_SIMD_COUNT), 0);
+    ck_assert_int_eq(cpu_backend_new(&fx->be, threads, simd), 0);
     ck_assert_int_eq(forward_new(&fx->fwd, fx->m, fx->be, 64), 0);
     ck_assert_int_eq(kv_pool_new(&fx->kv, fx->be, fx->m->cfg.n_layers,
                                  fx->m->cfg.n_kv_heads * fx->m->cfg.head_dim, 16, 8), 0);
@@ -93,6 +94,11 @@ static void fixture_open(fixture_t *fx, const golden_case_t *gc, int threads)
     snprintf(file, sizeof file, "%s.hidden.f32", gc->slug);
     fx->hidden = load_f32(gc->golden, file,
                           (size_t)fx->steps * (size_t)fx->m->cfg.n_layers * (size_t)fx->m->cfg.dim);
+}
+
+static void fixture_open(fixture_t *fx, const golden_case_t *gc, int threads)
+{
+    fixture_open_simd(fx, gc, threads, CPU_SIMD_COUNT);
 }
 
 static void fixture_close(fixture_t *fx)
@@ -219,7 +225,7 @@ START_TEST(test_each_layer)
 {
     const golden_case_t *gc = &runc_cases[_i];
     fixture_t fx;
-    fixture_open(&fx, gc, 1);
+    fixture_open_simd(&fx, gc, 1, CPU_SIMD_SCALAR);
     const model_config_t *c = &fx.m->cfg;
     size_t d = (size_t)c->dim;
     int32_t full[256];

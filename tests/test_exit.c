@@ -1,0 +1,336 @@
+/* The exit engine: plain-engine identity for policy none and unreachable thresholds, the KV
+ * integrity invariant (every slot written once, no unwritten slot ever read) under every
+ * policy, and what each baseline KV strategy does by its definition. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/forward.h"
+#include "engine/river.h"
+#include "engine/sampler.h"
+#include "kernels/cpu/cpu.h"
+#include "tests/testutil.h"
+
+#define MODEL TEST_DATA "/kjv-12l"
+#define STEPS 24
+#define MAXPOS 64
+
+/* Counts K/V writes per (layer, position) by wrapping the backend's kv_write. */
+static const ops_t *base_ops;
+static ops_t counting_ops;
+static int writes[16][MAXPOS];
+
+static int count_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
+                          const void *k, const void *v)
+{
+    for (int i = 0; i < b->n; i++)
+        if (b->pos[i] < MAXPOS)
+            writes[layer][b->pos[i]]++;
+    return base_ops->kv_write(ctx, kv, layer, b, k, v);
+}
+
+typedef struct fx {
+    model_t *m;
+    backend_t *be;
+    backend_t counted; /* the same backend, kv_write counted */
+    river_t *river;
+    const layer_weights_t *layers[16];
+    char river_path[256];
+} fx_t;
+
+static fx_t F;
+
+static void fx_setup(void)
+{
+    memset(&F, 0, sizeof F);
+    ck_assert_msg(model_load(&F.m, MODEL) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(cpu_backend_new(&F.be, 2, CPU_SIMD_COUNT), 0);
+    base_ops = F.be->ops;
+    counting_ops = *base_ops;
+    counting_ops.kv_write = count_kv_write;
+    F.counted.ops = &counting_ops;
+    F.counted.ctx = F.be->ctx;
+    /* An 8-bit river from layer 1: close to the backbone, so exits stay accurate. */
+    snprintf(F.river_path, sizeof F.river_path, "%s/kjv-river-q8.safetensors", test_tmpdir());
+    river_build_opts_t o = river_build_opts_default();
+    o.quant.bits = 8;
+    o.quant.method = QUANT_RTN;
+    o.start_layer = 1;
+    ck_assert_msg(river_build(F.m, F.river_path, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(river_load(&F.river, F.m, F.river_path) == 0, "%s", river_err_detail());
+    for (int l = 0; l < F.m->cfg.n_layers; l++)
+        F.layers[l] = river_layer(F.river, l);
+}
+
+static void fx_teardown(void)
+{
+    river_destroy(&F.river);
+    remove(F.river_path);
+    cpu_backend_destroy(&F.be);
+    model_destroy(&F.m);
+}
+
+typedef struct run {
+    int32_t tokens[STEPS];  /* greedy tokens */
+    int32_t depth[STEPS];   /* exit depth of each */
+    float *logits;          /* (STEPS, vocab) */
+    int any_nan;
+} run_t;
+
+static const int32_t prompt[] = {1, 80, 1615, 108, 1344, 96, 66, 176};
+#define N_PROMPT 8
+
+/* Prompt in one chunk, then greedy decode (or teacher-forced on `feed`), on a NaN-filled
+ * pool, with writes counted. */
+static void run_policy(const exit_config_t *ex, const int32_t *feed, run_t *out)
+{
+    const model_config_t *c = &F.m->cfg;
+    memset(writes, 0, sizeof writes);
+    forward_t *f;
+    kv_pool_t *kv;
+    ck_assert_int_eq(forward_new(&f, F.m, &F.counted, 64), 0);
+    ck_assert_int_eq(kv_pool_new(&kv, F.be, c->n_layers, c->n_kv_heads * c->head_dim, 8, 16), 0);
+    ck_assert_int_eq(kv_pool_fill(kv, NAN), 0);
+    ck_assert_msg(forward_set_exit(f, ex) == 0, "%s", river_err_detail());
+    kv_seq_t s;
+    exit_seq_t es;
+    kv_seq_init(&s);
+    exit_seq_init(&es);
+    ck_assert_int_eq(kv_seq_reserve(&s, kv, N_PROMPT + STEPS), 0);
+    out->logits = malloc(sizeof(float) * STEPS * (size_t)c->vocab_size);
+    out->any_nan = 0;
+    int32_t pos[N_PROMPT], grp[N_PROMPT] = {0}, dep[N_PROMPT], last = N_PROMPT - 1;
+    const int32_t *tab[N_PROMPT];
+    exit_seq_t *ess[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++) {
+        pos[i] = i;
+        tab[i] = s.pages;
+        ess[i] = &es;
+    }
+    fwd_batch_t b = {.n = N_PROMPT, .tokens = prompt, .pos = pos, .page_table = tab,
+                     .n_logits = 1, .logit_rows = &last, .group = grp, .exit_seq = ess,
+                     .depth = dep};
+    ck_assert_msg(forward_step(f, kv, &b, out->logits) == 0, "%s", river_err_detail());
+    out->depth[0] = dep[last];
+    for (int t = 0; t < STEPS; t++) {
+        float *lg = out->logits + (size_t)t * (size_t)c->vocab_size;
+        for (int j = 0; j < c->vocab_size; j++)
+            out->any_nan |= !isfinite(lg[j]);
+        out->tokens[t] = sampler_argmax(lg, c->vocab_size);
+        if (t + 1 == STEPS)
+            break;
+        int32_t tok = feed ? feed[t] : out->tokens[t], p = N_PROMPT + t, row = 0;
+        fwd_batch_t d = {.n = 1, .tokens = &tok, .pos = &p, .page_table = tab, .n_logits = 1,
+                         .logit_rows = &row, .group = grp, .exit_seq = ess, .depth = dep};
+        ck_assert_msg(forward_step(f, kv, &d, out->logits + (size_t)(t + 1) * (size_t)c->vocab_size) == 0,
+                      "%s", river_err_detail());
+        out->depth[t + 1] = dep[0];
+    }
+    exit_seq_free(&es);
+    kv_seq_free(&s, kv);
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+}
+
+static exit_config_t config(exit_rule_t rule, exit_kv_t kv, float tau, int k)
+{
+    exit_config_t ex = {0};
+    ex.policy.rule = rule;
+    ex.policy.kv = kv;
+    ex.policy.tau = tau;
+    ex.policy.exit_layer = k;
+    ex.river = F.layers;
+    ex.river_start = river_start_layer(F.river);
+    return ex;
+}
+
+/* Positions 0..n-1 of every layer written exactly `want` times. */
+static void assert_writes_once(const char *what, int n)
+{
+    for (int l = 0; l < F.m->cfg.n_layers; l++)
+        for (int p = 0; p < n; p++)
+            ck_assert_msg(writes[l][p] == 1, "%s: slot (layer %d, pos %d) written %d times",
+                          what, l, p, writes[l][p]);
+}
+
+START_TEST(test_none_and_high_tau_equal_plain)
+{
+    run_t plain, none, cos_hi;
+    run_policy(NULL, NULL, &plain);
+    exit_config_t ex = config(EXIT_RULE_NONE, EXIT_KV_RIVER, 0, 0);
+    run_policy(&ex, NULL, &none);
+    ex = config(EXIT_RULE_COSINE, EXIT_KV_RIVER, 1.5f, 0);
+    run_policy(&ex, NULL, &cos_hi);
+    int V = F.m->cfg.vocab_size;
+    for (int t = 0; t < STEPS; t++) {
+        ck_assert_int_eq(none.tokens[t], plain.tokens[t]);
+        ck_assert_int_eq(cos_hi.tokens[t], plain.tokens[t]);
+        ck_assert_int_eq(cos_hi.depth[t], F.m->cfg.n_layers);
+    }
+    /* Not only the same tokens: the same numbers. */
+    ck_assert_int_eq(memcmp(cos_hi.logits, plain.logits, sizeof(float) * STEPS * (size_t)V), 0);
+    free(plain.logits);
+    free(none.logits);
+    free(cos_hi.logits);
+}
+END_TEST
+
+/* The seamless exit: under every rule every slot is written exactly once and nothing
+ * unwritten (NaN) is ever read. */
+START_TEST(test_river_kv_integrity)
+{
+    struct {
+        exit_rule_t rule;
+        float tau;
+        int k;
+    } cases[] = {{EXIT_RULE_COSINE, 0.9f, 0}, {EXIT_RULE_COSINE, 0.97f, 0},
+                 {EXIT_RULE_FIXED, 0, 3},     {EXIT_RULE_FIXED, 0, 11}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        exit_config_t ex = config(cases[i].rule, EXIT_KV_RIVER, cases[i].tau, cases[i].k);
+        run_t r;
+        run_policy(&ex, NULL, &r);
+        char what[64];
+        snprintf(what, sizeof what, "%s %g/%d", exit_rule_name(cases[i].rule),
+                 (double)cases[i].tau, cases[i].k);
+        assert_writes_once(what, N_PROMPT + STEPS - 1);
+        ck_assert_msg(!r.any_nan, "%s: NaN reached the logits", what);
+        int exited = 0;
+        for (int t = 0; t < STEPS; t++)
+            exited += r.depth[t] < F.m->cfg.n_layers;
+        ck_assert_msg(exited > 0, "%s: no token exited", what);
+        if (cases[i].rule == EXIT_RULE_FIXED)
+            for (int t = 0; t < STEPS; t++)
+                ck_assert_int_eq(r.depth[t], cases[i].k);
+        free(r.logits);
+    }
+}
+END_TEST
+
+/* An 8-bit river with a fixed exit stays close to the backbone (teacher-forced). */
+START_TEST(test_river8_fixed_close)
+{
+    run_t plain, r;
+    run_policy(NULL, NULL, &plain);
+    exit_config_t ex = config(EXIT_RULE_FIXED, EXIT_KV_RIVER, 0, 4);
+    run_policy(&ex, plain.tokens, &r);
+    int match = 0;
+    for (int t = 0; t < STEPS; t++)
+        match += r.tokens[t] == plain.tokens[t];
+    printf("8-bit river, fixed exit after 4 of 12 layers: %d/%d next tokens match\n", match,
+           STEPS);
+    ck_assert_int_ge(match, STEPS * 8 / 10);
+    free(plain.logits);
+    free(r.logits);
+}
+END_TEST
+
+/* Mask: an exited token's deeper slots stay unwritten, and later tokens never read them
+ * (the pool is NaN there, the logits stay finite). */
+START_TEST(test_mask_skips_missing)
+{
+    exit_config_t ex = config(EXIT_RULE_FIXED, EXIT_KV_MASK, 0, 5);
+    ex.river = NULL;
+    run_t r;
+    run_policy(&ex, NULL, &r);
+    ck_assert(!r.any_nan);
+    int L = F.m->cfg.n_layers;
+    for (int p = 0; p < N_PROMPT + STEPS - 1; p++)
+        for (int l = 0; l < L; l++)
+            ck_assert_int_eq(writes[l][p], l < 5 ? 1 : 0);
+    free(r.logits);
+}
+END_TEST
+
+/* Propagation: every slot is written once, the skipped layers from the exit state. */
+START_TEST(test_propagate_fills_kv)
+{
+    exit_config_t ex = config(EXIT_RULE_FIXED, EXIT_KV_PROPAGATE, 0, 5);
+    ex.river = NULL;
+    run_t r;
+    run_policy(&ex, NULL, &r);
+    ck_assert(!r.any_nan);
+    assert_writes_once("propagate", N_PROMPT + STEPS - 1);
+    free(r.logits);
+}
+END_TEST
+
+/* Recompute: an exited token's missing layers run later with the next deep token, so in
+ * the end every slot is written once, and with the backbone's own numbers. */
+START_TEST(test_recompute_completes_kv)
+{
+    exit_config_t ex = config(EXIT_RULE_COSINE, EXIT_KV_RECOMPUTE, 0.985f, 0);
+    ex.river = NULL;
+    run_t r;
+    run_policy(&ex, NULL, &r);
+    ck_assert(!r.any_nan);
+    int L = F.m->cfg.n_layers, exited = 0, last_deep = -1;
+    for (int t = 0; t < STEPS - 1; t++) {
+        exited += r.depth[t] < L;
+        if (r.depth[t] == L)
+            last_deep = t;
+    }
+    printf("recompute: %d of %d tokens exited early, last deep token %d\n", exited, STEPS - 1,
+           last_deep);
+    ck_assert_int_gt(exited, 0);
+    /* Every position up to the last token that went deep has all its layers. */
+    ck_assert_int_ge(last_deep, 0);
+    for (int p = 0; p < N_PROMPT + last_deep; p++)
+        for (int l = 0; l < L; l++)
+            ck_assert_msg(writes[l][p] == 1, "slot (%d, %d) written %d times", l, p,
+                          writes[l][p]);
+    free(r.logits);
+}
+END_TEST
+
+/* Mono-decreasing: depth never grows within the sequence, nothing unwritten is read. */
+START_TEST(test_mono_decreasing)
+{
+    exit_config_t ex = config(EXIT_RULE_COSINE, EXIT_KV_MONO, 0.95f, 0);
+    ex.river = NULL;
+    run_t r;
+    run_policy(&ex, NULL, &r);
+    ck_assert(!r.any_nan);
+    for (int t = 1; t < STEPS; t++)
+        ck_assert_int_le(r.depth[t], r.depth[t - 1]);
+    free(r.logits);
+}
+END_TEST
+
+/* Post-hoc: every layer runs (every slot written once), the logits come from the exit
+ * layer: with a fixed exit after layer 11 of 12 they differ from the full model's. */
+START_TEST(test_posthoc)
+{
+    run_t plain, r;
+    run_policy(NULL, NULL, &plain);
+    exit_config_t ex = config(EXIT_RULE_FIXED, EXIT_KV_POSTHOC, 0, 11);
+    ex.river = NULL;
+    run_policy(&ex, plain.tokens, &r);
+    assert_writes_once("posthoc", N_PROMPT + STEPS - 1);
+    ck_assert(!r.any_nan);
+    ck_assert_int_ne(memcmp(r.logits, plain.logits, sizeof(float) * (size_t)F.m->cfg.vocab_size), 0);
+    free(plain.logits);
+    free(r.logits);
+}
+END_TEST
+
+static Suite *exit_suite(void)
+{
+    Suite *s = suite_create("exit");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_unchecked_fixture(tc, fx_setup, fx_teardown);
+    tcase_add_test(tc, test_none_and_high_tau_equal_plain);
+    tcase_add_test(tc, test_river_kv_integrity);
+    tcase_add_test(tc, test_river8_fixed_close);
+    tcase_add_test(tc, test_mask_skips_missing);
+    tcase_add_test(tc, test_propagate_fills_kv);
+    tcase_add_test(tc, test_recompute_completes_kv);
+    tcase_add_test(tc, test_mono_decreasing);
+    tcase_add_test(tc, test_posthoc);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+RIVER_TEST_MAIN(exit_suite)
