@@ -1,0 +1,217 @@
+/* `river quant`: builds a model's Exit River (its quantized copy of the layers from the
+ * river start on) and writes it beside the model. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "common/err.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/river.h"
+#include "engine/safetensors.h"
+
+static void quant_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: river quant --model PATH [--bits 4|8] [--group N] [--start LS]\n"
+            "                   [--method hqq|rtn] [--out FILE] [--threads N]\n\n"
+            "Quantizes the attention and FFN matrices of layers LS..L-1 to 4 or 8 bits with\n"
+            "one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
+            "p 0.7, beta 10 x 1.01, up to 20 iterations) and writes the Exit River file,\n"
+            "by default river-q<bits>-g<group>-<method>.safetensors in the model's directory\n"
+            "(<stem>-river-... beside a llama2.c .bin). LS defaults to %d, so that a token can\n"
+            "leave the backbone after any layer. N must divide the columns of every matrix.\n"
+            "Progress and the per-layer error (mean absolute and relative Frobenius, with\n"
+            "plain RTN for reference) go to stderr; the written path goes to stdout.\n"
+            "--threads defaults to one per core.\n",
+            RIVER_DEFAULT_START_LAYER);
+}
+
+static double quant_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct quant_progress {
+    int n_layers;
+    quant_method_t method;
+} quant_progress_t;
+
+static void quant_report(void *arg, int layer, const quant_stats_t *st, double seconds)
+{
+    const quant_progress_t *p = arg;
+    if (p->method == QUANT_HQQ)
+        fprintf(stderr,
+                "layer %3d/%d: mae %.4e (rtn %.4e, %+.1f%%)  rel-fro %.5f (rtn %.5f)  "
+                "%.1f iters/group  %.2f s\n",
+                layer, p->n_layers - 1, quant_stats_mae(st), quant_stats_rtn_mae(st),
+                quant_stats_rtn_mae(st) > 0
+                    ? 100.0 * (quant_stats_mae(st) / quant_stats_rtn_mae(st) - 1.0)
+                    : 0.0,
+                quant_stats_rel_fro(st), quant_stats_rtn_rel_fro(st),
+                st->groups ? (double)st->iters / (double)st->groups : 0.0, seconds);
+    else
+        fprintf(stderr, "layer %3d/%d: mae %.4e  rel-fro %.5f  %.2f s\n", layer,
+                p->n_layers - 1, quant_stats_mae(st), quant_stats_rel_fro(st), seconds);
+    fflush(stderr);
+}
+
+/* Refuses to replace an existing file that is not a river (a typo in --out could otherwise
+ * replace the model's own checkpoint). */
+static int quant_check_target(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0;
+    safetensors_t *f = NULL;
+    int is_river = 0;
+    if (S_ISREG(st.st_mode) && safetensors_open(&f, path) == 0) {
+        const char *format = safetensors_metadata(f, "format");
+        is_river = format && !strcmp(format, "river");
+        safetensors_destroy(&f);
+    }
+    if (!is_river)
+        return river_err_set(RIVER_EINVAL, "%s exists and is not a river file; remove it or "
+                             "choose another --out", path);
+    return 0;
+}
+
+/* The value of option argv[*i] ("--x V" or "--x=V"), or NULL when argv[*i] is not it. */
+static const char *quant_optval(int argc, char **argv, int *i, const char *opt, int *missing)
+{
+    size_t n = strlen(opt);
+    if (strncmp(argv[*i], opt, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cmd_quant(int argc, char **argv)
+{
+    river_build_opts_t o = river_build_opts_default();
+    const char *model_path = NULL, *out = NULL;
+    long start = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        long n;
+        int missing = 0;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            quant_usage(stdout);
+            return 0;
+        } else if ((v = quant_optval(argc, argv, &i, "--model", &missing))) {
+            model_path = v;
+        } else if ((v = quant_optval(argc, argv, &i, "--out", &missing))) {
+            out = v;
+        } else if ((v = quant_optval(argc, argv, &i, "--bits", &missing))) {
+            if (cli_parse_int(v, 4, 8, &n) != 0 || (n != 4 && n != 8)) {
+                fprintf(stderr, "river quant: --bits must be 4 or 8, not '%s'\n", v);
+                return 2;
+            }
+            o.quant.bits = (int)n;
+        } else if ((v = quant_optval(argc, argv, &i, "--group", &missing))) {
+            if (cli_parse_int(v, 1, 1 << 20, &n) != 0) {
+                fprintf(stderr, "river quant: --group needs a positive integer, not '%s'\n", v);
+                return 2;
+            }
+            o.quant.group = (int)n;
+        } else if ((v = quant_optval(argc, argv, &i, "--start", &missing))) {
+            if (cli_parse_int(v, 0, INT_MAX, &start) != 0) {
+                fprintf(stderr, "river quant: --start needs a layer number, not '%s'\n", v);
+                return 2;
+            }
+        } else if ((v = quant_optval(argc, argv, &i, "--method", &missing))) {
+            if (quant_method_parse(v, &o.quant.method) != 0) {
+                fprintf(stderr, "river quant: --method must be hqq or rtn, not '%s'\n", v);
+                return 2;
+            }
+        } else if ((v = quant_optval(argc, argv, &i, "--threads", &missing))) {
+            if (cli_parse_int(v, 1, 1024, &n) != 0) {
+                fprintf(stderr, "river quant: --threads needs 1..1024, not '%s'\n", v);
+                return 2;
+            }
+            o.n_threads = (int)n;
+        } else {
+            fprintf(stderr, "river quant: %s option '%s'\n",
+                    missing ? "missing value for" : "unknown", argv[i]);
+            quant_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_path) {
+        fprintf(stderr, "river quant: --model is required\n");
+        quant_usage(stderr);
+        return 2;
+    }
+
+    double t0 = quant_now();
+    model_t *m = NULL;
+    int err = model_load(&m, model_path);
+    if (err)
+        return cli_fail("quant", err);
+    int rc = 1;
+    if (start >= 0)
+        o.start_layer = (int)start;
+    /* A one-layer model has no layer after the first; its river can only start at 0. */
+    if (start < 0 && o.start_layer >= m->cfg.n_layers)
+        o.start_layer = 0;
+    if (o.start_layer >= m->cfg.n_layers) {
+        fprintf(stderr, "river quant: --start %d: %s has layers 0..%d\n", o.start_layer,
+                m->path, m->cfg.n_layers - 1);
+        rc = 2;
+        goto done;
+    }
+    char path[PATH_MAX];
+    if (out) {
+        snprintf(path, sizeof path, "%s", out);
+    } else if ((err = river_default_path(m, &o.quant, path, sizeof path))) {
+        cli_fail("quant", err);
+        goto done;
+    }
+    if ((err = quant_check_target(path))) {
+        cli_fail("quant", err);
+        goto done;
+    }
+    quant_progress_t prog = {.n_layers = m->cfg.n_layers, .method = o.quant.method};
+    o.progress = quant_report;
+    o.progress_arg = &prog;
+    fprintf(stderr, "river quant: %s (%s, %d layers, %s) -> %s\n", m->path,
+            arch_name(m->cfg.arch), m->cfg.n_layers, dtype_name(m->cfg.dtype), path);
+    fprintf(stderr, "river quant: %d-bit, groups of %d, %s, layers %d..%d\n", o.quant.bits,
+            o.quant.group, quant_method_name(o.quant.method), o.start_layer,
+            m->cfg.n_layers - 1);
+    double t1 = quant_now();
+    quant_stats_t total;
+    if ((err = river_build(m, path, &o, &total))) {
+        cli_fail("quant", err);
+        goto done;
+    }
+    double t2 = quant_now();
+    struct stat st;
+    double mb = stat(path, &st) == 0 ? (double)st.st_size / 1e6 : 0;
+    if (o.quant.method == QUANT_HQQ)
+        fprintf(stderr, "river quant: all layers: mae %.4e (rtn %.4e), rel-fro %.5f (rtn %.5f)\n",
+                quant_stats_mae(&total), quant_stats_rtn_mae(&total),
+                quant_stats_rel_fro(&total), quant_stats_rtn_rel_fro(&total));
+    else
+        fprintf(stderr, "river quant: all layers: mae %.4e, rel-fro %.5f\n",
+                quant_stats_mae(&total), quant_stats_rel_fro(&total));
+    fprintf(stderr, "river quant: %.2f M weights -> %.1f MB in %.1f s (model load %.1f s, "
+            "total %.1f s)\n", (double)total.n / 1e6, mb, t2 - t1, t1 - t0, t2 - t0);
+    printf("%s\n", path);
+    rc = 0;
+done:
+    model_destroy(&m);
+    return rc;
+}
