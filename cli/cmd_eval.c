@@ -14,6 +14,7 @@
 #include "cli/exit_opts.h"
 #include "common/err.h"
 #include "engine/forward.h"
+#include "engine/offload.h"
 #include "engine/sampler.h"
 
 #define EVAL_MAX_SWEEP 32
@@ -129,13 +130,15 @@ static void eval__usage(FILE *f)
             "                  [--tau T | --theta P | --exit-layer K | --sweep a,b,c]\n"
             "                  [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
             "                  [--aggregation min|row] [--max-tokens N] [--threads N]\n"
-            "                  [--output text|json]\n"
+            "                  [--offload-threshold F] [--output text|json]\n"
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
             "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
             "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"
             "speed-up, the ideal speed-up L / (E[backbone layers] + r E[river layers]) with\n"
             "r the measured river/backbone layer time, realized/ideal and peak RSS.\n"
-            "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n");
+            "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n"
+            "--offload-threshold F releases backbone layers reached by fewer than F of the\n"
+            "tokens (their mapped pages) and reports resident memory before and after.\n");
 }
 
 int cmd_eval(int argc, char **argv)
@@ -146,8 +149,10 @@ int cmd_eval(int argc, char **argv)
         {"prompts", required_argument, 0, 'f'},   {"sweep", required_argument, 0, 'W'},
         {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 'j'},
         {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
+        {"offload-threshold", required_argument, 0, 'O'},
         {0, 0, 0, 0},
     };
+    double offload_threshold = 0;
     const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *sweep = NULL;
     long max_tokens = 32, threads = 0;
     int json = 0, c, li = 0;
@@ -177,6 +182,11 @@ int cmd_eval(int argc, char **argv)
             if (!strcmp(optarg, "json"))
                 json = 1;
             else if (strcmp(optarg, "text"))
+                goto bad_value;
+            break;
+        case 'O':
+            if (cli_parse_float(optarg, &offload_threshold) || offload_threshold <= 0 ||
+                offload_threshold >= 1)
                 goto bad_value;
             break;
         case 'h': eval__usage(stdout); return 0;
@@ -333,9 +343,19 @@ int cmd_eval(int argc, char **argv)
         exit_config_t sc = xc.cfg;
         if (n_sweep)
             exit_opts_set_value(&sc.policy, sweep_v[si]);
+        offload_t *off = NULL;
+        if (offload_threshold > 0) {
+            e = offload_new(&off, m, offload_threshold, 32);
+            if (e)
+                goto done;
+            sc.offload = off;
+        }
+        int64_t rss_before = offload_rss_bytes();
         e = forward_set_exit(f, &sc);
-        if (e)
+        if (e) {
+            offload_destroy(&off);
             goto done;
+        }
         forward_reset_stats(f);
         int64_t *hist = calloc((size_t)L + 1, sizeof *hist);
         if (!hist) {
@@ -356,6 +376,11 @@ int cmd_eval(int argc, char **argv)
                 kl += eval__kl(a, b, vocab);
                 int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
                 hist[d]++;
+                if (off) {
+                    offload_record(off, d);
+                    if (t % 16 == 15)
+                        offload_update(off, NULL);
+                }
                 depth_sum += d;
                 if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
                     river_sum += L - d;
@@ -364,6 +389,14 @@ int cmd_eval(int argc, char **argv)
             dec_s += ds;
             n_dec += p->n_gen - 1;
         }
+        int64_t rss_after = offload_rss_bytes();
+        int64_t evicted_bytes = off ? offload_evicted_bytes(off) : 0;
+        int64_t reloads = off ? offload_reloads(off) : 0;
+        int n_evicted = 0;
+        for (int l = 0; off && l < L; l++)
+            n_evicted += offload_is_evicted(off, l);
+        forward_set_exit(f, NULL);
+        offload_destroy(&off);
         if (e) {
             free(hist);
             goto done;
@@ -399,6 +432,14 @@ int cmd_eval(int argc, char **argv)
                 "realized_over_ideal", speedup / ideal, "r", r_ratio, "decision_fraction",
                 st.step_s > 0 ? st.decide_s / st.step_s : 0.0, "peak_rss_bytes",
                 (json_int_t)rss, "tokens", (json_int_t)n_tok);
+            if (o && offload_threshold > 0) {
+                json_object_set_new(o, "offload_threshold", json_real(offload_threshold));
+                json_object_set_new(o, "evicted_layers", json_integer(n_evicted));
+                json_object_set_new(o, "evicted_bytes", json_integer(evicted_bytes));
+                json_object_set_new(o, "offload_reloads", json_integer(reloads));
+                json_object_set_new(o, "rss_before_bytes", json_integer(rss_before));
+                json_object_set_new(o, "rss_after_bytes", json_integer(rss_after));
+            }
             if (o) {
                 json_object_set_new(o, "value", json_real(value));
                 char *s = json_dumps(o, JSON_COMPACT);
@@ -418,6 +459,11 @@ int cmd_eval(int argc, char **argv)
             printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f\n",
                    st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,
                    (double)rss / 1048576.0, r_ratio);
+            if (offload_threshold > 0)
+                printf("         offload < %.3f: %d layers released (%.1f MiB), %lld reloads, "
+                       "RSS %.1f -> %.1f MiB\n", offload_threshold, n_evicted,
+                       (double)evicted_bytes / 1048576.0, (long long)reloads,
+                       (double)rss_before / 1048576.0, (double)rss_after / 1048576.0);
         }
         free(hist);
     }

@@ -59,6 +59,8 @@ typedef struct exit_router {
     float (*prob)(void *user, int layer, const float *h);
 } exit_router_t;
 
+struct offload;
+
 /* Everything the forward pass needs for early exit. */
 typedef struct exit_config {
     exit_policy_t policy;
@@ -69,6 +71,9 @@ typedef struct exit_config {
     /* Cost model for splitting, seconds: a layer on n rows costs a + b*n. Measured by
      * forward_calibrate_costs; the split pays when cost_B(nb) + cost_R(nr) < cost_B(n). */
     double cost_b_fixed, cost_b_row, cost_r_fixed, cost_r_row;
+    /* Optional backbone offloading: an evicted layer is brought back before a row runs it
+     * on the backbone (engine/offload.h). */
+    struct offload *offload;
 } exit_config_t;
 
 /* Per-sequence state the baseline strategies need across steps. The river strategy needs

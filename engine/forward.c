@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "engine/offload.h"
 
 /* Where a row stands during one forward step. */
 typedef enum {
@@ -570,6 +571,8 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
         f->stats.decide_s += fwd__now() - t0;
     }
     if (nb) {
+        if (f->ex.offload)
+            offload_touch(f->ex.offload, l);
         f->stats.layer_rows_backbone += nb;
         FWD_TRY(forward__group(f, &m->layers[l], l, bidx, nb, n_ext, 0, kv, stride));
     }
