@@ -26,6 +26,18 @@ CFLAGS      ?=
 ALL_CFLAGS  := $(CFLAGS_BASE) $(CFLAGS)
 LDLIBS      := $(PKG_LIBS) -lm -pthread
 
+# Serving layer (protobuf-c messages, ZMQ framing, YAML config). The C code protoc-c
+# generates from proto/*.proto goes to $(BUILD)/gen/proto/, never into the source tree, and
+# is archived into libriver.a with the rest; sources include "proto/river_*.pb-c.h".
+SERVE_PKGS  := libprotobuf-c libzmq yaml-0.1
+ALL_CFLAGS  += -I$(BUILD)/gen $(shell pkg-config --cflags $(SERVE_PKGS) 2>/dev/null)
+LDLIBS      += $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null)
+PROTOC_C    ?= protoc-c
+PROTO_SRC   := $(wildcard proto/*.proto)
+PROTO_GEN_C := $(PROTO_SRC:%.proto=$(BUILD)/gen/%.pb-c.c)
+PROTO_GEN_H := $(PROTO_GEN_C:.c=.h)
+PROTO_OBJ   := $(PROTO_GEN_C:.c=.o)
+
 # SIMD kernels are compiled per file with their own target flags and picked at run time.
 SIMD_AVX2   := -mavx2 -mfma -mf16c
 SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
@@ -80,6 +92,23 @@ $(BUILD)/%.o: %.c
 	@echo "  CC      $<"
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# One protoc-c run writes both files (a pattern rule with two targets is one recipe).
+$(BUILD)/gen/proto/%.pb-c.c $(BUILD)/gen/proto/%.pb-c.h: proto/%.proto
+	@mkdir -p $(dir $@)
+	@echo "  PROTOC  $<"
+	$(Q)$(PROTOC_C) --proto_path=. --c_out=$(BUILD)/gen $<
+
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
+	@echo "  CC      $<"
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# Generated headers include each other (imports), and any source may include them: every
+# object waits for all of them on its first build (order-only); after that its -MMD
+# dependency file names the headers it really includes, so a changed .proto rebuilds it.
+$(PROTO_OBJ) $(LIB_OBJ) $(CLI_OBJ) $(TEST_BIN:=.o) $(TEST_COMMON_OBJ): | $(PROTO_GEN_H)
+
+$(LIB): $(PROTO_OBJ)
+
 $(LIB): $(LIB_OBJ)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -116,3 +145,4 @@ clean:
 .SECONDARY:
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
+-include $(PROTO_OBJ:.o=.d)
