@@ -50,6 +50,23 @@ CLI_SRC     := $(wildcard cli/*.c)
 CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
 RIVER_BIN   := $(BUILD)/bin/river
 
+# The serving processes: one directory each, one binary each (DESIGN.md §7). The client
+# library is what other programs link to talk to riverd.
+SERVE_LIBS  := $(shell pkg-config --libs libmicrohttpd libsystemd 2>/dev/null)
+CLIENT_SRC  := $(wildcard client/*.c)
+CLIENT_OBJ  := $(CLIENT_SRC:%.c=$(BUILD)/%.o)
+CLIENT_LIB  := $(BUILD)/libriverclient.a
+WORKER_SRC  := $(wildcard workers/*.c)
+WORKER_OBJ  := $(WORKER_SRC:%.c=$(BUILD)/%.o)
+WORKER_BIN  := $(if $(WORKER_SRC),$(BUILD)/bin/river-worker)
+DAEMON_SRC  := $(wildcard daemon/*.c)
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
+DAEMON_BIN  := $(if $(DAEMON_SRC),$(BUILD)/bin/riverd)
+OPS_SRC     := $(wildcard ops/*.c)
+OPS_OBJ     := $(OPS_SRC:%.c=$(BUILD)/%.o)
+OPS_BIN     := $(if $(OPS_SRC),$(BUILD)/bin/riverctl)
+SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
+
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
@@ -72,7 +89,7 @@ all test demo install bench: deps-check
 deps-check:
 	$(Q)scripts/install-deps.sh --quiet
 
-build-all: $(LIB) $(RIVER_BIN) $(TEST_BIN)
+build-all: $(LIB) $(CLIENT_LIB) $(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN)
 
 deps:
 	scripts/install-deps.sh
@@ -118,10 +135,31 @@ $(RIVER_BIN): $(CLI_OBJ) $(LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB)
+$(CLIENT_LIB): $(CLIENT_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEST_COMMON_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+
+$(BUILD)/bin/riverd: $(DAEMON_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+
+$(BUILD)/bin/riverctl: $(OPS_OBJ) $(CLIENT_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(OPS_OBJ) $(CLIENT_LIB) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+
+# Test binaries run from the repository root; integration suites start the serving
+# binaries, so those are built first.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $(SERVE_BINS) $(RIVER_BIN)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
 
 build-test: build-all
 	$(Q)scripts/run-tests.sh $(TEST_BIN)
@@ -144,5 +182,6 @@ clean:
 
 .SECONDARY:
 
+-include $(CLIENT_OBJ:.o=.d) $(WORKER_OBJ:.o=.d) $(DAEMON_OBJ:.o=.d) $(OPS_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
 -include $(PROTO_OBJ:.o=.d)

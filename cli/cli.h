@@ -10,6 +10,9 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_quant(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 /* Prints "river <cmd>: <message>: <detail>" for a river_err code to stderr; returns 1. */
 int cli_fail(const char *cmd, int err);

@@ -18,6 +18,9 @@ static const command_t commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
     {"synth", cmd_synth, "write a random-weight checkpoint of a real model's shape"},
+    {"quant", cmd_quant, "build the Exit River: a 4-bit copy of the later layers"},
+    {"calibrate", cmd_calibrate, "train TIDE exit routers on calibration text"},
+    {"eval", cmd_eval, "measure an exit policy against the full backbone"},
 };
 
 static void usage(FILE *f)
