@@ -17,28 +17,42 @@
 #include "tests/testutil.h"
 
 #define LOGIT_TOL 1e-4f
+/* Residual streams: 1e-4 absolute, widened to 1e-6 relative (a few ulp) where values are
+ * large. TinyStories-656K's residual stream reaches ~613, where one float ulp is 6.1e-5:
+ * its HF copy (rotate_half layout) sums attention in another order than the llama2.c copy
+ * run.c used, and even an exact fp64 forward lands 2.6e-4 from these goldens (golden
+ * README). The llama2.c copy and stories260K meet 1e-4 outright. */
 #define HIDDEN_TOL 1e-4f
+#define HIDDEN_REL 1e-6f
 
 typedef struct golden_case {
     const char *model;     /* model path */
     const char *tokenizer; /* tokenizer path */
     const char *golden;    /* golden directory */
     const char *slug;
+    float eps;             /* RMSNorm epsilon to set (llama2.c files carry none), or 0 */
 } golden_case_t;
 
 static const golden_case_t runc_cases[] = {
     {TEST_DATA "/stories260K/stories260K.bin", TEST_DATA "/stories260K/tok512.bin",
-     TEST_DATA "/stories260K/golden", "once_upon_a_time"},
+     TEST_DATA "/stories260K/golden", "once_upon_a_time", 0},
     {TEST_DATA "/stories260K/stories260K.bin", TEST_DATA "/stories260K/tok512.bin",
-     TEST_DATA "/stories260K/golden", "tom_and_lily"},
+     TEST_DATA "/stories260K/golden", "tom_and_lily", 0},
     {TEST_DATA "/stories260K/stories260K.bin", TEST_DATA "/stories260K/tok512.bin",
-     TEST_DATA "/stories260K/golden", "the_dog"},
+     TEST_DATA "/stories260K/golden", "the_dog", 0},
     {TEST_DATA "/tinystories-656k", TEST_DATA "/tinystories-656k/tokenizer.json",
-     TEST_DATA "/tinystories-656k/golden", "once_upon_a_time"},
+     TEST_DATA "/tinystories-656k/golden", "once_upon_a_time", 0},
     {TEST_DATA "/tinystories-656k", TEST_DATA "/tinystories-656k/tokenizer.json",
-     TEST_DATA "/tinystories-656k/golden", "tom_and_lily"},
+     TEST_DATA "/tinystories-656k/golden", "tom_and_lily", 0},
     {TEST_DATA "/tinystories-656k", TEST_DATA "/tinystories-656k/tokenizer.json",
-     TEST_DATA "/tinystories-656k/golden", "the_dog"},
+     TEST_DATA "/tinystories-656k/golden", "the_dog", 0},
+    /* The converted llama2.c copy the goldens were made from: interleaved RoPE, eps 1e-6. */
+    {TEST_DATA "/tinystories-656k/llama2c/tinystories656k.bin",
+     TEST_DATA "/tinystories-656k/llama2c/tok2048.bin", TEST_DATA "/tinystories-656k/golden",
+     "once_upon_a_time", 1e-6f},
+    {TEST_DATA "/tinystories-656k/llama2c/tinystories656k.bin",
+     TEST_DATA "/tinystories-656k/llama2c/tok2048.bin", TEST_DATA "/tinystories-656k/golden",
+     "the_dog", 1e-6f},
 };
 
 typedef struct fixture {
@@ -72,6 +86,8 @@ static void fixture_open_simd(fixture_t *fx, const golden_case_t *gc, int thread
     memset(fx, 0, sizeof *fx);
     int e = model_load(&fx->m, gc->model);
     ck_assert_msg(e == 0, "load %s: %s", gc->model, river_err_detail());
+    if (gc->eps > 0)
+        model_set_norm_eps(fx->m, gc->eps);
     e = tokenizer_load(&fx->tok, gc->tokenizer, fx->m->cfg.vocab_size);
     ck_assert_msg(e == 0, "tokenizer %s: %s", gc->tokenizer, river_err_detail());
     ck_assert_int_eq(cpu_backend_new(&fx->be, threads, simd), 0);
@@ -251,8 +267,16 @@ START_TEST(test_each_layer)
                 memcpy(in, g + (size_t)(l - 1) * d, sizeof(float) * d);
             }
             ck_assert_int_eq(forward_layer_host(fx.fwd, fx.kv, &b, l, in, out), 0);
-            float dh = max_abs_diff(out, g + (size_t)l * d, d);
-            ck_assert_msg(dh <= HIDDEN_TOL, "%s step %d layer %d: hidden differs by %g", gc->slug,
+            float dh = 0;
+            const float *want = g + (size_t)l * d;
+            for (size_t j = 0; j < d; j++) {
+                float diff = fabsf(out[j] - want[j]);
+                float tol = fmaxf(HIDDEN_TOL, HIDDEN_REL * fabsf(want[j]));
+                ck_assert_msg(diff <= tol, "%s step %d layer %d elem %zu: %g vs golden %g",
+                              gc->slug, i, l, j, (double)out[j], (double)want[j]);
+                dh = diff > dh ? diff : dh;
+            }
+            ck_assert_msg(dh == dh, "%s step %d layer %d: hidden differs by %g", gc->slug,
                           i, l, dh);
             worst = dh > worst ? dh : worst;
         }
