@@ -214,6 +214,8 @@ int cmd_eval(int argc, char **argv)
         free(copy);
     }
 
+    if (n_sweep) /* the first value stands in for the policy's own option */
+        exit_opts_set_value(&xo.policy, sweep_v[0]);
     cli_env_t env;
     int e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
     if (e)

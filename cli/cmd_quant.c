@@ -17,7 +17,8 @@ static void quant_usage(FILE *f)
 {
     fprintf(f,
             "usage: river quant --model PATH [--bits 4|8] [--group N] [--start LS]\n"
-            "                   [--method hqq|rtn] [--out FILE] [--threads N]\n\n"
+            "                   [--method hqq|rtn] [--head-bits 0|4|8] [--out FILE]\n"
+            "                   [--threads N]\n\n"
             "Quantizes the attention and FFN matrices of layers LS..L-1 to 4 or 8 bits with\n"
             "one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
             "p 0.7, beta 10 x 1.01, up to 20 iterations) and writes the Exit River file,\n"
@@ -26,6 +27,8 @@ static void quant_usage(FILE *f)
             "leave the backbone after any layer. N must divide the columns of every matrix.\n"
             "Progress and the per-layer error (mean absolute and relative Frobenius, with\n"
             "plain RTN for reference) go to stderr; the written path goes to stdout.\n"
+            "--head-bits (default 8) also stores a quantized copy of the LM head, used for\n"
+            "the logits of tokens that exited; 0 keeps the backbone's head for them.\n"
             "--threads defaults to one per core.\n",
             RIVER_DEFAULT_START_LAYER);
 }
@@ -131,6 +134,13 @@ int cmd_quant(int argc, char **argv)
                 fprintf(stderr, "river quant: --start needs a layer number, not '%s'\n", v);
                 return 2;
             }
+        } else if ((v = quant_optval(argc, argv, &i, "--head-bits", &missing))) {
+            long hb;
+            if (cli_parse_int(v, 0, 8, &hb) != 0 || (hb != 0 && hb != 4 && hb != 8)) {
+                fprintf(stderr, "river quant: --head-bits must be 0, 4 or 8, not '%s'\n", v);
+                return 2;
+            }
+            o.head_bits = (int)hb;
         } else if ((v = quant_optval(argc, argv, &i, "--method", &missing))) {
             if (quant_method_parse(v, &o.quant.method) != 0) {
                 fprintf(stderr, "river quant: --method must be hqq or rtn, not '%s'\n", v);

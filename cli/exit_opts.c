@@ -99,6 +99,7 @@ int exit_ctx_open(exit_ctx_t *xc, const exit_opts_t *xo, const model_t *m)
             xc->layers[l] = river_layer(xc->river, l);
         xc->cfg.river = xc->layers;
         xc->cfg.river_start = river_start_layer(xc->river);
+        xc->cfg.river_head = river_head(xc->river);
     }
     if (xo->routers_path) {
         e = router_set_load(&xc->routers, m, xo->routers_path);

@@ -67,6 +67,8 @@ typedef struct exit_config {
     const layer_weights_t *const *river; /* (n_layers) river layers, NULL below river_start;
                                             NULL as a whole when there is no river */
     int river_start;                     /* first layer the river has (LS) */
+    const weight_t *river_head;          /* the river's LM head for rows that exited onto
+                                            the river, or NULL: the backbone's head */
     exit_router_t router;
     /* Cost model for splitting, seconds: a layer on n rows costs a + b*n. Measured by
      * forward_calibrate_costs; the split pays when cost_B(nb) + cost_R(nr) < cost_B(n). */

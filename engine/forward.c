@@ -597,6 +597,42 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
     return 0;
 }
 
+/* Logits of the requested rows: final norm and LM head. Rows that finished on the river
+ * use the river's quantized head when it has one, so an exited token reads no
+ * full-precision weight; the others use the backbone's. */
+static int forward__logits(forward_t *f, const fwd_batch_t *b, float *logits)
+{
+    const ops_t *o = f->be->ops;
+    ops_ctx_t *ctx = f->be->ctx;
+    const model_t *m = f->m;
+    const model_config_t *c = &m->cfg;
+    const weight_t *rh = f->has_exit && f->ex.policy.kv == EXIT_KV_RIVER ? f->ex.river_head
+                                                                         : NULL;
+    size_t vocab = (size_t)c->vocab_size;
+    for (int pass = 0; pass < 2; pass++) {
+        /* Pass 0: rows on the backbone head; pass 1: rows on the river's head. */
+        int k = 0;
+        for (int i = 0; i < b->n_logits; i++) {
+            int on_river = rh && f->state[b->logit_rows[i]] == ROW_RIVER;
+            if (on_river == pass) {
+                f->idx[k] = b->logit_rows[i];
+                f->idx2[k++] = i;
+            }
+        }
+        if (!k)
+            continue;
+        FWD_TRY(o->gather_rows(ctx, f->xl, f->x, f->idx, k, c->dim));
+        FWD_TRY(o->rmsnorm(ctx, f->xl, f->xl, &m->final_norm, k, c->dim, c->norm_eps));
+        FWD_TRY(o->matmul(ctx, f->lg, f->xl, pass ? rh : &m->lm_head, k));
+        if (k == b->n_logits) /* all rows in one pass, in order */
+            return o->to_host(ctx, logits, f->lg, 0, (size_t)k * vocab);
+        for (int j = 0; j < k; j++)
+            FWD_TRY(o->to_host(ctx, logits + (size_t)f->idx2[j] * vocab, f->lg,
+                               (size_t)j * vocab, vocab));
+    }
+    return 0;
+}
+
 int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logits)
 {
     const ops_t *o = f->be->ops;
@@ -687,16 +723,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
     }
     if (b->depth)
         memcpy(b->depth, f->depth, sizeof *b->depth * (size_t)n);
-    int e = 0;
-    if (b->n_logits > 0) {
-        FWD_TRY(o->gather_rows(ctx, f->xl, f->x, b->logit_rows, b->n_logits, c->dim));
-        FWD_TRY(o->rmsnorm(ctx, f->xl, f->xl, &m->final_norm, b->n_logits, c->dim,
-                           c->norm_eps));
-        FWD_TRY(o->matmul(ctx, f->lg, f->xl, &m->lm_head, b->n_logits));
-        e = o->to_host(ctx, logits, f->lg, 0, (size_t)b->n_logits * (size_t)c->vocab_size);
-    } else {
-        e = o->sync(ctx);
-    }
+    int e = b->n_logits > 0 ? forward__logits(f, b, logits) : o->sync(ctx);
     f->stats.step_s += fwd__now() - t0;
     f->stats.steps++;
     return e;

@@ -175,6 +175,7 @@ river_build_opts_t river_build_opts_default(void)
     return (river_build_opts_t){
         .quant = quant_params_default(),
         .start_layer = RIVER_DEFAULT_START_LAYER,
+        .head_bits = 8,
         .n_threads = 0,
     };
 }
@@ -206,6 +207,11 @@ static int river_build_check(const model_t *m, const river_build_opts_t *o)
     int err = quant_params_check(&o->quant, 0, m->path);
     if (err)
         return err;
+    if (o->head_bits != 0 && o->head_bits != 4 && o->head_bits != 8)
+        return river_err_set(RIVER_EINVAL, "river: LM head bits %d; 0, 4 or 8", o->head_bits);
+    if (o->head_bits && m->lm_head.cols % o->quant.group != 0)
+        return river_err_set(RIVER_EINVAL, "%s: group %d does not divide the LM head's %lld "
+                             "columns", m->path, o->quant.group, (long long)m->lm_head.cols);
     /* The largest group up to 128 that divides every matrix, to suggest one on failure. */
     int64_t common = 0;
     for (int l = o->start_layer; l < n_layers; l++)
@@ -264,6 +270,19 @@ static int river_declare(safetensors_writer_t *wr, const model_t *m, const river
     if (p->method == QUANT_HQQ && (err = safetensors_writer_set_metadata(wr, "hqq", hqq)))
         return err;
     char name[96];
+    if (o->head_bits) {
+        char hb[8];
+        snprintf(hb, sizeof hb, "%d", o->head_bits);
+        const weight_t *w = &m->lm_head;
+        int64_t gshape[2] = {w->rows, w->cols / p->group};
+        int64_t cshape[2] = {
+            w->rows, (int64_t)dtype_row_bytes(o->head_bits == 4 ? DTYPE_Q4 : DTYPE_Q8, w->cols)};
+        if ((err = safetensors_writer_set_metadata(wr, "head_bits", hb)) ||
+            (err = safetensors_writer_add(wr, "lm_head.scales", SAFETENSORS_F16, 2, gshape)) ||
+            (err = safetensors_writer_add(wr, "lm_head.zeros", SAFETENSORS_F16, 2, gshape)) ||
+            (err = safetensors_writer_add(wr, "lm_head.codes", SAFETENSORS_U8, 2, cshape)))
+            return err;
+    }
     for (int l = o->start_layer; l < m->cfg.n_layers; l++)
         for (int i = 0; i < RIVER_N_MATRICES; i++) {
             const weight_t *w = river_mat(&m->layers[l], i);
@@ -308,6 +327,21 @@ int river_build(const model_t *m, const char *path, const river_build_opts_t *o,
     if ((err = safetensors_writer_new(&wr, path)) || (err = river_declare(wr, m, o, fingerprint)) ||
         (err = safetensors_writer_begin(wr)))
         goto fail;
+    if (o->head_bits) {
+        const weight_t *w = &m->lm_head;
+        quant_params_t hp = o->quant;
+        hp.bits = o->head_bits;
+        quant_stats_t st;
+        if ((err = quant_matrix_new(&q, w->rows, w->cols, hp.bits, hp.group)) ||
+            (err = quant_weight(q, w, &hp, pool, &st)))
+            goto fail;
+        size_t gbytes = quant_matrix_group_count(q) * sizeof(uint16_t);
+        if ((err = safetensors_writer_write(wr, q->scales, gbytes)) ||
+            (err = safetensors_writer_write(wr, q->zeros, gbytes)) ||
+            (err = safetensors_writer_write(wr, q->codes, quant_matrix_code_bytes(q))))
+            goto fail;
+        quant_matrix_destroy(&q);
+    }
     for (int l = o->start_layer; l < m->cfg.n_layers; l++) {
         double t0 = river_now();
         quant_stats_t layer = {0};
@@ -358,6 +392,7 @@ struct river {
     quant_method_t method;
     char fingerprint[RIVER_FINGERPRINT_LEN];
     layer_weights_t *layers; /* (n_layers); entries below start_layer stay zeroed */
+    weight_t head;           /* quantized LM head; data NULL when the river has none */
     void **owned;            /* (n_owned) realigned copies of scales and zeros */
     int n_owned;
 };
@@ -454,6 +489,47 @@ static int river_load_layer(river_t *r, const model_t *m, int l)
     return 0;
 }
 
+/* The optional quantized LM head, checked like a layer matrix. */
+static int river_load_head(river_t *r, const model_t *m)
+{
+    const char *path = safetensors_path(r->file);
+    int bits, err;
+    if ((err = river_meta_int(r->file, "head_bits", 4, 8, &bits)))
+        return err;
+    if (bits != 4 && bits != 8)
+        return river_err_set(RIVER_EFORMAT, "%s: LM head of %d bits; only 4 and 8 exist", path,
+                             bits);
+    const weight_t *src = &m->lm_head;
+    dtype_t dt = bits == 4 ? DTYPE_Q4 : DTYPE_Q8;
+    int64_t ng = src->cols / r->group;
+    struct {
+        const char *name;
+        safetensors_dtype_t dt;
+        int64_t cols;
+        const safetensors_tensor_t *t;
+    } parts[] = {{"lm_head.codes", SAFETENSORS_U8, (int64_t)dtype_row_bytes(dt, src->cols), NULL},
+                 {"lm_head.scales", SAFETENSORS_F16, ng, NULL},
+                 {"lm_head.zeros", SAFETENSORS_F16, ng, NULL}};
+    for (size_t i = 0; i < 3; i++) {
+        const safetensors_tensor_t *t = safetensors_find(r->file, parts[i].name);
+        if (!t)
+            return river_err_set(RIVER_ENOTFOUND, "%s: river tensor '%s' is missing", path,
+                                 parts[i].name);
+        if (t->dtype != parts[i].dt || t->n_dims != 2 || t->shape[0] != src->rows ||
+            t->shape[1] != parts[i].cols)
+            return river_err_set(RIVER_ESHAPE, "%s: river tensor '%s' is not %s [%lld, %lld]",
+                                 path, parts[i].name, safetensors_dtype_name(parts[i].dt),
+                                 (long long)src->rows, (long long)parts[i].cols);
+        parts[i].t = t;
+    }
+    r->head = (weight_t){.dtype = dt, .rows = src->rows, .cols = src->cols,
+                         .data = parts[0].t->data, .group = r->group};
+    if ((err = river_f16_ptr(r, parts[1].t, &r->head.scales)) ||
+        (err = river_f16_ptr(r, parts[2].t, &r->head.zeros)))
+        return err;
+    return 0;
+}
+
 int river_load(river_t **out, const model_t *m, const char *path)
 {
     river_t *r = calloc(1, sizeof *r);
@@ -527,6 +603,8 @@ int river_load(river_t **out, const model_t *m, const char *path)
     for (int l = r->start_layer; l < r->n_layers; l++)
         if ((err = river_load_layer(r, m, l)))
             goto fail;
+    if (safetensors_metadata(r->file, "head_bits") && (err = river_load_head(r, m)))
+        goto fail;
     *out = r;
     return 0;
 
@@ -584,4 +662,9 @@ const layer_weights_t *river_layer(const river_t *r, int layer)
     if (!r || layer < r->start_layer || layer >= r->n_layers)
         return NULL;
     return &r->layers[layer];
+}
+
+const weight_t *river_head(const river_t *r)
+{
+    return r && r->head.data ? &r->head : NULL;
 }

@@ -48,6 +48,9 @@ typedef void (*river_progress_fn)(void *arg, int layer, const quant_stats_t *sta
 typedef struct river_build_opts {
     quant_params_t quant;
     int start_layer;             /* first layer of the river, 0..n_layers-1 */
+    int head_bits;               /* 0: exited tokens use the backbone's LM head; 4 or 8: the
+                                    river carries its own quantized copy of the head, so a
+                                    token that exited reads no full-precision weight at all */
     int n_threads;               /* 0: one per online core */
     river_progress_fn progress;  /* may be NULL */
     void *progress_arg;
@@ -84,5 +87,8 @@ const char *river_fingerprint_of(const river_t *r);
  * mapped file) and the backbone's own norm and bias weights. NULL for l < start layer or
  * l >= n_layers. */
 const layer_weights_t *river_layer(const river_t *r, int layer);
+
+/* The river's quantized LM head (vocab, dim), or NULL when it was built without one. */
+const weight_t *river_head(const river_t *r);
 
 #endif
