@@ -551,8 +551,23 @@ START_TEST(test_river_round_trip)
     ck_assert_str_eq(safetensors_metadata(f, "bits"), "4");
     ck_assert_str_eq(safetensors_metadata(f, "group"), "64");
     ck_assert_str_eq(safetensors_metadata(f, "method"), "hqq");
-    ck_assert_uint_eq(safetensors_count(f), 3 * 7 * 11);
+    /* 7 matrices of 11 layers plus the 8-bit LM head, each as codes, scales and zeros. */
+    ck_assert_str_eq(safetensors_metadata(f, "head_bits"), "8");
+    ck_assert_uint_eq(safetensors_count(f), 3 * 7 * 11 + 3);
     safetensors_destroy(&f);
+
+    /* The head is the 8-bit quantization of the model's LM head, at the river's group. */
+    const weight_t *rh = river_head(r);
+    ck_assert_ptr_nonnull(rh);
+    ck_assert_int_eq(rh->dtype, DTYPE_Q8);
+    ck_assert_int_eq(rh->rows, m->lm_head.rows);
+    ck_assert_int_eq(rh->cols, m->lm_head.cols);
+    quant_params_t hp = quant_params_default();
+    hp.bits = 8;
+    quant_matrix_t *hq = quantize(&m->lm_head, &hp, NULL, NULL);
+    ck_assert(!memcmp(rh->data, hq->codes, quant_matrix_code_bytes(hq)));
+    ck_assert(!memcmp(rh->scales, hq->scales, quant_matrix_group_count(hq) * 2));
+    quant_matrix_destroy(&hq);
 
     /* Every matrix is what the quantizer produces on its own, and dequantizes to it. */
     quant_params_t p = quant_params_default();
