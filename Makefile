@@ -123,6 +123,7 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 # object waits for all of them on its first build (order-only); after that its -MMD
 # dependency file names the headers it really includes, so a changed .proto rebuilds it.
 $(PROTO_OBJ) $(LIB_OBJ) $(CLI_OBJ) $(TEST_BIN:=.o) $(TEST_COMMON_OBJ): | $(PROTO_GEN_H)
+$(WORKER_OBJ) $(DAEMON_OBJ) $(OPS_OBJ) $(CLIENT_OBJ): | $(PROTO_GEN_H)
 
 $(LIB): $(PROTO_OBJ)
 
@@ -139,10 +140,13 @@ $(CLIENT_LIB): $(CLIENT_OBJ)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(LIB)
+# The worker opens its model, tokenizer, river and routers the way the river commands do.
+WORKER_CLI_OBJ := $(BUILD)/cli/cli_env.o $(BUILD)/cli/exit_opts.o
+
+$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(WORKER_CLI_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(WORKER_CLI_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
 
 $(BUILD)/bin/riverd: $(DAEMON_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

@@ -451,13 +451,15 @@ static int forward__decide(forward_t *f, int l, int n, int n_ext)
     const model_config_t *c = &f->m->cfg;
     int L = c->n_layers;
     int min_exit = f->ex.river ? f->ex.river_start : 1;
-    if (l + 1 >= L || l + 1 < min_exit)
-        return 0;
     int any = 0;
+    /* Cleared before any early return: forward__apply_exits reads pass after every layer,
+     * and a stale (or never written) value would exit rows where no exit is allowed. */
     for (int r = 0; r < n; r++) {
         f->pass[r] = 0;
         any |= f->state[r] == ROW_BACKBONE;
     }
+    if (l + 1 >= L || l + 1 < min_exit)
+        return 0;
     if (!any)
         return 0;
     switch (p->rule) {

@@ -10,12 +10,19 @@ typedef struct gseq {
     int used;
     int id;
     gen_request_t req;     /* stop strings and callback borrowed from the caller */
-    int32_t *prompt;       /* (n_prompt) owned copy */
+    /* Prompt, done ids and every generated id, in order (n_ids of cap_ids). Its first
+     * n_prompt are what prefill writes: the prompt and done ids at first, everything up to
+     * the last sampled id after a preemption. */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
     size_t n_prompt;
     size_t n_prefilled;    /* prompt positions whose K/V are written */
     int32_t last;          /* last sampled id, fed at position `pos` */
     int pos;               /* next position to write */
-    int n_generated;
+    int n_generated;       /* done ids included */
+    int swapped;           /* preempted and not restarted: waits until its prefill fits */
+    int err;               /* why it ends with GEN_FINISH_ERROR (gen_event_t.err) */
+    unsigned mark;         /* step number of the last batch it has rows in */
     kv_seq_t kv;
     exit_seq_t exit;
     sampler_t *sampler;
@@ -32,8 +39,10 @@ struct gen {
     forward_t *fwd;
     kv_pool_t *kv;
     gseq_t *seqs;          /* (max_seqs) slots */
+    int *order;            /* (max_seqs) slots of live sequences, oldest first */
     int n_active;
     int next_id;
+    unsigned n_steps;
     /* Batch assembly, (max_rows) each. */
     int32_t *tokens, *pos, *logit_rows, *row_seq, *group, *depth;
     const int32_t **tables;
@@ -83,6 +92,7 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
         goto fail_kv;
     size_t r = (size_t)c.max_rows;
     g->seqs = calloc((size_t)c.max_seqs, sizeof *g->seqs);
+    g->order = malloc((size_t)c.max_seqs * sizeof *g->order);
     g->tokens = malloc(r * sizeof *g->tokens);
     g->pos = malloc(r * sizeof *g->pos);
     g->logit_rows = malloc(r * sizeof *g->logit_rows);
@@ -92,8 +102,8 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->depth = malloc(r * sizeof *g->depth);
     g->exit_seqs = malloc(r * sizeof *g->exit_seqs);
     g->logits = malloc(r * (size_t)m->cfg.vocab_size * sizeof *g->logits);
-    if (!g->seqs || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq || !g->tables ||
-        !g->group || !g->depth || !g->exit_seqs || !g->logits) {
+    if (!g->seqs || !g->order || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq ||
+        !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->logits) {
         e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
         goto fail_bufs;
     }
@@ -101,6 +111,7 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     return 0;
 
 fail_bufs:
+    free(g->order);
     free(g->group);
     free(g->depth);
     free(g->exit_seqs);
@@ -125,7 +136,7 @@ static void gen__release(gen_t *g, gseq_t *s)
     exit_seq_free(&s->exit);
     sampler_destroy(&s->sampler);
     tok_stream_destroy(&s->stream);
-    free(s->prompt);
+    free(s->ids);
     free(s->pending);
     memset(s, 0, sizeof *s);
     g->n_active--;
@@ -140,6 +151,7 @@ void gen_destroy(gen_t **gp)
         if (g->seqs[i].used)
             gen__release(g, &g->seqs[i]);
     free(g->seqs);
+    free(g->order);
     free(g->tokens);
     free(g->pos);
     free(g->logit_rows);
@@ -155,20 +167,65 @@ void gen_destroy(gen_t **gp)
     *gp = NULL;
 }
 
+static int gen__pending_add(gseq_t *s, const char *text, size_t len);
+static size_t gen__held_back(const gseq_t *s);
+
+/* Appends an id to the sequence's history. */
+static int gen__push_id(gseq_t *s, int32_t id)
+{
+    if (s->n_ids == s->cap_ids) {
+        size_t cap = s->cap_ids ? s->cap_ids * 2 : 64;
+        int32_t *p = realloc(s->ids, cap * sizeof *p);
+        if (!p)
+            return river_err_set(RIVER_ENOMEM, "generate: %zu ids", cap);
+        s->ids = p;
+        s->cap_ids = cap;
+    }
+    s->ids[s->n_ids++] = id;
+    return 0;
+}
+
+/* Runs the done ids of a continued completion through the text stream and the stop-string
+ * hold-back exactly as gen__accept would have, dropping the text instead of reporting it:
+ * what stays pending is what the first run held back when it had reached that token. */
+static int gen__prime_text(gseq_t *s, const int32_t *done, size_t n_done)
+{
+    for (size_t i = 0; i < n_done && s->stream; i++) {
+        const char *piece;
+        size_t len;
+        int e = tok_stream_push(s->stream, done[i], &piece, &len);
+        if (e || (e = gen__pending_add(s, piece, len)))
+            return e;
+        size_t hold = gen__held_back(s);
+        memmove(s->pending, s->pending + s->n_pending - hold, hold);
+        s->n_pending = hold;
+    }
+    return 0;
+}
+
 int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
 {
     if (r->n_prompt == 0)
         return river_err_set(RIVER_EINVAL, "generate: empty prompt");
-    if (r->n_prompt >= (size_t)g->m->cfg.max_seq_len)
+    if (r->n_done && !r->done)
+        return river_err_set(RIVER_EINVAL, "generate: %zu done ids and no array", r->n_done);
+    size_t n_all = r->n_prompt + r->n_done;
+    if (n_all >= (size_t)g->m->cfg.max_seq_len)
         return river_err_set(RIVER_EINVAL, "generate: prompt of %zu tokens does not fit the "
-                             "context of %d", r->n_prompt, g->m->cfg.max_seq_len);
+                             "context of %d", n_all, g->m->cfg.max_seq_len);
     if (r->max_tokens <= 0)
         return river_err_set(RIVER_EINVAL, "generate: max_tokens %d must be positive",
                              r->max_tokens);
-    for (size_t i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= g->m->cfg.vocab_size)
-            return river_err_set(RIVER_ERANGE, "generate: prompt id %d outside vocab %d",
-                                 r->prompt[i], g->m->cfg.vocab_size);
+    if (r->n_done >= (size_t)r->max_tokens)
+        return river_err_set(RIVER_EINVAL, "generate: %zu tokens done of max_tokens %d: "
+                             "nothing left to generate", r->n_done, r->max_tokens);
+    for (size_t i = 0; i < n_all; i++) {
+        int32_t id = i < r->n_prompt ? r->prompt[i] : r->done[i - r->n_prompt];
+        if (id < 0 || id >= g->m->cfg.vocab_size)
+            return river_err_set(RIVER_ERANGE, "generate: %s id %d outside vocab %d",
+                                 i < r->n_prompt ? "prompt" : "done", id,
+                                 g->m->cfg.vocab_size);
+    }
     if (r->n_stop > 0 && !g->tok)
         return river_err_set(RIVER_EINVAL, "generate: stop strings need a tokenizer");
     gseq_t *s = NULL;
@@ -183,15 +240,26 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
         return e;
     if (g->tok && (e = tok_stream_new(&s->stream, g->tok, 1)))
         goto fail;
-    s->prompt = malloc(r->n_prompt * sizeof *s->prompt);
-    if (!s->prompt) {
+    s->cap_ids = n_all + 64;
+    s->ids = malloc(s->cap_ids * sizeof *s->ids);
+    if (!s->ids) {
         e = river_err_set(RIVER_ENOMEM, "generate: prompt copy");
         goto fail;
     }
-    memcpy(s->prompt, r->prompt, r->n_prompt * sizeof *s->prompt);
-    s->n_prompt = r->n_prompt;
+    memcpy(s->ids, r->prompt, r->n_prompt * sizeof *s->ids);
+    if (r->n_done)
+        memcpy(s->ids + r->n_prompt, r->done, r->n_done * sizeof *s->ids);
+    s->n_ids = n_all;
+    s->n_prompt = n_all;
     s->req = *r;
-    s->req.prompt = s->prompt;
+    s->req.prompt = NULL;
+    s->req.done = NULL;
+    if (r->n_done) {
+        if ((e = gen__prime_text(s, r->done, r->n_done)))
+            goto fail;
+        sampler_skip(s->sampler, r->n_done);
+        s->n_generated = (int)r->n_done;
+    }
     kv_seq_init(&s->kv);
     exit_seq_init(&s->exit);
     s->used = 1;
@@ -203,6 +271,9 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
 fail:
     tok_stream_destroy(&s->stream);
     sampler_destroy(&s->sampler);
+    free(s->ids);
+    free(s->pending);
+    memset(s, 0, sizeof *s);
     return e;
 }
 
@@ -259,7 +330,9 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t
             gen__pending_add(s, piece, len);
     }
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
-                      .len = s->n_pending, .finish = why, .depth = depth};
+                      .len = s->n_pending, .finish = why, .depth = depth,
+                      .index = id >= 0 ? s->n_generated - 1 : s->n_generated,
+                      .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
@@ -281,6 +354,11 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     const model_config_t *c = &g->m->cfg;
     s->n_generated++;
     s->last = id;
+    /* The history is what a preempted sequence prefills again. */
+    if ((s->err = gen__push_id(s, id))) {
+        gen__finish(g, s, id, depth, GEN_FINISH_ERROR);
+        return;
+    }
     if (!s->req.ignore_eos)
         for (int i = 0; i < c->n_eos; i++)
             if (id == c->eos_ids[i]) {
@@ -290,7 +368,8 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     if (s->stream) {
         const char *piece;
         size_t len;
-        if (tok_stream_push(s->stream, id, &piece, &len) || gen__pending_add(s, piece, len)) {
+        if ((s->err = tok_stream_push(s->stream, id, &piece, &len)) ||
+            (s->err = gen__pending_add(s, piece, len))) {
             gen__finish(g, s, id, depth, GEN_FINISH_ERROR);
             return;
         }
@@ -314,57 +393,151 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     size_t hold = gen__held_back(s);
     size_t emit = s->n_pending - hold;
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
-                      .len = emit, .finish = GEN_RUNNING, .depth = depth};
+                      .len = emit, .finish = GEN_RUNNING, .depth = depth,
+                      .index = s->n_generated - 1};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     memmove(s->pending, s->pending + emit, hold);
     s->n_pending = hold;
 }
 
+/* Fills g->order with the slots of live sequences, oldest first (ids grow with age), and
+ * returns how many. Older sequences get rows and pages first, so under preemption the
+ * work done longest ago is the last to be thrown away. */
+static int gen__order(gen_t *g)
+{
+    int n = 0;
+    for (int i = 0; i < g->cfg.max_seqs; i++) {
+        if (!g->seqs[i].used)
+            continue;
+        int j = n++;
+        while (j > 0 && g->seqs[g->order[j - 1]].id > g->seqs[i].id) {
+            g->order[j] = g->order[j - 1];
+            j--;
+        }
+        g->order[j] = i;
+    }
+    return n;
+}
+
+static int gen__pages_for(const gen_t *g, size_t n_pos)
+{
+    return (int)((n_pos + (size_t)g->cfg.page_size - 1) / (size_t)g->cfg.page_size);
+}
+
+/* Gives every page of s back and rewinds it to prefill its prompt and all it generated
+ * (the last sampled id included, so the prefill's last row samples the next token, as the
+ * decode row would have). Sampler, text stream and counters stay: nothing is reported
+ * twice. The exit state of the baseline strategies starts over with the KV. */
+static void gen__preempt(gen_t *g, gseq_t *s)
+{
+    kv_seq_free(&s->kv, g->kv);
+    exit_seq_free(&s->exit);
+    exit_seq_init(&s->exit);
+    s->n_prompt = s->n_ids;
+    s->n_prefilled = 0;
+    s->pos = 0;
+    s->swapped = 1;
+    s->mark = g->n_steps; /* it does not start over in the batch that preempted it */
+    g->stats.preemptions++;
+}
+
+/* Reserves pages for positions 0..n_pos-1 of s. Returns 0 when s has them, 1 when s was
+ * preempted and waits, -1 when s ended (GEN_FINISH_ERROR). Without preemption a full pool
+ * ends s; with it, younger sequences that have no rows in this batch give their pages
+ * back first, youngest first, and s itself when none is left. */
+static int gen__reserve(gen_t *g, gseq_t *s, size_t n_pos)
+{
+    while (kv_seq_reserve(&s->kv, g->kv, (int)n_pos) != 0) {
+        if (!g->cfg.preempt) {
+            s->err = river_err_set(RIVER_EFULL, "generate: no free KV page for sequence %d",
+                                   s->id);
+            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
+            return -1;
+        }
+        if (gen__pages_for(g, n_pos) > kv_pool_total_pages(g->kv)) {
+            river_err_set(RIVER_EFULL, "generate: sequence %d needs %d KV pages, the pool has "
+                          "%d", s->id, gen__pages_for(g, n_pos), kv_pool_total_pages(g->kv));
+            s->err = RIVER_EFULL;
+            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
+            return -1;
+        }
+        gseq_t *victim = NULL;
+        for (int i = 0; i < g->cfg.max_seqs; i++) {
+            gseq_t *c = &g->seqs[i];
+            if (c->used && c->id > s->id && c->kv.n_pages > 0 && c->mark != g->n_steps &&
+                (!victim || c->id > victim->id))
+                victim = c;
+        }
+        if (!victim) {
+            gen__preempt(g, s);
+            return 1;
+        }
+        gen__preempt(g, victim);
+    }
+    return 0;
+}
+
 int gen_step(gen_t *g)
 {
     int n = 0, n_logits = 0, n_prefill = 0;
     int budget = g->cfg.max_rows;
+    int n_order = gen__order(g);
+    /* Marks are step numbers; 0 never names a step, so a fresh sequence is in no batch. */
+    if (++g->n_steps == 0)
+        g->n_steps = 1;
     /* Running sequences first: one decode row each keeps their latency steady. */
-    for (int i = 0; i < g->cfg.max_seqs && n < budget; i++) {
-        gseq_t *s = &g->seqs[i];
+    for (int k = 0; k < n_order && n < budget; k++) {
+        gseq_t *s = &g->seqs[g->order[k]];
         if (!s->used || s->n_prefilled < s->n_prompt)
             continue;
-        int e = kv_seq_reserve(&s->kv, g->kv, s->pos + 1);
-        if (e) {
-            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
+        if (gen__reserve(g, s, (size_t)s->pos + 1))
             continue;
-        }
+        s->mark = g->n_steps;
         g->tokens[n] = s->last;
         g->pos[n] = s->pos;
         g->tables[n] = s->kv.pages;
-        g->row_seq[n] = i;
+        g->row_seq[n] = g->order[k];
         /* Decode rows exit together under min aggregation, each on its own under row. */
         g->group[n] = g->agg == EXIT_AGG_ROW ? g->cfg.max_seqs + n : -1;
         g->exit_seqs[n] = &s->exit;
         g->logit_rows[n_logits++] = n;
         n++;
     }
-    /* Then prompt chunks of sequences still in prefill, as far as the batch has room. */
-    for (int i = 0; i < g->cfg.max_seqs && n < budget; i++) {
-        gseq_t *s = &g->seqs[i];
+    /* Then prompt chunks of sequences still in prefill, as far as the batch has room. A
+     * preempted sequence waiting for pages blocks younger ones from starting, so that new
+     * requests do not keep taking the pages it waits for. */
+    int blocked = 0;
+    for (int k = 0; k < n_order && n < budget; k++) {
+        gseq_t *s = &g->seqs[g->order[k]];
         if (!s->used || s->n_prefilled >= s->n_prompt)
             continue;
+        if (s->kv.n_pages == 0) {
+            if (blocked)
+                continue;
+            if (s->swapped && (s->mark == g->n_steps ||
+                               gen__pages_for(g, s->n_prompt) > kv_pool_free_pages(g->kv))) {
+                blocked = 1;
+                continue;
+            }
+        }
         size_t left = s->n_prompt - s->n_prefilled;
         int chunk = (int)(left < (size_t)g->cfg.prefill_chunk ? left : (size_t)g->cfg.prefill_chunk);
         if (chunk > budget - n)
             chunk = budget - n;
-        int e = kv_seq_reserve(&s->kv, g->kv, (int)s->n_prefilled + chunk);
-        if (e) {
-            gen__finish(g, s, -1, 0, GEN_FINISH_ERROR);
+        int r = gen__reserve(g, s, s->n_prefilled + (size_t)chunk);
+        if (r) {
+            blocked |= r > 0;
             continue;
         }
+        s->swapped = 0;
+        s->mark = g->n_steps;
         for (int j = 0; j < chunk; j++) {
-            g->tokens[n] = s->prompt[s->n_prefilled + (size_t)j];
+            g->tokens[n] = s->ids[s->n_prefilled + (size_t)j];
             g->pos[n] = (int)s->n_prefilled + j;
             g->tables[n] = s->kv.pages;
-            g->row_seq[n] = i;
-            g->group[n] = i; /* a prompt chunk exits as one (sequence-level exit) */
+            g->row_seq[n] = g->order[k];
+            g->group[n] = g->order[k]; /* a prompt chunk exits as one (sequence-level exit) */
             g->exit_seqs[n] = &s->exit;
             n++;
         }
@@ -383,8 +556,10 @@ int gen_step(gen_t *g)
     double dt = gen__now() - t0;
     if (e) {
         for (int i = 0; i < g->cfg.max_seqs; i++)
-            if (g->seqs[i].used)
+            if (g->seqs[i].used) {
+                g->seqs[i].err = e;
                 gen__finish(g, &g->seqs[i], -1, 0, GEN_FINISH_ERROR);
+            }
         return e;
     }
     if (n_prefill) {

@@ -35,6 +35,16 @@ typedef struct gen_config {
     int page_size;     /* KV positions per page */
     int n_pages;       /* KV pages in the pool (0: enough for max_seqs full contexts) */
     int max_seqs;      /* sequences running at once */
+    /* What a sequence does when the pool has no page for its next position. 0: it ends
+     * with GEN_FINISH_ERROR. 1: preemption: the youngest sequence that has no rows in the
+     * batch yet (or this one, when there is none) gives all its pages back and later starts
+     * over, prefilling its prompt and every id it generated; its sampler, text stream and
+     * counters are kept, so its owner sees no token twice and the tokens do not change
+     * (greedy, early exit off: the kernels give a row the same values in any batch). A
+     * preempted sequence starts again, oldest first, once its whole prefill fits in the
+     * free pages; only a sequence that alone needs more pages than the pool has ends with
+     * GEN_FINISH_ERROR. */
+    int preempt;
 } gen_config_t;
 
 /* One generated token as its owner sees it. text is the newly final UTF-8 text (stop
@@ -47,6 +57,11 @@ typedef struct gen_event {
     size_t len;
     gen_finish_t finish;
     int depth;       /* backbone layers the token's row ran before it exited */
+    int index;       /* position of the token in the completion, gen_request_t.done
+                        included; for an event without a token, the position the next
+                        token would have had */
+    int err;         /* GEN_FINISH_ERROR: the river_err code of the failure (RIVER_EFULL
+                        when the KV pool had no page for it), else 0 */
 } gen_event_t;
 
 typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);
@@ -61,6 +76,14 @@ typedef struct gen_request {
     int ignore_eos;          /* keep going past EOS ids (benchmarks, goldens) */
     gen_token_cb on_token;
     void *user;
+    /* A completion to continue (a request re-dispatched after its worker died): n_done ids
+     * the owner already has. They follow the prompt into the prefill, count toward
+     * max_tokens and the random draws of the sampler (so a seeded request continues the
+     * same random stream), and go through the text stream and the stop-string hold-back
+     * without being reported, so the text reported next joins up with the text reported
+     * for them before. NULL/0: a fresh completion. */
+    const int32_t *done;
+    size_t n_done;
 } gen_request_t;
 
 typedef struct gen gen_t;
@@ -74,7 +97,8 @@ void gen_destroy(gen_t **g);
 int gen_set_exit(gen_t *g, const exit_config_t *cfg);
 
 /* Queues a request; *seq receives its id. RIVER_EFULL when max_seqs are running,
- * RIVER_EINVAL for an empty prompt, one longer than the context, or bad sampling. */
+ * RIVER_EINVAL for an empty prompt, one longer than the context (done ids included), done
+ * ids that already reach max_tokens, or bad sampling. */
 int gen_submit(gen_t *g, const gen_request_t *r, int *seq);
 /* Ends a sequence early; its callback gets GEN_FINISH_CANCEL. */
 int gen_cancel(gen_t *g, int seq);
@@ -95,6 +119,7 @@ typedef struct gen_stats {
     double decode_s;    /* wall time of decode-only steps */
     int64_t prefill_tokens;
     int64_t decode_tokens; /* tokens sampled in decode-only steps */
+    int64_t preemptions;   /* sequences that gave their pages back (gen_config_t.preempt) */
 } gen_stats_t;
 
 void gen_get_stats(const gen_t *g, gen_stats_t *st);

@@ -73,6 +73,15 @@ static float sampler__uniform(sampler_t *s)
     return (float)(r >> 8) / 16777216.0f;
 }
 
+void sampler_skip(sampler_t *s, uint64_t n)
+{
+    /* sampler_sample draws exactly one number per call when it samples at all. */
+    if (s->p.temperature <= 0)
+        return;
+    while (n--)
+        (void)sampler__uniform(s);
+}
+
 static int cand__desc(const void *a, const void *b)
 {
     const cand_t *x = a, *y = b;

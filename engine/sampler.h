@@ -22,6 +22,10 @@ void sampler_destroy(sampler_t **s);
 /* Picks the next id from vocab_size logits (not modified). */
 int32_t sampler_sample(sampler_t *s, const float *logits);
 
+/* Advances the random stream past n samples, as if sampler_sample had been called n times
+ * (greedy sampling draws nothing): a resumed completion continues the stream it had. */
+void sampler_skip(sampler_t *s, uint64_t n);
+
 /* The argmax with ties to the lowest id. */
 int32_t sampler_argmax(const float *logits, int n);
 

@@ -17,6 +17,8 @@ typedef struct out {
     gen_finish_t finish;
     int calls_after_finish;
     int finished;
+    size_t text_at[512]; /* n_text after each token */
+    int index_ok;        /* every event's index was the token's position */
 } out_t;
 
 static void on_token(void *user, const gen_event_t *ev)
@@ -35,6 +37,8 @@ static void on_token(void *user, const gen_event_t *ev)
         o->n_text += len;
         o->text[o->n_text] = '\0';
     }
+    if (id >= 0 && o->n <= 512)
+        o->text_at[o->n - 1] = o->n_text;
     o->finish = finish;
     if (finish != GEN_RUNNING)
         o->finished = 1;
@@ -308,6 +312,122 @@ START_TEST(test_limits)
 }
 END_TEST
 
+/* With preemption on, a pool too small for four sequences at once makes some of them give
+ * their pages back and start over; each still gives exactly the tokens and text it gives
+ * alone, no event comes after the last, and every page comes back. */
+START_TEST(test_preempt_equals_alone)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", 2);
+    static out_t alone[N_PROMPTS], together[N_PROMPTS];
+    memset(alone, 0, sizeof alone);
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < N_PROMPTS; i++)
+        run_alone(&e, i, 24, &alone[i]);
+    gen_t *g;
+    /* The longest prompt plus 24 tokens needs 12 pages of 4; four need about 40. */
+    gen_config_t c = {.max_rows = 12, .prefill_chunk = 5, .page_size = 4, .max_seqs = 4,
+                      .n_pages = 16, .preempt = 1};
+    ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+    int32_t *ids[N_PROMPTS];
+    size_t n[N_PROMPTS];
+    int seq;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ids[i] = encode(&e, prompts[i], &n[i]);
+        gen_request_t r = {.prompt = ids[i], .n_prompt = n[i], .max_tokens = 24,
+                           .ignore_eos = 1, .on_token = on_token, .user = &together[i]};
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    }
+    ck_assert_int_eq(gen_run_all(g), 0);
+    gen_stats_t st;
+    gen_get_stats(g, &st);
+    ck_assert_int_gt((int)st.preemptions, 0);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ck_assert_int_eq(together[i].finish, GEN_FINISH_LENGTH);
+        ck_assert_int_eq(together[i].calls_after_finish, 0);
+        ck_assert_uint_eq(together[i].n, alone[i].n);
+        for (size_t t = 0; t < alone[i].n; t++)
+            ck_assert_msg(together[i].ids[t] == alone[i].ids[t],
+                          "prompt %d token %zu: preempted %d, alone %d", i, t,
+                          together[i].ids[t], alone[i].ids[t]);
+        ck_assert_str_eq(together[i].text, alone[i].text);
+        free(ids[i]);
+    }
+    ck_assert_int_eq(kv_pool_free_pages(gen_kv_pool(g)), kv_pool_total_pages(gen_kv_pool(g)));
+    /* A sequence that alone needs more pages than the pool has still ends with an error
+     * instead of waiting forever. */
+    out_t o = {0};
+    size_t nb;
+    int32_t *big = encode(&e, prompts[1], &nb);
+    gen_request_t r = {.prompt = big, .n_prompt = nb, .max_tokens = 100, .ignore_eos = 1,
+                       .on_token = on_token, .user = &o};
+    ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    ck_assert_int_eq(o.finish, GEN_FINISH_ERROR);
+    ck_assert_int_eq(kv_pool_free_pages(gen_kv_pool(g)), kv_pool_total_pages(gen_kv_pool(g)));
+    free(big);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+static void record_index(void *user, const gen_event_t *ev)
+{
+    out_t *o = user;
+    if (ev->id >= 0 && ev->index != (int)o->n)
+        o->index_ok = 0;
+    on_token(user, ev);
+}
+
+/* A completion continued from ids already delivered (a re-dispatch) gives the same later
+ * tokens and the same later text as the uninterrupted run, greedy or seeded, with events
+ * numbered from the first new token; the done ids count toward max_tokens. */
+START_TEST(test_continue_done_ids)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/tinystories-656k", 1);
+    size_t n;
+    int32_t *ids = encode(&e, "Once upon a time", &n);
+    const char *stops[1] = {"zzz"}; /* never hit; exercises the hold-back path */
+    for (int sampled = 0; sampled < 2; sampled++) {
+        out_t full = {0}, cont = {0};
+        gen_t *g;
+        gen_config_t c = {.max_rows = 16, .prefill_chunk = 16, .page_size = 16, .max_seqs = 2};
+        ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &c), 0);
+        gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 40, .ignore_eos = 1,
+                           .stop = stops, .n_stop = 1, .on_token = on_token, .user = &full};
+        if (sampled)
+            r.sampling = (sampler_params_t){.temperature = 0.9f, .top_k = 40, .seed = 1234};
+        int seq;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+        ck_assert_int_eq(gen_run_all(g), 0);
+        ck_assert_uint_eq(full.n, 40);
+        const size_t k = 13;
+        cont.n = k; /* record_index expects indices from k on */
+        cont.index_ok = 1;
+        r.done = full.ids;
+        r.n_done = k;
+        r.on_token = record_index;
+        r.user = &cont;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+        ck_assert_int_eq(gen_run_all(g), 0);
+        ck_assert_int_eq(cont.finish, GEN_FINISH_LENGTH);
+        ck_assert_int_eq(cont.index_ok, 1);
+        ck_assert_uint_eq(cont.n, 40);
+        for (size_t t = k; t < 40; t++)
+            ck_assert_msg(cont.ids[t] == full.ids[t], "sampled %d token %zu: %d, first run %d",
+                          sampled, t, cont.ids[t], full.ids[t]);
+        ck_assert_str_eq(cont.text, full.text + full.text_at[k - 1]);
+        /* Done ids that already reach max_tokens leave nothing to do. */
+        r.n_done = 40;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), RIVER_EINVAL);
+        gen_destroy(&g);
+    }
+    free(ids);
+    env_close(&e);
+}
+END_TEST
+
 static Suite *generate_suite(void)
 {
     Suite *s = suite_create("generate");
@@ -319,6 +439,8 @@ static Suite *generate_suite(void)
     tcase_add_test(tc, test_eos);
     tcase_add_test(tc, test_cancel_frees_pages);
     tcase_add_test(tc, test_limits);
+    tcase_add_test(tc, test_preempt_equals_alone);
+    tcase_add_test(tc, test_continue_done_ids);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,988 @@
+/* river-worker as a process: each test starts the real binary on a bundled model with a
+ * temporary configuration and plays riverd's side of the worker link with a ZMQ ROUTER
+ * (answering Ready with Welcome, sending heartbeats as riverd does). The tokens that come
+ * back are checked against the engine run in this process on the same prompt. */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "common/err.h"
+#include "common/frame.h"
+#include "engine/generate.h"
+#include "engine/river.h"
+#include "kernels/cpu/cpu.h"
+#include "tests/testutil.h"
+
+#define TINY TEST_DATA "/tinystories-656k"
+#define KJV TEST_DATA "/kjv-12l"
+#define MAX_IDS 600
+
+/* ---- The worker process and riverd's end of the link ---- */
+
+typedef struct wk {
+    pid_t pid;
+    void *ctx, *router;
+    uint8_t route[256];   /* the worker's routing id, from its first frame */
+    size_t route_len;
+    int hb_ms;            /* riverd's heartbeat once Welcome was sent; 0: none yet */
+    int silent;           /* 1: riverd sends no heartbeats (the worker should give up) */
+    int64_t last_sent_ms;
+    /* What the worker's heartbeats said last, and how many came. */
+    int heartbeats;
+    River__Worker__Heartbeat last_hb;
+    River__Worker__Capabilities caps; /* from Ready (model string not kept) */
+} wk_t;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The binary sits in <build>/bin; this test is <build>/tests/test_worker. */
+static const char *worker_bin(void)
+{
+    static char path[PATH_MAX];
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert_int_gt((int)n, 0);
+    self[n] = '\0';
+    char *tests_dir = dirname(self);
+    char *build = dirname(tests_dir);
+    snprintf(path, sizeof path, "%s/bin/river-worker", build);
+    ck_assert_msg(access(path, X_OK) == 0, "%s: not found (build it first)", path);
+    return path;
+}
+
+static void wk_send_raw(wk_t *w, const void *data, size_t len, int more_parts)
+{
+    ck_assert_uint_gt(w->route_len, 0);
+    ck_assert_int_ge(zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE), 0);
+    if (more_parts)
+        ck_assert_int_ge(zmq_send(w->router, "x", 1, ZMQ_SNDMORE), 0);
+    ck_assert_int_ge(zmq_send(w->router, data, len, 0), 0);
+    w->last_sent_ms = now_ms();
+}
+
+static void wk_send(wk_t *w, River__Worker__DaemonMessage *m)
+{
+    uint8_t *buf;
+    size_t len;
+    ck_assert_int_eq(frame_encode_buf(&m->base, &buf, &len), 0);
+    wk_send_raw(w, buf, len, 0);
+    free(buf);
+}
+
+/* A heartbeat to a worker that may have exited already: a failed send is fine. */
+static void wk_send_heartbeat(wk_t *w)
+{
+    River__Worker__DaemonHeartbeat hb = RIVER__WORKER__DAEMON_HEARTBEAT__INIT;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_HEARTBEAT;
+    m.heartbeat = &hb;
+    uint8_t buf[16];
+    size_t len = river__worker__daemon_message__pack(&m, buf);
+    if (zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        zmq_send(w->router, buf, len, ZMQ_DONTWAIT);
+    w->last_sent_ms = now_ms();
+}
+
+/* The next frame from the worker within timeout_ms, decoded; NULL on timeout. Sends
+ * riverd's heartbeats meanwhile, as riverd would. */
+static River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int64_t now = now_ms();
+        if (w->hb_ms && !w->silent && now - w->last_sent_ms >= w->hb_ms)
+            wk_send_heartbeat(w);
+        if (now >= end)
+            return NULL;
+        int slice = (int)(end - now);
+        if (w->hb_ms && slice > w->hb_ms)
+            slice = w->hb_ms;
+        zmq_pollitem_t it = {.socket = w->router, .events = ZMQ_POLLIN};
+        int rc = zmq_poll(&it, 1, slice);
+        ck_assert_int_ge(rc, 0);
+        if (rc == 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        ck_assert_int_ge(zmq_msg_recv(&id, w->router, 0), 0);
+        ck_assert_msg(zmq_msg_more(&id), "worker frame without a body");
+        ck_assert_int_ge(zmq_msg_recv(&body, w->router, 0), 0);
+        ck_assert_msg(!zmq_msg_more(&body), "worker message of more than one frame");
+        w->route_len = zmq_msg_size(&id);
+        memcpy(w->route, zmq_msg_data(&id), w->route_len);
+        ProtobufCMessage *out;
+        int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &body, 0, &out);
+        ck_assert_msg(e == 0, "undecodable frame from the worker: %s", river_err_detail());
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+        River__Worker__WorkerMessage *m = (River__Worker__WorkerMessage *)out;
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT) {
+            w->heartbeats++;
+            w->last_hb = *m->heartbeat;
+        }
+        return m;
+    }
+}
+
+/* The next message of that kind, skipping heartbeats; fails on anything else. */
+static River__Worker__WorkerMessage *wk_expect(wk_t *w, River__Worker__WorkerMessage__KindCase kind,
+                                               int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int left = (int)(end - now_ms());
+        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
+        ck_assert_msg(m != NULL, "no %d message from the worker within %d ms", kind, timeout_ms);
+        if (m->kind_case == kind)
+            return m;
+        ck_assert_msg(m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT,
+                      "expected message kind %d, got %s", kind, frame_case_name(&m->base));
+        frame_free((ProtobufCMessage **)&m);
+    }
+}
+
+static void wk_welcome(wk_t *w, int hb_ms, int liveness)
+{
+    River__Worker__Welcome wel = RIVER__WORKER__WELCOME__INIT;
+    wel.heartbeat_ms = (uint32_t)hb_ms;
+    wel.liveness = (uint32_t)liveness;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
+    m.welcome = &wel;
+    wk_send(w, &m);
+    w->hb_ms = hb_ms;
+}
+
+/* Starts the worker with the base configuration plus `extra` YAML, waits for its Ready
+ * (checked) and welcomes it. */
+static void wk_start(wk_t *w, const char *model, int max_seqs, const char *extra, int hb_ms,
+                     int liveness)
+{
+    static int n_started;
+    memset(w, 0, sizeof *w);
+    char endpoint[300], name[64], cfg[2048];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/riverd-%d.sock", test_tmpdir(), n_started);
+    snprintf(name, sizeof name, "worker-%d.yaml", n_started++);
+    snprintf(cfg, sizeof cfg,
+             "riverd: \"%s\"\nmodel: %s\nthreads: 1\nmax_seqs: %d\nmax_batch_rows: 64\n"
+             "prefill_chunk: 32\nlog_level: %s\n%s",
+             endpoint, model, max_seqs, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn",
+             extra ? extra : "");
+    const char *path = test_write_tmp(name, cfg, strlen(cfg));
+    ck_assert_ptr_nonnull(path);
+    char cfg_path[512];
+    snprintf(cfg_path, sizeof cfg_path, "%s", path);
+    const char *bin = worker_bin();
+
+    w->ctx = zmq_ctx_new();
+    ck_assert_ptr_nonnull(w->ctx);
+    w->router = zmq_socket(w->ctx, ZMQ_ROUTER);
+    int one = 1, zero = 0;
+    /* A worker that reconnects comes back under the same routing id while its old
+     * connection may not be gone yet: the new one must win (riverd does the same). */
+    zmq_setsockopt(w->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(w->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(w->router, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_bind(w->router, endpoint), 0);
+
+    pid_t parent = getpid();
+    w->pid = fork();
+    ck_assert_int_ge(w->pid, 0);
+    if (w->pid == 0) {
+        /* The worker dies with the test, whatever way the test ends. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(126);
+        execl(bin, bin, "--config", cfg_path, "--id", "w1", (char *)NULL);
+        _exit(127);
+    }
+    River__Worker__WorkerMessage *m =
+        wk_expect(w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 20000);
+    const River__Worker__Ready *r = m->ready;
+    ck_assert_uint_eq(r->protocol, 1);
+    ck_assert_str_eq(r->worker_id, "w1");
+    ck_assert_uint_eq(w->route_len, 2);
+    ck_assert_int_eq(memcmp(w->route, "w1", 2), 0);
+    ck_assert_int_eq(r->role, RIVER__WORKER__ROLE__ROLE_FULL);
+    ck_assert_ptr_nonnull(r->capabilities);
+    w->caps = *r->capabilities;
+    w->caps.model = NULL;
+    ck_assert_uint_eq(w->caps.max_seqs, (unsigned)max_seqs);
+    ck_assert_uint_eq(w->caps.max_batch, 64);
+    ck_assert_uint_gt(w->caps.kv_pages_total, 0);
+    ck_assert_uint_eq(w->caps.kv_pages_free, w->caps.kv_pages_total);
+    ck_assert_uint_eq(w->caps.layer_begin, 0);
+    ck_assert_uint_eq(w->caps.layer_end, w->caps.n_layers);
+    frame_free((ProtobufCMessage **)&m);
+    wk_welcome(w, hb_ms, liveness);
+}
+
+/* The worker's exit status within timeout_ms, -1 when it is still running. */
+static int wk_wait_exit(wk_t *w, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    do {
+        int st;
+        pid_t p = waitpid(w->pid, &st, WNOHANG);
+        ck_assert_int_ge(p, 0);
+        if (p == w->pid) {
+            w->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    } while (now_ms() < end);
+    return -1;
+}
+
+static void wk_stop(wk_t *w)
+{
+    if (w->pid > 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, NULL, 0);
+        w->pid = 0;
+    }
+    zmq_close(w->router);
+    zmq_ctx_term(w->ctx);
+}
+
+/* ---- Requests ---- */
+
+typedef struct req {
+    uint64_t id;
+    const char *text;        /* text prompt, or */
+    const int32_t *ids;      /* token ids */
+    size_t n_ids;
+    uint32_t max_tokens;
+    uint32_t deadline_ms;
+    const int32_t *delivered;
+    size_t n_delivered;
+    int ignore_eos;
+    int bad_count;           /* tokens_delivered disagrees with the ids sent */
+} req_t;
+
+static void wk_submit(wk_t *w, const req_t *q)
+{
+    River__Client__Generate g = RIVER__CLIENT__GENERATE__INIT;
+    River__Client__TokenIds tids = RIVER__CLIENT__TOKEN_IDS__INIT;
+    if (q->text) {
+        g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
+        g.text = (char *)q->text;
+    } else if (q->ids) {
+        tids.n_ids = q->n_ids;
+        tids.ids = (int32_t *)q->ids;
+        g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TOKENS;
+        g.tokens = &tids;
+    }
+    g.max_tokens = q->max_tokens;
+    g.deadline_ms = q->deadline_ms;
+    g.ignore_eos = q->ignore_eos;
+    River__Worker__Submit s = RIVER__WORKER__SUBMIT__INIT;
+    s.request_id = q->id;
+    s.generate = &g;
+    s.tokens_delivered = (uint32_t)q->n_delivered + (q->bad_count ? 1 : 0);
+    s.n_delivered_ids = q->n_delivered;
+    s.delivered_ids = (int32_t *)q->delivered;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
+    m.submit = &s;
+    wk_send(w, &m);
+}
+
+static void wk_cancel(wk_t *w, uint64_t id)
+{
+    River__Worker__Cancel c = RIVER__WORKER__CANCEL__INIT;
+    c.request_id = id;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_CANCEL;
+    m.cancel = &c;
+    wk_send(w, &m);
+}
+
+static void wk_drain(wk_t *w, uint32_t deadline_ms)
+{
+    River__Worker__Drain d = RIVER__WORKER__DRAIN__INIT;
+    d.deadline_ms = deadline_ms;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_DRAIN;
+    m.drain = &d;
+    wk_send(w, &m);
+}
+
+/* What one request's stream delivered, checked as it arrives. */
+typedef struct stream {
+    uint64_t id;
+    int32_t ids[MAX_IDS];
+    int32_t layers[MAX_IDS];
+    size_t n;
+    uint32_t first_index;
+    int started;
+    uint64_t next_seq;
+    char text[16384];
+    size_t n_text;
+    int ended;               /* 1: Done, 2: Failed */
+    int reason;              /* Final.Reason */
+    int code;                /* Error.Code */
+    uint32_t prompt_tokens, completion_tokens;
+    uint32_t hist_sum, hist_n;
+} stream_t;
+
+/* Feeds one message to the stream it belongs to; 0 when it belongs to none. */
+static int stream_take(stream_t *streams, int n_streams, const River__Worker__WorkerMessage *m)
+{
+    for (int i = 0; i < n_streams; i++) {
+        stream_t *st = &streams[i];
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_TOKENS &&
+            m->tokens->request_id == st->id) {
+            const River__Worker__Tokens *t = m->tokens;
+            ck_assert_msg(!st->ended, "tokens after the end of request %llu",
+                          (unsigned long long)st->id);
+            ck_assert_uint_eq(t->seq, st->next_seq++);
+            if (!st->started) {
+                st->first_index = t->index;
+                st->started = 1;
+            }
+            ck_assert_uint_eq(t->index, st->first_index + st->n);
+            ck_assert_uint_eq(t->n_exit_layers, t->n_ids);
+            for (size_t k = 0; k < t->n_ids && st->n < MAX_IDS; k++) {
+                st->layers[st->n] = t->exit_layers[k];
+                st->ids[st->n++] = t->ids[k];
+            }
+            size_t len = strlen(t->text);
+            ck_assert_uint_lt(st->n_text + len, sizeof st->text);
+            memcpy(st->text + st->n_text, t->text, len + 1);
+            st->n_text += len;
+            return 1;
+        }
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_DONE &&
+            m->done->request_id == st->id) {
+            ck_assert_int_eq(st->ended, 0);
+            st->ended = 1;
+            ck_assert_ptr_nonnull(m->done->final);
+            st->reason = m->done->final->reason;
+            if (m->done->final->usage) {
+                st->prompt_tokens = m->done->final->usage->prompt_tokens;
+                st->completion_tokens = m->done->final->usage->completion_tokens;
+            }
+            if (m->done->final->exit_stats) {
+                st->hist_n = (uint32_t)m->done->final->exit_stats->n_histogram;
+                for (size_t k = 0; k < st->hist_n; k++)
+                    st->hist_sum += m->done->final->exit_stats->histogram[k];
+            }
+            return 1;
+        }
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_FAILED &&
+            m->failed->request_id == st->id) {
+            ck_assert_int_eq(st->ended, 0);
+            st->ended = 2;
+            st->code = m->failed->error->code;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Receives until every stream ended. */
+static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int open = 0;
+        for (int i = 0; i < n_streams; i++)
+            open += !streams[i].ended;
+        if (!open)
+            return;
+        int left = (int)(end - now_ms());
+        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
+        ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
+        if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert_msg(stream_take(streams, n_streams, m), "unexpected %s",
+                          frame_case_name(&m->base));
+        frame_free((ProtobufCMessage **)&m);
+    }
+}
+
+/* ---- The engine in this process, for reference ---- */
+
+typedef struct ref {
+    int32_t ids[MAX_IDS];
+    size_t n;
+    char text[16384];
+    size_t n_text;
+    size_t text_at[MAX_IDS]; /* n_text after each token */
+    int32_t depth[MAX_IDS];  /* exit layer of each token */
+    int32_t prompt[512];
+    size_t n_prompt;
+} ref_t;
+
+static void ref_on_token(void *user, const gen_event_t *ev)
+{
+    ref_t *r = user;
+    if (r->n_text + ev->len < sizeof r->text) {
+        memcpy(r->text + r->n_text, ev->text, ev->len);
+        r->n_text += ev->len;
+        r->text[r->n_text] = '\0';
+    }
+    if (ev->id >= 0 && r->n < MAX_IDS) {
+        r->depth[r->n] = ev->depth;
+        r->ids[r->n] = ev->id;
+        r->text_at[r->n++] = r->n_text;
+    }
+}
+
+/* Greedy, alone, ignore_eos as given: what the worker must reproduce. tok_path NULL:
+ * the model directory's tokenizer.json. *tok_s (when not NULL) receives the rate of the
+ * whole generation, prefill included. */
+static void ref_run_exit(const char *model, const char *tok_path, const char *prompt,
+                         int max_tokens, int ignore_eos, ref_t *r, double *tok_s,
+                         const char *river_file, const exit_policy_t *policy)
+{
+    memset(r, 0, sizeof *r);
+    model_t *m;
+    tokenizer_t *tok;
+    backend_t *be;
+    char tp[256];
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", model);
+    if (tok_path)
+        snprintf(tp, sizeof tp, "%s", tok_path);
+    ck_assert_msg(model_load(&m, model) == 0, "%s", river_err_detail());
+    ck_assert_msg(tokenizer_load(&tok, tp, 0) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n), 0);
+    ck_assert_uint_le(n, 512);
+    memcpy(r->prompt, ids, n * sizeof *ids);
+    r->n_prompt = n;
+    gen_t *g;
+    gen_config_t c = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, m, tok, be, &c), 0);
+    river_t *rv = NULL;
+    const layer_weights_t *layers[64] = {0};
+    if (river_file) {
+        ck_assert_msg(river_load(&rv, m, river_file) == 0, "%s", river_err_detail());
+        ck_assert_int_le(m->cfg.n_layers, 64);
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            layers[l] = river_layer(rv, l);
+        exit_config_t ex = {.policy = *policy, .river = layers,
+                            .river_start = river_start_layer(rv)};
+        ck_assert_msg(gen_set_exit(g, &ex) == 0, "%s", river_err_detail());
+    }
+    gen_request_t q = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                       .ignore_eos = ignore_eos, .on_token = ref_on_token, .user = r};
+    int seq;
+    int64_t t0 = now_ms();
+    ck_assert_int_eq(gen_submit(g, &q, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    if (tok_s)
+        *tok_s = (double)r->n * 1000.0 / (double)(now_ms() - t0 + 1);
+    gen_destroy(&g);
+    river_destroy(&rv);
+    free(ids);
+    cpu_backend_destroy(&be);
+    tokenizer_destroy(&tok);
+    model_destroy(&m);
+}
+
+static void ref_run_timed(const char *model, const char *tok_path, const char *prompt,
+                          int max_tokens, int ignore_eos, ref_t *r, double *tok_s)
+{
+    ref_run_exit(model, tok_path, prompt, max_tokens, ignore_eos, r, tok_s, NULL, NULL);
+}
+
+static void ref_run(const char *model, const char *prompt, int max_tokens, int ignore_eos,
+                    ref_t *r)
+{
+    ref_run_timed(model, NULL, prompt, max_tokens, ignore_eos, r, NULL);
+}
+
+static void expect_same(const stream_t *st, const ref_t *r, size_t from)
+{
+    ck_assert_uint_eq(st->n, r->n - from);
+    for (size_t t = 0; t < st->n; t++)
+        ck_assert_msg(st->ids[t] == r->ids[from + t], "request %llu token %zu: worker %d, "
+                      "engine %d", (unsigned long long)st->id, from + t, st->ids[t],
+                      r->ids[from + t]);
+    ck_assert_str_eq(st->text, r->text + (from ? r->text_at[from - 1] : 0));
+}
+
+static const char *prompts[] = {
+    "Once upon a time",
+    "Tom and Lily went to the park. They saw a big",
+    "The little dog",
+};
+
+/* ---- Tests ---- */
+
+/* Three requests at once (text and token-id prompts) through a KV pool too small for all
+ * of them: each stream is whole and numbered, and gives exactly the engine's tokens and
+ * text for its prompt alone; exit layers come per token, Done carries usage and the exit
+ * histogram; heartbeats come and report the pool free again afterwards. */
+START_TEST(test_serve_matches_engine)
+{
+    static ref_t ref[3];
+    for (int i = 0; i < 3; i++)
+        ref_run(TINY, prompts[i], 48, 1, &ref[i]);
+    wk_t w;
+    /* Pages of 4: a request needs 15; three need 45 of 40, so some are preempted. */
+    wk_start(&w, TINY, 4, "kv:\n  page_size: 4\n  pages: 40\n", 50, 100);
+    ck_assert(!w.caps.has_river);
+    static stream_t st[3];
+    memset(st, 0, sizeof st);
+    for (int i = 0; i < 3; i++) {
+        st[i].id = 100 + (uint64_t)i;
+        req_t q = {.id = st[i].id, .max_tokens = 48, .ignore_eos = 1};
+        if (i == 1) {
+            q.ids = ref[i].prompt;
+            q.n_ids = ref[i].n_prompt;
+        } else {
+            q.text = prompts[i];
+        }
+        wk_submit(&w, &q);
+    }
+    streams_collect(&w, st, 3, 20000);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(st[i].ended, 1);
+        ck_assert_int_eq(st[i].reason, RIVER__CLIENT__FINAL__REASON__LENGTH);
+        ck_assert_uint_eq(st[i].first_index, 0);
+        expect_same(&st[i], &ref[i], 0);
+        ck_assert_uint_eq(st[i].completion_tokens, 48);
+        ck_assert_uint_eq(st[i].prompt_tokens, ref[i].n_prompt);
+        ck_assert_uint_eq(st[i].hist_n, w.caps.n_layers + 1);
+        ck_assert_uint_eq(st[i].hist_sum, 48);
+        for (size_t t = 0; t < st[i].n; t++) /* no exit policy: every layer ran */
+            ck_assert_int_eq(st[i].layers[t], (int)w.caps.n_layers);
+    }
+    int before = w.heartbeats;
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < 300) {
+        River__Worker__WorkerMessage *m = wk_recv(&w, 50);
+        if (m)
+            ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_int_ge(w.heartbeats - before, 3);
+    ck_assert_uint_eq(w.last_hb.kv_pages_free, w.caps.kv_pages_total);
+    ck_assert_uint_eq(w.last_hb.running, 0);
+    ck_assert_uint_eq(w.last_hb.queue_length, 0);
+    /* Idle, SIGTERM ends it at once, cleanly. */
+    ck_assert_int_eq(kill(w.pid, SIGTERM), 0);
+    ck_assert_int_eq(wk_wait_exit(&w, 5000), 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* With an Exit River and a fixed exit layer from the configuration, every token leaves the
+ * backbone after that many layers: the stream says so per token and in Done's histogram,
+ * Ready says the worker holds a river, and the tokens are the engine's under the same
+ * policy. */
+START_TEST(test_exit_policy)
+{
+    char river_file[512];
+    snprintf(river_file, sizeof river_file, "%s/kjv-river-q4.safetensors", test_tmpdir());
+    model_t *m;
+    ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+    river_build_opts_t o = river_build_opts_default();
+    o.start_layer = 2;
+    o.n_threads = 1;
+    ck_assert_msg(river_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
+    model_destroy(&m);
+    exit_policy_t pol = {.rule = EXIT_RULE_FIXED, .exit_layer = 6, .agg = EXIT_AGG_MIN,
+                         .kv = EXIT_KV_RIVER};
+    static ref_t ref;
+    ref_run_exit(KJV, NULL, prompts[0], 30, 1, &ref, NULL, river_file, &pol);
+    char extra[700];
+    snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: fixed\n  exit_layer: 6\n",
+             river_file);
+    wk_t w;
+    wk_start(&w, KJV, 4, extra, 50, 100);
+    ck_assert(w.caps.has_river);
+    req_t q = {.id = 21, .text = prompts[0], .max_tokens = 30, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 21};
+    streams_collect(&w, &st, 1, 10000);
+    ck_assert_int_eq(st.ended, 1);
+    expect_same(&st, &ref, 0);
+    for (size_t t = 0; t < st.n; t++) {
+        ck_assert_int_eq(st.layers[t], ref.depth[t]);
+        ck_assert_int_eq(st.layers[t], 6);
+    }
+    ck_assert_uint_eq(st.hist_sum, 30);
+    wk_stop(&w);
+    remove(river_file);
+}
+END_TEST
+
+/* Cancel in mid-stream ends the request with Done(CANCELLED) and its KV pages come back.
+ * The worker is paused while the Cancel is sent, so the cancel lands mid-stream. */
+START_TEST(test_cancel_frees_pages)
+{
+    wk_t w;
+    wk_start(&w, KJV, 4, NULL, 10, 200);
+    req_t q = {.id = 7, .text = "And the LORD spake unto Moses", .max_tokens = 200,
+               .ignore_eos = 1};
+    wk_submit(&w, &q);
+    /* A heartbeat that shows the request holding pages. */
+    int64_t end = now_ms() + 10000;
+    stream_t st = {.id = 7};
+    while (!(w.last_hb.running == 1 && w.last_hb.kv_pages_free < w.caps.kv_pages_total)) {
+        ck_assert_msg(now_ms() < end, "no heartbeat with the request running");
+        River__Worker__WorkerMessage *m = wk_recv(&w, 1000);
+        ck_assert_ptr_nonnull(m);
+        if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert(stream_take(&st, 1, m));
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_int_eq(st.ended, 0);
+    ck_assert_int_eq(kill(w.pid, SIGSTOP), 0);
+    wk_cancel(&w, 7);
+    ck_assert_int_eq(kill(w.pid, SIGCONT), 0);
+    streams_collect(&w, &st, 1, 10000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_int_eq(st.reason, RIVER__CLIENT__FINAL__REASON__CANCELLED);
+    ck_assert_uint_lt(st.n, 200);
+    ck_assert_uint_eq(st.completion_tokens, st.n);
+    /* The next heartbeat has every page free. */
+    int hb = w.heartbeats;
+    while (w.heartbeats == hb) {
+        River__Worker__WorkerMessage *m = wk_recv(&w, 2000);
+        ck_assert_ptr_nonnull(m);
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_uint_eq(w.last_hb.kv_pages_free, w.caps.kv_pages_total);
+    ck_assert_uint_eq(w.last_hb.running, 0);
+    /* Cancelling an unknown (finished) request is ignored. */
+    wk_cancel(&w, 7);
+    wk_cancel(&w, 12345);
+    ck_assert_int_eq(wk_wait_exit(&w, 100), -1);
+    wk_stop(&w);
+}
+END_TEST
+
+static void expect_failed(wk_t *w, uint64_t id, int code)
+{
+    River__Worker__WorkerMessage *m =
+        wk_expect(w, RIVER__WORKER__WORKER_MESSAGE__KIND_FAILED, 5000);
+    ck_assert_uint_eq(m->failed->request_id, id);
+    ck_assert_ptr_nonnull(m->failed->error);
+    ck_assert_msg((int)m->failed->error->code == code, "request %llu: code %d (%s), want %d",
+                  (unsigned long long)id, m->failed->error->code, m->failed->error->message,
+                  code);
+    ck_assert_int_gt((int)strlen(m->failed->error->message), 0);
+    frame_free((ProtobufCMessage **)&m);
+}
+
+/* Malformed frames and bad requests get Failed with INVALID_ARGUMENT, and the worker keeps
+ * serving. */
+START_TEST(test_bad_input)
+{
+    wk_t w;
+    wk_start(&w, TINY, 4, NULL, 50, 100);
+    const int INVALID = RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT;
+    wk_send_raw(&w, "\xff\xff\xff\xff", 4, 0); /* not protobuf */
+    expect_failed(&w, 0, INVALID);
+    wk_send_raw(&w, "", 0, 0); /* no message kind */
+    expect_failed(&w, 0, INVALID);
+    wk_send_raw(&w, "\x08\x01", 2, 1); /* two parts */
+    expect_failed(&w, 0, INVALID);
+    size_t big_len = 2u << 20; /* over the frame limit */
+    char *big = calloc(1, big_len);
+    wk_send_raw(&w, big, big_len, 0);
+    free(big);
+    expect_failed(&w, 0, INVALID);
+    req_t none = {.id = 5, .max_tokens = 4}; /* no prompt */
+    wk_submit(&w, &none);
+    expect_failed(&w, 5, INVALID);
+    int32_t bad_ids[] = {1, 99999};
+    req_t range = {.id = 6, .ids = bad_ids, .n_ids = 2, .max_tokens = 4};
+    wk_submit(&w, &range);
+    expect_failed(&w, 6, INVALID);
+    int32_t one = 3;
+    req_t mismatch = {.id = 8, .text = "Hi", .max_tokens = 4, .delivered = &one,
+                      .n_delivered = 1, .bad_count = 1};
+    wk_submit(&w, &mismatch); /* tokens_delivered says 2, one id comes with it */
+    expect_failed(&w, 8, INVALID);
+    req_t zero = {.id = 0, .text = "Hi", .max_tokens = 4}; /* id 0 is for bad frames */
+    wk_submit(&w, &zero);
+    expect_failed(&w, 0, INVALID);
+    int32_t long_prompt[600];
+    for (int i = 0; i < 600; i++)
+        long_prompt[i] = 5;
+    req_t too_long = {.id = 11, .ids = long_prompt, .n_ids = 600, .max_tokens = 4};
+    wk_submit(&w, &too_long); /* the context is 512 */
+    expect_failed(&w, 11, INVALID);
+    /* Still serving. */
+    req_t ok = {.id = 12, .text = "Once upon a time", .max_tokens = 5, .ignore_eos = 1};
+    wk_submit(&w, &ok);
+    stream_t st = {.id = 12};
+    streams_collect(&w, &st, 1, 5000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_uint_eq(st.n, 5);
+    ck_assert_int_eq(wk_wait_exit(&w, 50), -1);
+    wk_stop(&w);
+}
+END_TEST
+
+/* A Submit carrying the ids the client already has continues the completion: the stream
+ * starts at that index and gives exactly the engine's remaining tokens and text. */
+START_TEST(test_resume_delivered)
+{
+    static ref_t ref;
+    ref_run(TINY, prompts[1], 40, 1, &ref);
+    wk_t w;
+    wk_start(&w, TINY, 4, NULL, 50, 100);
+    const size_t k = 15;
+    req_t q = {.id = 9, .text = prompts[1], .max_tokens = 40, .ignore_eos = 1,
+               .delivered = ref.ids, .n_delivered = k};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 9};
+    streams_collect(&w, &st, 1, 10000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_int_eq(st.reason, RIVER__CLIENT__FINAL__REASON__LENGTH);
+    ck_assert_uint_eq(st.first_index, k);
+    expect_same(&st, &ref, k);
+    ck_assert_uint_eq(st.completion_tokens, 40);
+    /* All of it delivered already: Done at once, nothing generated. */
+    req_t all = {.id = 10, .text = prompts[1], .max_tokens = 40, .ignore_eos = 1,
+                 .delivered = ref.ids, .n_delivered = 40};
+    wk_submit(&w, &all);
+    stream_t st2 = {.id = 10};
+    streams_collect(&w, &st2, 1, 5000);
+    ck_assert_int_eq(st2.ended, 1);
+    ck_assert_int_eq(st2.reason, RIVER__CLIENT__FINAL__REASON__LENGTH);
+    ck_assert_uint_eq(st2.n, 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* Drain: new requests are refused with UNAVAILABLE, the running one finishes, the last
+ * message is a heartbeat saying draining with nothing left, and the process exits 0. */
+START_TEST(test_drain_exits_zero)
+{
+    static ref_t ref;
+    ref_run(KJV, "And the LORD spake unto Moses", 60, 1, &ref);
+    wk_t w;
+    wk_start(&w, KJV, 4, NULL, 50, 100);
+    req_t q = {.id = 1, .text = "And the LORD spake unto Moses", .max_tokens = 60,
+               .ignore_eos = 1};
+    wk_submit(&w, &q);
+    wk_drain(&w, 0);
+    req_t late = {.id = 2, .text = "Blessed", .max_tokens = 4};
+    wk_submit(&w, &late);
+    stream_t st[2] = {{.id = 1}, {.id = 2}};
+    streams_collect(&w, st, 2, 20000);
+    ck_assert_int_eq(st[0].ended, 1);
+    expect_same(&st[0], &ref, 0);
+    ck_assert_int_eq(st[1].ended, 2);
+    ck_assert_int_eq(st[1].code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
+    River__Worker__WorkerMessage *m;
+    int saw_last = 0;
+    while ((m = wk_recv(&w, 2000))) {
+        ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
+        saw_last = m->heartbeat->draining && m->heartbeat->running == 0 &&
+                   m->heartbeat->queue_length == 0;
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_int_eq(saw_last, 1);
+    ck_assert_int_eq(wk_wait_exit(&w, 5000), 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* A drain deadline cuts off what is still running with CANCELLED (riverd re-dispatches it)
+ * and the worker still exits 0. */
+START_TEST(test_drain_deadline)
+{
+    wk_t w;
+    wk_start(&w, KJV, 4, NULL, 50, 100);
+    req_t q = {.id = 1, .text = "And the LORD", .max_tokens = 200, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    wk_drain(&w, 60);
+    stream_t st = {.id = 1};
+    streams_collect(&w, &st, 1, 10000);
+    ck_assert_int_eq(st.ended, 2);
+    ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__CANCELLED);
+    ck_assert_uint_lt(st.n, 200);
+    ck_assert_int_eq(wk_wait_exit(&w, 5000), 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* SIGTERM: the running request still ends explicitly (it finishes within the grace
+ * period), and the worker exits 0. */
+START_TEST(test_sigterm_graceful)
+{
+    wk_t w;
+    wk_start(&w, KJV, 4, NULL, 50, 100);
+    req_t q = {.id = 3, .text = "And the LORD", .max_tokens = 100, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 3};
+    River__Worker__WorkerMessage *m;
+    while (!st.n) {
+        m = wk_recv(&w, 5000);
+        ck_assert_ptr_nonnull(m);
+        if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert(stream_take(&st, 1, m));
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_int_eq(kill(w.pid, SIGTERM), 0);
+    streams_collect(&w, &st, 1, 10000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_uint_eq(st.n, 100);
+    ck_assert_int_eq(wk_wait_exit(&w, 5000), 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* A request whose deadline passes while it waits behind another fails with
+ * DEADLINE_EXCEEDED; the other one is unaffected, and a second Submit with its id (a
+ * riverd bug) neither disturbs it nor gets an answer that would read as its end. */
+START_TEST(test_deadline)
+{
+    wk_t w;
+    wk_start(&w, KJV, 1, NULL, 50, 100);
+    req_t a = {.id = 1, .text = "And the LORD", .max_tokens = 40, .ignore_eos = 1};
+    req_t b = {.id = 2, .text = "Blessed", .max_tokens = 40, .deadline_ms = 5};
+    wk_submit(&w, &a);
+    wk_submit(&w, &a);
+    wk_submit(&w, &b);
+    stream_t st[2] = {{.id = 1}, {.id = 2}};
+    streams_collect(&w, st, 2, 20000);
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < 200) {
+        River__Worker__WorkerMessage *m = wk_recv(&w, 50);
+        if (m)
+            ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
+        frame_free((ProtobufCMessage **)&m);
+    }
+    ck_assert_int_eq(st[0].ended, 1);
+    ck_assert_uint_eq(st[0].n, 40);
+    ck_assert_int_eq(st[1].ended, 2);
+    ck_assert_int_eq(st[1].code, RIVER__CLIENT__ERROR__CODE__DEADLINE_EXCEEDED);
+    ck_assert_uint_eq(st[1].n, 0);
+    wk_stop(&w);
+}
+END_TEST
+
+/* Liveness: heartbeats come every interval; when riverd goes silent the worker drops its
+ * requests, reconnects and says Ready again; Reconnect from riverd gets a Ready too. */
+START_TEST(test_heartbeats_and_reconnect)
+{
+    wk_t w;
+    wk_start(&w, TINY, 4, NULL, 40, 3);
+    River__Worker__WorkerMessage *m;
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < 500) {
+        m = wk_recv(&w, 100);
+        if (m) {
+            ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
+            frame_free((ProtobufCMessage **)&m);
+        }
+    }
+    ck_assert_int_ge(w.heartbeats, 6);  /* 500 ms at 40 ms, loosely */
+    ck_assert_int_le(w.heartbeats, 20);
+    /* riverd falls silent: after 3 x 40 ms and a back-off the worker comes back. */
+    w.silent = 1;
+    m = wk_expect(&w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 3000);
+    ck_assert_str_eq(m->ready->worker_id, "w1");
+    frame_free((ProtobufCMessage **)&m);
+    w.silent = 0;
+    wk_welcome(&w, 40, 3);
+    /* Still serving after the reconnection. */
+    req_t q = {.id = 4, .text = "Once upon a time", .max_tokens = 8, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 4};
+    streams_collect(&w, &st, 1, 5000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_uint_eq(st.n, 8);
+    /* Reconnect: a fresh Ready on the same connection. */
+    River__Worker__Reconnect rc = RIVER__WORKER__RECONNECT__INIT;
+    rc.reason = "test";
+    River__Worker__DaemonMessage dm = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    dm.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_RECONNECT;
+    dm.reconnect = &rc;
+    wk_send(&w, &dm);
+    m = wk_expect(&w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 3000);
+    frame_free((ProtobufCMessage **)&m);
+    wk_stop(&w);
+}
+END_TEST
+
+/* Tokens per second through the worker (Submit to Done, as riverd sees it) against the
+ * engine in this process, stories260K greedy, 256 tokens; one stream, then four at once.
+ * The rates are printed; the check is that the tokens are the engine's. */
+START_TEST(test_throughput)
+{
+    const char *model = TEST_DATA "/stories260K/stories260K.bin";
+    const char *tokp = TEST_DATA "/stories260K/tok512.bin";
+    static ref_t ref;
+    double local = 0;
+    ref_run_timed(model, tokp, "Once upon a time", 256, 1, &ref, &local);
+    wk_t w;
+    wk_start(&w, model, 4, NULL, 100, 50);
+    double rate[2];
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? 4 : 1;
+        static stream_t st[4];
+        memset(st, 0, sizeof st);
+        int64_t t0 = now_ms();
+        for (int i = 0; i < n; i++) {
+            st[i].id = 1000 + (uint64_t)(pass * 10 + i);
+            req_t q = {.id = st[i].id, .text = "Once upon a time", .max_tokens = 256,
+                       .ignore_eos = 1};
+            wk_submit(&w, &q);
+        }
+        streams_collect(&w, st, n, 30000);
+        rate[pass] = 256.0 * n * 1000.0 / (double)(now_ms() - t0 + 1);
+        for (int i = 0; i < n; i++) {
+            ck_assert_int_eq(st[i].ended, 1);
+            ck_assert_uint_eq(st[i].n, ref.n);
+            for (size_t t = 0; t < ref.n; t++)
+                ck_assert_int_eq(st[i].ids[t], ref.ids[t]);
+        }
+    }
+    printf("throughput, stories260K greedy 256 tokens, 1 thread: in-process %.0f tok/s; "
+           "through river-worker %.0f tok/s (1 stream), %.0f tok/s (4 streams)\n", local,
+           rate[0], rate[1]);
+    fflush(stdout);
+    wk_stop(&w);
+}
+END_TEST
+
+static Suite *worker_suite(void)
+{
+    Suite *s = suite_create("worker");
+    TCase *tc = tcase_create("process");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_serve_matches_engine);
+    tcase_add_test(tc, test_exit_policy);
+    tcase_add_test(tc, test_cancel_frees_pages);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_resume_delivered);
+    tcase_add_test(tc, test_drain_exits_zero);
+    tcase_add_test(tc, test_drain_deadline);
+    tcase_add_test(tc, test_sigterm_graceful);
+    tcase_add_test(tc, test_deadline);
+    tcase_add_test(tc, test_heartbeats_and_reconnect);
+    tcase_add_test(tc, test_throughput);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+RIVER_TEST_MAIN(worker_suite)
