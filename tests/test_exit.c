@@ -240,6 +240,19 @@ START_TEST(test_mask_skips_missing)
         for (int l = 0; l < L; l++)
             ck_assert_int_eq(writes[l][p], l < 5 ? 1 : 0);
     free(r.logits);
+
+    /* With a similarity rule depths vary, so a deep token meets the holes of shallower
+     * ones before it: they must be skipped, not read. */
+    ex = config(EXIT_RULE_COSINE, EXIT_KV_MASK, 0.985f, 0);
+    ex.river = NULL;
+    run_policy(&ex, NULL, &r);
+    ck_assert(!r.any_nan);
+    int deeper_after_hole = 0;
+    for (int t = 1; t < STEPS; t++)
+        for (int u = 0; u < t; u++)
+            deeper_after_hole |= r.depth[t] > r.depth[u];
+    ck_assert_msg(deeper_after_hole, "no token went deeper than an earlier one");
+    free(r.logits);
 }
 END_TEST
 

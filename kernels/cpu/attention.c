@@ -1,0 +1,223 @@
+/* Paged causal grouped-query attention.
+ *
+ * The unit of work is one row of the batch and a range of its positions (all of them,
+ * unless there are too few rows to keep every thread busy, as in decoding one sequence):
+ * the K and V rows of a position hold every KV head side by side, so a task walks them
+ * in blocks of ATTN_BLOCK positions and lets every head use a block while it is in cache.
+ * Memory then sees a few sequential streams instead of one strided stream per head. The
+ * G = n_heads/n_kv_heads query heads that share a KV head are computed together, each K
+ * and V slice loaded once for them. When a sequence is cut into chunks, each chunk yields
+ * its own maximum, sum of exponentials and unnormalised output per head, and a final pass
+ * merges them (the usual log-sum-exp rescaling). */
+#include <math.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "kernels/cpu/cpu_internal.h"
+
+/* Below this many multiply-adds (q.k and p.v together) attention runs on the calling
+ * thread: dispatch would cost more than it saves. */
+#define ATTN_PAR_WORK (1 << 15)
+/* The shortest chunk a sequence is cut into. */
+#define ATTN_MIN_CHUNK 256
+/* Positions whose K (or V) rows every head goes through before the next ones. */
+#define ATTN_BLOCK 64
+
+typedef struct attn_job {
+    ops_ctx_t *ctx;
+    float *out;
+    const float *q;
+    const kv_view_t *kv;
+    int layer;
+    const attn_batch_t *b;
+    int n_heads, n_kv, hd, G;
+    float scale;
+    int n_chunks;  /* chunks per row */
+    int chunk_len; /* positions per chunk */
+    float *part;   /* n_chunks > 1: per (row, chunk), n_heads * (hd + 2) floats: o, then m, l */
+} attn_job_t;
+
+static void attn_task(void *arg, int task, int thread)
+{
+    const attn_job_t *j = arg;
+    const kv_view_t *kv = j->kv;
+    const cpu_kernels_t *k = j->ctx->k;
+    int i = task / j->n_chunks, c = task % j->n_chunks;
+    int G = j->G, hd = j->hd, H = j->n_heads;
+    int64_t len = (int64_t)j->b->pos[i] + 1;
+    int64_t t0 = (int64_t)c * j->chunk_len;
+    int64_t t1 = t0 + j->chunk_len < len ? t0 + j->chunk_len : len;
+    const float *q = j->q + (int64_t)i * H * hd;
+    const uint8_t *vmap = NULL;
+    if (j->b->kv_valid && j->b->kv_valid[i])
+        vmap = j->b->kv_valid[i] + (int64_t)j->layer * j->b->kv_valid_stride;
+    float *o, *ml = NULL;
+    if (j->n_chunks == 1) {
+        o = j->out + (int64_t)i * H * hd;
+    } else {
+        o = j->part + (int64_t)task * H * (hd + 2);
+        ml = o + (int64_t)H * hd;
+    }
+    int64_t T = t1 > t0 ? t1 - t0 : 0;
+
+    /* The thread's scratch: the K and V row pointers of the chunk (each row holds all KV
+     * heads of a position), then a row of T scores per query head. */
+    const float **krows = (const float **)j->ctx->thread_scratch[thread].s.p;
+    const float **vrows = krows + j->chunk_len;
+    float *s = (float *)(vrows + j->chunk_len);
+    const int32_t *pt = j->b->page_table[i];
+    int64_t layer_off = (int64_t)j->layer * kv->layer_stride;
+    const float *K = kv->k, *V = kv->v;
+    int64_t n_valid = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        /* Slots never written (masked early exit) get NULL: no weight, and never read. */
+        if (vmap && !vmap[t]) {
+            krows[t - t0] = vrows[t - t0] = NULL;
+            continue;
+        }
+        int64_t off = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
+                      (t % kv->page_size) * kv->kv_dim;
+        krows[t - t0] = K + off;
+        vrows[t - t0] = V + off;
+        n_valid++;
+    }
+    if (n_valid > 0)
+        for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
+            int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
+            for (int h = 0; h < j->n_kv; h++)
+                k->attn_scores(s + (int64_t)h * G * T + b0, T, q + (int64_t)h * G * hd, G, hd,
+                               krows + b0, (int64_t)h * hd, bn, j->scale);
+        }
+    /* Cleared only now that q has been read: out may be the q buffer itself, and this task
+     * is the only reader of the q row it overwrites. */
+    memset(o, 0, (size_t)H * hd * sizeof(float));
+    if (n_valid == 0) {
+        /* Nothing to attend to in this chunk (a row shorter than others of the batch, or
+         * only masked slots): it adds nothing. */
+        if (ml)
+            for (int h = 0; h < H; h++) {
+                ml[2 * h] = -INFINITY;
+                ml[2 * h + 1] = 0.0f;
+            }
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        float mh = k->max(s + h * T, T);
+        float lh = k->exp_sum(s + h * T, T, mh);
+        if (ml) {
+            ml[2 * h] = mh;
+            ml[2 * h + 1] = lh;
+        } else {
+            /* A single chunk: normalise the probabilities before they weight V (dividing,
+             * as llama2.c does, so that the scalar level reproduces it exactly). */
+            for (int64_t t = 0; t < T; t++)
+                s[h * T + t] /= lh;
+        }
+    }
+    for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
+        int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
+        for (int h = 0; h < j->n_kv; h++)
+            k->attn_values(o + (int64_t)h * G * hd, s + (int64_t)h * G * T + b0, T, G, hd,
+                           vrows + b0, (int64_t)h * hd, bn);
+    }
+}
+
+/* Merges the chunks of every row into out. */
+static void attn_merge(const attn_job_t *j, int n_rows)
+{
+    int H = j->n_heads, hd = j->hd;
+    for (int i = 0; i < n_rows; i++) {
+        const float *base = j->part + (int64_t)i * j->n_chunks * H * (hd + 2);
+        for (int h = 0; h < H; h++) {
+            float M = -INFINITY;
+            for (int c = 0; c < j->n_chunks; c++) {
+                const float *ml = base + (int64_t)c * H * (hd + 2) + (int64_t)H * hd;
+                if (ml[2 * h] > M)
+                    M = ml[2 * h];
+            }
+            float L = 0.0f;
+            float *o = j->out + ((int64_t)i * H + h) * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int c = 0; c < j->n_chunks; c++) {
+                const float *oc = base + (int64_t)c * H * (hd + 2);
+                const float *ml = oc + (int64_t)H * hd;
+                if (ml[2 * h + 1] == 0.0f)
+                    continue;
+                float wgt = expf(ml[2 * h] - M);
+                L += ml[2 * h + 1] * wgt;
+                for (int d = 0; d < hd; d++)
+                    o[d] += oc[(int64_t)h * hd + d] * wgt;
+            }
+            /* L is 0 only when no chunk had a slot to read; the output then stays 0. */
+            float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            for (int d = 0; d < hd; d++)
+                o[d] *= inv;
+        }
+    }
+}
+
+int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv, int layer,
+                  const attn_batch_t *b, int n_heads, int n_kv_heads, int head_dim,
+                  float scale)
+{
+    if (!kv || !b || b->n < 0 || layer < 0 || n_heads <= 0 || n_kv_heads <= 0 ||
+        head_dim <= 0 || n_heads % n_kv_heads != 0 || kv->page_size <= 0 ||
+        kv->kv_dim != n_kv_heads * head_dim)
+        return river_err_set(RIVER_EINVAL, "cpu attention: %d heads, %d kv heads, head_dim %d, "
+                             "kv_dim %d", n_heads, n_kv_heads, head_dim, kv ? kv->kv_dim : -1);
+    if (b->n == 0)
+        return 0;
+    if (!out || !q || !b->pos || !b->page_table || !kv->k || !kv->v)
+        return river_err_set(RIVER_EINVAL, "cpu attention: NULL buffer");
+    int64_t max_len = 0, total_len = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->pos[i] < 0 || !b->page_table[i])
+            return river_err_set(RIVER_EINVAL, "cpu attention: row %d at position %d", i,
+                                 (int)b->pos[i]);
+        int64_t len = (int64_t)b->pos[i] + 1;
+        for (int64_t p = 0; p <= (len - 1) / kv->page_size; p++) {
+            int32_t page = b->page_table[i][p];
+            if (page < 0 || page >= kv->n_pages)
+                return river_err_set(RIVER_ERANGE, "cpu attention: page %d outside pool of %d",
+                                     (int)page, kv->n_pages);
+        }
+        max_len = len > max_len ? len : max_len;
+        total_len += len;
+    }
+
+    attn_job_t j = { .ctx = ctx, .out = out, .q = q, .kv = kv, .layer = layer, .b = b,
+                     .n_heads = n_heads, .n_kv = n_kv_heads, .hd = head_dim,
+                     .G = n_heads / n_kv_heads, .scale = scale, .n_chunks = 1 };
+    int threads = ctx->n_threads;
+    if (total_len * n_heads * head_dim * 2 < ATTN_PAR_WORK)
+        threads = 1;
+    /* Too few rows to share among the threads evenly: cut the sequences into chunks. */
+    if (threads > 1 && b->n < 4 * threads && max_len >= 2 * ATTN_MIN_CHUNK) {
+        int want = (4 * threads + b->n - 1) / b->n;
+        int most = (int)(max_len / ATTN_MIN_CHUNK);
+        j.n_chunks = want < most ? want : most;
+    }
+    j.chunk_len = (int)((max_len + j.n_chunks - 1) / j.n_chunks);
+    /* Per thread: two arrays of chunk_len pointers and n_heads rows of chunk_len scores. */
+    size_t ptr_floats = (size_t)j.chunk_len * sizeof(float *) / sizeof(float);
+    int e = cpu_thread_scratch_reserve(ctx, 2 * ptr_floats + (size_t)n_heads * j.chunk_len);
+    if (e)
+        return e;
+    if (j.n_chunks > 1) {
+        e = cpu_scratch_reserve(&ctx->shared2,
+                                (size_t)b->n * j.n_chunks * n_heads * (head_dim + 2));
+        if (e)
+            return e;
+        j.part = ctx->shared2.p;
+    }
+    int n_tasks = b->n * j.n_chunks;
+    if (threads == 1) {
+        for (int t = 0; t < n_tasks; t++)
+            attn_task(&j, t, 0);
+    } else {
+        threadpool_run(ctx->pool, attn_task, &j, n_tasks);
+    }
+    if (j.n_chunks > 1)
+        attn_merge(&j, b->n);
+    return 0;
+}

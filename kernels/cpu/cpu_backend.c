@@ -1,0 +1,617 @@
+/* The CPU backend: SIMD detection, the ops table, the backend state and the simple ops.
+ * matmul lives in matmul.c, attention in attention.c, the kernels of each SIMD level in
+ * kernels_*.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/half.h"
+
+/* Element-wise ops on fewer elements than this run on the calling thread: below it the
+ * dispatch to the pool costs more than the work it would share. */
+#define CPU_PAR_ELEMS (1 << 16)
+
+/* ---- SIMD level ------------------------------------------------------------------------- */
+
+cpu_simd_t cpu_simd_detect(void)
+{
+    __builtin_cpu_init();
+    /* DQ is checked too although the kernels only need F/BW/VL: the AVX-512 file is
+     * compiled with -mavx512dq, so the compiler may use DQ instructions there. Every
+     * processor with BW and VL has it. */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return CPU_SIMD_AVX512;
+    /* F16C has no __builtin_cpu_supports name in every compiler; every processor with
+     * AVX2 and FMA (Haswell, Zen and later) has it. */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return CPU_SIMD_AVX2;
+    return CPU_SIMD_SCALAR;
+}
+
+const char *cpu_simd_name(cpu_simd_t level)
+{
+    switch (level) {
+    case CPU_SIMD_SCALAR:
+        return "scalar";
+    case CPU_SIMD_AVX2:
+        return "avx2";
+    case CPU_SIMD_AVX512:
+        return "avx512";
+    case CPU_SIMD_COUNT:
+        break;
+    }
+    return "unknown";
+}
+
+const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level)
+{
+    switch (level) {
+    case CPU_SIMD_AVX512:
+        return &cpu_kernels_avx512;
+    case CPU_SIMD_AVX2:
+        return &cpu_kernels_avx2;
+    default:
+        return &cpu_kernels_scalar;
+    }
+}
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+int cpu_scratch_reserve(cpu_scratch_t *s, size_t n)
+{
+    if (n <= s->cap)
+        return 0;
+    /* Grow by half again so a slowly lengthening context does not reallocate every step. */
+    size_t cap = n + n / 2 + 16;
+    void *p;
+    if (posix_memalign(&p, 64, cap * sizeof(float)) != 0)
+        return river_err_set(RIVER_ENOMEM, "cpu: scratch of %zu floats", cap);
+    free(s->p);
+    s->p = p;
+    s->cap = cap;
+    return 0;
+}
+
+int cpu_thread_scratch_reserve(ops_ctx_t *ctx, size_t n)
+{
+    for (int t = 0; t < ctx->n_threads; t++) {
+        int e = cpu_scratch_reserve(&ctx->thread_scratch[t].s, n);
+        if (e)
+            return e;
+    }
+    return 0;
+}
+
+int cpu_weight_check(const weight_t *w, const char *what)
+{
+    if (!w || !w->data)
+        return river_err_set(RIVER_EINVAL, "cpu %s: no weight data", what);
+    if ((unsigned)w->dtype >= DTYPE_COUNT)
+        return river_err_set(RIVER_EDTYPE, "cpu %s: dtype %d", what, (int)w->dtype);
+    if (w->rows <= 0 || w->cols <= 0)
+        return river_err_set(RIVER_ESHAPE, "cpu %s: shape (%lld, %lld)", what,
+                             (long long)w->rows, (long long)w->cols);
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) {
+        if (!w->scales || !w->zeros || w->group <= 0 || w->cols % w->group != 0 ||
+            (w->dtype == DTYPE_Q4 && w->group % 2 != 0))
+            return river_err_set(RIVER_EFORMAT, "cpu %s: %s weight with group %d over %lld "
+                                 "columns", what, dtype_name(w->dtype), w->group,
+                                 (long long)w->cols);
+    }
+    return 0;
+}
+
+/* A 1 x d weight vector as f32: the weight itself when it is f32, else converted into
+ * `s`. The caller runs on the calling thread, before any dispatch. */
+static int cpu_vector_f32(const float **out, ops_ctx_t *ctx, cpu_scratch_t *s,
+                          const weight_t *w, int d, const char *what)
+{
+    int e = cpu_weight_check(w, what);
+    if (e)
+        return e;
+    if (w->rows * w->cols != d)
+        return river_err_set(RIVER_ESHAPE, "cpu %s: weight (%lld, %lld) for width %d", what,
+                             (long long)w->rows, (long long)w->cols, d);
+    if (w->dtype == DTYPE_F32) {
+        *out = w->data;
+        return 0;
+    }
+    if (w->rows != 1)
+        return river_err_set(RIVER_ESHAPE, "cpu %s: %s vector of %lld rows", what,
+                             dtype_name(w->dtype), (long long)w->rows);
+    e = cpu_scratch_reserve(s, (size_t)d);
+    if (e)
+        return e;
+    ctx->k->rows_to_f32(s->p, w, 0, 1);
+    *out = s->p;
+    return 0;
+}
+
+/* ---- buffers ---------------------------------------------------------------------------- */
+
+/* Every buffer starts with a 64-byte header recording how it was allocated. Large ones
+ * are mapped anonymously, which gives zeroed memory without touching it (a KV cache of
+ * gigabytes costs nothing until used) and lets the kernel back them with huge pages. */
+#define BUF_HEADER 64
+#define BUF_MMAP_MIN (1u << 20)
+
+typedef struct buf_header {
+    size_t total;
+    int mapped;
+} buf_header_t;
+
+static void *cpu_buf_alloc(ops_ctx_t *ctx, size_t n_elems)
+{
+    (void)ctx;
+    if (n_elems > (SIZE_MAX - 2 * BUF_HEADER) / sizeof(float)) {
+        river_err_set(RIVER_ENOMEM, "cpu: buffer of %zu floats", n_elems);
+        return NULL;
+    }
+    size_t total = BUF_HEADER + (n_elems * sizeof(float) + 63) / 64 * 64;
+    uint8_t *base;
+    int mapped = total >= BUF_MMAP_MIN;
+    if (mapped) {
+        void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            river_err_set(RIVER_ENOMEM, "cpu: mmap of %zu bytes failed", total);
+            return NULL;
+        }
+        /* Only a hint: without transparent huge pages the buffer simply uses small pages. */
+        (void)madvise(p, total, MADV_HUGEPAGE);
+        base = p;
+    } else {
+        void *p;
+        if (posix_memalign(&p, 64, total) != 0) {
+            river_err_set(RIVER_ENOMEM, "cpu: buffer of %zu bytes", total);
+            return NULL;
+        }
+        memset(p, 0, total);
+        base = p;
+    }
+    buf_header_t *h = (buf_header_t *)base;
+    h->total = total;
+    h->mapped = mapped;
+    return base + BUF_HEADER;
+}
+
+static void cpu_buf_free(ops_ctx_t *ctx, void *buf)
+{
+    (void)ctx;
+    if (!buf)
+        return;
+    uint8_t *base = (uint8_t *)buf - BUF_HEADER;
+    buf_header_t *h = (buf_header_t *)base;
+    if (h->mapped) {
+        /* munmap of a range we mapped can only fail on a corrupted header. */
+        (void)munmap(base, h->total);
+    } else {
+        free(base);
+    }
+}
+
+static int cpu_to_host(ops_ctx_t *ctx, float *dst, const void *src, size_t offset, size_t n)
+{
+    (void)ctx;
+    if (n && (!dst || !src))
+        return river_err_set(RIVER_EINVAL, "cpu to_host: NULL buffer");
+    if (n)
+        memcpy(dst, (const float *)src + offset, n * sizeof(float));
+    return 0;
+}
+
+static int cpu_from_host(ops_ctx_t *ctx, void *dst, size_t offset, const float *src, size_t n)
+{
+    (void)ctx;
+    if (n && (!dst || !src))
+        return river_err_set(RIVER_EINVAL, "cpu from_host: NULL buffer");
+    if (n)
+        memcpy((float *)dst + offset, src, n * sizeof(float));
+    return 0;
+}
+
+/* ---- row-parallel helper ---------------------------------------------------------------- */
+
+typedef struct rows_job rows_job_t;
+typedef void (*rows_fn_t)(const rows_job_t *j, int64_t r0, int64_t r1, int thread);
+
+/* One element-wise op over rows: what each op needs, in generic fields. */
+struct rows_job {
+    ops_ctx_t *ctx;
+    rows_fn_t fn;
+    int64_t n_rows;
+    int n_tasks;
+    float *out;
+    const float *a;
+    const float *b;
+    const float *w;
+    const int32_t *idx;
+    int d;
+    int stride;
+    float eps;
+    int n_heads;
+    const rope_t *rope;
+    int64_t total; /* add: elements */
+};
+
+static void rows_task(void *arg, int task, int thread)
+{
+    const rows_job_t *j = arg;
+    int64_t r0 = j->n_rows * task / j->n_tasks;
+    int64_t r1 = j->n_rows * (task + 1) / j->n_tasks;
+    if (r1 > r0)
+        j->fn(j, r0, r1, thread);
+}
+
+/* Runs j->fn over all rows, split across the pool when there are enough elements. */
+static void rows_run(rows_job_t *j, int64_t elems)
+{
+    ops_ctx_t *ctx = j->ctx;
+    if (ctx->n_threads == 1 || elems < CPU_PAR_ELEMS || j->n_rows < 2) {
+        j->fn(j, 0, j->n_rows, 0);
+        return;
+    }
+    j->n_tasks = (int)(j->n_rows < ctx->n_threads ? j->n_rows : ctx->n_threads);
+    threadpool_run(ctx->pool, rows_task, j, j->n_tasks);
+}
+
+/* ---- embed ------------------------------------------------------------------------------ */
+
+static int cpu_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const int32_t *tokens,
+                     int n)
+{
+    int e = cpu_weight_check(table, "embed");
+    if (e)
+        return e;
+    if (n < 0 || (n > 0 && (!out || !tokens)))
+        return river_err_set(RIVER_EINVAL, "cpu embed: %d tokens", n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= table->rows)
+            return river_err_set(RIVER_ERANGE, "cpu embed: token %d outside vocabulary of %lld",
+                                 (int)tokens[i], (long long)table->rows);
+    for (int i = 0; i < n; i++)
+        ctx->k->rows_to_f32((float *)out + (int64_t)i * table->cols, table, tokens[i],
+                            tokens[i] + 1);
+    return 0;
+}
+
+/* ---- rmsnorm ---------------------------------------------------------------------------- */
+
+static void rmsnorm_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    const cpu_kernels_t *k = j->ctx->k;
+    for (int64_t i = r0; i < r1; i++) {
+        const float *x = j->a + i * j->d;
+        /* The order of llama2.c: mean of squares, plus eps, reciprocal square root, and
+         * the weight applied last. */
+        float ss = k->sumsq(x, j->d);
+        ss /= (float)j->d;
+        ss += j->eps;
+        ss = 1.0f / sqrtf(ss);
+        k->scale_mul(j->out + i * j->d, x, ss, j->w, j->d);
+    }
+}
+
+static int cpu_rmsnorm(ops_ctx_t *ctx, void *out, const void *x, const weight_t *w, int n,
+                       int d, float eps)
+{
+    if (n < 0 || d <= 0 || (n > 0 && (!out || !x)))
+        return river_err_set(RIVER_EINVAL, "cpu rmsnorm: n %d, d %d", n, d);
+    rows_job_t j = { .ctx = ctx, .fn = rmsnorm_rows, .n_rows = n, .out = out, .a = x,
+                     .d = d, .eps = eps };
+    int e = cpu_vector_f32(&j.w, ctx, &ctx->shared, w, d, "rmsnorm");
+    if (e)
+        return e;
+    rows_run(&j, (int64_t)n * d);
+    return 0;
+}
+
+/* ---- add_bias, add ---------------------------------------------------------------------- */
+
+static void add_bias_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    for (int64_t i = r0; i < r1; i++)
+        j->ctx->k->add(j->out + i * j->d, j->w, j->d);
+}
+
+static int cpu_add_bias(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d)
+{
+    if (n < 0 || d <= 0 || (n > 0 && !y))
+        return river_err_set(RIVER_EINVAL, "cpu add_bias: n %d, d %d", n, d);
+    rows_job_t j = { .ctx = ctx, .fn = add_bias_rows, .n_rows = n, .out = y, .d = d };
+    int e = cpu_vector_f32(&j.w, ctx, &ctx->shared, b, d, "add_bias");
+    if (e)
+        return e;
+    rows_run(&j, (int64_t)n * d);
+    return 0;
+}
+
+/* add works on a flat array, cut into blocks of this many elements to share it out. */
+#define ADD_BLOCK 4096
+
+static void add_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    int64_t k0 = r0 * ADD_BLOCK;
+    int64_t k1 = r1 * ADD_BLOCK < j->total ? r1 * ADD_BLOCK : j->total;
+    j->ctx->k->add(j->out + k0, j->a + k0, k1 - k0);
+}
+
+static int cpu_add(ops_ctx_t *ctx, void *y, const void *x, size_t n_elems)
+{
+    if (n_elems == 0)
+        return 0;
+    if (!y || !x)
+        return river_err_set(RIVER_EINVAL, "cpu add: NULL buffer");
+    rows_job_t j = { .ctx = ctx, .fn = add_rows, .out = y, .a = x,
+                     .n_rows = ((int64_t)n_elems + ADD_BLOCK - 1) / ADD_BLOCK,
+                     .total = (int64_t)n_elems };
+    rows_run(&j, (int64_t)n_elems);
+    return 0;
+}
+
+/* ---- rope ------------------------------------------------------------------------------- */
+
+static void rope_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    const rope_t *rp = j->rope;
+    int hd = rp->head_dim, half = rp->rot_dim / 2;
+    float *cs = j->ctx->thread_scratch[thread].s.p;
+    float *sn = cs + half;
+    for (int64_t i = r0; i < r1; i++) {
+        float pos = (float)j->idx[i];
+        for (int f = 0; f < half; f++) {
+            float angle = pos * rp->inv_freq[f];
+            cs[f] = cosf(angle) * rp->attn_factor;
+            sn[f] = sinf(angle) * rp->attn_factor;
+        }
+        float *row = j->out + i * (int64_t)j->n_heads * hd;
+        for (int h = 0; h < j->n_heads; h++) {
+            float *x = row + (int64_t)h * hd;
+            if (rp->layout == ROPE_INTERLEAVED) {
+                for (int f = 0; f < half; f++) {
+                    float x0 = x[2 * f], x1 = x[2 * f + 1];
+                    x[2 * f] = x0 * cs[f] - x1 * sn[f];
+                    x[2 * f + 1] = x0 * sn[f] + x1 * cs[f];
+                }
+            } else {
+                for (int f = 0; f < half; f++) {
+                    float x0 = x[f], x1 = x[f + half];
+                    x[f] = x0 * cs[f] - x1 * sn[f];
+                    x[f + half] = x0 * sn[f] + x1 * cs[f];
+                }
+            }
+        }
+    }
+}
+
+static int cpu_rope(ops_ctx_t *ctx, void *x, const int32_t *pos, int n, int n_heads,
+                    const rope_t *rope)
+{
+    if (n < 0 || n_heads <= 0 || !rope || (n > 0 && (!x || !pos)))
+        return river_err_set(RIVER_EINVAL, "cpu rope: n %d, %d heads", n, n_heads);
+    if (rope->head_dim <= 0 || rope->rot_dim <= 0 || rope->rot_dim % 2 != 0 ||
+        rope->rot_dim > rope->head_dim || !rope->inv_freq ||
+        (rope->layout != ROPE_INTERLEAVED && rope->layout != ROPE_HALF))
+        return river_err_set(RIVER_EINVAL, "cpu rope: head_dim %d, rot_dim %d, layout %d",
+                             rope->head_dim, rope->rot_dim, (int)rope->layout);
+    int e = cpu_thread_scratch_reserve(ctx, (size_t)rope->rot_dim);
+    if (e)
+        return e;
+    rows_job_t j = { .ctx = ctx, .fn = rope_rows, .n_rows = n, .out = x, .idx = pos,
+                     .n_heads = n_heads, .rope = rope };
+    rows_run(&j, (int64_t)n * n_heads * rope->head_dim);
+    return 0;
+}
+
+/* ---- swiglu ----------------------------------------------------------------------------- */
+
+static void swiglu_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    for (int64_t i = r0; i < r1; i++)
+        j->ctx->k->swiglu(j->out + i * j->d, j->a + i * j->stride, j->b + i * j->stride, j->d);
+}
+
+static int cpu_swiglu(ops_ctx_t *ctx, void *out, const void *gate, const void *up, int n, int d,
+                      int stride)
+{
+    if (n < 0 || d <= 0 || stride < d || (n > 0 && (!out || !gate || !up)))
+        return river_err_set(RIVER_EINVAL, "cpu swiglu: n %d, d %d, stride %d", n, d, stride);
+    rows_job_t j = { .ctx = ctx, .fn = swiglu_rows, .n_rows = n, .out = out, .a = gate,
+                     .b = up, .d = d, .stride = stride };
+    rows_run(&j, (int64_t)n * d);
+    return 0;
+}
+
+/* ---- kv_write --------------------------------------------------------------------------- */
+
+/* The page holding position p of row i, checked against the pool. */
+static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *off)
+{
+    int32_t p = b->pos[i];
+    if (p < 0)
+        return river_err_set(RIVER_ERANGE, "cpu kv: row %d at position %d", i, (int)p);
+    if (!b->page_table[i])
+        return river_err_set(RIVER_EINVAL, "cpu kv: row %d has no page table", i);
+    int32_t page = b->page_table[i][p / kv->page_size];
+    if (page < 0 || page >= kv->n_pages)
+        return river_err_set(RIVER_ERANGE, "cpu kv: page %d outside pool of %d", (int)page,
+                             kv->n_pages);
+    *off = (int64_t)page * kv->page_stride + (int64_t)(p % kv->page_size) * kv->kv_dim;
+    return 0;
+}
+
+static int cpu_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
+                        const void *k, const void *v)
+{
+    (void)ctx;
+    if (!kv || !b || layer < 0 || kv->page_size <= 0 || kv->kv_dim <= 0 || b->n < 0 ||
+        (b->n > 0 && (!k || !v || !b->pos || !b->page_table || !kv->k || !kv->v)))
+        return river_err_set(RIVER_EINVAL, "cpu kv_write: bad arguments");
+    for (int i = 0; i < b->n; i++) {
+        int64_t off;
+        int e = kv_slot(kv, b, i, &off);
+        if (e)
+            return e;
+    }
+    size_t bytes = (size_t)kv->kv_dim * sizeof(float);
+    for (int i = 0; i < b->n; i++) {
+        int64_t off;
+        (void)kv_slot(kv, b, i, &off);
+        off += (int64_t)layer * kv->layer_stride;
+        memcpy((float *)kv->k + off, (const float *)k + (int64_t)i * kv->kv_dim, bytes);
+        memcpy((float *)kv->v + off, (const float *)v + (int64_t)i * kv->kv_dim, bytes);
+    }
+    return 0;
+}
+
+/* ---- cosine, gather, scatter, sync ------------------------------------------------------ */
+
+static int cpu_cosine(ops_ctx_t *ctx, float *out, const void *a, const void *b, int n, int d)
+{
+    if (n < 0 || d <= 0 || (n > 0 && (!out || !a || !b)))
+        return river_err_set(RIVER_EINVAL, "cpu cosine: n %d, d %d", n, d);
+    const cpu_kernels_t *k = ctx->k;
+    for (int i = 0; i < n; i++) {
+        const float *ai = (const float *)a + (int64_t)i * d;
+        const float *bi = (const float *)b + (int64_t)i * d;
+        float ab = k->dot(ai, bi, d), aa = k->sumsq(ai, d), bb = k->sumsq(bi, d);
+        /* A zero vector has no direction; call it orthogonal to everything. */
+        out[i] = aa > 0.0f && bb > 0.0f ? ab / (sqrtf(aa) * sqrtf(bb)) : 0.0f;
+    }
+    return 0;
+}
+
+static int cpu_gather_rows(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx,
+                           int n, int d)
+{
+    (void)ctx;
+    if (n < 0 || d <= 0 || (n > 0 && (!dst || !src || !idx)))
+        return river_err_set(RIVER_EINVAL, "cpu gather_rows: n %d, d %d", n, d);
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0)
+            return river_err_set(RIVER_ERANGE, "cpu gather_rows: index %d", (int)idx[i]);
+    for (int i = 0; i < n; i++)
+        memcpy((float *)dst + (int64_t)i * d, (const float *)src + (int64_t)idx[i] * d,
+               (size_t)d * sizeof(float));
+    return 0;
+}
+
+static int cpu_scatter_rows(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx,
+                            int n, int d)
+{
+    (void)ctx;
+    if (n < 0 || d <= 0 || (n > 0 && (!dst || !src || !idx)))
+        return river_err_set(RIVER_EINVAL, "cpu scatter_rows: n %d, d %d", n, d);
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0)
+            return river_err_set(RIVER_ERANGE, "cpu scatter_rows: index %d", (int)idx[i]);
+    for (int i = 0; i < n; i++)
+        memcpy((float *)dst + (int64_t)idx[i] * d, (const float *)src + (int64_t)i * d,
+               (size_t)d * sizeof(float));
+    return 0;
+}
+
+static int cpu_sync(ops_ctx_t *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+static const ops_t cpu_ops = {
+    .name = "cpu",
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .to_host = cpu_to_host,
+    .from_host = cpu_from_host,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add_bias = cpu_add_bias,
+    .add = cpu_add,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .cosine = cpu_cosine,
+    .gather_rows = cpu_gather_rows,
+    .scatter_rows = cpu_scatter_rows,
+    .sync = cpu_sync,
+};
+
+/* ---- the backend ------------------------------------------------------------------------ */
+
+int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd)
+{
+    if (!out || n_threads < 0 || (unsigned)simd > CPU_SIMD_COUNT)
+        return river_err_set(RIVER_EINVAL, "cpu backend: %d threads, level %d", n_threads,
+                             (int)simd);
+    if (n_threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = online > 0 ? (int)online : 1;
+    }
+    cpu_simd_t best = cpu_simd_detect();
+    if (simd > best)
+        simd = best;
+
+    int e = RIVER_ENOMEM;
+    backend_t *b = calloc(1, sizeof *b);
+    if (!b)
+        goto fail;
+    ops_ctx_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        goto fail_backend;
+    ctx->k = cpu_kernels_get(simd);
+    ctx->n_threads = n_threads;
+    ctx->thread_scratch = calloc((size_t)n_threads, sizeof *ctx->thread_scratch);
+    if (!ctx->thread_scratch)
+        goto fail_ctx;
+    e = threadpool_new(&ctx->pool, n_threads);
+    if (e)
+        goto fail_scratch;
+    b->ops = &cpu_ops;
+    b->ctx = ctx;
+    *out = b;
+    return 0;
+
+fail_scratch:
+    free(ctx->thread_scratch);
+fail_ctx:
+    free(ctx);
+fail_backend:
+    free(b);
+fail:
+    if (e == RIVER_ENOMEM)
+        river_err_set(e, "cpu backend: out of memory");
+    return e;
+}
+
+void cpu_backend_destroy(backend_t **bp)
+{
+    if (!bp || !*bp)
+        return;
+    backend_t *b = *bp;
+    ops_ctx_t *ctx = b->ctx;
+    threadpool_destroy(&ctx->pool);
+    for (int t = 0; t < ctx->n_threads; t++)
+        free(ctx->thread_scratch[t].s.p);
+    free(ctx->thread_scratch);
+    free(ctx->shared.p);
+    free(ctx->shared2.p);
+    free(ctx);
+    free(b);
+    *bp = NULL;
+}
+
+int cpu_backend_threads(const backend_t *b)
+{
+    return b->ctx->n_threads;
+}

@@ -1,0 +1,595 @@
+/* The AVX2 + FMA + F16C kernels. Compiled with those flags and only ever called after
+ * cpu_simd_detect() found them. The structure follows kernels_avx512.c with 8-wide vectors
+ * and half the registers, so the tiles are smaller. AVX2 has masked loads for 32-bit lanes
+ * only, so the 16-bit weight tails go through a scalar loop. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/half.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* Decode: weight rows per block and the most x rows per tile; with 16 registers a tile
+ * holds at most 8 accumulators (8 x 1 or 4 x 2, fewer for Q4/Q8 whose scales and zeros
+ * take registers too). The next block is prefetched as in the AVX-512 kernels. */
+#define GEMV_R 8
+#define GEMV_N 2
+#define GEMM_P 16
+#define GEMM_R 6
+
+AI float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* A lane mask of the first `left` (0..8) lanes, for maskload/maskstore. */
+AI __m256i mask8(int64_t left)
+{
+    static const int32_t m[16] = { -1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0 };
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - left));
+}
+
+AI __m256 ld8(dtype_t dt, const uint8_t *row, int64_t k)
+{
+    switch (dt) {
+    case DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+    case DTYPE_BF16: {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm256_loadu_ps((const float *)row + k);
+    }
+}
+
+AI float ld1(dtype_t dt, const uint8_t *row, int64_t k)
+{
+    switch (dt) {
+    case DTYPE_F16:
+        return f16_to_f32(((const uint16_t *)row)[k]);
+    case DTYPE_BF16:
+        return bf16_to_f32(((const uint16_t *)row)[k]);
+    default:
+        return ((const float *)row)[k];
+    }
+}
+
+/* 8 codes of a Q4/Q8 row from column k (a multiple of 8), as f32. */
+AI __m256 ld8_codes(dtype_t dt, const uint8_t *row, int64_t k)
+{
+    __m128i c;
+    if (dt == DTYPE_Q8) {
+        c = _mm_loadl_epi64((const __m128i *)(row + k));
+    } else {
+        int32_t four;
+        memcpy(&four, row + k / 2, sizeof four);
+        __m128i b = _mm_cvtsi32_si128(four);
+        __m128i mask = _mm_set1_epi8(0x0f);
+        __m128i lo = _mm_and_si128(b, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        c = _mm_unpacklo_epi8(lo, hi);
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+}
+
+/* ---- decode ----------------------------------------------------------------------------- */
+
+/* Prefetches the lines R rows need pf bytes ahead of column k, when columns k.. begin a
+ * line (called every 8 columns). */
+AI void gemv_prefetch(const uint8_t *w, size_t rb, int64_t k, int64_t pf, const dtype_t dt,
+                      const int R)
+{
+    int64_t byte = dt == DTYPE_F32 ? k * 4 : dt == DTYPE_Q8 ? k : dt == DTYPE_Q4 ? k / 2 : k * 2;
+    int64_t step = dt == DTYPE_F32 ? 32 : dt == DTYPE_Q8 ? 8 : dt == DTYPE_Q4 ? 4 : 16;
+    if ((byte & 63) >= step)
+        return;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        _mm_prefetch((const char *)(w + r * rb + byte + pf), _MM_HINT_T0);
+}
+
+AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint8_t *w,
+                  size_t rb, int64_t cols, int64_t pf, const dtype_t dt, const int R,
+                  const int N)
+{
+    __m256 acc[GEMV_R][GEMV_N];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        if (pf)
+            gemv_prefetch(w, rb, k, pf, dt, R);
+        __m256 xv[GEMV_N];
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            xv[i] = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256 wv = ld8(dt, w + r * rb, k);
+#pragma GCC unroll 2
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++) {
+            float s = hsum8(acc[r][i]);
+            for (int64_t kk = k; kk < cols; kk++)
+                s += ld1(dt, w + r * rb, kk) * x[i * ldx + kk];
+            y[i * ldy + r] = s;
+        }
+}
+
+AI void gemv_tile_q(float *y, int64_t ldy, const float *x, int64_t ldx, const uint8_t *w,
+                    size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const dtype_t dt,
+                    const int R, const int N)
+{
+    int64_t cols = wt->cols;
+    int group = wt->group;
+    int64_t ng = cols / group;
+    __m256 acc[GEMV_R][GEMV_N];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 sc[GEMV_R], ze[GEMV_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            sc[r] = _mm256_set1_ps(_cvtsh_ss(wt->scales[(r0 + r) * ng + g]));
+            ze[r] = _mm256_set1_ps(_cvtsh_ss(wt->zeros[(r0 + r) * ng + g]));
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
+            if (pf)
+                gemv_prefetch(w, rb, k, pf, dt, R);
+            __m256 xv[GEMV_N];
+#pragma GCC unroll 2
+            for (int i = 0; i < N; i++)
+                xv[i] = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 q = ld8_codes(dt, w + r * rb, k);
+                __m256 wv = _mm256_mul_ps(_mm256_sub_ps(q, ze[r]), sc[r]);
+#pragma GCC unroll 2
+                for (int i = 0; i < N; i++)
+                    acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+
+AI void gemv_tile_any(float *y, int64_t ldy, const float *x, int64_t ldx, const weight_t *w,
+                      size_t rb, int64_t r, int i, int64_t pf, const dtype_t dt, const int R,
+                      const int N)
+{
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
+    if (dt == DTYPE_Q4 || dt == DTYPE_Q8)
+        gemv_tile_q(y + i * ldy + r, ldy, x + i * ldx, ldx, wr, rb, w, r, pf, dt, R, N);
+    else
+        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, wr, rb, w->cols, pf, dt, R, N);
+}
+
+/* One block of R rows against all n rows of x, GEMV_N at a time, in sub-blocks that fit
+ * the registers; the first pass prefetches the next block. */
+AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int n, const weight_t *w,
+                  int64_t r, int64_t pf, const dtype_t dt, const int R)
+{
+    size_t rb = dtype_row_bytes(dt, w->cols);
+    int quant = dt == DTYPE_Q4 || dt == DTYPE_Q8;
+    for (int i = 0; i < n; i += GEMV_N) {
+        int64_t p = i == 0 ? pf : 0;
+        int two = n - i >= 2;
+        /* Rows per tile: 8 accumulators for floats; Q4/Q8 also hold a scale and a zero per
+         * row, so 4 rows for one x row and 2 for two. */
+        int sub = quant ? (two ? 2 : 4) : (two ? 4 : 8);
+        if (R < sub)
+            sub = R;
+        for (int h = 0; h < R; h += sub) {
+            if (sub == 8)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 8, 1);
+            else if (sub == 4 && two)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 4, 2);
+            else if (sub == 4)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 4, 1);
+            else if (sub == 2 && two)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 2, 2);
+            else if (sub == 2)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 2, 1);
+            else if (two)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 1, 2);
+            else
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, p, dt, 1, 1);
+        }
+        if (!two)
+            break;
+    }
+}
+
+#define GEMV_DEFINE(name, DT)                                                                \
+    static void name(float *y, int64_t ldy, const float *x, int64_t ldx, int n,             \
+                     const weight_t *w, int64_t r0, int64_t r1)                             \
+    {                                                                                       \
+        int64_t pf = (int64_t)GEMV_R * (int64_t)dtype_row_bytes(DT, w->cols);               \
+        int64_t r = r0;                                                                     \
+        for (; r + GEMV_R <= r1; r += GEMV_R)                                               \
+            gemv_rows(y, ldy, x, ldx, n, w, r, r + 2 * GEMV_R <= r1 ? pf : 0, DT, GEMV_R);  \
+        for (; r < r1; r++)                                                                 \
+            gemv_rows(y, ldy, x, ldx, n, w, r, 0, DT, 1);                                   \
+    }
+
+GEMV_DEFINE(gemv_f32, DTYPE_F32)
+GEMV_DEFINE(gemv_f16, DTYPE_F16)
+GEMV_DEFINE(gemv_bf16, DTYPE_BF16)
+GEMV_DEFINE(gemv_q8, DTYPE_Q8)
+GEMV_DEFINE(gemv_q4, DTYPE_Q4)
+
+static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                      int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
+{
+    if (!cpu_weight_simd_ok(w)) {
+        cpu_scalar_gemv(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    switch (w->dtype) {
+    case DTYPE_F32:
+        gemv_f32(y, ldy, x, ldx, n, w, r0, r1);
+        break;
+    case DTYPE_F16:
+        gemv_f16(y, ldy, x, ldx, n, w, r0, r1);
+        break;
+    case DTYPE_BF16:
+        gemv_bf16(y, ldy, x, ldx, n, w, r0, r1);
+        break;
+    case DTYPE_Q8:
+        gemv_q8(y, ldy, x, ldx, n, w, r0, r1);
+        break;
+    case DTYPE_Q4:
+        gemv_q4(y, ldy, x, ldx, n, w, r0, r1);
+        break;
+    default:
+        break;
+    }
+}
+
+static void avx2_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r1)
+{
+    if (!cpu_weight_simd_ok(w)) {
+        cpu_scalar_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
+    dtype_t dt = w->dtype;
+    int64_t cols = w->cols;
+    size_t rb = dtype_row_bytes(dt, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *d = dst + (r - r0) * cols;
+        if (dt == DTYPE_Q4 || dt == DTYPE_Q8) {
+            int64_t ng = cols / w->group;
+            for (int64_t g = 0; g < ng; g++) {
+                __m256 s = _mm256_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
+                __m256 z = _mm256_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
+                for (int64_t k = g * w->group; k < (g + 1) * w->group; k += 8)
+                    _mm256_storeu_ps(d + k, _mm256_mul_ps(_mm256_sub_ps(ld8_codes(dt, row, k), z), s));
+            }
+            continue;
+        }
+        if (dt == DTYPE_F32) {
+            memcpy(d, row, (size_t)cols * sizeof(float));
+            continue;
+        }
+        int64_t k = 0;
+        if (dt == DTYPE_F16) {
+            for (; k + 8 <= cols; k += 8)
+                _mm256_storeu_ps(d + k, ld8(DTYPE_F16, row, k));
+        } else {
+            for (; k + 8 <= cols; k += 8)
+                _mm256_storeu_ps(d + k, ld8(DTYPE_BF16, row, k));
+        }
+        for (; k < cols; k++)
+            d[k] = ld1(dt, row, k);
+    }
+}
+
+/* ---- prefill ---------------------------------------------------------------------------- */
+
+static void avx2_gemm_pack(float *xp, const float *x, int64_t ldx, int m, int64_t cols)
+{
+    for (int64_t k0 = 0; k0 < cols; k0 += 16) {
+        int64_t kn = cols - k0 < 16 ? cols - k0 : 16;
+        for (int i = 0; i < m; i++) {
+            const float *xi = x + i * ldx + k0;
+            for (int64_t k = 0; k < kn; k++)
+                xp[(k0 + k) * GEMM_P + i] = xi[k];
+        }
+        for (int i = m; i < GEMM_P; i++)
+            for (int64_t k = 0; k < kn; k++)
+                xp[(k0 + k) * GEMM_P + i] = 0.0f;
+    }
+}
+
+AI void gemm_tile(float *y, int64_t ldy, const float *xp, int m, const float *wf, int64_t ldw,
+                  int64_t cols, const int R)
+{
+    __m256 acc[GEMM_R][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = _mm256_setzero_ps();
+        acc[r][1] = _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < cols; k++) {
+        __m256 x0 = _mm256_load_ps(xp + k * GEMM_P);
+        __m256 x1 = _mm256_load_ps(xp + k * GEMM_P + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(wf + r * ldw + k);
+            acc[r][0] = _mm256_fmadd_ps(x0, b, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(x1, b, acc[r][1]);
+        }
+    }
+    _Alignas(32) float t[GEMM_R][GEMM_P];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        _mm256_store_ps(t[r], acc[r][0]);
+        _mm256_store_ps(t[r] + 8, acc[r][1]);
+    }
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < R; r++)
+            y[i * ldy + r] = t[r][i];
+}
+
+static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const float *wf,
+                            int64_t ldw, int64_t nr, int64_t cols)
+{
+    int64_t r = 0;
+    for (; r + GEMM_R <= nr; r += GEMM_R)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, GEMM_R);
+    for (; r + 2 <= nr; r += 2)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 2);
+    for (; r < nr; r++)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 1);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------- */
+
+static float avx2_dot(const float *a, const float *b, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), _mm256_loadu_ps(b + k + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(b + k + 24), a3);
+    }
+    for (; k + 8 <= n; k += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), a0);
+    if (k < n) {
+        __m256i m = mask8(n - k);
+        a1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + k, m), _mm256_maskload_ps(b + k, m), a1);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static float avx2_sumsq(const float *x, int64_t n)
+{
+    return avx2_dot(x, x, n);
+}
+
+static void avx2_scale_mul(float *out, const float *x, float s, const float *w, int64_t n)
+{
+    __m256 sv = _mm256_set1_ps(s);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_loadu_ps(w + k),
+                                                _mm256_mul_ps(sv, _mm256_loadu_ps(x + k))));
+    if (k < n) {
+        __m256i m = mask8(n - k);
+        __m256 v = _mm256_mul_ps(_mm256_maskload_ps(w + k, m),
+                                 _mm256_mul_ps(sv, _mm256_maskload_ps(x + k, m)));
+        _mm256_maskstore_ps(out + k, m, v);
+    }
+}
+
+static void avx2_add(float *y, const float *x, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_loadu_ps(x + k)));
+    if (k < n) {
+        __m256i m = mask8(n - k);
+        _mm256_maskstore_ps(y + k, m, _mm256_add_ps(_mm256_maskload_ps(y + k, m),
+                                                    _mm256_maskload_ps(x + k, m)));
+    }
+}
+
+/* exp(x) to about 2 ulp: x = n ln2 + r, a degree-6 polynomial for e^r, and 2^n built in the
+ * exponent field. x is clamped so that n stays within the normal exponents. */
+AI __m256 exp8(__m256 x)
+{
+    /* Below ln(FLT_MIN) the result is exactly 0 rather than a subnormal; exp(-inf) too. */
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)),
+                      _mm256_set1_ps(-87.3365478515625f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AI __m256 swiglu8(__m256 g, __m256 u)
+{
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void avx2_swiglu(float *out, const float *g, const float *u, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(out + k, swiglu8(_mm256_loadu_ps(g + k), _mm256_loadu_ps(u + k)));
+    if (k < n) {
+        __m256i m = mask8(n - k);
+        _mm256_maskstore_ps(out + k, m,
+                            swiglu8(_mm256_maskload_ps(g + k, m), _mm256_maskload_ps(u + k, m)));
+    }
+}
+
+static float avx2_exp_sum(float *x, int64_t n, float max)
+{
+    __m256 mv = _mm256_set1_ps(max);
+    __m256 s = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + k), mv));
+        _mm256_storeu_ps(x + k, e);
+        s = _mm256_add_ps(s, e);
+    }
+    float sum = hsum8(s);
+    for (; k < n; k++) {
+        x[k] = expf(x[k] - max);
+        sum += x[k];
+    }
+    return sum;
+}
+
+static float avx2_max(const float *x, int64_t n)
+{
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + k));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float m = _mm_cvtss_f32(h);
+    for (; k < n; k++)
+        m = x[k] > m ? x[k] : m;
+    return m;
+}
+
+/* Rows ATTN_PF positions ahead are prefetched: their stride defeats the hardware. */
+#define ATTN_PF 16
+
+static void avx2_attn_scores(float *s, int64_t sstride, const float *q, int G, int hd,
+                             const float *const *rows, int64_t off, int64_t T,
+                        float scale)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const float *kt = rows[t] ? rows[t] + off : NULL;
+        if (t + ATTN_PF < T && rows[t + ATTN_PF])
+            for (int j = 0; j < hd; j += 16)
+                _mm_prefetch((const char *)(rows[t + ATTN_PF] + off + j), _MM_HINT_T0);
+        if (!kt) {
+            for (int g = 0; g < G; g++)
+                s[g * sstride + t] = -INFINITY;
+            continue;
+        }
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + g * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 16 <= hd; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kt + j), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_loadu_ps(kt + j + 8), a1);
+            }
+            for (; j + 8 <= hd; j += 8)
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kt + j), a0);
+            if (j < hd) {
+                __m256i m = mask8(hd - j);
+                a1 = _mm256_fmadd_ps(_mm256_maskload_ps(qg + j, m), _mm256_maskload_ps(kt + j, m), a1);
+            }
+            s[g * sstride + t] = scale * hsum8(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+/* For each 8-wide slice of the head, up to four heads accumulate in registers over all
+ * positions, each V slice loaded once for them. */
+static void avx2_attn_values(float *o, const float *p, int64_t pstride, int G, int hd,
+                             const float *const *rows, int64_t off, int64_t T)
+{
+    for (int j = 0; j < hd; j += 8) {
+        __m256i m = mask8(hd - j >= 8 ? 8 : hd - j);
+        for (int g = 0; g < G; g += 4) {
+            int gn = G - g < 4 ? G - g : 4;
+            __m256 a[4];
+            for (int h = 0; h < 4; h++)
+                a[h] = h < gn ? _mm256_maskload_ps(o + (g + h) * hd + j, m) : _mm256_setzero_ps();
+            for (int64_t t = 0; t < T; t++) {
+                if (j == 0 && g == 0 && t + ATTN_PF < T && rows[t + ATTN_PF])
+                    for (int jj = 0; jj < hd; jj += 16)
+                        _mm_prefetch((const char *)(rows[t + ATTN_PF] + off + jj), _MM_HINT_T0);
+                if (!rows[t])
+                    continue;
+                __m256 vv = _mm256_maskload_ps(rows[t] + off + j, m);
+                for (int h = 0; h < gn; h++)
+                    a[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (g + h) * pstride + t), vv, a[h]);
+            }
+            for (int h = 0; h < gn; h++)
+                _mm256_maskstore_ps(o + (g + h) * hd + j, m, a[h]);
+        }
+    }
+}
+
+static uint64_t avx2_read_sum(const void *buf, size_t bytes)
+{
+    const __m256i *p = buf;
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    __m256i a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
+    for (size_t i = 0; i < bytes / 32; i += 4) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 1));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 2));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + i + 3));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, s);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+const cpu_kernels_t cpu_kernels_avx2 = {
+    .level = CPU_SIMD_AVX2,
+    .gemv = avx2_gemv,
+    .gemm_panel = GEMM_P,
+    .gemm_pack = avx2_gemm_pack,
+    .gemm_block = avx2_gemm_block,
+    .rows_to_f32 = avx2_rows_to_f32,
+    .dot = avx2_dot,
+    .sumsq = avx2_sumsq,
+    .scale_mul = avx2_scale_mul,
+    .add = avx2_add,
+    .swiglu = avx2_swiglu,
+    .attn_scores = avx2_attn_scores,
+    .attn_values = avx2_attn_values,
+    .exp_sum = avx2_exp_sum,
+    .max = avx2_max,
+    .read_sum = avx2_read_sum,
+};

@@ -1,0 +1,898 @@
+/* The AVX-512 kernels (F/BW/VL/DQ). Compiled with AVX-512 flags and only ever called after
+ * cpu_simd_detect() found those extensions.
+ *
+ * The register tiles are written as small fixed-size arrays indexed by loop counters that
+ * are compile-time constants after inlining; `#pragma GCC unroll` turns them into plain
+ * registers (no stack traffic in the inner loops). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/half.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* Decode: weight rows per block (the rows streamed at once), and the most x rows one
+ * register tile applies them to. A tile holds R x N accumulators: 8 x 2 or 4 x 4. More x
+ * rows per tile would convert each weight vector fewer times, but their x slices would no
+ * longer fit in L1 with the weights (measured: 8 x rows of 2048 columns ran at half the
+ * speed of two passes of 4). */
+#define GEMV_R 8
+#define GEMV_N 4
+#define GEMV_NQ 4 /* Q4/Q8 */
+/* Software prefetch of the next block of rows, at the same column, into L1: together with
+ * eight concurrent row streams it keeps enough lines in flight to approach the bandwidth of
+ * a plain sweep (measured: about 0.8 without it, 0.9 and more with it). */
+#define GEMV_PF_HINT _MM_HINT_T0
+/* GEMM tile: rows of f32 weights against one 32-row panel of x (two vectors). */
+#define GEMM_P 32
+#define GEMM_R 12
+
+/* ---- loading 16 weights as f32 ---------------------------------------------------------- */
+
+AI __m512 ld16(dtype_t dt, const uint8_t *row, int64_t k)
+{
+    switch (dt) {
+    case DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
+    case DTYPE_BF16: {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm512_loadu_ps((const float *)row + k);
+    }
+}
+
+AI __m512 ld16_mask(dtype_t dt, const uint8_t *row, int64_t k, __mmask16 m)
+{
+    switch (dt) {
+    case DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    case DTYPE_BF16: {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+    }
+}
+
+/* 16 codes of a Q4/Q8 row starting at column k (a multiple of 16), as f32. */
+AI __m512 ld16_codes(dtype_t dt, const uint8_t *row, int64_t k)
+{
+    __m128i c;
+    if (dt == DTYPE_Q8) {
+        c = _mm_loadu_si128((const __m128i *)(row + k));
+    } else {
+        /* Eight bytes hold the 16 codes, even columns in the low nibbles: split the nibbles
+         * and interleave them back into column order. */
+        __m128i b = _mm_loadl_epi64((const __m128i *)(row + k / 2));
+        __m128i mask = _mm_set1_epi8(0x0f);
+        __m128i lo = _mm_and_si128(b, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        c = _mm_unpacklo_epi8(lo, hi);
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
+}
+
+AI __mmask16 tail_mask(int64_t left)
+{
+    return (__mmask16)((1u << left) - 1u);
+}
+
+/* ---- decode: weights read in place ------------------------------------------------------ */
+
+/* Bytes of one weight element, halved for Q4 (whose codes are half a byte). */
+AI int elem_bytes_x2(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_F32:
+        return 8;
+    case DTYPE_F16:
+    case DTYPE_BF16:
+        return 4;
+    case DTYPE_Q8:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+/* Prefetches the 64-byte lines that R rows will need `pf` bytes ahead of column k, once per
+ * line: called every 16 columns, it issues when those columns begin a new line. */
+AI void gemv_prefetch(const uint8_t *w, size_t rb, int64_t k, int64_t pf, const dtype_t dt,
+                      const int R)
+{
+    int64_t byte = k * elem_bytes_x2(dt) / 2; /* offset of column k in a row */
+    int64_t step = 16 * elem_bytes_x2(dt) / 2; /* bytes of 16 columns */
+    if (step < 64 && (byte & 63) >= step)
+        return;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const char *p = (const char *)(w + r * rb + byte + pf);
+        _mm_prefetch(p, GEMV_PF_HINT);
+        if (step > 64)
+            _mm_prefetch(p + 64, GEMV_PF_HINT);
+    }
+}
+
+/* R weight rows (rb bytes apart, starting at w) against N rows of x; pf > 0 prefetches the
+ * rows pf bytes further on. */
+AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint8_t *w,
+                  size_t rb, int64_t cols, int64_t pf, const dtype_t dt, const int R,
+                  const int N)
+{
+    __m512 acc[GEMV_R][GEMV_N];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= cols; k += 16) {
+        if (pf)
+            gemv_prefetch(w, rb, k, pf, dt, R);
+        __m512 xv[GEMV_N];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 wv = ld16(dt, w + r * rb, k);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+    if (k < cols) {
+        __mmask16 m = tail_mask(cols - k);
+        __m512 xv[GEMV_N];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 wv = ld16_mask(dt, w + r * rb, k, m);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+/* The same for Q4/Q8 (rows r0.. of wt): each group's codes are dequantised in registers as
+ * (q - zero) * scale, then used like any other weight vector. */
+AI void gemv_tile_q(float *y, int64_t ldy, const float *x, int64_t ldx, const uint8_t *w,
+                    size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const dtype_t dt,
+                    const int R, const int N)
+{
+    int64_t cols = wt->cols;
+    int group = wt->group;
+    int64_t ng = cols / group;
+    __m512 acc[GEMV_R][GEMV_NQ];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 sc[GEMV_R], ze[GEMV_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            sc[r] = _mm512_set1_ps(_cvtsh_ss(wt->scales[(r0 + r) * ng + g]));
+            ze[r] = _mm512_set1_ps(_cvtsh_ss(wt->zeros[(r0 + r) * ng + g]));
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            if (pf)
+                gemv_prefetch(w, rb, k, pf, dt, R);
+            __m512 xv[GEMV_NQ];
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512 q = ld16_codes(dt, w + r * rb, k);
+                __m512 wv = _mm512_mul_ps(_mm512_sub_ps(q, ze[r]), sc[r]);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+/* Q4/Q8 factored by group: sum_k (q_k - z) s x_k = s sum_k q_k x_k - s z sum_k x_k. The
+ * codes only need converting to f32 (no per-element dequantisation); each group's code dot
+ * products gather in tmp and join acc scaled by the group's scale, and the zero terms are
+ * subtracted sixteen groups at a time with the group sums of x, lane by lane (acc is
+ * reduced across lanes at the end anyway). xq is x as gemv_prep leaves it: for Q4, each
+ * block of 32 columns holds the 16 even columns and then the 16 odd ones, which is the order
+ * in which the nibbles come out of the bytes; after the cols values come the group sums. */
+AI void gemv_tile_qf(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                     size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const dtype_t dt,
+                     const int R, const int N)
+{
+    int64_t cols = wt->cols;
+    int group = wt->group;
+    int64_t ng = cols / group;
+    const int step = dt == DTYPE_Q4 ? 32 : 16;
+    __m512 acc[GEMV_R][GEMV_NQ];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    for (int64_t gb = 0; gb < ng; gb += 16) {
+        __mmask16 mb = ng - gb >= 16 ? (__mmask16)0xffff : tail_mask(ng - gb);
+        _Alignas(64) float sc[GEMV_R][16];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const uint16_t *sp = wt->scales + (r0 + r) * ng + gb;
+            const uint16_t *zp = wt->zeros + (r0 + r) * ng + gb;
+            __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mb, sp));
+            __m512 sz = _mm512_mul_ps(s, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mb, zp)));
+            _mm512_store_ps(sc[r], s);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm512_fnmadd_ps(sz, _mm512_loadu_ps(xq + i * ldq + cols + gb),
+                                             acc[r][i]);
+        }
+        int64_t gend = gb + 16 < ng ? gb + 16 : ng;
+        for (int64_t g = gb; g < gend; g++) {
+            __m512 tmp[GEMV_R][GEMV_NQ];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    tmp[r][i] = _mm512_setzero_ps();
+            for (int64_t k = g * group; k < (g + 1) * group; k += step) {
+                if (pf)
+                    gemv_prefetch(w, rb, k, pf, dt, R);
+                if (dt == DTYPE_Q4) {
+                    __m512 xe[GEMV_NQ], xo[GEMV_NQ];
+#pragma GCC unroll 4
+                    for (int i = 0; i < N; i++) {
+                        xe[i] = _mm512_loadu_ps(xq + i * ldq + k);
+                        xo[i] = _mm512_loadu_ps(xq + i * ldq + k + 16);
+                    }
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        /* One byte per lane: the low nibble is the even column, the high
+                         * nibble (the byte shifted down, nothing above it) the odd one. */
+                        __m512i b = _mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(w + r * rb + k / 2)));
+                        __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+                        __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+#pragma GCC unroll 4
+                        for (int i = 0; i < N; i++) {
+                            tmp[r][i] = _mm512_fmadd_ps(lo, xe[i], tmp[r][i]);
+                            tmp[r][i] = _mm512_fmadd_ps(hi, xo[i], tmp[r][i]);
+                        }
+                    }
+                } else {
+                    __m512 xv[GEMV_NQ];
+#pragma GCC unroll 4
+                    for (int i = 0; i < N; i++)
+                        xv[i] = _mm512_loadu_ps(xq + i * ldq + k);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(w + r * rb + k))));
+#pragma GCC unroll 4
+                        for (int i = 0; i < N; i++)
+                            tmp[r][i] = _mm512_fmadd_ps(q, xv[i], tmp[r][i]);
+                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512 sg = _mm512_set1_ps(sc[r][g - gb]);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    acc[r][i] = _mm512_fmadd_ps(sg, tmp[r][i], acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+/* Whether a Q4/Q8 weight takes the factored path (its groups hold whole vectors, and for
+ * Q4 whole blocks of 32 columns). */
+static int q_factored(const weight_t *w)
+{
+    return (w->dtype == DTYPE_Q8 && w->group % 16 == 0) ||
+           (w->dtype == DTYPE_Q4 && w->group % 32 == 0);
+}
+
+static int64_t avx512_gemv_prep_floats(const weight_t *w)
+{
+    if (!q_factored(w))
+        return 0;
+    int64_t ng = w->cols / w->group;
+    return w->cols + (ng + 15) / 16 * 16;
+}
+
+static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    int64_t ldq = avx512_gemv_prep_floats(w), cols = w->cols;
+    int64_t ng = cols / w->group;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        float *qi = xq + i * ldq;
+        if (w->dtype == DTYPE_Q4) {
+            for (int64_t b = 0; b < cols; b += 32)
+                for (int j = 0; j < 16; j++) {
+                    qi[b + j] = xi[b + 2 * j];
+                    qi[b + 16 + j] = xi[b + 2 * j + 1];
+                }
+        } else {
+            memcpy(qi, xi, (size_t)cols * sizeof(float));
+        }
+        float *xs = qi + cols;
+        for (int64_t g = 0; g < ng; g++) {
+            float sum = 0.0f;
+            for (int64_t k = g * w->group; k < (g + 1) * w->group; k++)
+                sum += xi[k];
+            xs[g] = sum;
+        }
+        for (int64_t g = ng; g < ldq - cols; g++)
+            xs[g] = 0.0f;
+    }
+}
+
+/* One tile of R rows starting at row r against the N rows of x from row i. */
+AI void gemv_tile_any(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                      int64_t ldq, const weight_t *w, size_t rb, int64_t r, int i, int64_t pf,
+                      const dtype_t dt, const int R, const int N)
+{
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
+    if (xq)
+        gemv_tile_qf(y + i * ldy + r, ldy, xq + i * ldq, ldq, wr, rb, w, r, pf, dt, R, N);
+    else if (dt == DTYPE_Q4 || dt == DTYPE_Q8)
+        gemv_tile_q(y + i * ldy + r, ldy, x + i * ldx, ldx, wr, rb, w, r, pf, dt, R, N);
+    else
+        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, wr, rb, w->cols, pf, dt, R, N);
+}
+
+/* Applies one block of R rows to all n rows of x, up to GEMV_N at a time: the block stays
+ * in L1/L2 between the passes, so memory sees each weight byte once. The first pass
+ * prefetches the next block. A tile gets at most 16 accumulators, the block being cut into
+ * sub-blocks of 8, 4, 2 or 1 rows to fit. Q4/Q8 tiles keep as many registers again for
+ * the group sums and x, so they take at most 8 accumulators. */
+#define GEMV_SUB(NN)                                                                         \
+    do {                                                                                     \
+        if (R >= 8 && 8 * (NN) <= max_acc) {                                                 \
+            gemv_tile_any(y, ldy, x, ldx, xq, ldq, w, rb, r, i, p, dt, 8, NN);               \
+        } else if (R >= 4 && 4 * (NN) <= max_acc) {                                          \
+            for (int h = 0; h < R; h += 4)                                                   \
+                gemv_tile_any(y, ldy, x, ldx, xq, ldq, w, rb, r + h, i, p, dt, 4, NN);       \
+        } else if (R >= 2 && 2 * (NN) <= max_acc) {                                          \
+            for (int h = 0; h < R; h += 2)                                                   \
+                gemv_tile_any(y, ldy, x, ldx, xq, ldq, w, rb, r + h, i, p, dt, 2, NN);       \
+        } else {                                                                             \
+            for (int h = 0; h < R; h++)                                                      \
+                gemv_tile_any(y, ldy, x, ldx, xq, ldq, w, rb, r + h, i, p, dt, 1, NN);       \
+        }                                                                                    \
+    } while (0)
+
+AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                  int64_t ldq, int n, const weight_t *w, int64_t r, int64_t pf,
+                  const dtype_t dt, const int R)
+{
+    size_t rb = dtype_row_bytes(dt, w->cols);
+    const int max_acc = dt == DTYPE_Q4 || dt == DTYPE_Q8 ? 8 : 16;
+    for (int i = 0; i < n;) {
+        int64_t p = i == 0 ? pf : 0;
+        int left = n - i;
+        if (left >= 4) {
+            GEMV_SUB(4);
+            i += 4;
+        } else if (left == 3) {
+            GEMV_SUB(3);
+            i += 3;
+        } else if (left == 2) {
+            GEMV_SUB(2);
+            i += 2;
+        } else {
+            GEMV_SUB(1);
+            i += 1;
+        }
+    }
+}
+
+#define GEMV_DEFINE(name, DT)                                                                \
+    static void name(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,   \
+                     int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)         \
+    {                                                                                       \
+        int64_t pf = (int64_t)GEMV_R * (int64_t)dtype_row_bytes(DT, w->cols);               \
+        int64_t r = r0;                                                                     \
+        for (; r + GEMV_R <= r1; r += GEMV_R)                                               \
+            gemv_rows(y, ldy, x, ldx, xq, ldq, n, w, r, r + 2 * GEMV_R <= r1 ? pf : 0, DT,  \
+                      GEMV_R);                                                              \
+        for (; r < r1; r++)                                                                 \
+            gemv_rows(y, ldy, x, ldx, xq, ldq, n, w, r, 0, DT, 1);                          \
+    }
+
+GEMV_DEFINE(gemv_f32, DTYPE_F32)
+GEMV_DEFINE(gemv_f16, DTYPE_F16)
+GEMV_DEFINE(gemv_bf16, DTYPE_BF16)
+GEMV_DEFINE(gemv_q8, DTYPE_Q8)
+GEMV_DEFINE(gemv_q4, DTYPE_Q4)
+
+static void avx512_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                        int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
+{
+    if (!cpu_weight_simd_ok(w)) {
+        cpu_scalar_gemv(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    switch (w->dtype) {
+    case DTYPE_F32:
+        gemv_f32(y, ldy, x, ldx, NULL, 0, n, w, r0, r1);
+        break;
+    case DTYPE_F16:
+        gemv_f16(y, ldy, x, ldx, NULL, 0, n, w, r0, r1);
+        break;
+    case DTYPE_BF16:
+        gemv_bf16(y, ldy, x, ldx, NULL, 0, n, w, r0, r1);
+        break;
+    case DTYPE_Q8:
+        gemv_q8(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        break;
+    case DTYPE_Q4:
+        gemv_q4(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- conversion of whole rows to f32 ---------------------------------------------------- */
+
+static void avx512_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r1)
+{
+    if (!cpu_weight_simd_ok(w)) {
+        cpu_scalar_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
+    dtype_t dt = w->dtype;
+    int64_t cols = w->cols;
+    size_t rb = dtype_row_bytes(dt, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *d = dst + (r - r0) * cols;
+        if (dt == DTYPE_Q4 || dt == DTYPE_Q8) {
+            int64_t ng = cols / w->group;
+            for (int64_t g = 0; g < ng; g++) {
+                __m512 s = _mm512_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
+                __m512 z = _mm512_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
+                for (int64_t k = g * w->group; k < (g + 1) * w->group; k += 16)
+                    _mm512_storeu_ps(d + k, _mm512_mul_ps(_mm512_sub_ps(ld16_codes(dt, row, k), z), s));
+            }
+            continue;
+        }
+        int64_t k = 0;
+        switch (dt) {
+        case DTYPE_F16:
+            for (; k + 16 <= cols; k += 16)
+                _mm512_storeu_ps(d + k, ld16(DTYPE_F16, row, k));
+            if (k < cols)
+                _mm512_mask_storeu_ps(d + k, tail_mask(cols - k),
+                                      ld16_mask(DTYPE_F16, row, k, tail_mask(cols - k)));
+            break;
+        case DTYPE_BF16:
+            for (; k + 16 <= cols; k += 16)
+                _mm512_storeu_ps(d + k, ld16(DTYPE_BF16, row, k));
+            if (k < cols)
+                _mm512_mask_storeu_ps(d + k, tail_mask(cols - k),
+                                      ld16_mask(DTYPE_BF16, row, k, tail_mask(cols - k)));
+            break;
+        default:
+            memcpy(d, row, (size_t)cols * sizeof(float));
+            break;
+        }
+    }
+}
+
+/* ---- prefill: f32 weights against transposed panels of x -------------------------------- */
+
+static void avx512_gemm_pack(float *xp, const float *x, int64_t ldx, int m, int64_t cols)
+{
+    for (int64_t k0 = 0; k0 < cols; k0 += 16) {
+        int64_t kn = cols - k0 < 16 ? cols - k0 : 16;
+        for (int i = 0; i < m; i++) {
+            const float *xi = x + i * ldx + k0;
+            for (int64_t k = 0; k < kn; k++)
+                xp[(k0 + k) * GEMM_P + i] = xi[k];
+        }
+        for (int i = m; i < GEMM_P; i++)
+            for (int64_t k = 0; k < kn; k++)
+                xp[(k0 + k) * GEMM_P + i] = 0.0f;
+    }
+}
+
+/* acc[r][v] holds y for the 16 x rows of vector v of the panel and weight row r; one
+ * broadcast weight feeds both vectors. */
+AI void gemm_tile(float *y, int64_t ldy, const float *xp, int m, const float *wf, int64_t ldw,
+                  int64_t cols, const int R)
+{
+    __m512 acc[GEMM_R][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = _mm512_setzero_ps();
+        acc[r][1] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < cols; k++) {
+        __m512 x0 = _mm512_load_ps(xp + k * GEMM_P);
+        __m512 x1 = _mm512_load_ps(xp + k * GEMM_P + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 b = _mm512_set1_ps(wf[r * ldw + k]);
+            acc[r][0] = _mm512_fmadd_ps(x0, b, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(x1, b, acc[r][1]);
+        }
+    }
+    _Alignas(64) float t[GEMM_R][GEMM_P];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        _mm512_store_ps(t[r], acc[r][0]);
+        _mm512_store_ps(t[r] + 16, acc[r][1]);
+    }
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < R; r++)
+            y[i * ldy + r] = t[r][i];
+}
+
+static void avx512_gemm_block(float *y, int64_t ldy, const float *xp, int m, const float *wf,
+                              int64_t ldw, int64_t nr, int64_t cols)
+{
+    int64_t r = 0;
+    for (; r + GEMM_R <= nr; r += GEMM_R)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, GEMM_R);
+    for (; r + 4 <= nr; r += 4)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 4);
+    for (; r < nr; r++)
+        gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 1);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------- */
+
+static float avx512_dot(const float *a, const float *b, int64_t n)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= n; k += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 32), _mm512_loadu_ps(b + k + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 48), _mm512_loadu_ps(b + k + 48), a3);
+    }
+    for (; k + 16 <= n; k += 16)
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), a0);
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static float avx512_sumsq(const float *x, int64_t n)
+{
+    return avx512_dot(x, x, n);
+}
+
+static void avx512_scale_mul(float *out, const float *x, float s, const float *w, int64_t n)
+{
+    __m512 sv = _mm512_set1_ps(s);
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(w + k),
+                                                _mm512_mul_ps(sv, _mm512_loadu_ps(x + k))));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + k),
+                                 _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, x + k)));
+        _mm512_mask_storeu_ps(out + k, m, v);
+    }
+}
+
+static void avx512_add(float *y, const float *x, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(y + k, _mm512_add_ps(_mm512_loadu_ps(y + k), _mm512_loadu_ps(x + k)));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + k),
+                                                      _mm512_maskz_loadu_ps(m, x + k)));
+    }
+}
+
+/* exp(x) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial for e^r
+ * and a scalef by 2^n, which also produces infinity at the top of the range. */
+AI __m512 exp16(__m512 x)
+{
+    /* Below ln(FLT_MIN) the result is exactly 0 rather than a subnormal (which would slow
+     * down the arithmetic that consumes it); exp(-inf) is 0 too. */
+    __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365478515625f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)), _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
+}
+
+AI __m512 swiglu16(__m512 g, __m512 u)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u);
+}
+
+static void avx512_swiglu(float *out, const float *g, const float *u, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(out + k, swiglu16(_mm512_loadu_ps(g + k), _mm512_loadu_ps(u + k)));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        _mm512_mask_storeu_ps(out + k, m,
+                              swiglu16(_mm512_maskz_loadu_ps(m, g + k), _mm512_maskz_loadu_ps(m, u + k)));
+    }
+}
+
+static float avx512_exp_sum(float *x, int64_t n, float max)
+{
+    __m512 mv = _mm512_set1_ps(max);
+    __m512 s = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + k), mv));
+        _mm512_storeu_ps(x + k, e);
+        s = _mm512_add_ps(s, e);
+    }
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + k), mv));
+        _mm512_mask_storeu_ps(x + k, m, e);
+        s = _mm512_add_ps(s, _mm512_maskz_mov_ps(m, e));
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+static float avx512_max(const float *x, int64_t n)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + k));
+    if (k < n)
+        mx = _mm512_mask_max_ps(mx, tail_mask(n - k), mx, _mm512_maskz_loadu_ps(tail_mask(n - k), x + k));
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* Attention reads K and V rows one head slice (hd floats) per position, kv_dim floats
+ * apart: a stride the hardware prefetchers do not follow well, so the kernels prefetch the
+ * rows ATTN_PF positions ahead themselves. */
+#define ATTN_PF 16
+
+/* Sums each of v[0..15] across its lanes: lane i of the result is the sum of v[i], by a
+ * tree of shuffles and adds (about 45 instructions instead of 16 full reductions). */
+AI __m512 reduce16(__m512 v[16])
+{
+    __m512 t[8], u[4];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Scores of 16 positions at a time: one accumulator per position, reduced together. */
+static void avx512_attn_scores(float *s, int64_t sstride, const float *q, int G, int hd,
+                               const float *const *rows, int64_t off, int64_t T,
+                        float scale)
+{
+    __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t t0 = 0; t0 < T; t0 += 16) {
+        int nt = T - t0 < 16 ? (int)(T - t0) : 16;
+        const float *kr[16];
+        __mmask16 present = 0;
+        for (int u = 0; u < 16; u++) {
+            kr[u] = u < nt ? rows[t0 + u] : NULL;
+            if (kr[u]) {
+                present |= (__mmask16)(1u << u);
+                kr[u] += off;
+            } else {
+                kr[u] = q; /* any readable address: its loads are fully masked */
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + g * hd;
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++)
+                acc[u] = _mm512_setzero_ps();
+            for (int j = 0; j < hd; j += 16) {
+                __mmask16 m = hd - j >= 16 ? (__mmask16)0xffff : tail_mask(hd - j);
+                __m512 qv = _mm512_maskz_loadu_ps(m, qg + j);
+#pragma GCC unroll 16
+                for (int u = 0; u < 16; u++) {
+                    __mmask16 mu = (present >> u) & 1 ? m : 0;
+                    acc[u] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mu, kr[u] + j), acc[u]);
+                }
+                if (g == 0 && t0 + 16 < T) {
+                    int64_t ahead = T - t0 - 16 < 16 ? T - t0 - 16 : 16;
+                    for (int64_t u = 0; u < ahead; u++)
+                        if (rows[t0 + 16 + u])
+                            _mm_prefetch((const char *)(rows[t0 + 16 + u] + off + j), _MM_HINT_T0);
+                }
+            }
+            __m512 r = _mm512_mul_ps(reduce16(acc), sv);
+            r = _mm512_mask_blend_ps(present, _mm512_set1_ps(-INFINITY), r);
+            _mm512_mask_storeu_ps(s + g * sstride + t0, tail_mask(nt), r);
+        }
+    }
+}
+
+/* GN heads (up to 4) and NV 16-float slices of the head (up to 4) accumulate in registers
+ * over all positions; each V slice is loaded once for the GN heads. */
+AI void attn_values_block(float *o, const float *p, int64_t pstride, int hd, int j0,
+                          const float *const *rows, int64_t off, int64_t T, int pf,
+                          const int GN, const int NV)
+{
+    __m512 acc[4][4];
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+        int left = hd - j0 - 16 * v;
+        m[v] = left >= 16 ? (__mmask16)0xffff : tail_mask(left);
+#pragma GCC unroll 4
+        for (int g = 0; g < GN; g++)
+            acc[g][v] = _mm512_maskz_loadu_ps(m[v], o + g * hd + j0 + 16 * v);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        if (pf && t + ATTN_PF < T && rows[t + ATTN_PF]) {
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++)
+                _mm_prefetch((const char *)(rows[t + ATTN_PF] + off + j0 + 16 * v), _MM_HINT_T0);
+        }
+        if (!rows[t])
+            continue;
+        const float *vr = rows[t] + off;
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            vv[v] = _mm512_maskz_loadu_ps(m[v], vr + j0 + 16 * v);
+#pragma GCC unroll 4
+        for (int g = 0; g < GN; g++) {
+            __m512 pg = _mm512_set1_ps(p[g * pstride + t]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++)
+                acc[g][v] = _mm512_fmadd_ps(pg, vv[v], acc[g][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int g = 0; g < GN; g++)
+            _mm512_mask_storeu_ps(o + g * hd + j0 + 16 * v, m[v], acc[g][v]);
+}
+
+#define ATTN_NV_CASES(GN)                                                                    \
+    switch (nv) {                                                                            \
+    case 1:                                                                                  \
+        attn_values_block(og, pg, pstride, hd, j0, rows, off, T, pf, GN, 1);                      \
+        break;                                                                               \
+    case 2:                                                                                  \
+        attn_values_block(og, pg, pstride, hd, j0, rows, off, T, pf, GN, 2);                      \
+        break;                                                                               \
+    case 3:                                                                                  \
+        attn_values_block(og, pg, pstride, hd, j0, rows, off, T, pf, GN, 3);                      \
+        break;                                                                               \
+    default:                                                                                 \
+        attn_values_block(og, pg, pstride, hd, j0, rows, off, T, pf, GN, 4);                      \
+        break;                                                                               \
+    }
+
+static void avx512_attn_values(float *o, const float *p, int64_t pstride, int G, int hd,
+                               const float *const *rows, int64_t off, int64_t T)
+{
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        int gn = G - g0 < 4 ? G - g0 : 4;
+        float *og = o + g0 * hd;
+        const float *pg = p + g0 * pstride;
+        for (int j0 = 0; j0 < hd; j0 += 64) {
+            int nv = (hd - j0 + 15) / 16;
+            /* Only the first pass over the positions brings V in; later ones find it in
+             * cache. */
+            int pf = g0 == 0;
+            switch (gn) {
+            case 1:
+                ATTN_NV_CASES(1);
+                break;
+            case 2:
+                ATTN_NV_CASES(2);
+                break;
+            case 3:
+                ATTN_NV_CASES(3);
+                break;
+            default:
+                ATTN_NV_CASES(4);
+                break;
+            }
+        }
+    }
+}
+
+static uint64_t avx512_read_sum(const void *buf, size_t bytes)
+{
+    const __m512i *p = buf;
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
+    for (size_t i = 0; i < bytes / 64; i += 4) {
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 3));
+    }
+    __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
+    return (uint64_t)_mm512_reduce_add_epi64(s);
+}
+
+const cpu_kernels_t cpu_kernels_avx512 = {
+    .level = CPU_SIMD_AVX512,
+    .gemv = avx512_gemv,
+    .gemv_prep_floats = avx512_gemv_prep_floats,
+    .gemv_prep = avx512_gemv_prep,
+    .gemm_panel = GEMM_P,
+    .gemm_pack = avx512_gemm_pack,
+    .gemm_block = avx512_gemm_block,
+    .rows_to_f32 = avx512_rows_to_f32,
+    .dot = avx512_dot,
+    .sumsq = avx512_sumsq,
+    .scale_mul = avx512_scale_mul,
+    .add = avx512_add,
+    .swiglu = avx512_swiglu,
+    .attn_scores = avx512_attn_scores,
+    .attn_values = avx512_attn_values,
+    .exp_sum = avx512_exp_sum,
+    .max = avx512_max,
+    .read_sum = avx512_read_sum,
+};

@@ -1,0 +1,169 @@
+/* matmul: y (n, rows) = x (n, cols) W^T.
+ *
+ * Two paths. Decode (small n) is bound by memory bandwidth: the weight rows are split into
+ * one balanced contiguous chunk per thread and streamed once, each block of rows applied to
+ * every row of x while it is in cache (kernel `gemv`). Prefill (large n) is bound by
+ * arithmetic: x is packed once into transposed panels, and each thread converts a block of
+ * its weight rows to f32 (a block that fits in L2) and runs every panel against it with a
+ * register-tiled kernel (`gemm_block`). */
+#include "common/err.h"
+#include "kernels/cpu/cpu_internal.h"
+
+/* Up to this many rows of x the decode path is used: it reads the weights once and is
+ * close to the memory bound, where the prefill path would spend time converting weights. */
+#define MM_GEMV_MAX_N 8
+/* Work (multiply-adds) below which a matmul runs on the calling thread alone. */
+#define MM_PAR_MACS 16384
+/* Weight rows are handed out in multiples of this (the tiles are 4, 6 and 12 rows). */
+#define MM_ROW_UNIT 16
+/* Decode chunks per thread, and the fewest weight bytes worth a chunk of their own. */
+#define MM_CHUNKS_PER_THREAD 4
+#define MM_MIN_CHUNK_BYTES (512 * 1024)
+/* Bytes of f32 weights a prefill block converts at once: about a fifth of L2, so that the
+ * block and the x panel it meets stay there. */
+#define MM_BLOCK_BYTES (384 * 1024)
+
+typedef struct mm_job {
+    ops_ctx_t *ctx;
+    float *y;
+    const float *x;
+    const weight_t *w;
+    int n;
+    int n_tasks;
+    int64_t units; /* MM_ROW_UNIT-row units of w */
+    const float *xq; /* decode: x as gemv_prep leaves it, or NULL */
+    int64_t ldq;
+    /* prefill */
+    const float *xp;
+    int n_panels;
+    int64_t block_rows;
+} mm_job_t;
+
+static void mm_task_rows(const mm_job_t *j, int task, int64_t *r0, int64_t *r1)
+{
+    int64_t u0 = j->units * task / j->n_tasks, u1 = j->units * (task + 1) / j->n_tasks;
+    *r0 = u0 * MM_ROW_UNIT;
+    *r1 = u1 * MM_ROW_UNIT < j->w->rows ? u1 * MM_ROW_UNIT : j->w->rows;
+}
+
+static void mm_gemv_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const mm_job_t *j = arg;
+    int64_t r0, r1;
+    mm_task_rows(j, task, &r0, &r1);
+    if (r1 > r0)
+        j->ctx->k->gemv(j->y, j->w->rows, j->x, j->w->cols, j->xq, j->ldq, j->n, j->w, r0, r1);
+}
+
+static void mm_pack_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const mm_job_t *j = arg;
+    const cpu_kernels_t *k = j->ctx->k;
+    int P = k->gemm_panel;
+    int64_t cols = j->w->cols;
+    int i0 = task * P;
+    int m = j->n - i0 < P ? j->n - i0 : P;
+    k->gemm_pack((float *)j->xp + (int64_t)task * P * cols, j->x + (int64_t)i0 * cols, cols, m,
+                 cols);
+}
+
+static void mm_gemm_task(void *arg, int task, int thread)
+{
+    const mm_job_t *j = arg;
+    const cpu_kernels_t *k = j->ctx->k;
+    const weight_t *w = j->w;
+    int P = k->gemm_panel;
+    int64_t cols = w->cols, rows = w->rows;
+    float *wbuf = j->ctx->thread_scratch[thread].s.p;
+    int64_t r0, r1;
+    mm_task_rows(j, task, &r0, &r1);
+    for (int64_t b0 = r0; b0 < r1; b0 += j->block_rows) {
+        int64_t b1 = b0 + j->block_rows < r1 ? b0 + j->block_rows : r1;
+        const float *wf;
+        if (w->dtype == DTYPE_F32) {
+            wf = (const float *)w->data + b0 * cols;
+        } else {
+            k->rows_to_f32(wbuf, w, b0, b1);
+            wf = wbuf;
+        }
+        for (int p = 0; p < j->n_panels; p++) {
+            int m = j->n - p * P < P ? j->n - p * P : P;
+            k->gemm_block(j->y + (int64_t)p * P * rows + b0, rows, j->xp + (int64_t)p * P * cols,
+                          m, wf, cols, b1 - b0, cols);
+        }
+    }
+}
+
+int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
+{
+    int e = cpu_weight_check(w, "matmul");
+    if (e)
+        return e;
+    if (n < 0 || (n > 0 && (!y || !x)))
+        return river_err_set(RIVER_EINVAL, "cpu matmul: n %d", n);
+    if (n == 0)
+        return 0;
+    const cpu_kernels_t *k = ctx->k;
+    mm_job_t j = { .ctx = ctx, .y = y, .x = x, .w = w, .n = n,
+                   .units = (w->rows + MM_ROW_UNIT - 1) / MM_ROW_UNIT };
+    int64_t macs = (int64_t)n * w->rows * w->cols;
+    int threads = ctx->n_threads;
+    if (macs < MM_PAR_MACS)
+        threads = 1;
+    if (threads > j.units)
+        threads = (int)j.units;
+
+    if (n <= MM_GEMV_MAX_N || !k->gemm_block) {
+        j.n_tasks = threads;
+        if (threads > 1) {
+            /* A few chunks per thread: a thread that loses its core for a while (other
+             * work on the machine) leaves its later chunks to the others. */
+            int64_t bytes = w->rows * (int64_t)dtype_row_bytes(w->dtype, w->cols);
+            int64_t want = bytes / MM_MIN_CHUNK_BYTES;
+            int64_t most = (int64_t)threads * MM_CHUNKS_PER_THREAD;
+            want = want < most ? want : most;
+            want = want < j.units ? want : j.units;
+            if (want > threads)
+                j.n_tasks = (int)want;
+        }
+        int64_t ldq = k->gemv_prep_floats ? k->gemv_prep_floats(w) : 0;
+        if (ldq > 0) {
+            e = cpu_scratch_reserve(&ctx->shared, (size_t)(n * ldq));
+            if (e)
+                return e;
+            k->gemv_prep(ctx->shared.p, x, w->cols, n, w);
+            j.xq = ctx->shared.p;
+            j.ldq = ldq;
+        }
+        threadpool_run(ctx->pool, mm_gemv_task, &j, j.n_tasks);
+        return 0;
+    }
+
+    int P = k->gemm_panel;
+    int64_t cols = w->cols;
+    j.n_panels = (n + P - 1) / P;
+    e = cpu_scratch_reserve(&ctx->shared, (size_t)j.n_panels * P * cols);
+    if (e)
+        return e;
+    j.xp = ctx->shared.p;
+    j.block_rows = MM_BLOCK_BYTES / (int64_t)(cols * sizeof(float));
+    j.block_rows = j.block_rows / MM_ROW_UNIT * MM_ROW_UNIT;
+    if (j.block_rows < MM_ROW_UNIT)
+        j.block_rows = MM_ROW_UNIT;
+    if (w->dtype != DTYPE_F32) {
+        e = cpu_thread_scratch_reserve(ctx, (size_t)(j.block_rows * cols));
+        if (e)
+            return e;
+    }
+    if (threads > 1) {
+        threadpool_run(ctx->pool, mm_pack_task, &j, j.n_panels);
+    } else {
+        for (int p = 0; p < j.n_panels; p++)
+            mm_pack_task(&j, p, 0);
+    }
+    j.n_tasks = threads;
+    threadpool_run(ctx->pool, mm_gemm_task, &j, j.n_tasks);
+    return 0;
+}

@@ -1,0 +1,94 @@
+/* Internal to the CPU backend: the kernels of one SIMD level, as a table of function
+ * pointers. kernels_scalar.c, kernels_avx2.c and kernels_avx512.c each define one table;
+ * the backend picks one at creation time (after run-time detection), so code compiled for
+ * AVX2 or AVX-512 only ever runs on a processor that has it.
+ *
+ * Every kernel works on f32 activations. Weight-reading kernels take a weight_t and read its
+ * memory in place, whatever its dtype. */
+#ifndef RIVER_KERNELS_CPU_SIMD_H
+#define RIVER_KERNELS_CPU_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/ops.h"
+
+typedef struct cpu_kernels {
+    cpu_simd_t level;
+
+    /* y[i*ldy + r] = sum_k x[i*ldx + k] * W[r][k] for i < n and r0 <= r < r1 (y points at
+     * element (0, 0) of the output). Weights are read in place, once per call: each block of
+     * weight rows is applied to all n rows of x before moving on. Any n works; it is the
+     * decode path, meant for small n. xq is x prepared by gemv_prep (ldq floats a row),
+     * NULL when gemv_prep_floats is absent or returned 0 for w. */
+    void (*gemv)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                 int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1);
+    /* Optional (NULL: never). Some weights (Q4/Q8) want x rearranged once per call, with
+     * extras such as per-group sums: the floats per row of x that takes (0: none), and the
+     * preparation of n rows into xq. */
+    int64_t (*gemv_prep_floats)(const weight_t *w);
+    void (*gemv_prep)(float *xq, const float *x, int64_t ldx, int n, const weight_t *w);
+
+    /* The prefill path (NULL on the scalar level, which uses gemv for every n). x is first
+     * packed into panels of gemm_panel rows, transposed so that one column of a panel is a
+     * few vectors: xp[k*gemm_panel + i] = x[(i0+i)*ldx + k], zero past the m valid rows. */
+    int gemm_panel;
+    void (*gemm_pack)(float *xp, const float *x, int64_t ldx, int m, int64_t cols);
+    /* y[i*ldy + r] = sum_k xp[k*panel + i] * wf[r*ldw + k] for i < m, r < nr: one panel of x
+     * against nr f32 weight rows (any nr; the kernel tiles them). */
+    void (*gemm_block)(float *y, int64_t ldy, const float *xp, int m, const float *wf,
+                       int64_t ldw, int64_t nr, int64_t cols);
+
+    /* dst[(r-r0)*cols + k] = W[r][k] as f32 for r0 <= r < r1 (dequantised for Q4/Q8). */
+    void (*rows_to_f32)(float *dst, const weight_t *w, int64_t r0, int64_t r1);
+
+    float (*dot)(const float *a, const float *b, int64_t n);
+    float (*sumsq)(const float *x, int64_t n);
+    /* out[k] = w[k] * (s * x[k]): the rmsnorm scaling, in that order. */
+    void (*scale_mul)(float *out, const float *x, float s, const float *w, int64_t n);
+    /* y[k] += x[k] */
+    void (*add)(float *y, const float *x, int64_t n);
+    /* out[k] = silu(g[k]) * u[k] */
+    void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
+
+    /* Attention over T positions for G query heads (hd floats each, consecutive in q) that
+     * share one KV head: that head's K (or V) slice at position t is rows[t] + off, and
+     * rows[t] is NULL for a slot that must not be read.
+     * s[g*sstride + t] = scale * dot(q + g*hd, rows[t] + off), or -infinity for NULL. */
+    void (*attn_scores)(float *s, int64_t sstride, const float *q, int G, int hd,
+                        const float *const *rows, int64_t off, int64_t T, float scale);
+    /* o[g*hd + j] += sum over non-NULL rows of p[g*pstride + t] * (rows[t] + off)[j] */
+    void (*attn_values)(float *o, const float *p, int64_t pstride, int G, int hd,
+                        const float *const *rows, int64_t off, int64_t T);
+    /* x[t] = exp(x[t] - max) for t < n, returns the sum; max is given. */
+    float (*exp_sum)(float *x, int64_t n, float max);
+    float (*max)(const float *x, int64_t n);
+
+    /* Sums `bytes` (a multiple of 256, 64-byte aligned) as integers: the memory sweep. */
+    uint64_t (*read_sum)(const void *buf, size_t bytes);
+} cpu_kernels_t;
+
+extern const cpu_kernels_t cpu_kernels_scalar;
+extern const cpu_kernels_t cpu_kernels_avx2;
+extern const cpu_kernels_t cpu_kernels_avx512;
+
+/* The table of a level (which must be supported by the processor). */
+const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level);
+
+/* Shared scalar pieces, defined in kernels_scalar.c, that the SIMD levels fall back on for
+ * the cases they do not vectorise (odd group sizes of Q4/Q8, for one). */
+void cpu_scalar_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                     int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1);
+void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r1);
+
+/* Whether a Q4/Q8 weight has the layout the SIMD kernels handle: groups whose size is a
+ * multiple of 16 (so a vector never straddles two groups). F32/F16/BF16 always qualify. */
+static inline int cpu_weight_simd_ok(const weight_t *w)
+{
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8)
+        return w->group > 0 && w->group % 16 == 0;
+    return 1;
+}
+
+#endif
