@@ -232,6 +232,7 @@ int cmd_run(int argc, char **argv)
         json_decref(o);
     } else {
         printf("\n");
+        fflush(stdout);
         fprintf(stderr, "river run: %zu prompt tokens, %zu generated (%s); prefill %.1f tok/s, "
                 "decode %.1f tok/s\n", n_ids, out.n_ids, gen_finish_name(out.finish),
                 prefill_tps, decode_tps);
