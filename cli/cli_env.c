@@ -92,6 +92,10 @@ int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, i
         if (e)
             goto fail;
     }
+    /* A model whose weights fit the caches gains nothing from a second thread but the
+     * cost of waking it every op; only larger models get every core by default. */
+    if (n_threads == 0 && model_bytes_per_token(env->model) < (64 << 20))
+        n_threads = 1;
     e = cpu_backend_new(&env->be, n_threads, CPU_SIMD_COUNT);
     if (e)
         goto fail;
