@@ -226,7 +226,7 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     free(yh);
 }
 
-static const int mm_ns[] = { 1, 2, 3, 4, 5, 8, 9, 17, 40, 70 };
+static const int mm_ns[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 70 };
 
 START_TEST(test_matmul_float)
 {
@@ -693,6 +693,14 @@ static void run_attention_case(env_t *e, const attn_case_t *ac)
     ck_assert_int_eq(e->o->attention(e->c, out, q, &kv, layer, &b, ac->n_heads, ac->n_kv,
                                      ac->hd, scale), 0);
     float *oh = host_copy(e, out, qn);
+    /* In place: out may be q itself, with the same result. */
+    float *qo = dev_copy(e, qh, qn);
+    ck_assert_int_eq(e->o->attention(e->c, qo, qo, &kv, layer, &b, ac->n_heads, ac->n_kv,
+                                     ac->hd, scale), 0);
+    float *qoh = host_copy(e, qo, qn);
+    ck_assert(memcmp(qoh, oh, qn * sizeof(float)) == 0);
+    free(qoh);
+    e->o->buf_free(e->c, qo);
 
     double *sc = malloc((size_t)(ac->lens[0] + 4096) * sizeof(double));
     for (int i = 0; i < n; i++) {

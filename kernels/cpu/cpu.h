@@ -1,5 +1,15 @@
 /* The CPU backend: the reference implementation of every op in kernels/ops.h, with SIMD
- * paths chosen at run time (AVX-512, AVX2/FMA, portable C) and a thread pool. */
+ * paths chosen at run time (AVX-512, AVX2/FMA, portable C) and a thread pool.
+ *
+ * Notes on the ops as implemented here:
+ * - Weights are read in place in every dtype. Q4/Q8 codes are unsigned (0..15, 0..255);
+ *   a group must divide the columns, and Q4 groups must be even. Groups that are multiples
+ *   of 16 (Q8) or 32 (Q4) take the fast paths; others work, more slowly.
+ * - Accumulation is f32 throughout. The scalar level adds in plain index order (as
+ *   llama2.c does), the SIMD levels in lanes, so results differ between levels by rounding.
+ * - attention honours attn_batch_t.kv_valid (slots marked invalid are never read), and out
+ *   may be the q buffer itself.
+ * - cosine of a zero vector with anything is 0. */
 #ifndef RIVER_KERNELS_CPU_H
 #define RIVER_KERNELS_CPU_H
 

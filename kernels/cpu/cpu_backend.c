@@ -1,6 +1,7 @@
 /* The CPU backend: SIMD detection, the ops table, the backend state and the simple ops.
  * matmul lives in matmul.c, attention in attention.c, the kernels of each SIMD level in
  * kernels_*.c. */
+#include <cpuid.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +21,18 @@
 cpu_simd_t cpu_simd_detect(void)
 {
     __builtin_cpu_init();
+    /* F16C has no __builtin_cpu_supports name in older compilers: ask CPUID (leaf 1, ECX)
+     * directly. Both SIMD levels use it. */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     /* DQ is checked too although the kernels only need F/BW/VL: the AVX-512 file is
      * compiled with -mavx512dq, so the compiler may use DQ instructions there. Every
      * processor with BW and VL has it. */
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
         return CPU_SIMD_AVX512;
-    /* F16C has no __builtin_cpu_supports name in every compiler; every processor with
-     * AVX2 and FMA (Haswell, Zen and later) has it. */
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return CPU_SIMD_AVX2;
-    return CPU_SIMD_SCALAR;
+    return avx2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
 }
 
 const char *cpu_simd_name(cpu_simd_t level)
