@@ -65,6 +65,8 @@ static const config_key_t config__riverd_keys[] = {
        "Address bound for riverctl (the admin API); keep it on loopback or ipc://."),
     RD("endpoints.metrics_port", CONFIG_INT, metrics_port, 0, 65535, "9464",
        "HTTP port of the Prometheus text metrics; 0 turns them off."),
+    RD("endpoints.metrics_address", CONFIG_STRING, metrics_address, 0, 0, "0.0.0.0",
+       "IPv4 address the metrics port binds; 127.0.0.1 keeps it on this host."),
     RD("queue_length", CONFIG_INT, queue_length, 1, 1000000, "256",
        "Requests that may wait for a worker; one more is refused with RESOURCE_EXHAUSTED."),
     CONFIG__SECTION("limits",
@@ -79,6 +81,10 @@ static const config_key_t config__riverd_keys[] = {
     RD("limits.max_frame_bytes", CONFIG_INT, max_frame_bytes, 1024, 1 << 30, "1048576",
        "Largest frame accepted from a client, worker or riverctl; a larger one gets an "
        "error reply."),
+    RD("limits.max_prompt_bytes", CONFIG_INT, max_prompt_bytes, 1, 1 << 28, "262144",
+       "Longest prompt given as text, in bytes (riverd does not tokenize)."),
+    RD("limits.max_stop_length", CONFIG_INT, max_stop_length, 1, 1 << 20, "256",
+       "Longest stop string, in bytes."),
     CONFIG__SECTION("heartbeat", "Heartbeats between riverd and its workers, both ways."),
     RD("heartbeat.interval", CONFIG_DURATION, heartbeat_ms, 10, 60000, "1s",
        "Time between heartbeats; workers take it from riverd."),
@@ -158,12 +164,14 @@ static const config_key_t config__worker_keys[] = {
                  "min: a decode batch exits when every row passes (the papers); row: each "
                  "row decides and the batch splits where the cost model says it pays."),
     CONFIG__SECTION("split", "The split pair: a river worker and a backbone worker that "
-                             "share KV pages (role river or backbone)."),
+                             "share KV pages (role river or backbone). Both load the same "
+                             "model with the same threads, which the pair checks."),
     WK("split.boundary", CONFIG_INT, split_boundary, 0, 4096, "0",
        "Offload boundary: the first backbone layer held by the backbone worker; 0 with "
        "role full."),
     WK("split.peer", CONFIG_STRING, split_peer, 0, 0, "",
-       "Address of the other worker of the pair (ipc:// on one host)."),
+       "Address of the other worker of the pair (ipc:// on one host): the backbone worker "
+       "binds it, the river worker connects to it."),
     CONFIG__ENUM(config_worker_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
 };

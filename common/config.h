@@ -110,10 +110,13 @@ typedef struct config_riverd {
     config_strv_t workers;     /* endpoints.workers: ... for workers */
     char *admin;               /* endpoints.admin */
     int metrics_port;          /* endpoints.metrics_port, 0: off */
+    char *metrics_address;     /* endpoints.metrics_address: IPv4 address the HTTP port binds */
     int queue_length;          /* requests waiting for a worker before RESOURCE_EXHAUSTED */
     int max_prompt_tokens;     /* limits.* */
+    int max_prompt_bytes;      /* text prompts, before the worker tokenizes them */
     int max_tokens;
     int max_stop_strings;
+    int max_stop_length;       /* bytes of one stop string */
     int max_frame_bytes;
     int64_t heartbeat_ms;      /* heartbeat.interval */
     int heartbeat_liveness;    /* heartbeat.liveness: missed beats before a peer is dead */

@@ -1,0 +1,202 @@
+/* River client library: talk to riverd from C (proto/river_client.proto and
+ * proto/river_admin.proto, without their generated types).
+ *
+ * A river_client_t is one connection (a ZMQ DEALER) to riverd's client endpoint. It may
+ * have many requests in flight; each reports through its own callback, one event per
+ * TokenChunk and then exactly one FINAL or ERROR. Everything happens inside
+ * river_client_poll (or river_client_generate, which polls until its request ends), on
+ * the caller's thread: a client is not thread-safe, use one per thread.
+ *
+ *     river_client_t *c;
+ *     river_client_new(&c, "tcp://127.0.0.1:5555");
+ *     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+ *     o.prompt = "Once upon a time";
+ *     o.max_tokens = 64;
+ *     river_result_t res;
+ *     river_client_generate(c, &o, print_chunk, NULL, &res);
+ *     river_client_destroy(&c);
+ *
+ * A river_admin_t talks to the admin endpoint (riverctl's commands).
+ *
+ * Functions return 0 or a negative River error code (common/err.h); river_err_detail()
+ * says what went wrong. Link with libriverclient.a, libriver.a, -lzmq -lprotobuf-c. */
+#ifndef RIVER_CLIENT_H
+#define RIVER_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Longest request id the library makes or accepts, with its NUL. */
+#define RIVER_CLIENT_ID_MAX 129
+
+/* Error codes, as riverd sends them. Codes not listed here read as INTERNAL. */
+typedef enum {
+    RIVER_CODE_OK = 0,
+    RIVER_CODE_INVALID_ARGUMENT = 1,   /* bad request, over a per-request limit */
+    RIVER_CODE_RESOURCE_EXHAUSTED = 2, /* queue full */
+    RIVER_CODE_DEADLINE_EXCEEDED = 3,  /* deadline_ms passed, or timeout_ms here */
+    RIVER_CODE_CANCELLED = 4,          /* cancelled by the server */
+    RIVER_CODE_UNAVAILABLE = 5,        /* no worker; retrying later may work */
+    RIVER_CODE_INTERNAL = 6,
+    RIVER_CODE_UNAUTHENTICATED = 7,
+} river_code_t;
+
+typedef enum {
+    RIVER_FINISH_UNSPECIFIED = 0,
+    RIVER_FINISH_LENGTH = 1,    /* max_tokens generated */
+    RIVER_FINISH_EOS = 2,
+    RIVER_FINISH_STOP = 3,      /* a stop string appeared (not part of the text) */
+    RIVER_FINISH_CONTEXT = 4,   /* the model's context is full */
+    RIVER_FINISH_CANCELLED = 5, /* river_client_cancel */
+} river_finish_t;
+
+const char *river_code_name(river_code_t code);     /* "DEADLINE_EXCEEDED" */
+const char *river_finish_name(river_finish_t f);    /* "length" */
+
+typedef struct river_generate_opts {
+    const char *prompt;          /* text, tokenized by the worker; or NULL and: */
+    const int32_t *prompt_ids;   /* token ids, BOS included when the model wants one */
+    size_t n_prompt_ids;
+    const char *session_id;      /* same id, same worker while it lives; NULL: none */
+    uint32_t max_tokens;         /* 0: riverd's limit */
+    float temperature;           /* <= 0: greedy */
+    uint32_t top_k;              /* 0: off */
+    float top_p;                 /* outside (0, 1): off */
+    int has_seed;                /* otherwise riverd picks a seed */
+    uint64_t seed;
+    const char *const *stop;     /* stop strings */
+    size_t n_stop;
+    int ignore_eos;
+    /* Early-exit overrides; NULL / has_* 0 keep the worker's. */
+    const char *exit_policy;     /* "none", "cosine", "router", "fixed" */
+    int has_tau;
+    float tau;
+    int has_theta;
+    float theta;
+    int has_exit_layer;
+    int32_t exit_layer;
+    uint32_t deadline_ms;        /* riverd ends the request with DEADLINE_EXCEEDED; 0: none */
+    /* The library's own limit: when riverd says nothing about the request for this long,
+     * it sends Cancel and ends the request with DEADLINE_EXCEEDED. 0: wait forever. */
+    uint32_t timeout_ms;
+} river_generate_opts_t;
+
+#define RIVER_GENERATE_OPTS_INIT {.top_p = 1.0f}
+
+typedef enum {
+    RIVER_EVENT_CHUNK = 0,
+    RIVER_EVENT_FINAL,
+    RIVER_EVENT_ERROR,
+} river_event_kind_t;
+
+/* What a callback gets; pointers are valid during the call only. */
+typedef struct river_event {
+    river_event_kind_t kind;
+    const char *request_id;
+    /* CHUNK */
+    uint64_t seq;                /* 0, 1, 2... per request, without gaps */
+    const char *text;            /* new UTF-8 text, not NUL-terminated; may be empty */
+    size_t text_len;
+    const int32_t *ids;
+    size_t n_ids;
+    const int32_t *exit_layers;  /* n_exit_layers (n_ids, or 0 when not reported) */
+    size_t n_exit_layers;
+    /* FINAL */
+    river_finish_t finish;
+    uint32_t prompt_tokens, completion_tokens;
+    float mean_exit_layer;
+    /* ERROR */
+    river_code_t code;
+    const char *message;
+} river_event_t;
+
+typedef void (*river_event_cb)(void *user, const river_event_t *ev);
+
+typedef struct river_client river_client_t;
+
+/* Connects to riverd's client endpoint (tcp://host:port, ipc://path). Connecting does
+ * not wait for riverd: frames wait until it is there (see timeout_ms). */
+int river_client_new(river_client_t **out, const char *endpoint);
+void river_client_destroy(river_client_t **c);
+
+/* Sends a Generate and returns. request_id NULL: the library makes one; id_out (may be
+ * NULL) receives the id used. cb gets every event of the request, inside
+ * river_client_poll. */
+int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
+                        const char *request_id, river_event_cb cb, void *user,
+                        char id_out[RIVER_CLIENT_ID_MAX]);
+/* Asks riverd to end a request; it ends with FINAL (finish CANCELLED) as usual. */
+int river_client_cancel(river_client_t *c, const char *request_id);
+/* Waits up to timeout_ms (0: only what is there; -1: until something arrives) and handles
+ * what arrived. Returns the requests still in flight, or a negative error. */
+int river_client_poll(river_client_t *c, int timeout_ms);
+int river_client_in_flight(const river_client_t *c);
+
+/* How a request ended, for river_client_generate. */
+typedef struct river_result {
+    int ok;                    /* 1: FINAL, 0: ERROR */
+    river_finish_t finish;
+    uint32_t prompt_tokens, completion_tokens;
+    float mean_exit_layer;
+    river_code_t code;         /* ERROR */
+    char message[512];
+    uint64_t chunks;
+} river_result_t;
+
+/* Submits and polls until the request ends; cb (may be NULL) sees its events as they
+ * come. Returns 0 when it ended with FINAL; RIVER_EPROTO when riverd answered with an
+ * ERROR (res says which); another negative code when the library failed. */
+int river_client_generate(river_client_t *c, const river_generate_opts_t *o, river_event_cb cb,
+                          void *user, river_result_t *res);
+
+/* ---- Admin ---- */
+
+typedef struct river_admin river_admin_t;
+
+/* timeout_ms: how long each call waits for riverd (0: 5000). */
+int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms);
+void river_admin_destroy(river_admin_t **a);
+
+typedef struct river_status {
+    char version[32];
+    uint64_t uptime_s;
+    uint32_t workers_ready, workers_total;
+    uint32_t queue_length, queue_capacity, running;
+    uint64_t requests_total, requests_failed;
+    int draining;
+} river_status_t;
+
+typedef struct river_worker_info {
+    char id[128];
+    const char *state;         /* "starting", "ready", "draining", "dead" */
+    const char *role;          /* "full", "river", "backbone" */
+    char model[128];
+    uint32_t max_seqs, max_batch, n_layers, max_context;
+    uint32_t queue_length, running;
+    uint32_t kv_page_size, kv_pages_total, kv_pages_free;
+    uint32_t missed_beats;
+    uint64_t last_seen_ms;
+    int supervised, has_river;
+} river_worker_info_t;
+
+int river_admin_status(river_admin_t *a, river_status_t *st);
+/* *workers is malloc'd (free it), *n entries. */
+int river_admin_workers(river_admin_t *a, river_worker_info_t **workers, size_t *n);
+/* worker_id NULL or "": drain every worker, then riverd exits. */
+int river_admin_drain(river_admin_t *a, const char *worker_id, uint32_t deadline_ms,
+                      uint32_t *draining);
+int river_admin_scale(river_admin_t *a, uint32_t workers, uint32_t *previous);
+/* *applied and *needs_restart: malloc'd, comma-separated key names (free them). */
+int river_admin_reload(river_admin_t *a, char **applied, char **needs_restart);
+/* *text: malloc'd Prometheus text (free it). */
+int river_admin_metrics(river_admin_t *a, char **text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,554 @@
+/* The poll loop: three ROUTER sockets, the signal descriptor and the HTTP server's epoll
+ * descriptor in one zmq_poll whose timeout is the next timer; periodic work in one place
+ * (router__tick). Also the frame I/O every other part goes through. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "common/err.h"
+#include "daemon/riverd.h"
+
+/* Messages read from one socket before the loop looks at the others, so that a flood on
+ * one link cannot starve the rest. */
+#define ROUTER_BATCH 256
+/* Longest wait of the poll loop when no timer is due: a ceiling, not a tick. */
+#define ROUTER_MAX_WAIT_MS 60000
+/* Replies queued to one slow client before riverd gives up on it. */
+#define ROUTER_CLIENT_HWM 100000
+/* Messages queued to one worker: Submits and Cancels are few, so reaching this means
+ * the worker stopped reading. */
+#define ROUTER_WORKER_HWM 100000
+/* Frames past max_frame_bytes up to this many times it still reach riverd and get an
+ * error reply; larger ones make ZMQ drop the connection before they use the memory. */
+#define ROUTER_OVERSIZE_FACTOR 4
+
+int64_t riverd_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- Sockets ---- */
+
+static int router__socket(riverd_t *rd, void **out, const char *what, bool mandatory,
+                          int sndhwm)
+{
+    void *s = zmq_socket(rd->zctx, ZMQ_ROUTER);
+    if (!s)
+        return river_err_set(RIVER_ESYS, "%s socket: %s", what, zmq_strerror(zmq_errno()));
+    int one = 1, linger = 1000;
+    int64_t maxmsg = (int64_t)rd->cfg.max_frame_bytes * ROUTER_OVERSIZE_FACTOR;
+    /* ROUTER_MANDATORY turns a reply to a peer that went away into EHOSTUNREACH instead
+     * of a silent drop, which is how riverd learns that a client left or a worker's
+     * connection is gone. */
+    if ((mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one)) ||
+        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
+        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+        (sndhwm && zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm))) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return river_err_set(RIVER_ESYS, "%s socket options: %s", what, zmq_strerror(e));
+    }
+    *out = s;
+    return 0;
+}
+
+static int router__bind(void *s, const char *endpoint, const char *what, char *bound,
+                        size_t cap)
+{
+    if (zmq_bind(s, endpoint) != 0)
+        return river_err_set(RIVER_ESYS, "cannot bind the %s endpoint %s: %s", what,
+                             endpoint, zmq_strerror(zmq_errno()));
+    char last[256] = "";
+    size_t n = sizeof last;
+    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, last, &n) != 0)
+        snprintf(last, sizeof last, "%s", endpoint);
+    log_info("%s on %s", what, last);
+    if (bound && !bound[0]) {
+        /* What a process on this host connects to: a wildcard bind is reachable on
+         * loopback. */
+        const char *any = "tcp://0.0.0.0:";
+        if (!strncmp(last, any, strlen(any)))
+            snprintf(bound, cap, "tcp://127.0.0.1:%.200s", last + strlen(any));
+        else
+            snprintf(bound, cap, "%s", last);
+    }
+    return 0;
+}
+
+int router_open(riverd_t *rd)
+{
+    int rc;
+    rd->sig_fd = -1;
+    rd->zctx = zmq_ctx_new();
+    if (!rd->zctx)
+        return river_err_set(RIVER_ESYS, "zmq context: %s", zmq_strerror(zmq_errno()));
+    rc = router__socket(rd, &rd->clients, "client", true, ROUTER_CLIENT_HWM);
+    if (rc < 0)
+        goto fail;
+    for (int i = 0; i < rd->cfg.clients.n; i++)
+        if ((rc = router__bind(rd->clients, rd->cfg.clients.v[i], "clients", NULL, 0)) < 0)
+            goto fail;
+    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM);
+    if (rc < 0)
+        goto fail;
+    /* Workers connect with their id as routing id; a worker that restarts (or reconnects
+     * before riverd noticed the old connection die) must get its name back. */
+    int one = 1;
+    if (zmq_setsockopt(rd->workers, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0) {
+        rc = river_err_set(RIVER_ESYS, "worker socket: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    /* Local workers connect to the first endpoint, or to the first ipc:// one: on the
+     * same host that is the cheaper path. */
+    for (int i = 0; i < rd->cfg.workers.n; i++) {
+        const char *ep = rd->cfg.workers.v[i];
+        if (!strncmp(ep, "ipc://", 6) && strncmp(rd->worker_endpoint, "ipc://", 6))
+            rd->worker_endpoint[0] = '\0';
+        if ((rc = router__bind(rd->workers, ep, "workers", rd->worker_endpoint,
+                               sizeof rd->worker_endpoint)) < 0)
+            goto fail;
+    }
+    if (rd->cfg.admin[0]) {
+        rc = router__socket(rd, &rd->admin, "admin", false, 0);
+        if (rc < 0)
+            goto fail;
+        if ((rc = router__bind(rd->admin, rd->cfg.admin, "admin", NULL, 0)) < 0)
+            goto fail;
+    }
+
+    /* Signals arrive as reads on a descriptor in the poll loop, never as handlers that
+     * interrupt it. Children get the default mask back before exec (supervise.c). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) != 0) {
+        rc = river_err_set(RIVER_ESYS, "sigprocmask: %s", strerror(errno));
+        goto fail;
+    }
+    rd->sig_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (rd->sig_fd < 0) {
+        rc = river_err_set(RIVER_ESYS, "signalfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+        rc = river_err_set(RIVER_ESYS, "ignoring SIGPIPE: %s", strerror(errno));
+        goto fail;
+    }
+    return 0;
+fail:
+    router_close(rd);
+    return rc;
+}
+
+void router_close(riverd_t *rd)
+{
+    if (rd->sig_fd >= 0)
+        close(rd->sig_fd);
+    rd->sig_fd = -1;
+    void **socks[] = {&rd->clients, &rd->workers, &rd->admin};
+    for (size_t i = 0; i < sizeof socks / sizeof socks[0]; i++) {
+        if (*socks[i])
+            zmq_close(*socks[i]);
+        *socks[i] = NULL;
+    }
+    if (rd->zctx)
+        zmq_ctx_term(rd->zctx);
+    rd->zctx = NULL;
+}
+
+/* ---- Frame I/O ---- */
+
+/* Reads one message from a ROUTER: the routing id, an optional empty delimiter (REQ
+ * peers) and one payload frame. Returns 1 with *payload set, 0 when nothing is waiting,
+ * 2 when the message had the wrong shape (it is consumed, *from is valid), <0 on error. */
+static int router__recv(void *s, route_t *from, zmq_msg_t *payload)
+{
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, s, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&f);
+        if (e == EAGAIN || e == EINTR)
+            return 0;
+        return river_err_set(RIVER_ESYS, "zmq recv: %s", zmq_strerror(e));
+    }
+    size_t n = zmq_msg_size(&f);
+    from->len = (uint8_t)(n > RIVERD_ROUTE_MAX ? RIVERD_ROUTE_MAX : n);
+    memcpy(from->id, zmq_msg_data(&f), from->len);
+    from->delim = false;
+    bool more = zmq_msg_more(&f);
+    zmq_msg_close(&f);
+
+    /* Keep the first two frames after the routing id; count the rest. */
+    zmq_msg_t frames[2];
+    int got = 0, extra = 0;
+    while (more) {
+        zmq_msg_t *m = got < 2 ? &frames[got] : &f;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, s, 0) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(m);
+            for (int i = 0; i < got; i++)
+                zmq_msg_close(&frames[i]);
+            return river_err_set(RIVER_ESYS, "zmq recv: %s", zmq_strerror(e));
+        }
+        more = zmq_msg_more(m);
+        if (got < 2)
+            got++;
+        else {
+            extra++;
+            zmq_msg_close(m);
+        }
+    }
+    int rc = 2;
+    if (got == 1 && !extra) {
+        *payload = frames[0];
+        return 1;
+    }
+    if (got == 2 && !extra && zmq_msg_size(&frames[0]) == 0) {
+        from->delim = true;
+        zmq_msg_close(&frames[0]);
+        *payload = frames[1];
+        return 1;
+    }
+    if (got == 2 && zmq_msg_size(&frames[0]) == 0)
+        from->delim = true;
+    for (int i = 0; i < got; i++)
+        zmq_msg_close(&frames[i]);
+    return rc;
+}
+
+static int router__send(void *s, const route_t *to, const ProtobufCMessage *env)
+{
+    if (!s)
+        return river_err_set(RIVER_EIO, "socket closed");
+    zmq_msg_t m;
+    int rc = frame_encode_msg(env, &m);
+    if (rc < 0) {
+        zmq_msg_close(&m);
+        log_error("cannot encode a %s: %s", frame_case_name(env), river_err_detail());
+        return rc;
+    }
+    if (zmq_send(s, to->id, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        goto fail;
+    if (to->delim && zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        goto fail;
+    if (zmq_msg_send(&m, s, ZMQ_DONTWAIT) < 0)
+        goto fail;
+    return 0;
+fail:;
+    int e = zmq_errno();
+    zmq_msg_close(&m);
+    return river_err_set(RIVER_EIO, "%s", e == EHOSTUNREACH ? "peer is gone"
+                                          : e == EAGAIN       ? "peer is not reading"
+                                                              : zmq_strerror(e));
+}
+
+int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r)
+{
+    return router__send(rd->clients, to, &r->base);
+}
+
+int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
+                      River__Client__Error__Code code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    River__Client__Error e;
+    river__client__error__init(&e);
+    frame_error_fill(&e, rid, code, msg);
+    River__Client__ClientReply r;
+    river__client__client_reply__init(&r);
+    r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_ERROR;
+    r.error = &e;
+    return router_send_client(rd, to, &r);
+}
+
+int router_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m)
+{
+    return router__send(rd->workers, to, &m->base);
+}
+
+int router_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMessage *m)
+{
+    int rc = router__send(rd->workers, &w->route, &m->base);
+    if (rc == 0)
+        w->last_sent_ms = riverd_now_ms();
+    else if (w->state != WORKER_DEAD && !w->unreachable) {
+        /* Marked here, handled in workers_tick: the caller may be walking a list that
+         * declaring the worker dead would change. */
+        w->unreachable = true;
+        log_warn("worker %s: cannot send %s: %s", w->id, frame_case_name(&m->base),
+                 river_err_detail());
+    }
+    return rc;
+}
+
+int router_send_admin(riverd_t *rd, const route_t *to, const River__Admin__AdminReply *r)
+{
+    return router__send(rd->admin, to, &r->base);
+}
+
+/* ---- Readers, one per socket ---- */
+
+static void router__on_clients(riverd_t *rd)
+{
+    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+        route_t from;
+        zmq_msg_t p;
+        int rc = router__recv(rd->clients, &from, &p);
+        if (rc <= 0) {
+            if (rc < 0)
+                log_error("clients: %s", river_err_detail());
+            return;
+        }
+        rd->metrics.bad_frames += rc == 2;
+        if (rc == 2) {
+            router_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT,
+                              "frame: expected one ClientRequest frame after the routing "
+                              "id");
+            continue;
+        }
+        ProtobufCMessage *m = NULL;
+        int e = frame_decode_msg(FRAME_CLIENT_REQUEST, &p, (size_t)rd->cfg.max_frame_bytes,
+                                 &m);
+        zmq_msg_close(&p);
+        if (e < 0) {
+            rd->metrics.bad_frames++;
+            log_debug("bad client frame: %s", river_err_detail());
+            router_send_error(rd, &from, "", frame_error_code(e), "%s", river_err_detail());
+            continue;
+        }
+        dispatch_on_client(rd, &from, (River__Client__ClientRequest *)m);
+    }
+}
+
+static void router__on_workers(riverd_t *rd)
+{
+    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+        route_t from;
+        zmq_msg_t p;
+        int rc = router__recv(rd->workers, &from, &p);
+        if (rc <= 0) {
+            if (rc < 0)
+                log_error("workers: %s", river_err_detail());
+            return;
+        }
+        /* The worker link has no error reply: a worker that sends what riverd cannot
+         * read is broken, and saying so in the log is all riverd can do. */
+        if (rc == 2) {
+            rd->metrics.bad_frames++;
+            log_warn("worker frame with the wrong number of parts");
+            continue;
+        }
+        ProtobufCMessage *m = NULL;
+        int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &p, (size_t)rd->cfg.max_frame_bytes,
+                                 &m);
+        zmq_msg_close(&p);
+        if (e < 0) {
+            rd->metrics.bad_frames++;
+            worker_t *w = workers_by_route(rd, &from);
+            log_warn("bad frame from worker %s: %s", w ? w->id : "(unknown)",
+                     river_err_detail());
+            continue;
+        }
+        workers_on_message(rd, &from, (River__Worker__WorkerMessage *)m);
+    }
+}
+
+static void router__on_admin(riverd_t *rd)
+{
+    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+        route_t from;
+        zmq_msg_t p;
+        int rc = router__recv(rd->admin, &from, &p);
+        if (rc <= 0) {
+            if (rc < 0)
+                log_error("admin: %s", river_err_detail());
+            return;
+        }
+        ProtobufCMessage *m = NULL;
+        int e = RIVER_EPROTO;
+        if (rc == 2)
+            river_err_set(e, "frame: expected one AdminRequest frame after the routing id");
+        else {
+            e = frame_decode_msg(FRAME_ADMIN_REQUEST, &p, (size_t)rd->cfg.max_frame_bytes,
+                                 &m);
+            zmq_msg_close(&p);
+        }
+        if (e < 0) {
+            rd->metrics.bad_frames++;
+            River__Client__Error err;
+            river__client__error__init(&err);
+            frame_error_fill(&err, "", frame_error_code(e), river_err_detail());
+            River__Admin__AdminReply r;
+            river__admin__admin_reply__init(&r);
+            r.kind_case = RIVER__ADMIN__ADMIN_REPLY__KIND_ERROR;
+            r.error = &err;
+            router_send_admin(rd, &from, &r);
+            continue;
+        }
+        admin_on_request(rd, &from, (River__Admin__AdminRequest *)m);
+        frame_free(&m);
+    }
+}
+
+static void router__on_signals(riverd_t *rd)
+{
+    struct signalfd_siginfo si;
+    ssize_t n;
+    while ((n = read(rd->sig_fd, &si, sizeof si)) == (ssize_t)sizeof si) {
+        switch (si.ssi_signo) {
+        case SIGHUP:
+            rd->reload_pending = true;
+            break;
+        case SIGTERM:
+        case SIGINT:
+            /* The first asks for a drain; a second one means now. */
+            if (rd->draining) {
+                log_warn("signal %u during the drain: stopping now", si.ssi_signo);
+                dispatch_fail_all(rd, RIVER__CLIENT__ERROR__CODE__CANCELLED,
+                                  "riverd stopped");
+                rd->stop = true;
+            } else {
+                riverd_begin_shutdown(rd, 0, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+            }
+            break;
+        case SIGCHLD:
+            supervise_reap(rd);
+            break;
+        default:
+            break;
+        }
+    }
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+        log_error("reading signals: %s", strerror(errno));
+}
+
+/* ---- The loop ---- */
+
+/* All periodic work, in one place, in an order that lets each step see the effects of
+ * the one before: reloads and restarts first, then worker liveness (which may put
+ * requests back in the queue), then dispatch (deadlines and the queue), then the drain
+ * and what systemd is told. */
+static void router__tick(riverd_t *rd, int64_t now)
+{
+    if (rd->reload_pending) {
+        rd->reload_pending = false;
+        const char *applied[64], *restart[64];
+        int na = 0, nr = 0;
+        if (reload_config(rd, applied, &na, restart, &nr, 64) < 0)
+            log_error("reload: %s; keeping the running configuration", river_err_detail());
+    }
+    supervise_tick(rd, now);
+    workers_tick(rd, now);
+    dispatch_tick(rd, now);
+    if (rd->draining) {
+        if (rd->n_queued == 0 && rd->n_running == 0) {
+            log_info("drain complete");
+            rd->stop = true;
+        } else if (rd->drain_deadline_ms && now >= rd->drain_deadline_ms) {
+            log_warn("drain deadline passed with %d requests left; cancelling them",
+                     rd->n_queued + rd->n_running);
+            dispatch_fail_all(rd, RIVER__CLIENT__ERROR__CODE__CANCELLED,
+                              "riverd shut down before the request finished");
+            rd->stop = true;
+        }
+    }
+    riverd_notify_status(rd, now, false);
+}
+
+static int64_t router__next(riverd_t *rd, int64_t now)
+{
+    int64_t next = now + ROUTER_MAX_WAIT_MS;
+#define ROUTER_MIN(t)                                                                     \
+    do {                                                                                  \
+        int64_t t_ = (t);                                                                 \
+        if (t_ > 0 && t_ < next)                                                          \
+            next = t_;                                                                    \
+    } while (0)
+    ROUTER_MIN(workers_next_ms(rd, now));
+    ROUTER_MIN(dispatch_next_ms(rd, now));
+    ROUTER_MIN(supervise_next_ms(rd, now));
+    int64_t h = http_timeout_ms(rd->http);
+    if (h >= 0)
+        ROUTER_MIN(now + h);
+    if (rd->watchdog_ms)
+        ROUTER_MIN(rd->next_watchdog_ms);
+    ROUTER_MIN(rd->next_status_ms);
+    if (rd->draining)
+        ROUTER_MIN(rd->drain_deadline_ms);
+#undef ROUTER_MIN
+    return next;
+}
+
+int router_run(riverd_t *rd)
+{
+    enum { P_CLIENTS, P_WORKERS, P_SIGNALS, P_ADMIN, P_HTTP, P_COUNT };
+    while (!rd->stop) {
+        int64_t now = riverd_now_ms();
+        router__tick(rd, now);
+        if (rd->stop)
+            break;
+        int64_t wait = router__next(rd, now) - now;
+        if (wait < 0)
+            wait = 0;
+
+        zmq_pollitem_t items[P_COUNT];
+        int kinds[P_COUNT], n = 0;
+        memset(items, 0, sizeof items);
+        items[n] = (zmq_pollitem_t){.socket = rd->clients, .events = ZMQ_POLLIN};
+        kinds[n++] = P_CLIENTS;
+        items[n] = (zmq_pollitem_t){.socket = rd->workers, .events = ZMQ_POLLIN};
+        kinds[n++] = P_WORKERS;
+        items[n] = (zmq_pollitem_t){.fd = rd->sig_fd, .events = ZMQ_POLLIN};
+        kinds[n++] = P_SIGNALS;
+        if (rd->admin) {
+            items[n] = (zmq_pollitem_t){.socket = rd->admin, .events = ZMQ_POLLIN};
+            kinds[n++] = P_ADMIN;
+        }
+        int hfd = http_fd(rd->http);
+        if (hfd >= 0) {
+            items[n] = (zmq_pollitem_t){.fd = hfd, .events = ZMQ_POLLIN};
+            kinds[n++] = P_HTTP;
+        }
+        int rc = zmq_poll(items, n, (long)wait);
+        if (rc < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            return river_err_set(RIVER_ESYS, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        }
+        for (int i = 0; i < n; i++) {
+            /* The HTTP server also has timeouts of its own; run it on every pass. */
+            if (kinds[i] == P_HTTP) {
+                http_run(rd->http);
+                continue;
+            }
+            if (!(items[i].revents & ZMQ_POLLIN))
+                continue;
+            switch (kinds[i]) {
+            case P_CLIENTS: router__on_clients(rd); break;
+            case P_WORKERS: router__on_workers(rd); break;
+            case P_SIGNALS: router__on_signals(rd); break;
+            case P_ADMIN: router__on_admin(rd); break;
+            default: break;
+            }
+        }
+    }
+    return 0;
+}
