@@ -29,7 +29,8 @@
     X(RIVER_ETIMEOUT, -17, "timed out")                                      \
     X(RIVER_ECANCELED, -18, "canceled")                                      \
     X(RIVER_EPROTO, -19, "protocol error")                                   \
-    X(RIVER_ECONFIG, -20, "configuration error")
+    X(RIVER_ECONFIG, -20, "configuration error")                             \
+    X(RIVER_EUNAVAILABLE, -21, "peer unavailable")
 
 enum river_err {
 #define RIVER_ERR_ENUM(name, value, msg) name = (value),

@@ -74,7 +74,8 @@ void frame_free(ProtobufCMessage **msg);
 /* The client-facing code for a River error code: bad input (RIVER_EINVAL, RIVER_ERANGE,
  * RIVER_EPROTO...) is INVALID_ARGUMENT, RIVER_EFULL and RIVER_ENOMEM are
  * RESOURCE_EXHAUSTED, RIVER_ETIMEOUT is DEADLINE_EXCEEDED, RIVER_ECANCELED is CANCELLED,
- * 0 is OK and anything else INTERNAL. */
+ * RIVER_EUNAVAILABLE (a split pair's peer is gone) is UNAVAILABLE, 0 is OK and anything
+ * else INTERNAL. */
 River__Client__Error__Code frame_error_code(int err);
 
 /* Fills an Error message whose strings point at request_id and message (borrowed; NULL

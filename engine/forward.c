@@ -42,6 +42,8 @@ struct forward {
 
     int has_exit;
     exit_config_t ex;
+    int has_remote;       /* backbone layers >= remote.boundary run elsewhere */
+    fwd_remote_t remote;
     /* Per-row bookkeeping of one step, (max_rows) each; rows of an extended batch are the
      * caller's rows followed by the recompute baseline's pending rows. */
     uint8_t *state;
@@ -205,6 +207,22 @@ int forward_set_exit(forward_t *f, const exit_config_t *cfg)
     return 0;
 }
 
+int forward_set_remote(forward_t *f, const fwd_remote_t *r)
+{
+    if (!r) {
+        f->has_remote = 0;
+        return 0;
+    }
+    if (!r->run)
+        return river_err_set(RIVER_EINVAL, "forward: remote without a run function");
+    if (r->boundary < 0 || r->boundary > f->m->cfg.n_layers)
+        return river_err_set(RIVER_EINVAL, "forward: remote boundary %d outside 0..%d",
+                             r->boundary, f->m->cfg.n_layers);
+    f->remote = *r;
+    f->has_remote = 1;
+    return 0;
+}
+
 /* One decoder layer over n rows of residual stream x: attention then SwiGLU FFN, each with
  * a residual add. Its K/V go to the (layer, position) slots of the rows. */
 static int forward__layer(forward_t *f, const layer_weights_t *w, int l, void *x,
@@ -301,6 +319,37 @@ static int forward__group(forward_t *f, const layer_weights_t *w, int l, const i
     }
     FWD_TRY(kv_only ? forward__kv_only(f, w, l, x, kv, &ab) : forward__layer(f, w, l, x, kv, &ab));
     if (!whole && !kv_only)
+        FWD_TRY(o->scatter_rows(ctx, f->x, f->xs, idx, m, dim));
+    return 0;
+}
+
+/* The rows idx[0..m) of the extended batch (n rows) run backbone layer l on the remote:
+ * gathered (unless they are the whole batch in order), copied to the host, run, copied
+ * back and scattered. Copies and gathers move floats unchanged, so the rows get exactly
+ * what the remote's kernels computed. */
+static int forward__remote_group(forward_t *f, int l, const int32_t *idx, int m, int n)
+{
+    const ops_t *o = f->be->ops;
+    ops_ctx_t *ctx = f->be->ctx;
+    int dim = f->m->cfg.dim;
+    int whole = m == n;
+    for (int i = 0; whole && i < m; i++)
+        whole = idx[i] == i;
+    for (int i = 0; i < m; i++) {
+        f->sub_pos[i] = f->pos[idx[i]];
+        f->sub_tables[i] = f->tables[idx[i]];
+    }
+    size_t len = (size_t)m * (size_t)dim;
+    void *x = f->x;
+    if (!whole) {
+        FWD_TRY(o->gather_rows(ctx, f->xs, f->x, idx, m, dim));
+        x = f->xs;
+    }
+    FWD_TRY(o->to_host(ctx, f->host_hidden, x, 0, len));
+    FWD_TRY(f->remote.run(f->remote.user, l, m, f->sub_pos,
+                          (const int32_t *const *)f->sub_tables, f->host_hidden));
+    FWD_TRY(o->from_host(ctx, x, 0, f->host_hidden, len));
+    if (!whole)
         FWD_TRY(o->scatter_rows(ctx, f->x, f->xs, idx, m, dim));
     return 0;
 }
@@ -572,7 +621,10 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
         FWD_TRY(f->be->ops->gather_rows(f->be->ctx, f->xprev, f->x, f->iota, n, m->cfg.dim));
         f->stats.decide_s += fwd__now() - t0;
     }
-    if (nb) {
+    if (nb && f->has_remote && l >= f->remote.boundary) {
+        f->stats.layer_rows_backbone += nb;
+        FWD_TRY(forward__remote_group(f, l, bidx, nb, n_ext));
+    } else if (nb) {
         if (f->ex.offload)
             offload_touch(f->ex.offload, l);
         f->stats.layer_rows_backbone += nb;
@@ -660,6 +712,11 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n)
             return river_err_set(RIVER_ERANGE, "forward: logit row %d of %d",
                                  b->logit_rows[i], n);
+    if (f->has_remote && f->has_exit &&
+        (f->ex.policy.kv == EXIT_KV_MASK || f->ex.policy.kv == EXIT_KV_PROPAGATE))
+        return river_err_set(RIVER_EUNSUPPORTED, "forward: the %s strategy cannot run "
+                             "backbone layers on a remote (no validity maps or K/V-only "
+                             "passes cross the split)", exit_kv_name(f->ex.policy.kv));
     double t0 = fwd__now();
     for (int r = 0; r < n; r++) {
         f->pos[r] = b->pos[r];
@@ -677,7 +734,10 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
     if (!f->has_exit) {
         attn_batch_t ab = {.n = n, .pos = f->pos, .page_table = f->tables};
         for (int l = 0; l < L; l++) {
-            FWD_TRY(forward__layer(f, &m->layers[l], l, f->x, view, &ab));
+            if (f->has_remote && l >= f->remote.boundary)
+                FWD_TRY(forward__remote_group(f, l, f->iota, n, n));
+            else
+                FWD_TRY(forward__layer(f, &m->layers[l], l, f->x, view, &ab));
             f->stats.layer_rows_backbone += n;
             if (f->hook) {
                 FWD_TRY(o->to_host(ctx, f->host_hidden, f->x, 0, (size_t)n * (size_t)c->dim));
@@ -743,6 +803,24 @@ int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int la
     FWD_TRY(o->from_host(f->be->ctx, f->x, 0, x_in, n));
     FWD_TRY(forward__layer(f, &f->m->layers[layer], layer, f->x, kv_pool_view(kv), &ab));
     return o->to_host(f->be->ctx, x_out, f->x, 0, n);
+}
+
+int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
+                       const int32_t *const *page_table, float *x)
+{
+    const model_config_t *c = &f->m->cfg;
+    if (n <= 0 || n > f->max_rows || layer < 0 || layer >= c->n_layers || !pos ||
+        !page_table || !x)
+        return river_err_set(RIVER_EINVAL, "forward: layer %d with %d rows (max %d)", layer,
+                             n, f->max_rows);
+    for (int i = 0; i < n; i++)
+        if (pos[i] < 0 || pos[i] >= c->max_seq_len)
+            return river_err_set(RIVER_ERANGE, "forward: position %d outside context %d",
+                                 pos[i], c->max_seq_len);
+    /* forward_layer_host reads all of x into the activations before it writes any of it,
+     * so input and output may be one buffer. */
+    fwd_batch_t b = {.n = n, .pos = pos, .page_table = page_table};
+    return forward_layer_host(f, kv, &b, layer, x, x);
 }
 
 /* Seconds for one layer with weights w on n rows at positions 0..n-1, best of 3. */

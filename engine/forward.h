@@ -54,6 +54,42 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
 int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int layer,
                        const float *x_in, float *x_out);
 
+/* Backbone layers run elsewhere: the split pair's seam (DESIGN.md §1). When a remote is
+ * set, every backbone layer l >= boundary is not computed here: the rows that run it on the
+ * backbone are gathered, copied to the host, handed to `run`, and its result is copied back
+ * and scattered. River layers, exit decisions, the embedding and the LM heads stay local.
+ *
+ * run gets layer l, n rows at positions pos[i] of the sequences whose page tables are
+ * page_table[i] (entries 0..pos[i]/page_size are valid), and x (n, dim) in host memory: the
+ * residual stream entering the layer, to be overwritten with the stream after it. It must
+ * write the K/V of (l, pos[i]) into the slots of this forward's KV pool, which is why the
+ * pool is shared between the two processes (kv_pool_new_shared). It returns 0 or a river_err
+ * code, which fails the step (RIVER_EUNAVAILABLE when the peer is gone).
+ *
+ * The result is bit-identical to the local layer when the other side runs the same
+ * kernels (same backend, same SIMD level, same thread count) on the same rows in the same
+ * order, which forward_layer_rows does: gathering, copying and scattering move floats
+ * without changing them.
+ *
+ * The remote protocol carries no validity maps and no K/V-only passes, so the mask and
+ * propagate baselines fail with RIVER_EUNSUPPORTED while a remote is set. */
+typedef struct fwd_remote {
+    void *user;
+    int boundary; /* first backbone layer run remotely, 0..n_layers */
+    int (*run)(void *user, int layer, int n, const int32_t *pos,
+               const int32_t *const *page_table, float *x);
+} fwd_remote_t;
+
+/* Sets the remote (copied) or turns it off (NULL). RIVER_EINVAL for a boundary outside
+ * 0..n_layers or no run function. */
+int forward_set_remote(forward_t *f, const fwd_remote_t *r);
+
+/* Runs backbone layer `layer` on n host rows x (n, dim) in place, writing the rows' K/V
+ * into kv: what the backbone worker of a split pair does for each request. Positions and
+ * page tables as in fwd_batch_t. */
+int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
+                       const int32_t *const *page_table, float *x);
+
 /* Turns early exit on (cfg copied; the river layers and router must outlive the forward)
  * or off (cfg NULL). RIVER_EINVAL when the policy needs a river or router it lacks. */
 int forward_set_exit(forward_t *f, const exit_config_t *cfg);

@@ -38,6 +38,7 @@ struct gen {
     gen_config_t cfg;
     forward_t *fwd;
     kv_pool_t *kv;
+    int owns_kv;           /* 0: cfg.kv_pool, borrowed */
     gseq_t *seqs;          /* (max_seqs) slots */
     int *order;            /* (max_seqs) slots of live sequences, oldest first */
     int n_active;
@@ -73,6 +74,19 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     if (c.max_rows <= 0 || c.max_seqs <= 0 || c.page_size <= 0 || c.prefill_chunk <= 0)
         return river_err_set(RIVER_EINVAL, "generate: bad config (rows %d, seqs %d, page %d, "
                              "chunk %d)", c.max_rows, c.max_seqs, c.page_size, c.prefill_chunk);
+    int kvd = m->cfg.n_kv_heads * m->cfg.head_dim;
+    if (c.kv_pool) {
+        const kv_view_t *v = kv_pool_view(c.kv_pool);
+        if (kv_pool_n_layers(c.kv_pool) != m->cfg.n_layers || v->kv_dim != kvd ||
+            v->page_size != c.page_size || kv_pool_is_attached(c.kv_pool))
+            return river_err_set(RIVER_EINVAL, "generate: the KV pool given (%d layers, "
+                                 "kv_dim %d, page %d%s) does not fit the model (%d layers, "
+                                 "kv_dim %d, page %d)", kv_pool_n_layers(c.kv_pool),
+                                 v->kv_dim, v->page_size,
+                                 kv_pool_is_attached(c.kv_pool) ? ", attached" : "",
+                                 m->cfg.n_layers, kvd, c.page_size);
+        c.n_pages = kv_pool_total_pages(c.kv_pool);
+    }
     if (c.n_pages <= 0)
         c.n_pages = c.max_seqs * ((m->cfg.max_seq_len + c.page_size - 1) / c.page_size);
     int e;
@@ -86,10 +100,14 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     e = forward_new(&g->fwd, m, be, c.max_rows);
     if (e)
         goto fail_fwd;
-    e = kv_pool_new(&g->kv, be, m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim,
-                    c.page_size, c.n_pages);
-    if (e)
-        goto fail_kv;
+    if (c.kv_pool) {
+        g->kv = c.kv_pool;
+    } else {
+        e = kv_pool_new(&g->kv, be, m->cfg.n_layers, kvd, c.page_size, c.n_pages);
+        if (e)
+            goto fail_kv;
+        g->owns_kv = 1;
+    }
     size_t r = (size_t)c.max_rows;
     g->seqs = calloc((size_t)c.max_seqs, sizeof *g->seqs);
     g->order = malloc((size_t)c.max_seqs * sizeof *g->order);
@@ -122,7 +140,8 @@ fail_bufs:
     free(g->row_seq);
     free(g->tables);
     free(g->logits);
-    kv_pool_destroy(&g->kv);
+    if (g->owns_kv)
+        kv_pool_destroy(&g->kv);
 fail_kv:
     forward_destroy(&g->fwd);
 fail_fwd:
@@ -161,7 +180,8 @@ void gen_destroy(gen_t **gp)
     free(g->depth);
     free(g->exit_seqs);
     free(g->logits);
-    kv_pool_destroy(&g->kv);
+    if (g->owns_kv)
+        kv_pool_destroy(&g->kv);
     forward_destroy(&g->fwd);
     free(g);
     *gp = NULL;
@@ -397,7 +417,8 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
                       .index = s->n_generated - 1};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
-    memmove(s->pending, s->pending + emit, hold);
+    if (hold) /* without a tokenizer pending is NULL, and memmove must not see it */
+        memmove(s->pending, s->pending + emit, hold);
     s->n_pending = hold;
 }
 

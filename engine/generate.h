@@ -45,6 +45,11 @@ typedef struct gen_config {
      * free pages; only a sequence that alone needs more pages than the pool has ends with
      * GEN_FINISH_ERROR. */
     int preempt;
+    /* A KV pool to use instead of making one (NULL: the generator makes its own): the split
+     * pair's shared pool (kv_pool_new_shared). The generator borrows it (it must outlive
+     * the generator) and hands out its pages; its layers and kv_dim must be the model's
+     * and its page size page_size, and n_pages is then ignored. */
+    kv_pool_t *kv_pool;
 } gen_config_t;
 
 /* One generated token as its owner sees it. text is the newly final UTF-8 text (stop

@@ -18,6 +18,27 @@ int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int pa
                 int n_pages);
 void kv_pool_destroy(kv_pool_t **p);
 
+/* The pool of a split pair (DESIGN.md §1), in memory two processes map: one memfd holds
+ * every K value, then every V value (f32, the CPU backend's KV type), mapped MAP_SHARED.
+ * *fd_out receives its descriptor, which the pool owns (kv_pool_destroy closes it) and
+ * the peer opens as /proc/<this pid>/fd/<fd> to map the same pages. The free list stays
+ * private to this process: only the owner hands out pages. CPU backend only
+ * (RIVER_EUNSUPPORTED otherwise); RIVER_ESYS when a system call fails. */
+int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
+                       int n_pages, int *fd_out);
+/* Maps the memory of another process's shared pool from fd, which must be a memfd of
+ * exactly kv_pool_shared_bytes of the geometry given (RIVER_EINVAL names what differs).
+ * The mapping does not need fd afterwards; the caller closes it. An attached pool reads
+ * and writes K/V slots like its owner, but hands out no pages: kv_pool_alloc_page and
+ * kv_seq_reserve fail with RIVER_ESTATE, kv_pool_free_page does nothing. */
+int kv_pool_attach(kv_pool_t **out, backend_t *be, int fd, int n_layers, int kv_dim,
+                   int page_size, int n_pages);
+/* Bytes a shared pool of that geometry maps (K and V), 0 when it does not fit a size_t. */
+size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages);
+/* 1 for a pool made by kv_pool_attach. */
+int kv_pool_is_attached(const kv_pool_t *p);
+int kv_pool_n_layers(const kv_pool_t *p);
+
 /* RIVER_EFULL when every page is in use. */
 int kv_pool_alloc_page(kv_pool_t *p, int32_t *page);
 void kv_pool_free_page(kv_pool_t *p, int32_t page);

@@ -2,6 +2,11 @@
  *
  *     river-worker --config FILE [--riverd ENDPOINT] [--id NAME]
  *
+ * The configuration's role says which engine: full (the whole model), or one half of a
+ * split pair (workers/pair.h): river (the shallow layers, the Exit River, the heads, the KV
+ * pool; it serves riverd once its backbone peer accepted it) or backbone (the layers from
+ * split.boundary on, serving only its river peer; it never talks to riverd).
+ *
  * Start-up loads what the configuration names (model, tokenizer, Exit River, routers),
  * builds the engine, connects to riverd and sends Ready. Then one poll loop runs the
  * process: frames from riverd (link.c), timers (heartbeats, riverd's liveness,
@@ -30,7 +35,11 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
+#include "engine/offload.h"
+#include "engine/river.h"
+#include "kernels/cpu/cpu.h"
 #include "workers/link.h"
+#include "workers/pair.h"
 #include "workers/sched.h"
 #include "workers/wlog.h"
 
@@ -48,6 +57,10 @@
 #define WORKER_QUEUE_PER_SEQ 4
 #define WORKER_MAX_STOP 64
 #define WORKER_MAX_STOP_BYTES 1024
+/* Split pair: how long the river side waits for one layer's reply before it counts its
+ * backbone peer as gone (a dead process is noticed at once through its pidfd; this only
+ * bounds a hung one). A layer of the largest batch must fit in it with room to spare. */
+#define WORKER_PAIR_REPLY_TIMEOUT_MS 30000
 
 typedef struct worker {
     config_worker_t cfg;
@@ -60,6 +73,13 @@ typedef struct worker {
     sched_t *sched;
     int sigfd;
     int signals;          /* SIGTERM/SIGINT received */
+    /* Split pair. */
+    char fingerprint[RIVER_FINGERPRINT_LEN];
+    kv_pool_t *kv;        /* role river: the shared pool the engine borrows */
+    int memfd;            /* its descriptor, owned by the pool */
+    pair_river_t *pair;   /* role river: the link to the backbone peer */
+    pair_backbone_t *bb;  /* role backbone: the link to the river peer */
+    bool linked;          /* role river: Ready went to riverd (after the first pairing) */
 } worker_t;
 
 static void worker_usage(FILE *f)
@@ -74,6 +94,14 @@ static void worker_usage(FILE *f)
 static void worker__on_submit(void *user, const River__Worker__Submit *m)
 {
     worker_t *w = user;
+    if (w->pair && !pair_river_ready(w->pair) && m->request_id) {
+        /* UNAVAILABLE: riverd gives it to another worker instead of this half a model. */
+        char msg[600];
+        snprintf(msg, sizeof msg, "this river worker's backbone peer (%s) is not connected",
+                 w->cfg.split_peer);
+        link_send_failed(w->link, m->request_id, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE, msg);
+        return;
+    }
     sched_submit(w->sched, m, link_clock_ms());
 }
 
@@ -134,18 +162,63 @@ static const char *worker__model_name(const char *path, char *buf, size_t cap)
     return slash && slash[1] ? slash + 1 : buf;
 }
 
+/* Logs what this process holds in memory: all of it, and the model's mapped weights. */
+static void worker__log_resident(const worker_t *w, const char *what)
+{
+    int64_t rss = offload_rss_bytes();
+    int64_t model = pair_model_resident_bytes(w->env.model);
+    wlog(WLOG_INFO, "%s: %.1f MiB resident, of which %.1f MiB of the model's weights", what,
+         rss > 0 ? (double)rss / (1 << 20) : 0.0, model > 0 ? (double)model / (1 << 20) : 0.0);
+}
+
+/* Role river: the link to the backbone peer becomes the engine's remote for the layers
+ * past the boundary, which this process then never reads. */
+static int worker__open_pair(worker_t *w)
+{
+    const model_t *m = w->env.model;
+    pair_river_config_t pc = {
+        .endpoint = w->cfg.split_peer,
+        .river_id = w->id,
+        .boundary = w->cfg.split_boundary,
+        .fingerprint = w->fingerprint,
+        .backend = pair_backend_name(w->env.be),
+        .threads = cpu_backend_threads(w->env.be),
+        .max_rows = w->cfg.max_batch_rows,
+        .heartbeat_ms = WORKER_HEARTBEAT_MS,
+        .liveness = WORKER_LIVENESS,
+        .reply_timeout_ms = WORKER_PAIR_REPLY_TIMEOUT_MS,
+        .backoff_max_ms = WORKER_BACKOFF_MAX_MS,
+    };
+    int e = pair_river_new(&w->pair, w->zctx, &pc, m, w->kv, w->memfd);
+    if (e)
+        return e;
+    fwd_remote_t r;
+    pair_river_remote(w->pair, &r);
+    if ((e = forward_set_remote(gen_forward(w->gen), &r)))
+        return e;
+    pair_release_weights(m, w->cfg.split_boundary, m->cfg.n_layers, false);
+    worker__log_resident(w, "river half");
+    return 0;
+}
+
 /* Loads the model, its tokenizer, the river and routers, and builds the engine. */
 static int worker__open_engine(worker_t *w)
 {
     const config_worker_t *c = &w->cfg;
     if (!c->model[0])
         return river_err_set(RIVER_ECONFIG, "no model configured (key 'model')");
-    if (c->role != CONFIG_ROLE_FULL)
-        return river_err_set(RIVER_EUNSUPPORTED, "role %s: the split pair is not implemented "
-                             "yet; use role full",
-                             c->role == CONFIG_ROLE_RIVER ? "river" : "backbone");
+    bool river = c->role == CONFIG_ROLE_RIVER;
+    if (river && !c->split_peer[0])
+        return river_err_set(RIVER_ECONFIG, "role river needs split.peer, the backbone "
+                             "worker's address");
     int e = cli_env_open(&w->env, c->model, c->tokenizer[0] ? c->tokenizer : NULL, c->threads, 1);
     if (e)
+        return e;
+    if (river && (c->split_boundary < 1 || c->split_boundary >= w->env.model->cfg.n_layers))
+        return river_err_set(RIVER_ECONFIG, "split.boundary %d: must be in 1..%d for a model "
+                             "of %d layers", c->split_boundary,
+                             w->env.model->cfg.n_layers - 1, w->env.model->cfg.n_layers);
+    if (river && (e = river_fingerprint(w->env.model, w->fingerprint)))
         return e;
     exit_opts_t xo;
     exit_opts_init(&xo);
@@ -163,6 +236,18 @@ static int worker__open_engine(worker_t *w)
     gen_config_t gc = {.max_rows = c->max_batch_rows, .prefill_chunk = c->prefill_chunk,
                        .page_size = c->kv_page_size, .n_pages = c->kv_pages,
                        .max_seqs = c->max_seqs, .preempt = 1};
+    if (river) {
+        /* The pool the backbone peer maps too; as many pages as gen_new would make. */
+        const model_config_t *mc = &w->env.model->cfg;
+        int pages = c->kv_pages > 0 ? c->kv_pages
+                                    : c->max_seqs * ((mc->max_seq_len + c->kv_page_size - 1) /
+                                                     c->kv_page_size);
+        if ((e = kv_pool_new_shared(&w->kv, w->env.be, mc->n_layers,
+                                    mc->n_kv_heads * mc->head_dim, c->kv_page_size, pages,
+                                    &w->memfd)))
+            return e;
+        gc.kv_pool = w->kv;
+    }
     if ((e = gen_new(&w->gen, w->env.model, w->env.tok, w->env.be, &gc)))
         return e;
     if (xo.policy.rule != EXIT_RULE_NONE) {
@@ -177,8 +262,14 @@ static int worker__open_engine(worker_t *w)
 
 static int worker__open(worker_t *w)
 {
+    w->zctx = zmq_ctx_new();
+    if (!w->zctx)
+        return river_err_set(RIVER_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
     int e = worker__open_engine(w);
     if (e)
+        return e;
+    bool river = w->cfg.role == CONFIG_ROLE_RIVER;
+    if (river && (e = worker__open_pair(w)))
         return e;
     const model_config_t *mc = &w->env.model->cfg;
     kv_pool_t *kv = gen_kv_pool(w->gen);
@@ -186,7 +277,7 @@ static int worker__open(worker_t *w)
     link_config_t lc = {
         .endpoint = w->cfg.riverd,
         .worker_id = w->id,
-        .role = RIVER__WORKER__ROLE__ROLE_FULL,
+        .role = river ? RIVER__WORKER__ROLE__ROLE_RIVER : RIVER__WORKER__ROLE__ROLE_FULL,
         .caps = RIVER__WORKER__CAPABILITIES__INIT,
         .heartbeat_ms = WORKER_HEARTBEAT_MS,
         .liveness = WORKER_LIVENESS,
@@ -200,7 +291,8 @@ static int worker__open(worker_t *w)
     lc.caps.kv_pages_total = (uint32_t)kv_pool_total_pages(kv);
     lc.caps.n_layers = (uint32_t)mc->n_layers;
     lc.caps.layer_begin = 0;
-    lc.caps.layer_end = (uint32_t)mc->n_layers;
+    /* The river half holds the backbone below the boundary (and all of the Exit River). */
+    lc.caps.layer_end = (uint32_t)(river ? w->cfg.split_boundary : mc->n_layers);
     lc.caps.has_river = w->xc.river != NULL;
     lc.caps.max_context = (uint32_t)mc->max_seq_len;
     sched_config_t sc = {
@@ -217,13 +309,16 @@ static int worker__open(worker_t *w)
         .reset = worker__on_reset,
         .status = worker__on_status,
     };
-    w->zctx = zmq_ctx_new();
-    if (!w->zctx)
-        return river_err_set(RIVER_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
     if ((e = link_new(&w->link, w->zctx, &lc, &h)) ||
-        (e = sched_new(&w->sched, w->gen, w->env.model, w->env.tok, w->link, &sc)) ||
-        (e = link_start(w->link)))
+        (e = sched_new(&w->sched, w->gen, w->env.model, w->env.tok, w->link, &sc)))
         return e;
+    /* A river half connects to riverd once its backbone accepted it (worker__run): riverd
+     * should not count on a worker that cannot run a whole token yet. */
+    if (!river) {
+        if ((e = link_start(w->link)))
+            return e;
+        w->linked = true;
+    }
     wlog(WLOG_INFO, "serving %s: %d layers, context %d, %d sequences, %d rows, %d KV pages "
          "of %d, exit policy %s%s", lc.caps.model, mc->n_layers, mc->max_seq_len,
          w->cfg.max_seqs, w->cfg.max_batch_rows, kv_pool_total_pages(kv),
@@ -237,6 +332,14 @@ static void worker__close(worker_t *w)
     gen_stats_t st = {0};
     if (w->gen)
         gen_get_stats(w->gen, &st);
+    if (w->pair) {
+        int64_t trips;
+        double secs;
+        pair_river_stats(w->pair, &trips, &secs);
+        if (trips)
+            wlog(WLOG_INFO, "pair: %lld backbone layer round trips, %.0f us each on average "
+                 "(wire and backbone compute)", (long long)trips, secs * 1e6 / (double)trips);
+    }
     if (st.prefill_tokens) {
         wlog(WLOG_INFO, "engine: %lld prefill tokens at %.0f tok/s, %lld decode tokens at "
              "%.0f tok/s, %lld preemptions", (long long)st.prefill_tokens,
@@ -247,6 +350,8 @@ static void worker__close(worker_t *w)
     }
     sched_destroy(&w->sched);
     link_destroy(&w->link);
+    pair_river_destroy(&w->pair);
+    pair_backbone_destroy(&w->bb);
     if (w->zctx) {
         /* Waits for the linger of the closed socket: the last frames leave first. */
         while (zmq_ctx_term(w->zctx) && errno == EINTR) {
@@ -254,6 +359,7 @@ static void worker__close(worker_t *w)
         w->zctx = NULL;
     }
     gen_destroy(&w->gen);
+    kv_pool_destroy(&w->kv);
     exit_ctx_close(&w->xc);
     cli_env_close(&w->env);
     if (w->sigfd >= 0)
@@ -287,26 +393,49 @@ static int worker__run(worker_t *w)
         int64_t now = link_clock_ms();
         int timeout = 0;
         if (!sched_busy(w->sched)) {
-            int64_t next = link_next_ms(w->link);
+            int64_t next = w->linked ? link_next_ms(w->link) : INT64_MAX;
             int64_t d = sched_next_ms(w->sched);
             if (d < next)
+                next = d;
+            if (w->pair && (d = pair_river_next_ms(w->pair)) < next)
                 next = d;
             int64_t wait = next - now;
             timeout = wait < 0 ? 0 : wait > 60000 ? 60000 : (int)wait;
         }
-        zmq_pollitem_t items[2] = {
+        /* Signals, riverd, and (role river) the backbone peer's socket and process. */
+        zmq_pollitem_t items[2 + PAIR_POLL_ITEMS] = {
             {.fd = w->sigfd, .events = ZMQ_POLLIN},
-            {.socket = link_socket(w->link), .events = ZMQ_POLLIN},
         };
-        int n_items = items[1].socket ? 2 : 1;
+        int n_items = 1, link_at = -1;
+        if (w->linked && link_socket(w->link)) {
+            link_at = n_items;
+            items[n_items++] = (zmq_pollitem_t){.socket = link_socket(w->link),
+                                                .events = ZMQ_POLLIN};
+        }
+        int pair_at = n_items, n_pair = w->pair ? pair_river_poll_items(w->pair, items + n_items)
+                                                : 0;
+        n_items += n_pair;
         if (zmq_poll(items, n_items, timeout) < 0 && errno != EINTR)
             return river_err_set(RIVER_ESYS, "zmq_poll: %s", zmq_strerror(errno));
         if (items[0].revents & ZMQ_POLLIN)
             worker__on_signal(w);
-        if (n_items == 2 && (items[1].revents & ZMQ_POLLIN))
+        if (link_at > 0 && (items[link_at].revents & ZMQ_POLLIN))
             link_recv(w->link);
         now = link_clock_ms();
-        link_tick(w->link, now);
+        if (w->pair) {
+            pair_river_on_poll(w->pair, items + pair_at, n_pair, now);
+            pair_river_tick(w->pair, now);
+            if (pair_river_refused(w->pair))
+                return river_err_set(RIVER_ECONFIG, "%s", pair_river_refusal(w->pair));
+            if (!w->linked && pair_river_ready(w->pair)) {
+                int e = link_start(w->link);
+                if (e)
+                    return e;
+                w->linked = true;
+            }
+        }
+        if (w->linked)
+            link_tick(w->link, now);
         /* An engine step that failed has failed its requests; the worker stays up. */
         sched_step(w->sched, now);
         if (sched_drained(w->sched)) {
@@ -315,6 +444,73 @@ static int worker__run(worker_t *w)
             wlog(WLOG_INFO, "drained; exiting");
             return 0;
         }
+    }
+}
+
+/* ---- Role backbone: the deep half of a split pair ---- */
+
+/* Loads the model (only its layers from the boundary on are ever read), binds split.peer
+ * and waits for a river worker's hello. */
+static int worker__open_backbone(worker_t *w)
+{
+    const config_worker_t *c = &w->cfg;
+    if (!c->model[0])
+        return river_err_set(RIVER_ECONFIG, "no model configured (key 'model')");
+    if (!c->split_peer[0])
+        return river_err_set(RIVER_ECONFIG, "role backbone needs split.peer, the address it "
+                             "binds for its river worker");
+    w->zctx = zmq_ctx_new();
+    if (!w->zctx)
+        return river_err_set(RIVER_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
+    int e = cli_env_open(&w->env, c->model, NULL, c->threads, 0);
+    if (e)
+        return e;
+    const model_t *m = w->env.model;
+    if ((e = river_fingerprint(m, w->fingerprint)))
+        return e;
+    pair_backbone_config_t pc = {
+        .endpoint = c->split_peer,
+        .boundary = c->split_boundary,
+        .fingerprint = w->fingerprint,
+        .backend = pair_backend_name(w->env.be),
+        .threads = cpu_backend_threads(w->env.be),
+    };
+    if ((e = pair_backbone_new(&w->bb, w->zctx, &pc, m, w->env.be)))
+        return e;
+    /* The fingerprint read samples of every tensor; the shallow layers and the ends of
+     * the model are the river worker's, so their pages go. */
+    pair_release_weights(m, 0, c->split_boundary, true);
+    worker__log_resident(w, "backbone half");
+    wlog(WLOG_INFO, "backbone of %s: layers %d..%d on %d threads, waiting for a river worker "
+         "at %s", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads, c->split_peer);
+    return 0;
+}
+
+/* One poll loop: signals, the river peer's socket and process. A signal ends the process
+ * at once, between two layer requests; the river worker fails what needed this half and
+ * pairs again when a backbone is back. */
+static int worker__run_backbone(worker_t *w)
+{
+    for (;;) {
+        int64_t now = link_clock_ms();
+        int64_t wait = pair_backbone_next_ms(w->bb) - now;
+        int timeout = wait < 0 ? 0 : wait > 60000 ? 60000 : (int)wait;
+        zmq_pollitem_t items[1 + PAIR_POLL_ITEMS] = {
+            {.fd = w->sigfd, .events = ZMQ_POLLIN},
+        };
+        int n = pair_backbone_poll_items(w->bb, items + 1);
+        if (zmq_poll(items, 1 + n, timeout) < 0 && errno != EINTR)
+            return river_err_set(RIVER_ESYS, "zmq_poll: %s", zmq_strerror(errno));
+        if (items[0].revents & ZMQ_POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(w->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                wlog(WLOG_INFO, "%s: exiting", strsignal((int)si.ssi_signo));
+                return 0;
+            }
+        }
+        now = link_clock_ms();
+        pair_backbone_on_poll(w->bb, items + 1, n, now);
+        pair_backbone_tick(w->bb, now);
     }
 }
 
@@ -372,7 +568,14 @@ int main(int argc, char **argv)
     }
     wlog_init(w.id, w.cfg.log_level);
     int rc = 1;
-    if (!w.cfg.riverd) {
+    if (w.cfg.role == CONFIG_ROLE_BACKBONE) {
+        if ((e = worker__open_backbone(&w)))
+            wlog(WLOG_ERROR, "start-up failed: %s", river_err_detail());
+        else if ((e = worker__run_backbone(&w)))
+            wlog(WLOG_ERROR, "%s", river_err_detail());
+        else
+            rc = 0;
+    } else if (!w.cfg.riverd) {
         wlog(WLOG_ERROR, "out of memory");
     } else if ((e = worker__open(&w))) {
         wlog(WLOG_ERROR, "start-up failed: %s", river_err_detail());

@@ -1,0 +1,1128 @@
+/* The split pair as processes (DESIGN.md §1, workers/pair.h): a real backbone worker and a
+ * real river worker on kjv-12l (12 layers) with the boundary at layer 6, sharing one KV
+ * pool, against one role-full worker with the same configuration. This test plays riverd
+ * with a ZMQ ROUTER as tests/test_worker.c does (its small helpers are copied here), and
+ * plays a river worker itself to check the backbone's side of the protocol: refused
+ * hellos, layers computed bit for bit as in this process, round-trip times, liveness.
+ * The engine's seams (a shared pool mapped twice, a remote for the deep layers) are
+ * checked in this process first. */
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "common/err.h"
+#include "common/frame.h"
+#include "engine/forward.h"
+#include "engine/generate.h"
+#include "engine/kv_pool.h"
+#include "engine/river.h"
+#include "kernels/cpu/cpu.h"
+#include "proto/river_pair.pb-c.h"
+#include "tests/testutil.h"
+
+#define KJV TEST_DATA "/kjv-12l"
+#define BOUNDARY 6
+#define MAX_IDS 400
+/* Cosine threshold that, on kjv-12l with an 8-bit river and min aggregation over three
+ * decoding rows, exits tokens both before and after layer 6. */
+#define TAU "0.95"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* The binary sits in <build>/bin; this test is <build>/tests/test_split. */
+static const char *worker_bin(void)
+{
+    static char path[PATH_MAX];
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert_int_gt((int)n, 0);
+    self[n] = '\0';
+    char *tests_dir = dirname(self);
+    char *build = dirname(tests_dir);
+    snprintf(path, sizeof path, "%s/bin/river-worker", build);
+    ck_assert_msg(access(path, X_OK) == 0, "%s: not found (build it first)", path);
+    return path;
+}
+
+/* Starts river-worker on a configuration file; its stderr goes to err_path when given. */
+static pid_t spawn_worker(const char *name, const char *cfg, const char *id,
+                          const char *err_path)
+{
+    const char *path = test_write_tmp(name, cfg, strlen(cfg));
+    ck_assert_ptr_nonnull(path);
+    char cfg_path[512];
+    snprintf(cfg_path, sizeof cfg_path, "%s", path);
+    const char *bin = worker_bin();
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        /* The worker dies with the test, whatever way the test ends. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(126);
+        if (err_path) {
+            int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd < 0 || dup2(fd, 2) < 0)
+                _exit(125);
+        }
+        execl(bin, bin, "--config", cfg_path, "--id", id, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The exit status of pid within timeout_ms, -1 when it is still running. */
+static int wait_exit(pid_t pid, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    do {
+        int st;
+        pid_t p = waitpid(pid, &st, WNOHANG);
+        ck_assert_int_ge(p, 0);
+        if (p == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        sleep_ms(10);
+    } while (now_ms() < end);
+    return -1;
+}
+
+static void kill_wait(pid_t *pid)
+{
+    if (*pid > 0) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+        *pid = 0;
+    }
+}
+
+/* A backbone worker at endpoint with `threads` threads. */
+static pid_t start_backbone(const char *endpoint, int threads)
+{
+    static int n;
+    char cfg[1024], name[64];
+    snprintf(cfg, sizeof cfg,
+             "model: %s\nrole: backbone\nthreads: %d\nlog_level: %s\n"
+             "split:\n  boundary: %d\n  peer: \"%s\"\n",
+             KJV, threads, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn", BOUNDARY,
+             endpoint);
+    snprintf(name, sizeof name, "backbone-%d.yaml", n++);
+    return spawn_worker(name, cfg, "bb", NULL);
+}
+
+/* Bytes of kjv-12l's checkpoint resident in process pid (its smaps). */
+static long model_rss_kb(pid_t pid)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%d/smaps", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long total = 0, kb;
+    int in = 0;
+    unsigned long lo, hi;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = strstr(line, "kjv-12l/model.safetensors") != NULL;
+        else if (in && sscanf(line, "Rss: %ld kB", &kb) == 1)
+            total += kb;
+    }
+    fclose(f);
+    return total;
+}
+
+/* ---- riverd's end of a worker link (from tests/test_worker.c) ---- */
+
+typedef struct wk {
+    pid_t pid;
+    void *ctx, *router;
+    uint8_t route[256];
+    size_t route_len;
+    int hb_ms;
+    int64_t last_sent_ms;
+    River__Worker__Capabilities caps;
+} wk_t;
+
+static void wk_send(wk_t *w, River__Worker__DaemonMessage *m)
+{
+    uint8_t *buf;
+    size_t len;
+    ck_assert_int_eq(frame_encode_buf(&m->base, &buf, &len), 0);
+    ck_assert_int_ge(zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE), 0);
+    ck_assert_int_ge(zmq_send(w->router, buf, len, 0), 0);
+    w->last_sent_ms = now_ms();
+    free(buf);
+}
+
+static void wk_send_heartbeat(wk_t *w)
+{
+    River__Worker__DaemonHeartbeat hb = RIVER__WORKER__DAEMON_HEARTBEAT__INIT;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_HEARTBEAT;
+    m.heartbeat = &hb;
+    uint8_t buf[16];
+    size_t len = river__worker__daemon_message__pack(&m, buf);
+    if (zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        zmq_send(w->router, buf, len, ZMQ_DONTWAIT);
+    w->last_sent_ms = now_ms();
+}
+
+/* The next frame from the worker within timeout_ms, decoded; NULL on timeout. Sends
+ * riverd's heartbeats meanwhile. */
+static River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int64_t now = now_ms();
+        if (w->hb_ms && now - w->last_sent_ms >= w->hb_ms)
+            wk_send_heartbeat(w);
+        if (now >= end)
+            return NULL;
+        int slice = (int)(end - now);
+        if (w->hb_ms && slice > w->hb_ms)
+            slice = w->hb_ms;
+        zmq_pollitem_t it = {.socket = w->router, .events = ZMQ_POLLIN};
+        int rc = zmq_poll(&it, 1, slice);
+        ck_assert_int_ge(rc, 0);
+        if (rc == 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        ck_assert_int_ge(zmq_msg_recv(&id, w->router, 0), 0);
+        ck_assert_int_ge(zmq_msg_recv(&body, w->router, 0), 0);
+        w->route_len = zmq_msg_size(&id);
+        memcpy(w->route, zmq_msg_data(&id), w->route_len);
+        ProtobufCMessage *out;
+        int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &body, 0, &out);
+        ck_assert_msg(e == 0, "undecodable frame from the worker: %s", river_err_detail());
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+        return (River__Worker__WorkerMessage *)out;
+    }
+}
+
+static River__Worker__WorkerMessage *wk_expect(wk_t *w, River__Worker__WorkerMessage__KindCase kind,
+                                               int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int left = (int)(end - now_ms());
+        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
+        ck_assert_msg(m != NULL, "no %d message from the worker within %d ms", kind, timeout_ms);
+        if (m->kind_case == kind)
+            return m;
+        ck_assert_msg(m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT,
+                      "expected message kind %d, got %s", kind, frame_case_name(&m->base));
+        frame_free((ProtobufCMessage **)&m);
+    }
+}
+
+/* Binds riverd's end, starts a worker on the base configuration plus `extra`, waits for its
+ * Ready (of `role`) and welcomes it. */
+static void wk_start(wk_t *w, const char *extra, River__Worker__Role role)
+{
+    static int n_started;
+    memset(w, 0, sizeof *w);
+    char endpoint[300], name[64], cfg[2048];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/riverd-%d.sock", test_tmpdir(), n_started);
+    snprintf(name, sizeof name, "worker-%d.yaml", n_started++);
+    snprintf(cfg, sizeof cfg,
+             "riverd: \"%s\"\nmodel: %s\nthreads: 1\nmax_seqs: 4\nmax_batch_rows: 64\n"
+             "prefill_chunk: 32\nlog_level: %s\n%s",
+             endpoint, KJV, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn", extra);
+    w->ctx = zmq_ctx_new();
+    ck_assert_ptr_nonnull(w->ctx);
+    w->router = zmq_socket(w->ctx, ZMQ_ROUTER);
+    int one = 1, zero = 0;
+    zmq_setsockopt(w->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(w->router, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_bind(w->router, endpoint), 0);
+    w->pid = spawn_worker(name, cfg, "w1", NULL);
+    River__Worker__WorkerMessage *m =
+        wk_expect(w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 20000);
+    ck_assert_int_eq(m->ready->role, role);
+    ck_assert_ptr_nonnull(m->ready->capabilities);
+    w->caps = *m->ready->capabilities;
+    w->caps.model = NULL;
+    frame_free((ProtobufCMessage **)&m);
+    River__Worker__Welcome wel = RIVER__WORKER__WELCOME__INIT;
+    wel.heartbeat_ms = 100;
+    wel.liveness = 50;
+    River__Worker__DaemonMessage dm = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    dm.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
+    dm.welcome = &wel;
+    wk_send(w, &dm);
+    w->hb_ms = 100;
+}
+
+static void wk_stop(wk_t *w)
+{
+    kill_wait(&w->pid);
+    zmq_close(w->router);
+    zmq_ctx_term(w->ctx);
+}
+
+static void wk_submit(wk_t *w, uint64_t id, const char *text, uint32_t max_tokens)
+{
+    River__Client__Generate g = RIVER__CLIENT__GENERATE__INIT;
+    g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
+    g.text = (char *)text;
+    g.max_tokens = max_tokens;
+    g.ignore_eos = 1;
+    River__Worker__Submit s = RIVER__WORKER__SUBMIT__INIT;
+    s.request_id = id;
+    s.generate = &g;
+    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
+    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
+    m.submit = &s;
+    wk_send(w, &m);
+}
+
+typedef struct stream {
+    uint64_t id;
+    int32_t ids[MAX_IDS];
+    int32_t layers[MAX_IDS];
+    size_t n;
+    int ended; /* 1: Done, 2: Failed */
+    int code;
+    char message[512];
+} stream_t;
+
+static int stream_take(stream_t *streams, int n_streams, const River__Worker__WorkerMessage *m)
+{
+    for (int i = 0; i < n_streams; i++) {
+        stream_t *st = &streams[i];
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_TOKENS &&
+            m->tokens->request_id == st->id) {
+            ck_assert_int_eq(st->ended, 0);
+            ck_assert_uint_eq(m->tokens->n_exit_layers, m->tokens->n_ids);
+            for (size_t k = 0; k < m->tokens->n_ids && st->n < MAX_IDS; k++) {
+                st->layers[st->n] = m->tokens->exit_layers[k];
+                st->ids[st->n++] = m->tokens->ids[k];
+            }
+            return 1;
+        }
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_DONE &&
+            m->done->request_id == st->id) {
+            ck_assert_int_eq(st->ended, 0);
+            st->ended = 1;
+            return 1;
+        }
+        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_FAILED &&
+            m->failed->request_id == st->id) {
+            ck_assert_int_eq(st->ended, 0);
+            st->ended = 2;
+            st->code = m->failed->error->code;
+            snprintf(st->message, sizeof st->message, "%s", m->failed->error->message);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Receives until every stream ended (or, with until_tokens > 0, until the first stream
+ * has that many tokens). */
+static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms,
+                            size_t until_tokens)
+{
+    int64_t end = now_ms() + timeout_ms;
+    for (;;) {
+        int open = 0;
+        for (int i = 0; i < n_streams; i++)
+            open += !streams[i].ended;
+        if (!open || (until_tokens && streams[0].n >= until_tokens))
+            return;
+        int left = (int)(end - now_ms());
+        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
+        ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
+        if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert_msg(stream_take(streams, n_streams, m), "unexpected %s",
+                          frame_case_name(&m->base));
+        frame_free((ProtobufCMessage **)&m);
+    }
+}
+
+static const char *prompts[] = {
+    "And the LORD spake unto Moses, saying,",
+    "In the beginning God created",
+    "Blessed are the",
+};
+#define N_PROMPTS 3
+#define N_TOKENS 40
+
+/* Submits every prompt while the worker is stopped, so that its first poll finds them all
+ * and admits them into one batch: the batches, and with them the min-aggregated exit
+ * decisions, are then the same in every run. */
+static void run_prompts(wk_t *w, stream_t *st, uint64_t first_id)
+{
+    memset(st, 0, sizeof *st * N_PROMPTS);
+    ck_assert_int_eq(kill(w->pid, SIGSTOP), 0);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        st[i].id = first_id + (uint64_t)i;
+        wk_submit(w, st[i].id, prompts[i], N_TOKENS);
+    }
+    sleep_ms(50);
+    ck_assert_int_eq(kill(w->pid, SIGCONT), 0);
+    streams_collect(w, st, N_PROMPTS, 30000, 0);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ck_assert_msg(st[i].ended == 1, "request %d failed: %s", i, st[i].message);
+        ck_assert_uint_eq(st[i].n, N_TOKENS);
+    }
+}
+
+static void build_river(char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/kjv-river-q8-rtn.safetensors", test_tmpdir());
+    model_t *m;
+    ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+    river_build_opts_t o = river_build_opts_default();
+    o.quant.bits = 8;
+    o.quant.method = QUANT_RTN;
+    o.start_layer = 1;
+    o.n_threads = 1;
+    ck_assert_msg(river_build(m, path, &o, NULL) == 0, "%s", river_err_detail());
+    model_destroy(&m);
+}
+
+/* ---- Playing the river worker against a backbone ---- */
+
+typedef struct fake_river {
+    void *ctx, *sock;
+    model_t *m;
+    backend_t *be;
+    kv_pool_t *kv;   /* the shared pool this process offers */
+    int memfd;
+    char fingerprint[RIVER_FINGERPRINT_LEN];
+    char backend[64];
+} fake_river_t;
+
+typedef struct hello_opts {
+    uint32_t protocol, boundary, threads, kv_dim, n_pages, heartbeat_ms, liveness;
+    const char *fingerprint;
+} hello_opts_t;
+
+static hello_opts_t hello_default(const fake_river_t *r)
+{
+    return (hello_opts_t){.protocol = 1, .boundary = BOUNDARY, .threads = 1,
+                          .kv_dim = (uint32_t)kv_pool_view(r->kv)->kv_dim,
+                          .n_pages = (uint32_t)kv_pool_total_pages(r->kv),
+                          .heartbeat_ms = 1000, .liveness = 3, .fingerprint = r->fingerprint};
+}
+
+static void *fr_socket(fake_river_t *r, const char *endpoint)
+{
+    void *s = zmq_socket(r->ctx, ZMQ_DEALER);
+    ck_assert_ptr_nonnull(s);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+static void fr_send(void *sock, River__Pair__RiverMessage *env)
+{
+    size_t n = river__pair__river_message__get_packed_size(env);
+    uint8_t *buf = malloc(n ? n : 1);
+    ck_assert_ptr_nonnull(buf);
+    river__pair__river_message__pack(env, buf);
+    ck_assert_int_eq(zmq_send(sock, buf, n, 0), (int)n);
+    free(buf);
+}
+
+static River__Pair__BackboneMessage *fr_recv(void *sock, int timeout_ms)
+{
+    zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
+    int rc = zmq_poll(&it, 1, timeout_ms);
+    ck_assert_int_ge(rc, 0);
+    if (rc == 0)
+        return NULL;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    ck_assert_int_ge(zmq_msg_recv(&m, sock, 0), 0);
+    River__Pair__BackboneMessage *bm =
+        river__pair__backbone_message__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+    zmq_msg_close(&m);
+    ck_assert_ptr_nonnull(bm);
+    return bm;
+}
+
+static void fr_hello(fake_river_t *r, void *sock, const hello_opts_t *o)
+{
+    River__Pair__KvGeometry kv = RIVER__PAIR__KV_GEOMETRY__INIT;
+    const kv_view_t *v = kv_pool_view(r->kv);
+    kv.n_layers = 12;
+    kv.kv_dim = o->kv_dim;
+    kv.page_size = (uint32_t)v->page_size;
+    kv.n_pages = o->n_pages;
+    kv.dtype = "f32";
+    kv.bytes = kv_pool_shared_bytes(12, (int)o->kv_dim, v->page_size, (int)o->n_pages);
+    River__Pair__PairHello h = RIVER__PAIR__PAIR_HELLO__INIT;
+    h.protocol = o->protocol;
+    h.river_id = "test";
+    h.river_pid = (uint32_t)getpid();
+    h.memfd = r->memfd;
+    h.kv = &kv;
+    h.fingerprint = (char *)o->fingerprint;
+    h.boundary = o->boundary;
+    h.backend = r->backend;
+    h.threads = o->threads;
+    h.max_rows = 64;
+    h.heartbeat_ms = o->heartbeat_ms;
+    h.liveness = o->liveness;
+    River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
+    env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_HELLO;
+    env.hello = &h;
+    fr_send(sock, &env);
+}
+
+/* The backbone's answer must be PairError whose message contains `want`. */
+static void expect_error(void *sock, const char *want)
+{
+    River__Pair__BackboneMessage *bm = fr_recv(sock, 5000);
+    ck_assert_msg(bm != NULL, "no answer (want an error about '%s')", want);
+    ck_assert_msg(bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR,
+                  "got message kind %d, want an error about '%s'", bm->kind_case, want);
+    ck_assert_msg(strstr(bm->error->message, want), "error '%s' does not mention '%s'",
+                  bm->error->message, want);
+    river__pair__backbone_message__free_unpacked(bm, NULL);
+}
+
+static void expect_hello_ok(void *sock)
+{
+    River__Pair__BackboneMessage *bm = fr_recv(sock, 5000);
+    ck_assert_ptr_nonnull(bm);
+    ck_assert_msg(bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_HELLO_OK, "%s",
+                  bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR
+                      ? bm->error->message : "not HelloOk");
+    ck_assert_uint_eq(bm->hello_ok->layer_begin, BOUNDARY);
+    ck_assert_uint_eq(bm->hello_ok->layer_end, 12);
+    ck_assert_uint_gt(bm->hello_ok->backbone_pid, 0);
+    river__pair__backbone_message__free_unpacked(bm, NULL);
+}
+
+/* Sends one layer request and waits for its reply into out; returns the PairError message
+ * (static) or NULL on success. */
+static const char *fr_layer(void *sock, uint64_t seq, int layer, int n, const int32_t *pos,
+                            const int32_t *table, uint32_t table_len, const float *x, float *out,
+                            int dim)
+{
+    static char err[512];
+    uint32_t row_table[64] = {0};
+    River__Pair__LayerRequest q = RIVER__PAIR__LAYER_REQUEST__INIT;
+    q.seq = seq;
+    q.layer = (uint32_t)layer;
+    q.n = (uint32_t)n;
+    q.n_pos = (size_t)n;
+    q.pos = (int32_t *)pos;
+    q.n_row_table = (size_t)n;
+    q.row_table = row_table;
+    q.n_table_len = 1;
+    q.table_len = &table_len;
+    q.n_pages = table_len;
+    q.pages = (int32_t *)table;
+    q.hidden.len = (size_t)n * (size_t)dim * sizeof(float);
+    q.hidden.data = (uint8_t *)x;
+    River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
+    env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_LAYER;
+    env.layer = &q;
+    fr_send(sock, &env);
+    River__Pair__BackboneMessage *bm = fr_recv(sock, 5000);
+    ck_assert_ptr_nonnull(bm);
+    const char *ret = NULL;
+    if (bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR) {
+        /* 0: the error is about the pairing, not this request. */
+        ck_assert(bm->error->seq == seq || bm->error->seq == 0);
+        snprintf(err, sizeof err, "%s", bm->error->message);
+        ret = err;
+    } else {
+        ck_assert_int_eq(bm->kind_case, RIVER__PAIR__BACKBONE_MESSAGE__KIND_LAYER);
+        ck_assert_uint_eq(bm->layer->seq, seq);
+        ck_assert_uint_eq(bm->layer->hidden.len, q.hidden.len);
+        memcpy(out, bm->layer->hidden.data, q.hidden.len);
+    }
+    river__pair__backbone_message__free_unpacked(bm, NULL);
+    return ret;
+}
+
+static void fr_open(fake_river_t *r, int n_pages)
+{
+    memset(r, 0, sizeof *r);
+    ck_assert_msg(model_load(&r->m, KJV) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(cpu_backend_new(&r->be, 1, CPU_SIMD_COUNT), 0);
+    ck_assert_int_eq(river_fingerprint(r->m, r->fingerprint), 0);
+    snprintf(r->backend, sizeof r->backend, "cpu-%s", cpu_simd_name(cpu_simd_detect()));
+    const model_config_t *c = &r->m->cfg;
+    ck_assert_msg(kv_pool_new_shared(&r->kv, r->be, c->n_layers, c->n_kv_heads * c->head_dim,
+                                     16, n_pages, &r->memfd) == 0, "%s", river_err_detail());
+    r->ctx = zmq_ctx_new();
+    ck_assert_ptr_nonnull(r->ctx);
+}
+
+static void fr_close(fake_river_t *r)
+{
+    zmq_ctx_term(r->ctx);
+    kv_pool_destroy(&r->kv);
+    cpu_backend_destroy(&r->be);
+    model_destroy(&r->m);
+}
+
+/* ---- The engine's seams, in this process ---- */
+
+/* The remote of the in-process seam test: a second forward on a second mapping of the
+ * same shared pool, as the backbone worker has. */
+typedef struct seam {
+    forward_t *f;
+    kv_pool_t *kv;
+    int calls, rows, min_layer;
+} seam_t;
+
+static int seam_run(void *user, int layer, int n, const int32_t *pos,
+                    const int32_t *const *page_table, float *x)
+{
+    seam_t *sm = user;
+    sm->calls++;
+    sm->rows += n;
+    if (layer < sm->min_layer)
+        sm->min_layer = layer;
+    return forward_layer_rows(sm->f, sm->kv, layer, n, pos, page_table, x);
+}
+
+typedef struct seq_out {
+    int32_t ids[64], depth[64];
+    int n;
+} seq_out_t;
+
+static void seam_on_token(void *user, const gen_event_t *ev)
+{
+    seq_out_t *o = user;
+    if (ev->id >= 0 && o->n < 64) {
+        o->depth[o->n] = ev->depth;
+        o->ids[o->n++] = ev->id;
+    }
+}
+
+/* Three sequences at once through gen_t, with or without the remote; returns the step
+ * error. */
+static int seam_generate(model_t *m, backend_t *be, kv_pool_t *pool, const fwd_remote_t *r,
+                         const exit_config_t *ex, seq_out_t out[3])
+{
+    gen_config_t c = {.max_rows = 256, .prefill_chunk = 8, .page_size = 16, .max_seqs = 3,
+                      .n_pages = 16, .kv_pool = pool};
+    gen_t *g;
+    ck_assert_msg(gen_new(&g, m, NULL, be, &c) == 0, "%s", river_err_detail());
+    ck_assert_msg(gen_set_exit(g, ex) == 0, "%s", river_err_detail());
+    if (r)
+        ck_assert_int_eq(forward_set_remote(gen_forward(g), r), 0);
+    static const int32_t prompts_ids[3][12] = {
+        {1, 400, 52, 9, 77, 310, 45, 1200, 8, 19, 600, 33},
+        {1, 90, 91, 92},
+        {1, 1500, 7, 7, 7, 250, 13},
+    };
+    static const size_t lens[3] = {12, 4, 7};
+    memset(out, 0, sizeof *out * 3);
+    for (int i = 0; i < 3; i++) {
+        gen_request_t q = {.prompt = prompts_ids[i], .n_prompt = lens[i], .max_tokens = 30,
+                           .ignore_eos = 1, .on_token = seam_on_token, .user = &out[i]};
+        int seq;
+        ck_assert_int_eq(gen_submit(g, &q, &seq), 0);
+    }
+    int e = gen_run_all(g);
+    gen_destroy(&g);
+    return e;
+}
+
+/* The engine's seams without processes: a pool in shared memory mapped twice in one
+ * process, and a remote that runs the backbone layers past the boundary on its own
+ * forward over the second mapping, give the tokens and exit layers of the plain engine bit
+ * for bit, under per-row exits (batches split into backbone and river groups, so rows are
+ * gathered and scattered around the remote) and the strategies the remote supports. */
+START_TEST(test_engine_seam)
+{
+    char river_file[512];
+    build_river(river_file, sizeof river_file);
+    model_t *m;
+    backend_t *be;
+    river_t *rv;
+    ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    ck_assert_msg(river_load(&rv, m, river_file) == 0, "%s", river_err_detail());
+    const layer_weights_t *layers[12];
+    for (int l = 0; l < 12; l++)
+        layers[l] = river_layer(rv, l);
+    int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, fd;
+
+    /* The shared pool and its second mapping. */
+    kv_pool_t *shared, *attached;
+    ck_assert_int_eq(kv_pool_new_shared(&shared, be, 12, kvd, 16, 16, &fd), 0);
+    ck_assert_int_eq(kv_pool_attach(&attached, be, fd, 12, kvd, 16, 16), 0);
+    ck_assert_int_eq(kv_pool_is_attached(attached), 1);
+    int32_t page;
+    ck_assert_int_eq(kv_pool_alloc_page(attached, &page), RIVER_ESTATE);
+    kv_seq_t sq;
+    kv_seq_init(&sq);
+    ck_assert_int_eq(kv_seq_reserve(&sq, attached, 4), RIVER_ESTATE);
+    ck_assert_int_eq(kv_pool_alloc_page(shared, &page), 0);
+    ((float *)kv_pool_view(shared)->v)[5] = 42.0f;
+    ck_assert(((float *)kv_pool_view(attached)->v)[5] == 42.0f);
+    kv_pool_free_page(shared, page);
+    /* Another geometry than the memory's, or a descriptor that is no shared memory. */
+    kv_pool_t *bad = NULL;
+    ck_assert_int_eq(kv_pool_attach(&bad, be, fd, 12, kvd, 16, 32), RIVER_EINVAL);
+    int null_fd = open("/dev/null", O_RDWR);
+    ck_assert_int_ge(null_fd, 0);
+    ck_assert_int_eq(kv_pool_attach(&bad, be, null_fd, 12, kvd, 16, 16), RIVER_EINVAL);
+    close(null_fd);
+    ck_assert_ptr_null(bad);
+    /* A pool that does not fit the model, or one that is attached, is not the engine's. */
+    gen_config_t c = {.max_rows = 8, .prefill_chunk = 8, .page_size = 8, .max_seqs = 1,
+                      .kv_pool = shared};
+    gen_t *g = NULL;
+    ck_assert_int_eq(gen_new(&g, m, NULL, be, &c), RIVER_EINVAL);
+    c.page_size = 16;
+    c.kv_pool = attached;
+    ck_assert_int_eq(gen_new(&g, m, NULL, be, &c), RIVER_EINVAL);
+
+    seam_t sm = {.kv = attached, .min_layer = 99};
+    ck_assert_int_eq(forward_new(&sm.f, m, be, 256), 0);
+    fwd_remote_t r = {.user = &sm, .boundary = BOUNDARY, .run = seam_run};
+    fwd_remote_t bad_r = {.user = &sm, .boundary = 13, .run = seam_run};
+    ck_assert_int_eq(forward_set_remote(sm.f, &bad_r), RIVER_EINVAL);
+
+    /* Two thresholds: at 0.97 rows part ways past the boundary more often, so the remote
+     * gets gathered subsets of the batch. */
+    static const exit_kv_t kinds[] = {EXIT_KV_RIVER, EXIT_KV_RECOMPUTE, EXIT_KV_POSTHOC,
+                                      EXIT_KV_MONO};
+    static const float taus[] = {0.95f, 0.97f};
+    int below = 0, above = 0;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0] * 2; k++) {
+        exit_kv_t kind = kinds[k / 2];
+        exit_config_t ex = {.policy = {.rule = EXIT_RULE_COSINE, .tau = taus[k % 2],
+                                       .agg = EXIT_AGG_ROW, .kv = kind},
+                            .river = layers, .river_start = river_start_layer(rv)};
+        static seq_out_t plain[3], split[3];
+        ck_assert_msg(seam_generate(m, be, NULL, NULL, &ex, plain) == 0, "%s",
+                      river_err_detail());
+        sm.calls = sm.rows = 0;
+        sm.min_layer = 99;
+        ck_assert_msg(seam_generate(m, be, shared, &r, &ex, split) == 0, "%s",
+                      river_err_detail());
+        ck_assert_int_gt(sm.calls, 0);
+        ck_assert_int_eq(sm.min_layer, BOUNDARY);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(split[i].n, 30);
+            for (int t = 0; t < 30; t++) {
+                ck_assert_msg(split[i].ids[t] == plain[i].ids[t] &&
+                                  split[i].depth[t] == plain[i].depth[t],
+                              "%s, tau %.2f: sequence %d token %d: remote id %d depth %d, "
+                              "plain id %d depth %d", exit_kv_name(kind), (double)taus[k % 2],
+                              i, t, split[i].ids[t], split[i].depth[t], plain[i].ids[t],
+                              plain[i].depth[t]);
+                below += split[i].depth[t] <= BOUNDARY;
+                above += split[i].depth[t] > BOUNDARY;
+            }
+        }
+    }
+    ck_assert_msg(below > 0 && above > 0, "%d exits below the boundary, %d above", below,
+                  above);
+    /* Without the K/V-only passes and validity maps, two baselines cannot cross. */
+    static const exit_kv_t refused[] = {EXIT_KV_MASK, EXIT_KV_PROPAGATE};
+    for (size_t k = 0; k < 2; k++) {
+        exit_config_t ex = {.policy = {.rule = EXIT_RULE_COSINE, .tau = 0.95f,
+                                       .agg = EXIT_AGG_ROW, .kv = refused[k]},
+                            .river = layers, .river_start = river_start_layer(rv)};
+        static seq_out_t out[3];
+        ck_assert_int_eq(seam_generate(m, be, shared, &r, &ex, out), RIVER_EUNSUPPORTED);
+    }
+    forward_destroy(&sm.f);
+    kv_pool_destroy(&attached);
+    kv_pool_destroy(&shared);
+    river_destroy(&rv);
+    cpu_backend_destroy(&be);
+    model_destroy(&m);
+    remove(river_file);
+}
+END_TEST
+
+/* ---- Tests ---- */
+
+/* The backbone's side of the protocol: every mismatch in a hello is refused with a reason;
+ * nothing runs before a pairing; a paired backbone computes each layer exactly as this
+ * process does (same floats out, same K/V in the shared slots); the river process may
+ * start over on a new socket; a silent river is dropped. Prints the round trip. */
+START_TEST(test_backbone_protocol)
+{
+    char endpoint[300];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/pair-proto.sock", test_tmpdir());
+    pid_t bb = start_backbone(endpoint, 1);
+    fake_river_t r;
+    fr_open(&r, 8);
+    void *s = fr_socket(&r, endpoint);
+    int dim = r.m->cfg.dim;
+
+    /* Not paired yet. */
+    static float x[64 * 192], out[64 * 192], ref[64 * 192];
+    int32_t pos[64], table[2] = {0, 1};
+    for (int i = 0; i < 64; i++)
+        pos[i] = i;
+    const char *err = fr_layer(s, 1, 6, 1, pos, table, 1, x, out, dim);
+    ck_assert_ptr_nonnull(err);
+    ck_assert_msg(strstr(err, "not paired"), "%s", err);
+
+    hello_opts_t o = hello_default(&r);
+    o.fingerprint = "0123456789abcdef0123456789abcdef";
+    fr_hello(&r, s, &o);
+    expect_error(s, "fingerprint");
+    o = hello_default(&r);
+    o.kv_dim = 64;
+    fr_hello(&r, s, &o);
+    expect_error(s, "KV geometry");
+    o = hello_default(&r);
+    o.boundary = 5;
+    fr_hello(&r, s, &o);
+    expect_error(s, "boundary 5");
+    o = hello_default(&r);
+    o.threads = 2;
+    fr_hello(&r, s, &o);
+    expect_error(s, "threads");
+    o = hello_default(&r);
+    o.protocol = 9;
+    fr_hello(&r, s, &o);
+    expect_error(s, "protocol");
+    o = hello_default(&r);
+    o.n_pages = 16; /* the memory holds 8 */
+    fr_hello(&r, s, &o);
+    expect_error(s, "shared memory has");
+    /* Not a frame of the protocol at all. */
+    ck_assert_int_eq(zmq_send(s, "\xff\xff\xff", 3, 0), 3);
+    expect_error(s, "malformed");
+
+    o = hello_default(&r);
+    fr_hello(&r, s, &o);
+    expect_hello_ok(s);
+
+    /* A layer below the boundary, a page outside the pool, a short table. */
+    err = fr_layer(s, 2, 3, 1, pos, table, 1, x, out, dim);
+    ck_assert_msg(err && strstr(err, "layer 3"), "%s", err ? err : "accepted");
+    int32_t bad_table[1] = {99};
+    err = fr_layer(s, 3, 6, 1, pos, bad_table, 1, x, out, dim);
+    ck_assert_msg(err && strstr(err, "outside the pool"), "%s", err ? err : "accepted");
+    int32_t far[1] = {40};
+    err = fr_layer(s, 4, 6, 1, far, table, 2, x, out, dim);
+    ck_assert_msg(err && strstr(err, "past its page table"), "%s", err ? err : "accepted");
+
+    /* Real layers: a prompt of 20 rows, then one decode row, through every backbone layer,
+     * against this process on a private pool. */
+    kv_pool_t *local;
+    const kv_view_t *sv = kv_pool_view(r.kv);
+    ck_assert_int_eq(kv_pool_new(&local, r.be, 12, sv->kv_dim, 16, 8), 0);
+    forward_t *f;
+    ck_assert_int_eq(forward_new(&f, r.m, r.be, 64), 0);
+    const int32_t *tables[64];
+    for (int i = 0; i < 64; i++)
+        tables[i] = table;
+    uint64_t seq = 10;
+    for (int step = 0; step < 2; step++) {
+        int n = step ? 1 : 20;
+        int32_t *p = step ? &pos[20] : pos;
+        for (int i = 0; i < n * dim; i++)
+            x[i] = (float)((i * 37 + step * 11) % 101) / 50.0f - 1.0f;
+        for (int l = BOUNDARY; l < 12; l++) {
+            err = fr_layer(s, seq++, l, n, p, table, 2, x, out, dim);
+            ck_assert_msg(err == NULL, "layer %d: %s", l, err);
+            memcpy(ref, x, sizeof(float) * (size_t)(n * dim));
+            ck_assert_int_eq(forward_layer_rows(f, local, l, n, p, tables, ref), 0);
+            ck_assert_msg(memcmp(out, ref, sizeof(float) * (size_t)(n * dim)) == 0,
+                          "layer %d, %d rows: the backbone's output differs from this "
+                          "process's", l, n);
+            memcpy(x, out, sizeof(float) * (size_t)(n * dim));
+        }
+    }
+    /* The K/V the backbone wrote into the shared pool are this process's, bit for bit. */
+    const kv_view_t *lv = kv_pool_view(local);
+    for (int l = BOUNDARY; l < 12; l++)
+        for (int q = 0; q <= 20; q++) {
+            int64_t off = (int64_t)table[q / 16] * sv->page_stride + l * sv->layer_stride +
+                          (int64_t)(q % 16) * sv->kv_dim;
+            ck_assert_int_eq(memcmp((float *)sv->k + off, (float *)lv->k + off,
+                                    sizeof(float) * (size_t)sv->kv_dim), 0);
+            ck_assert_int_eq(memcmp((float *)sv->v + off, (float *)lv->v + off,
+                                    sizeof(float) * (size_t)sv->kv_dim), 0);
+        }
+
+    /* Round trips: one decode row, and a prefill chunk of 32 rows. */
+    for (int k = 0; k < 2; k++) {
+        int n = k ? 32 : 1, reps = k ? 20 : 200;
+        int64_t t0 = now_ms();
+        for (int i = 0; i < reps; i++)
+            ck_assert_ptr_null(fr_layer(s, seq++, BOUNDARY, n, pos, table, 2, x, out, dim));
+        double us = (double)(now_ms() - t0) * 1000.0 / reps;
+        int64_t t1 = now_ms();
+        for (int i = 0; i < reps; i++)
+            ck_assert_int_eq(forward_layer_rows(f, local, BOUNDARY, n, pos, tables, ref), 0);
+        double local_us = (double)(now_ms() - t1) * 1000.0 / reps;
+        printf("split pair, kjv-12l layer %d, %d row%s: %.0f us per round trip to the backbone "
+               "worker (the layer alone in this process: %.0f us)\n", BOUNDARY, n,
+               n > 1 ? "s" : "", us, local_us);
+    }
+    fflush(stdout);
+
+    /* Pings are answered. */
+    River__Pair__Ping ping = RIVER__PAIR__PING__INIT;
+    River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
+    env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_PING;
+    env.ping = &ping;
+    fr_send(s, &env);
+    River__Pair__BackboneMessage *bm = fr_recv(s, 2000);
+    ck_assert_ptr_nonnull(bm);
+    ck_assert_int_eq(bm->kind_case, RIVER__PAIR__BACKBONE_MESSAGE__KIND_PONG);
+    river__pair__backbone_message__free_unpacked(bm, NULL);
+
+    /* The same river process starting over from a fresh socket (as a river worker does
+     * after it timed its backbone out) takes the pairing over; the old socket is no longer
+     * served. */
+    void *s2 = fr_socket(&r, endpoint);
+    o = hello_default(&r);
+    o.heartbeat_ms = 20;
+    o.liveness = 2;
+    fr_hello(&r, s2, &o);
+    expect_hello_ok(s2);
+    err = fr_layer(s, seq++, BOUNDARY, 1, pos, table, 2, x, out, dim);
+    ck_assert_msg(err && strstr(err, "not paired"), "%s", err ? err : "accepted");
+    ck_assert_ptr_null(fr_layer(s2, seq++, BOUNDARY, 1, pos, table, 2, x, out, dim));
+    /* A river silent for longer than its hello's liveness (20 ms x 2) is dropped. */
+    sleep_ms(200);
+    err = fr_layer(s2, seq++, BOUNDARY, 1, pos, table, 2, x, out, dim);
+    ck_assert_msg(err && strstr(err, "not paired"), "%s", err ? err : "accepted");
+    ck_assert_int_eq(wait_exit(bb, 10), -1);
+
+    forward_destroy(&f);
+    kv_pool_destroy(&local);
+    zmq_close(s);
+    zmq_close(s2);
+    fr_close(&r);
+    kill_wait(&bb);
+}
+END_TEST
+
+/* A second river process is refused while the first is alive; once the first process
+ * ends it is forgotten at once (the backbone watches its pid), not after its heartbeat
+ * liveness, and the second pairs right away. */
+START_TEST(test_backbone_notices_river_exit)
+{
+    char endpoint[300];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/pair-exit.sock", test_tmpdir());
+    pid_t bb = start_backbone(endpoint, 1);
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        /* A river of its own: its pool, its ZMQ context, a hello with a liveness of ten
+         * minutes, then it waits to be killed. */
+        fake_river_t r;
+        fr_open(&r, 8);
+        void *s = fr_socket(&r, endpoint);
+        hello_opts_t o = hello_default(&r);
+        o.heartbeat_ms = 60000;
+        o.liveness = 10;
+        fr_hello(&r, s, &o);
+        expect_hello_ok(s);
+        if (write(ready[1], "y", 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(ready[1]);
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    fake_river_t r;
+    fr_open(&r, 8);
+    void *s = fr_socket(&r, endpoint);
+    hello_opts_t o = hello_default(&r);
+    fr_hello(&r, s, &o);
+    expect_error(s, "is paired");
+    kill_wait(&child);
+    int64_t t0 = now_ms();
+    fr_hello(&r, s, &o);
+    expect_hello_ok(s);
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    zmq_close(s);
+    fr_close(&r);
+    kill_wait(&bb);
+}
+END_TEST
+
+/* The pair gives the tokens and exit layers of one role-full worker with the same
+ * configuration, bit for bit, with exits on both sides of the boundary; the backbone holds
+ * only its half of the weights in memory. Killing the backbone mid-stream fails the
+ * request with UNAVAILABLE at once, new requests too, and a new backbone is paired again
+ * and serves the same tokens. */
+START_TEST(test_pair_matches_full)
+{
+    char river_file[512], extra[1400];
+    build_river(river_file, sizeof river_file);
+    snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: cosine\n  tau: %s\n", river_file,
+             TAU);
+    /* The reference: one full worker. */
+    static stream_t full[N_PROMPTS], pair[N_PROMPTS], one_full, one_pair;
+    wk_t w;
+    wk_start(&w, extra, RIVER__WORKER__ROLE__ROLE_FULL);
+    run_prompts(&w, full, 100);
+    memset(&one_full, 0, sizeof one_full);
+    one_full.id = 200;
+    wk_submit(&w, 200, prompts[0], 20);
+    streams_collect(&w, &one_full, 1, 20000, 0);
+    ck_assert_int_eq(one_full.ended, 1);
+    long rss_full = model_rss_kb(w.pid);
+    wk_stop(&w);
+
+    /* The pair. */
+    char peer[300], pair_extra[2000];
+    snprintf(peer, sizeof peer, "ipc://%s/pair.sock", test_tmpdir());
+    snprintf(pair_extra, sizeof pair_extra,
+             "%srole: river\nsplit:\n  boundary: %d\n  peer: \"%s\"\n", extra, BOUNDARY, peer);
+    pid_t bb = start_backbone(peer, 1);
+    wk_start(&w, pair_extra, RIVER__WORKER__ROLE__ROLE_RIVER);
+    ck_assert_uint_eq(w.caps.layer_begin, 0);
+    ck_assert_uint_eq(w.caps.layer_end, BOUNDARY);
+    ck_assert(w.caps.has_river);
+    run_prompts(&w, pair, 100);
+    int below = 0, above = 0;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        for (size_t t = 0; t < N_TOKENS; t++) {
+            ck_assert_msg(pair[i].ids[t] == full[i].ids[t] &&
+                              pair[i].layers[t] == full[i].layers[t],
+                          "prompt %d token %zu: pair id %d at exit layer %d, full worker id "
+                          "%d at exit layer %d", i, t, pair[i].ids[t], pair[i].layers[t],
+                          full[i].ids[t], full[i].layers[t]);
+            below += pair[i].layers[t] <= BOUNDARY;
+            above += pair[i].layers[t] > BOUNDARY && pair[i].layers[t] < 12;
+        }
+    }
+    printf("split pair: %d tokens exited at or before layer %d (river worker alone), %d after "
+           "it (back from the backbone worker onto the river), of %d\n", below, BOUNDARY,
+           above, N_PROMPTS * N_TOKENS);
+    ck_assert_msg(below > 0 && above > 0, "exits below the boundary %d, above it %d: tau "
+                  TAU " no longer exits on both sides", below, above);
+    long rss_river = model_rss_kb(w.pid), rss_bb = model_rss_kb(bb);
+    printf("kjv-12l weights resident: full worker %ld KiB, river worker %ld KiB, backbone "
+           "worker %ld KiB\n", rss_full, rss_river, rss_bb);
+    fflush(stdout);
+    ck_assert_int_lt(rss_bb, rss_full * 6 / 10);
+    ck_assert_int_lt(rss_river, rss_full * 7 / 10);
+
+    /* The backbone dies mid-stream: an explicit UNAVAILABLE, promptly. */
+    stream_t st = {.id = 300};
+    wk_submit(&w, 300, prompts[1], 300);
+    streams_collect(&w, &st, 1, 20000, 5);
+    ck_assert_int_eq(st.ended, 0);
+    kill_wait(&bb);
+    int64_t t0 = now_ms();
+    streams_collect(&w, &st, 1, 5000, 0);
+    ck_assert_int_eq(st.ended, 2);
+    ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
+    ck_assert_msg(strstr(st.message, "backbone"), "%s", st.message);
+    ck_assert_int_lt(now_ms() - t0, 3000);
+    /* Nothing new is taken while the backbone is gone. */
+    stream_t late = {.id = 301};
+    wk_submit(&w, 301, prompts[2], 5);
+    streams_collect(&w, &late, 1, 5000, 0);
+    ck_assert_int_eq(late.ended, 2);
+    ck_assert_int_eq(late.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
+
+    /* A new backbone: the river worker pairs again and serves the same tokens. */
+    bb = start_backbone(peer, 1);
+    int64_t end = now_ms() + 15000;
+    uint64_t id = 400;
+    for (;;) {
+        memset(&one_pair, 0, sizeof one_pair);
+        one_pair.id = id;
+        wk_submit(&w, id++, prompts[0], 20);
+        streams_collect(&w, &one_pair, 1, 20000, 0);
+        if (one_pair.ended == 1)
+            break;
+        ck_assert_int_eq(one_pair.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
+        ck_assert_msg(now_ms() < end, "the river worker did not pair again: %s",
+                      one_pair.message);
+        sleep_ms(200);
+    }
+    ck_assert_uint_eq(one_pair.n, one_full.n);
+    for (size_t t = 0; t < one_full.n; t++) {
+        ck_assert_int_eq(one_pair.ids[t], one_full.ids[t]);
+        ck_assert_int_eq(one_pair.layers[t], one_full.layers[t]);
+    }
+    ck_assert_int_eq(wait_exit(w.pid, 10), -1);
+    wk_stop(&w);
+    kill_wait(&bb);
+    remove(river_file);
+}
+END_TEST
+
+/* A river worker configured unlike its backbone (another thread count, which would break
+ * bit-exactness) is refused at its first hello and exits with the reason. */
+START_TEST(test_river_refused_at_start)
+{
+    char peer[300], cfg[1024], err_path[512];
+    snprintf(peer, sizeof peer, "ipc://%s/pair-refuse.sock", test_tmpdir());
+    pid_t bb = start_backbone(peer, 1);
+    snprintf(cfg, sizeof cfg,
+             "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nrole: river\nthreads: 2\n"
+             "split:\n  boundary: %d\n  peer: \"%s\"\n", test_tmpdir(), KJV, BOUNDARY, peer);
+    snprintf(err_path, sizeof err_path, "%s/river-refused.log", test_tmpdir());
+    pid_t rv = spawn_worker("river-refused.yaml", cfg, "rv", err_path);
+    ck_assert_int_eq(wait_exit(rv, 10000), 1);
+    size_t len;
+    char *log = test_read_file(err_path, &len);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "refused the pair") && strstr(log, "threads"), "%s", log);
+    free(log);
+    /* A boundary outside the model is a configuration error before any hello. */
+    snprintf(cfg, sizeof cfg,
+             "model: %s\nrole: backbone\nsplit:\n  boundary: 12\n  peer: \"%s\"\n", KJV, peer);
+    pid_t bad = spawn_worker("backbone-bad.yaml", cfg, "bb2", err_path);
+    ck_assert_int_eq(wait_exit(bad, 10000), 1);
+    log = test_read_file(err_path, &len);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "split.boundary 12"), "%s", log);
+    free(log);
+    kill_wait(&bb);
+}
+END_TEST
+
+static Suite *split_suite(void)
+{
+    Suite *s = suite_create("split");
+    TCase *tc = tcase_create("pair");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_engine_seam);
+    tcase_add_test(tc, test_backbone_protocol);
+    tcase_add_test(tc, test_backbone_notices_river_exit);
+    tcase_add_test(tc, test_pair_matches_full);
+    tcase_add_test(tc, test_river_refused_at_start);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+RIVER_TEST_MAIN(split_suite)
