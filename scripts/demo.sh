@@ -1,10 +1,61 @@
 #!/bin/sh
-# The main job: generate text from the bundled real model (TinyStories-656K, from its
-# Hugging Face safetensors and tokenizer.json), streamed as it is produced.
+# The main job, served: start riverd and one river-worker on the bundled real model
+# (TinyStories-656K, from its Hugging Face safetensors and tokenizer.json), send a prompt
+# with riverctl, show the streamed answer, then stop both daemons. Everything listens on
+# ipc:// sockets in a temporary directory, so nothing is left behind.
 set -eu
 cd "$(dirname "$0")/.."
+bin=${BUILD:-build}/bin
 model=tests/data/tinystories-656k
 prompt="Once upon a time"
-echo "== River demo: $model, greedy, 96 tokens"
+tmp=$(mktemp -d /tmp/river-demo.XXXXXX)
+rd_pid=""
+wk_pid=""
+cleanup() {
+    for p in $wk_pid $rd_pid; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for p in $wk_pid $rd_pid; do
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+cat > "$tmp/riverd.yaml" <<YAML
+endpoints:
+  clients: ["ipc://$tmp/clients"]
+  workers: ["ipc://$tmp/workers"]
+  admin: "ipc://$tmp/admin"
+  metrics_port: 0
+log_level: warn
+YAML
+cat > "$tmp/worker.yaml" <<YAML
+riverd: "ipc://$tmp/workers"
+id: demo-worker
+model: "$model"
+threads: 1
+log_level: warn
+YAML
+
+echo "== starting riverd and a river-worker on $model"
+"$bin/riverd" --config "$tmp/riverd.yaml" &
+rd_pid=$!
+"$bin/river-worker" --config "$tmp/worker.yaml" &
+wk_pid=$!
+export RIVER_ENDPOINT="ipc://$tmp/clients" RIVER_ADMIN="ipc://$tmp/admin"
+i=0
+until "$bin/riverctl" workers 2>/dev/null | grep -q demo-worker; do
+    i=$((i + 1))
+    if [ $i -gt 100 ]; then
+        echo "demo: the worker did not register with riverd within 10 s" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+"$bin/riverctl" workers
+echo "== riverctl generate \"$prompt\" --max-tokens 96"
 printf '%s' "$prompt"
-${BUILD:-build}/bin/river run --model "$model" --prompt "$prompt" --max-tokens 96
+"$bin/riverctl" generate "$prompt" --max-tokens 96
+echo
+echo "== stopping riverd and the worker"
