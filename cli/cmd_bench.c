@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "engine/generate.h"
+#include "engine/river.h"
 #include "kernels/cpu/cpu.h"
 
 static int bench__cmp(const void *a, const void *b)
@@ -23,13 +24,64 @@ static double bench__median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The measurements behind the row-split cost model: per-layer time of the backbone (T_B)
+ * and the river (T_R) against batch rows, and for an even split of n rows whether
+ * T_B(n/2) + T_R(n/2) beats T_B(n). */
+static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
+{
+    const model_t *m = env->model;
+    river_t *r = NULL;
+    forward_t *f = NULL;
+    kv_pool_t *kv = NULL;
+    int e = river_load(&r, m, river_path);
+    int L = m->cfg.n_layers, l = L / 2;
+    if (!e)
+        e = forward_new(&f, m, env->be, 64);
+    if (!e)
+        e = kv_pool_new(&kv, env->be, L, m->cfg.n_kv_heads * m->cfg.head_dim, 16, 8);
+    const layer_weights_t *rw = r ? river_layer(r, l) : NULL;
+    if (!e && !rw)
+        e = river_err_set(RIVER_EINVAL, "%s: the river has no layer %d", river_path, l);
+    static const int ns[] = {1, 2, 4, 8, 16, 32, 64};
+    double tb[7], tr[7];
+    for (int i = 0; !e && i < 7; i++) {
+        e = forward_time_layer(f, kv, &m->layers[l], l, ns[i], &tb[i]);
+        if (!e)
+            e = forward_time_layer(f, kv, rw, l, ns[i], &tr[i]);
+    }
+    if (!e) {
+        if (!json)
+            printf("layer %d, %d threads: per-layer ms, and an even split of n rows\n"
+                   "%5s %9s %9s %7s %14s %6s\n", l, cpu_backend_threads(env->be), "rows",
+                   "T_B", "T_R", "r", "T_B+T_R(n/2)", "pays");
+        for (int i = 0; i < 7; i++) {
+            double split = i ? tb[i - 1] + tr[i - 1] : 0;
+            int pays = i && split < tb[i];
+            if (json)
+                printf("{\"rows\":%d,\"backbone_ms\":%.4f,\"river_ms\":%.4f,\"r\":%.3f,"
+                       "\"split_half_ms\":%.4f,\"split_pays\":%s}\n", ns[i], tb[i] * 1e3,
+                       tr[i] * 1e3, tr[i] / tb[i], split * 1e3, pays ? "true" : "false");
+            else
+                printf("%5d %9.3f %9.3f %7.3f %14.3f %6s\n", ns[i], tb[i] * 1e3, tr[i] * 1e3,
+                       tr[i] / tb[i], split * 1e3, i ? (pays ? "yes" : "no") : "-");
+        }
+    }
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+    river_destroy(&r);
+    return e ? cli_fail("bench", e) : 0;
+}
+
 static void bench__usage(FILE *f)
 {
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
                "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
                "Prints the median prefill and decode tokens/s over R runs, the read bandwidth\n"
                "of a SIMD sweep over M MiB (default 2048) with the same threads, and\n"
-               "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n");
+               "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
+               "--split-costs RIVER instead times one backbone and one river layer on 1..64\n"
+               "rows and shows when running a batch as two groups (row aggregation) beats\n"
+               "running it whole on the backbone.\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -39,9 +91,10 @@ int cmd_bench(int argc, char **argv)
         {"prompt-len", required_argument, 0, 'p'}, {"gen-len", required_argument, 0, 'g'},
         {"runs", required_argument, 0, 'r'},       {"bandwidth-mib", required_argument, 0, 'b'},
         {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
+        {"split-costs", required_argument, 0, 'S'},
         {0, 0, 0, 0},
     };
-    const char *model_path = NULL;
+    const char *model_path = NULL, *split_river = NULL;
     long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
     int json = 0, c, li = 0;
     optind = 1;
@@ -62,6 +115,7 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
             continue;
+        case 'S': split_river = optarg; continue;
         case 'h': bench__usage(stdout); return 0;
         default: bench__usage(stderr); return 2;
         }
@@ -84,6 +138,11 @@ int cmd_bench(int argc, char **argv)
                 prompt_len + gen_len, cfg->max_seq_len);
         cli_env_close(&env);
         return 2;
+    }
+    if (split_river) {
+        int rc2 = bench__split_costs(&env, split_river, json);
+        cli_env_close(&env);
+        return rc2;
     }
     int rc = 1;
     gen_t *g = NULL;

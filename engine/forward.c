@@ -844,6 +844,20 @@ static int forward__time_layer(forward_t *f, const layer_weights_t *w, int l, kv
     return 0;
 }
 
+int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, int layer, int n,
+                       double *secs)
+{
+    if (n < 1 || n > f->max_rows || layer < 0 || layer >= f->m->cfg.n_layers)
+        return river_err_set(RIVER_EINVAL, "forward: timing layer %d on %d rows", layer, n);
+    kv_seq_t s;
+    kv_seq_init(&s);
+    int e = kv_seq_reserve(&s, kv, n);
+    if (!e)
+        e = forward__time_layer(f, w, layer, kv, s.pages, n, secs);
+    kv_seq_free(&s, kv);
+    return e;
+}
+
 int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg)
 {
     int L = f->m->cfg.n_layers;

@@ -99,6 +99,11 @@ int forward_set_exit(forward_t *f, const exit_config_t *cfg);
  * a scratch sequence in kv. */
 int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg);
 
+/* Seconds one layer with weights w (backbone or river) takes on n rows at positions
+ * 0..n-1, best of 3; the measurement behind the cost model. */
+int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, int layer, int n,
+                       double *secs);
+
 typedef struct fwd_stats {
     double step_s;     /* wall time in forward_step */
     double decide_s;   /* of which: exit decisions (similarity, routers, aggregation) */
