@@ -79,11 +79,12 @@ Q := @
 endif
 
 .PHONY: all deps deps-check test demo install clean bench build-all build-test build-demo \
-	build-install build-bench
+	build-install build-bench \
+	bench-serving build-bench-serving
 
 # The public targets first make sure the packages are there (cheap when they are), then
 # re-run make so that pkg-config sees the installed libraries.
-all test demo install bench: deps-check
+all test demo install bench bench-serving: deps-check
 	$(Q)$(MAKE) --no-print-directory build-$@
 
 deps-check:
@@ -171,8 +172,18 @@ build-test: build-all
 build-demo: build-all
 	$(Q)scripts/demo.sh
 
+# One greedy stream through riverd + a worker against in-process `river run`.
+build-bench-serving: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-serving.sh
+
+# Decode speed against the memory roofline: stories260K on one thread, then a random-weight
+# checkpoint of Llama 3.2 1B's shape in bf16 (written once under $(BUILD)/synth) on two.
+SYNTH_1B := $(BUILD)/synth/llama-3.2-1b-bf16
 build-bench: build-all
 	$(Q)$(RIVER_BIN) bench --model tests/data/stories260K/stories260K.bin --threads 1
+	$(Q)test -f $(SYNTH_1B)/model.safetensors || \
+		$(RIVER_BIN) synth --shape llama-3.2-1b --dtype bf16 --out $(SYNTH_1B)
+	$(Q)$(RIVER_BIN) bench --model $(SYNTH_1B) --threads 2
 
 build-install: build-all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib

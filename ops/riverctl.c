@@ -235,6 +235,9 @@ typedef struct gen_out {
     size_t n_text, cap_text;
     uint64_t next_seq;
     bool bad_seq;
+    double first_s;  /* when the first chunk arrived, 0 before */
+    double last_s;   /* when the last chunk arrived */
+    uint64_t n_chunk_ids; /* ids after the first chunk's */
     /* How it ended. */
     river_event_kind_t end;
     river_finish_t finish;
@@ -251,6 +254,13 @@ static void ctl__on_sigint(int sig)
     ctl__interrupted = 1;
 }
 
+static double ctl__now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void ctl__on_event(void *user, const river_event_t *ev)
 {
     gen_out_t *o = user;
@@ -263,6 +273,13 @@ static void ctl__on_event(void *user, const river_event_t *ev)
         snprintf(o->message, sizeof o->message, "%s", ev->message ? ev->message : "");
         return;
     }
+    /* Decode speed is measured from the first chunk on, so prefill does not count. */
+    double now = ctl__now_s();
+    if (o->first_s == 0)
+        o->first_s = now;
+    else
+        o->n_chunk_ids += ev->n_ids;
+    o->last_s = now;
     /* riverd promises consecutive sequence numbers; say so when it breaks that. */
     if (ev->seq != o->next_seq)
         o->bad_seq = true;
@@ -289,12 +306,6 @@ static void ctl__on_event(void *user, const river_event_t *ev)
     o->text[o->n_text] = '\0';
 }
 
-static double ctl__now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int ctl_generate(const ctl_t *c, int argc, char **argv)
 {
@@ -419,6 +430,13 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
                                                         out.message));
         }
         json_object_set_new(obj, "elapsed_s", json_real(dt));
+        if (out.first_s > 0) {
+            json_object_set_new(obj, "first_token_s", json_real(out.first_s - t0));
+            if (out.last_s > out.first_s)
+                json_object_set_new(obj, "decode_tok_s",
+                                    json_real((double)out.n_chunk_ids /
+                                              (out.last_s - out.first_s)));
+        }
         ctl__print_json(obj);
     } else if (out.end == RIVER_EVENT_FINAL) {
         printf("\n");
