@@ -186,11 +186,20 @@ build-bench: build-all
 	$(Q)$(RIVER_BIN) bench --model $(SYNTH_1B) --threads 2
 
 build-install: build-all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib
-	install -m 755 $(RIVER_BIN) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 kernels/ops.h engine/model.h engine/tokenizer.h common/err.h \
-		$(DESTDIR)$(PREFIX)/include/river/
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib \
+		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/river/configs
+	install -m 755 $(RIVER_BIN) $(SERVE_BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB) $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
+	# Engine headers keep their directories, so their own includes resolve with
+	# -I$(PREFIX)/include/river; river_client.h is the one header a client needs.
+	for h in kernels/ops.h engine/model.h engine/tokenizer.h common/err.h; do \
+		install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/river/$$h; done
+	install -m 644 client/river_client.h $(DESTDIR)$(PREFIX)/include/river/
+	sed 's|/usr/local|$(PREFIX)|g' deploy/riverd.service \
+		> $(DESTDIR)$(PREFIX)/lib/systemd/system/riverd.service
+	sed 's|/usr/local|$(PREFIX)|g' deploy/river-worker@.service \
+		> $(DESTDIR)$(PREFIX)/lib/systemd/system/river-worker@.service
+	install -m 644 configs/*.yaml $(DESTDIR)$(PREFIX)/share/river/configs/
 
 clean:
 	rm -rf $(BUILD)
