@@ -118,7 +118,11 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     if (threads > j.units)
         threads = (int)j.units;
 
-    if (n <= MM_GEMV_MAX_N || !k->gemm_block) {
+    /* Quantized groups that do not hold whole vectors have no fast decode kernel; the
+     * prefill path, which converts a block of rows to f32 once, is far faster for them. */
+    int odd_groups = (w->dtype == DTYPE_Q8 && w->group % 16 != 0) ||
+                     (w->dtype == DTYPE_Q4 && w->group % 32 != 0);
+    if ((n <= MM_GEMV_MAX_N && !odd_groups) || !k->gemm_block) {
         j.n_tasks = threads;
         if (threads > 1) {
             /* A few chunks per thread: a thread that loses its core for a while (other
