@@ -295,6 +295,14 @@ int cmd_eval(int argc, char **argv)
         goto done;
     }
     int max_rows = 64;
+    if (xo.policy.kv == EXIT_KV_RECOMPUTE) {
+        /* Recompute carries every skipped position along until a deep token takes it, so
+         * a batch may hold a whole sequence. */
+        size_t longest = 0;
+        for (int i = 0; i < n_ps; i++)
+            longest = ps[i].n_ids > longest ? ps[i].n_ids : longest;
+        max_rows = (int)longest + (int)max_tokens + 1;
+    }
     e = forward_new(&f, m, env.be, max_rows);
     if (!e)
         e = kv_pool_new(&kv, env.be, L, cfg->n_kv_heads * cfg->head_dim, 16,
