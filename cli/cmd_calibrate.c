@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "engine/generate.h"
 #include "engine/router.h"
 
@@ -47,42 +48,6 @@ static void cal__usage(FILE *f)
             "--gen-tokens (160) tokens, seeded per sample.\n");
 }
 
-static int cal__read_file(const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return river_err_set(RIVER_ENOTFOUND, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 65536 + 1 > cap) {
-            size_t c = cap ? cap * 2 : 1 << 20;
-            char *p = realloc(buf, c);
-            if (!p) {
-                free(buf);
-                fclose(f);
-                return river_err_set(RIVER_ENOMEM, "%s: reading", path);
-            }
-            buf = p;
-            cap = c;
-        }
-        size_t got = fread(buf + n, 1, 65536, f);
-        n += got;
-        if (got < 65536) {
-            if (ferror(f)) {
-                free(buf);
-                fclose(f);
-                return river_err_set(RIVER_EIO, "%s: read error", path);
-            }
-            break;
-        }
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
 
 /* ---- --generate ----------------------------------------------------------------------- */
 
@@ -463,7 +428,7 @@ int cmd_calibrate(int argc, char **argv)
                  env.model->dir ? env.model->dir : ".");
         out_path = default_out;
     }
-    if ((e = cal__read_file(text_path, &text, &len)))
+    if ((e = river_read_file(text_path, &text, &len)))
         goto done;
     double t0 = cal__now();
     router_calib_opts_t co = {.interval = (int)interval, .max_tokens = max_tokens,

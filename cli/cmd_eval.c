@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "cli/exit_opts.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "engine/forward.h"
 #include "engine/offload.h"
 #include "engine/sampler.h"
@@ -236,30 +237,9 @@ int cmd_eval(int argc, char **argv)
     /* Prompts, one a line. */
     size_t text_len;
     char *text = NULL;
-    {
-        FILE *pf = fopen(prompts_path, "rb");
-        if (!pf) {
-            e = river_err_set(RIVER_ENOTFOUND, "%s: cannot open the prompts file", prompts_path);
-            goto done;
-        }
-        size_t cap = 0;
-        text_len = 0;
-        char buf[4096];
-        size_t got;
-        while ((got = fread(buf, 1, sizeof buf, pf)) > 0) {
-            char *t = realloc(text, cap = text_len + got + 1);
-            if (!t) {
-                fclose(pf);
-                e = river_err_set(RIVER_ENOMEM, "%s", prompts_path);
-                goto done;
-            }
-            text = t;
-            memcpy(text + text_len, buf, got);
-            text_len += got;
-        }
-        fclose(pf);
-        (void)cap;
-    }
+    e = river_read_file(prompts_path, &text, &text_len);
+    if (e)
+        goto done;
     for (char *line = text, *next; line && line < text + text_len; line = next) {
         next = memchr(line, '\n', (size_t)(text + text_len - line));
         size_t len = next ? (size_t)(next - line) : (size_t)(text + text_len - line);

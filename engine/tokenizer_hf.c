@@ -20,6 +20,7 @@
 #include <utf8proc.h>
 
 #include "common/err.h"
+#include "common/file.h"
 #include "engine/tokenizer_internal.h"
 
 /* ---- model structures ------------------------------------------------------------------- */
@@ -2584,7 +2585,7 @@ static void read_config(tokenizer_t *t)
         strcpy(cfg_path + dir, "tokenizer_config.json");
         char *data;
         size_t len;
-        if (access(cfg_path, R_OK) == 0 && tok_read_file(cfg_path, &data, &len) == 0) {
+        if (access(cfg_path, R_OK) == 0 && river_read_file(cfg_path, &data, &len) == 0) {
             json_error_t je;
             json_t *cfg = json_loadb(data, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je);
             if (json_is_object(cfg)) {

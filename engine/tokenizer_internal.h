@@ -115,7 +115,4 @@ int tok_decode_window(const tokenizer_t *t, const int32_t *ids, size_t n, int sk
 int tok_id_valid(const tokenizer_t *t, int32_t id);
 int tok_is_pending(const tokenizer_t *t, int32_t id, int skip_special);
 
-/* Reads a whole file; the buffer gets a NUL after the data. */
-int tok_read_file(const char *path, char **data, size_t *len);
-
 #endif
