@@ -19,7 +19,8 @@ CHECK_LIBS  := $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
                -Wno-unused-parameter -fno-strict-aliasing -pthread -MMD -MP -I. $(PKG_CFLAGS)
 ifneq ($(SANITIZE),)
-CFLAGS_BASE += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+# A sanitizer finding fails the run: UBSan otherwise prints and carries on.
+CFLAGS_BASE += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
 LDFLAGS     += -fsanitize=$(SANITIZE)
 endif
 CFLAGS      ?=
@@ -142,7 +143,7 @@ $(CLIENT_LIB): $(CLIENT_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The worker opens its model, tokenizer, river and routers the way the river commands do.
-WORKER_CLI_OBJ := $(BUILD)/cli/cli_env.o $(BUILD)/cli/exit_opts.o
+WORKER_CLI_OBJ := $(BUILD)/cli/cli_env.o
 
 $(BUILD)/bin/river-worker: $(WORKER_OBJ) $(WORKER_CLI_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -168,6 +169,45 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $
 
 build-test: build-all
 	$(Q)scripts/run-tests.sh $(TEST_BIN)
+
+# libFuzzer: one binary per parser entry point in fuzz/targets.c, each run for FUZZ_SECONDS
+# on its seeds (fuzz/corpus/<target>/; what it finds new goes to $(BUILD)/fuzz/corpus/).
+# The library is rebuilt with clang and coverage in its own build directory. A crash leaves
+# its input in $(BUILD)/fuzz/crash-<target>-*: fix it, then keep it in fuzz/regress/<target>/
+# (tests/test_fuzz_regress.c replays those in `make test`). FUZZ=name runs one target.
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)
+FUZZ         ?= $(FUZZ_ALL)
+FUZZ_BINS    := $(FUZZ:%=$(BUILD)/fuzz/fuzz_%)
+
+.PHONY: fuzz build-fuzz
+fuzz:
+	$(Q)scripts/install-deps.sh --quiet --fuzz
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang \
+		SANITIZE=fuzzer-no-link,address,undefined build-fuzz
+
+$(BUILD)/fuzz/targets.o: | $(PROTO_GEN_H)
+
+$(BUILD)/fuzz/main_%.o: fuzz/libfuzzer.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $@"
+	$(Q)$(CC) $(ALL_CFLAGS) -DFUZZ_TARGET=$* -c $< -o $@
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/main_%.o $(BUILD)/fuzz/targets.o $(LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+build-fuzz: $(FUZZ_BINS)
+	$(Q)rc=0; for t in $(FUZZ); do \
+		log=$(BUILD)/fuzz/$$t.log; mkdir -p $(BUILD)/fuzz/corpus/$$t; \
+		echo "== fuzz $$t ($(FUZZ_SECONDS) s, log in $$log)"; \
+		$(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+			-print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/crash-$$t- \
+			$(BUILD)/fuzz/corpus/$$t fuzz/corpus/$$t >$$log 2>&1 || { rc=1; \
+			grep -E '^==[0-9]+==ERROR|^SUMMARY|Test unit written|runtime error' $$log; }; \
+		grep -E '^stat::number_of_executed_units|^stat::peak_rss' $$log; \
+	done; exit $$rc
 
 build-demo: build-all
 	$(Q)scripts/demo.sh
@@ -208,4 +248,4 @@ clean:
 
 -include $(CLIENT_OBJ:.o=.d) $(WORKER_OBJ:.o=.d) $(DAEMON_OBJ:.o=.d) $(OPS_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
--include $(PROTO_OBJ:.o=.d)
+-include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d)

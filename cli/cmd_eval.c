@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "cli/exit_opts.h"
+#include "engine/exit_setup.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "engine/forward.h"
@@ -224,14 +225,14 @@ int cmd_eval(int argc, char **argv)
     const model_t *m = env.model;
     const model_config_t *cfg = &m->cfg;
     int L = cfg->n_layers, vocab = cfg->vocab_size, rc = 1;
-    exit_ctx_t xc;
+    exit_setup_t xc;
     eval_prompt_t *ps = NULL;
     int n_ps = 0;
     forward_t *f = NULL;
     kv_pool_t *kv = NULL;
     float *lg = NULL;
     int32_t *depth = NULL;
-    e = exit_ctx_open(&xc, &xo, m);
+    e = exit_setup_open(&xc, &xo.policy, xo.river_path, xo.routers_path, m);
     if (e)
         goto done;
     /* Prompts, one a line. */
@@ -495,7 +496,7 @@ done:
     free(depth);
     kv_pool_destroy(&kv);
     forward_destroy(&f);
-    exit_ctx_close(&xc);
+    exit_setup_close(&xc);
     cli_env_close(&env);
     return rc;
 

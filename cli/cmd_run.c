@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "cli/exit_opts.h"
+#include "engine/exit_setup.h"
 #include "engine/generate.h"
 
 #define RUN_MAX_STOP 16
@@ -172,8 +173,8 @@ int cmd_run(int argc, char **argv)
     size_t n_ids = 0;
     gen_t *g = NULL;
     run_out_t out = {.json = json};
-    exit_ctx_t xc;
-    e = exit_ctx_open(&xc, &xo, env.model);
+    exit_setup_t xc;
+    e = exit_setup_open(&xc, &xo.policy, xo.river_path, xo.routers_path, env.model);
     if (e) {
         cli_env_close(&env);
         return cli_fail("run", e);
@@ -248,7 +249,7 @@ done:
     free(out.ids);
     free(out.depth);
     free(out.text);
-    exit_ctx_close(&xc);
+    exit_setup_close(&xc);
     cli_env_close(&env);
     return rc;
 

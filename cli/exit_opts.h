@@ -8,9 +8,6 @@
 #include "engine/exit.h"
 #include "engine/model.h"
 
-typedef struct river river_t;
-typedef struct router_set router_set_t;
-
 enum {
     EXIT_OPT_POLICY = 0x100,
     EXIT_OPT_TAU,
@@ -49,18 +46,5 @@ void exit_opts_init(exit_opts_t *xo);
 int exit_opts_parse(exit_opts_t *xo, int c, const char *arg);
 /* Sets the policy's own parameter: tau (cosine), theta (router) or the exit layer (fixed). */
 void exit_opts_set_value(exit_policy_t *p, double v);
-
-/* The opened river and routers, and the exit configuration pointing at them. */
-typedef struct exit_ctx {
-    exit_config_t cfg;
-    river_t *river;
-    router_set_t *routers;
-    const layer_weights_t **layers; /* (n_layers) river layers, NULL below the start */
-} exit_ctx_t;
-
-/* Opens what the options name; a policy that needs a river (strategy river with a rule
- * other than none) or routers (rule router) without one is RIVER_EINVAL. */
-int exit_ctx_open(exit_ctx_t *xc, const exit_opts_t *xo, const model_t *m);
-void exit_ctx_close(exit_ctx_t *xc);
 
 #endif

@@ -30,7 +30,7 @@
 #include <zmq.h>
 
 #include "cli/cli.h"
-#include "cli/exit_opts.h"
+#include "engine/exit_setup.h"
 #include "common/config.h"
 #include "common/err.h"
 #include "engine/forward.h"
@@ -66,7 +66,7 @@ typedef struct worker {
     config_worker_t cfg;
     char id[256];
     cli_env_t env;
-    exit_ctx_t xc;
+    exit_setup_t xc;
     gen_t *gen;
     void *zctx;
     link_t *link;
@@ -220,16 +220,12 @@ static int worker__open_engine(worker_t *w)
                              w->env.model->cfg.n_layers - 1, w->env.model->cfg.n_layers);
     if (river && (e = river_fingerprint(w->env.model, w->fingerprint)))
         return e;
-    exit_opts_t xo;
-    exit_opts_init(&xo);
-    xo.policy.rule = (exit_rule_t)c->exit_rule;
-    xo.policy.tau = (float)c->exit_tau;
-    xo.policy.theta = (float)c->exit_theta;
-    xo.policy.exit_layer = c->exit_layer;
-    xo.policy.agg = (exit_agg_t)c->exit_aggregation;
-    xo.river_path = c->river[0] ? c->river : NULL;
-    xo.routers_path = c->routers[0] ? c->routers : NULL;
-    if ((e = exit_ctx_open(&w->xc, &xo, w->env.model)))
+    exit_policy_t pol = {.rule = (exit_rule_t)c->exit_rule, .tau = (float)c->exit_tau,
+                         .theta = (float)c->exit_theta, .exit_layer = c->exit_layer,
+                         .agg = (exit_agg_t)c->exit_aggregation, .kv = EXIT_KV_RIVER,
+                         .split_cost_model = 1};
+    if ((e = exit_setup_open(&w->xc, &pol, c->river[0] ? c->river : NULL,
+                             c->routers[0] ? c->routers : NULL, w->env.model)))
         return e;
     /* Preemption: a worker under load must not fail a request because the pool is
      * momentarily full. */
@@ -250,8 +246,8 @@ static int worker__open_engine(worker_t *w)
     }
     if ((e = gen_new(&w->gen, w->env.model, w->env.tok, w->env.be, &gc)))
         return e;
-    if (xo.policy.rule != EXIT_RULE_NONE) {
-        if (xo.policy.agg == EXIT_AGG_ROW && w->xc.river &&
+    if (pol.rule != EXIT_RULE_NONE) {
+        if (pol.agg == EXIT_AGG_ROW && w->xc.river &&
             (e = forward_calibrate_costs(gen_forward(w->gen), gen_kv_pool(w->gen), &w->xc.cfg)))
             return e;
         if ((e = gen_set_exit(w->gen, &w->xc.cfg)))
@@ -360,7 +356,7 @@ static void worker__close(worker_t *w)
     }
     gen_destroy(&w->gen);
     kv_pool_destroy(&w->kv);
-    exit_ctx_close(&w->xc);
+    exit_setup_close(&w->xc);
     cli_env_close(&w->env);
     if (w->sigfd >= 0)
         close(w->sigfd);

@@ -1,0 +1,70 @@
+#include "engine/exit_setup.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/river.h"
+#include "engine/router.h"
+
+int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *river_path,
+                    const char *routers_path, const model_t *m)
+{
+    memset(xc, 0, sizeof *xc);
+    xc->cfg.policy = *policy;
+    xc->cfg.river_start = 1;
+    int e = 0;
+    int L = m->cfg.n_layers;
+    if (river_path) {
+        e = river_load(&xc->river, m, river_path);
+        if (e)
+            goto fail;
+        xc->layers = calloc((size_t)L, sizeof *xc->layers);
+        if (!xc->layers) {
+            e = river_err_set(RIVER_ENOMEM, "river layer table");
+            goto fail;
+        }
+        for (int l = 0; l < L; l++)
+            xc->layers[l] = river_layer(xc->river, l);
+        xc->cfg.river = xc->layers;
+        xc->cfg.river_start = river_start_layer(xc->river);
+        xc->cfg.river_head = river_head(xc->river);
+    }
+    if (routers_path) {
+        e = router_set_load(&xc->routers, m, routers_path);
+        if (e)
+            goto fail;
+        xc->cfg.router.user = xc->routers;
+        xc->cfg.router.is_checkpoint = router_set_is_checkpoint_cb;
+        xc->cfg.router.prob = router_prob_cb;
+    }
+    const exit_policy_t *p = policy;
+    if (p->rule != EXIT_RULE_NONE && p->kv == EXIT_KV_RIVER && !xc->river) {
+        e = river_err_set(RIVER_EINVAL, "policy %s with the river strategy needs --river FILE "
+                          "(build one with `river quant`)", exit_rule_name(p->rule));
+        goto fail;
+    }
+    if (p->rule == EXIT_RULE_ROUTER && !xc->routers) {
+        e = river_err_set(RIVER_EINVAL, "policy router needs --routers FILE (train them with "
+                          "`river calibrate`)");
+        goto fail;
+    }
+    if (p->rule == EXIT_RULE_FIXED && (p->exit_layer < 1 || p->exit_layer > L)) {
+        e = river_err_set(RIVER_EINVAL, "policy fixed needs --exit-layer K with 1 <= K <= %d", L);
+        goto fail;
+    }
+    return 0;
+fail:
+    exit_setup_close(xc);
+    return e;
+}
+
+void exit_setup_close(exit_setup_t *xc)
+{
+    if (xc->river)
+        river_destroy(&xc->river);
+    if (xc->routers)
+        router_set_destroy(&xc->routers);
+    free(xc->layers);
+    xc->layers = NULL;
+}
