@@ -8,6 +8,7 @@
 
 #include "common/err.h"
 #include "engine/forward.h"
+#include "engine/generate.h"
 #include "engine/river.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
@@ -328,6 +329,86 @@ START_TEST(test_posthoc)
 }
 END_TEST
 
+typedef struct seq_out {
+    int32_t ids[64];
+    int32_t depth[64];
+    int n;
+} seq_out_t;
+
+static void collect(void *user, const gen_event_t *ev)
+{
+    seq_out_t *o = user;
+    if (ev->id >= 0 && o->n < 64) {
+        o->depth[o->n] = ev->depth;
+        o->ids[o->n++] = ev->id;
+    }
+}
+
+static const int32_t prompts[3][6] = {{1, 80, 1615, 108, 1344, 96},
+                                      {1, 80, 200, 300, 400, 500},
+                                      {1, 80, 77, 66, 55, 44}};
+
+/* Decodes the prompts through the generator with one exit policy, all at once (batch) or
+ * each on its own. */
+static int64_t last_splits; /* layers run as two groups by the last batched decode */
+
+static void decode_prompts(const exit_config_t *ex, int together, seq_out_t *out)
+{
+    gen_config_t gc = {.max_rows = 16, .prefill_chunk = 16, .page_size = 8, .max_seqs = 3};
+    gen_t *g = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (!g || !together) {
+            ck_assert_int_eq(gen_new(&g, F.m, NULL, F.be, &gc), 0);
+            ck_assert_msg(gen_set_exit(g, ex) == 0, "%s", river_err_detail());
+        }
+        gen_request_t r = {.prompt = prompts[i], .n_prompt = 6, .max_tokens = 20,
+                           .ignore_eos = 1, .on_token = collect, .user = &out[i]};
+        int seq;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+        if (!together) {
+            ck_assert_int_eq(gen_run_all(g), 0);
+            gen_destroy(&g);
+        }
+    }
+    if (together) {
+        ck_assert_int_eq(gen_run_all(g), 0);
+        fwd_stats_t st;
+        forward_get_stats(gen_forward(g), &st);
+        last_splits = st.splits;
+        gen_destroy(&g);
+    }
+}
+
+/* Row aggregation with the split forced (no cost model): each decode row decides alone,
+ * the batch is compacted into a backbone group and a river group per layer and scattered
+ * back, and every sequence gets exactly the tokens and exit depths it gets alone. */
+START_TEST(test_row_split_equals_alone)
+{
+    exit_config_t ex = config(EXIT_RULE_COSINE, EXIT_KV_RIVER, 0.95f, 0);
+    ex.policy.agg = EXIT_AGG_ROW;
+    ex.policy.split_cost_model = 0;
+    static seq_out_t alone[3], batch[3];
+    memset(alone, 0, sizeof alone);
+    memset(batch, 0, sizeof batch);
+    decode_prompts(&ex, 0, alone);
+    decode_prompts(&ex, 1, batch);
+    int mixed = 0;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(batch[i].n, alone[i].n);
+        for (int t = 0; t < alone[i].n; t++) {
+            ck_assert_msg(batch[i].ids[t] == alone[i].ids[t], "seq %d token %d: %d vs %d", i,
+                          t, batch[i].ids[t], alone[i].ids[t]);
+            ck_assert_int_eq(batch[i].depth[t], alone[i].depth[t]);
+        }
+    }
+    /* The case is only worth something if rows of one step took different paths. */
+    for (int t = 1; t < alone[0].n; t++)
+        mixed |= alone[0].depth[t] != alone[1].depth[t] || alone[0].depth[t] != alone[2].depth[t];
+    ck_assert_msg(mixed, "every row exited at the same depth: no split happened");
+    ck_assert_int_gt(last_splits, 0);
+}
+END_TEST
+
 static Suite *exit_suite(void)
 {
     Suite *s = suite_create("exit");
@@ -342,6 +423,7 @@ static Suite *exit_suite(void)
     tcase_add_test(tc, test_recompute_completes_kv);
     tcase_add_test(tc, test_mono_decreasing);
     tcase_add_test(tc, test_posthoc);
+    tcase_add_test(tc, test_row_split_equals_alone);
     suite_add_tcase(s, tc);
     return s;
 }
