@@ -47,9 +47,20 @@ typedef struct exit_policy {
     int exit_layer;  /* fixed rule: backbone layers K */
     exit_agg_t agg;
     exit_kv_t kv;
-    int split_cost_model; /* row aggregation: split a layer only when the cost model says
-                             the two groups together beat the whole batch on the backbone */
+    int split_cost_model; /* split a layer only when the cost model says the two groups
+                             together beat the whole batch on the backbone (once the costs
+                             are measured: forward_calibrate_costs; until then rows split) */
 } exit_policy_t;
+
+/* One request's own thresholds under the worker's rule (the serving contract lets a
+ * request override them). The rule itself stays the worker's, except that `off` keeps the
+ * request on the full backbone. */
+typedef struct exit_row {
+    uint8_t off;     /* never exit */
+    float tau;       /* cosine threshold */
+    float theta;     /* router threshold */
+    int exit_layer;  /* fixed rule: backbone layers */
+} exit_row_t;
 
 /* The routers seen through two callbacks, so the forward pass does not depend on how they
  * are stored. prob gets one row's residual stream (dim floats, host memory). */

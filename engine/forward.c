@@ -54,6 +54,7 @@ struct forward {
     exit_seq_t **seq;
     uint8_t *pass;
     float *cos;
+    exit_row_t *rx;     /* (max_rows) this step's per-row thresholds */
     fwd_stats_t stats;
 };
 
@@ -113,6 +114,7 @@ int forward_new(forward_t **out, const model_t *m, backend_t *be, int max_rows)
     f->state = malloc(r);
     f->pass = malloc(r);
     f->cos = malloc(sizeof(float) * r);
+    f->rx = malloc(sizeof *f->rx * r);
     int32_t **ints[] = {&f->depth, &f->start, &f->driver, &f->group, &f->pos, &f->tokens,
                         &f->idx, &f->idx2, &f->sub_pos, &f->iota, &f->reached};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
@@ -122,7 +124,7 @@ int forward_new(forward_t **out, const model_t *m, backend_t *be, int max_rows)
     f->valid = malloc(sizeof *f->valid * r);
     f->sub_valid = malloc(sizeof *f->sub_valid * r);
     f->seq = malloc(sizeof *f->seq * r);
-    int ok = f->host_hidden && f->state && f->pass && f->cos && f->tables && f->sub_tables &&
+    int ok = f->host_hidden && f->state && f->pass && f->cos && f->rx && f->tables && f->sub_tables &&
              f->valid && f->sub_valid && f->seq;
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         ok = ok && *ints[i];
@@ -155,6 +157,7 @@ void forward_destroy(forward_t **fp)
     free(f->state);
     free(f->pass);
     free(f->cos);
+    free(f->rx);
     int32_t *ints[] = {f->depth, f->start, f->driver, f->group, f->pos,  f->tokens,
                        f->idx,   f->idx2,  f->sub_pos, f->iota, f->reached};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
@@ -515,7 +518,7 @@ static int forward__decide(forward_t *f, int l, int n, int n_ext)
     case EXIT_RULE_COSINE:
         FWD_TRY(f->be->ops->cosine(f->be->ctx, f->cos, f->xprev, f->x, n, c->dim));
         for (int r = 0; r < n; r++)
-            f->pass[r] = f->cos[r] > p->tau;
+            f->pass[r] = f->cos[r] > f->rx[r].tau;
         break;
     case EXIT_RULE_ROUTER: {
         if (!f->ex.router.is_checkpoint(f->ex.router.user, l))
@@ -526,23 +529,28 @@ static int forward__decide(forward_t *f, int l, int n, int n_ext)
             if (f->state[r] == ROW_BACKBONE)
                 f->pass[r] = f->ex.router.prob(f->ex.router.user, l,
                                                f->host_hidden + (size_t)r * (size_t)c->dim) >
-                             p->theta;
+                             f->rx[r].theta;
         break;
     }
     case EXIT_RULE_FIXED:
         for (int r = 0; r < n; r++)
-            f->pass[r] = l + 1 == p->exit_layer;
+            f->pass[r] = l + 1 == f->rx[r].exit_layer;
         break;
     case EXIT_RULE_NONE:
         break;
     }
+    for (int r = 0; r < n; r++)
+        if (f->rx[r].off)
+            f->pass[r] = 0;
     if (p->kv == EXIT_KV_MONO)
         for (int r = 0; r < n; r++)
             if (f->seq[r] && f->seq[r]->last_depth > 0 && l + 1 >= f->seq[r]->last_depth)
                 f->pass[r] = 1;
     /* A group exits only when every row of it that is still on the backbone passes. */
     for (int r = 0; r < n; r++) {
-        if (f->state[r] != ROW_BACKBONE || f->pass[r])
+        /* A row that asked never to exit stays on the backbone without holding its group
+         * back. */
+        if (f->state[r] != ROW_BACKBONE || f->pass[r] || f->rx[r].off)
             continue;
         for (int q = 0; q < n; q++)
             if (f->group[q] == f->group[r])
@@ -597,7 +605,8 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
     }
     /* In memory-bound decode a split layer reads both weight sets; carry the river rows on
      * the backbone when the two groups together would cost more than one. */
-    if (nb && nr && f->ex.policy.split_cost_model) {
+    int calibrated = f->ex.cost_b_fixed + f->ex.cost_b_row > 0;
+    if (nb && nr && f->ex.policy.split_cost_model && calibrated) {
         double split = f->ex.cost_b_fixed + f->ex.cost_b_row * nb + f->ex.cost_r_fixed +
                        f->ex.cost_r_row * nr;
         double whole = f->ex.cost_b_fixed + f->ex.cost_b_row * (nb + nr);
@@ -729,6 +738,9 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
         f->start[r] = 0;
         f->driver[r] = -1;
         f->group[r] = b->group ? b->group[r] : f->ex.policy.agg == EXIT_AGG_ROW ? r : 0;
+        f->rx[r] = b->row_exit ? b->row_exit[r]
+                               : (exit_row_t){.tau = f->ex.policy.tau, .theta = f->ex.policy.theta,
+                                              .exit_layer = f->ex.policy.exit_layer};
     }
     FWD_TRY(o->embed(ctx, f->x, &m->embed, b->tokens, n));
     if (!f->has_exit) {

@@ -28,6 +28,7 @@ typedef struct fwd_batch {
     exit_seq_t *const *exit_seq;/* (n) each row's sequence state, for the baselines */
     int32_t *depth;             /* (n) out: backbone layers each row ran before it exited
                                    (n_layers when it never did) */
+    const exit_row_t *row_exit; /* (n) per-row thresholds, or NULL: the policy's */
 } fwd_batch_t;
 
 /* Called after every layer with the residual stream of all rows, copied to the host:

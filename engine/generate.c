@@ -25,6 +25,8 @@ typedef struct gseq {
     unsigned mark;         /* step number of the last batch it has rows in */
     kv_seq_t kv;
     exit_seq_t exit;
+    exit_row_t row_exit;   /* the request's own thresholds, when has_row_exit */
+    int has_row_exit;
     sampler_t *sampler;
     tok_stream_t *stream;
     char *pending;         /* text held back because it may start a stop string */
@@ -46,6 +48,8 @@ struct gen {
     unsigned n_steps;
     /* Batch assembly, (max_rows) each. */
     int32_t *tokens, *pos, *logit_rows, *row_seq, *group, *depth;
+    exit_row_t *row_exit;  /* (max_rows) */
+    exit_policy_t policy;  /* the one set with gen_set_exit, for requests without their own */
     const int32_t **tables;
     exit_seq_t **exit_seqs;
     exit_agg_t agg;
@@ -119,9 +123,10 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->group = malloc(r * sizeof *g->group);
     g->depth = malloc(r * sizeof *g->depth);
     g->exit_seqs = malloc(r * sizeof *g->exit_seqs);
+    g->row_exit = malloc(r * sizeof *g->row_exit);
     g->logits = malloc(r * (size_t)m->cfg.vocab_size * sizeof *g->logits);
     if (!g->seqs || !g->order || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq ||
-        !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->logits) {
+        !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->row_exit || !g->logits) {
         e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
         goto fail_bufs;
     }
@@ -282,6 +287,11 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     }
     kv_seq_init(&s->kv);
     exit_seq_init(&s->exit);
+    if (r->exit) {
+        s->row_exit = *r->exit;
+        s->has_row_exit = 1;
+    }
+    s->req.exit = NULL; /* copied: the caller's struct need not outlive the call */
     s->used = 1;
     s->id = g->next_id++;
     g->n_active++;
@@ -499,6 +509,15 @@ static int gen__reserve(gen_t *g, gseq_t *s, size_t n_pos)
     return 0;
 }
 
+/* A row's exit thresholds: its request's, or the policy's. */
+static exit_row_t gen__row_exit(const gen_t *g, const gseq_t *s)
+{
+    if (s->has_row_exit)
+        return s->row_exit;
+    return (exit_row_t){.tau = g->policy.tau, .theta = g->policy.theta,
+                        .exit_layer = g->policy.exit_layer};
+}
+
 int gen_step(gen_t *g)
 {
     int n = 0, n_logits = 0, n_prefill = 0;
@@ -522,6 +541,7 @@ int gen_step(gen_t *g)
         /* Decode rows exit together under min aggregation, each on its own under row. */
         g->group[n] = g->agg == EXIT_AGG_ROW ? g->cfg.max_seqs + n : -1;
         g->exit_seqs[n] = &s->exit;
+        g->row_exit[n] = gen__row_exit(g, s);
         g->logit_rows[n_logits++] = n;
         n++;
     }
@@ -560,6 +580,7 @@ int gen_step(gen_t *g)
             g->row_seq[n] = g->order[k];
             g->group[n] = g->order[k]; /* a prompt chunk exits as one (sequence-level exit) */
             g->exit_seqs[n] = &s->exit;
+            g->row_exit[n] = gen__row_exit(g, s);
             n++;
         }
         if ((size_t)chunk == left)
@@ -572,7 +593,7 @@ int gen_step(gen_t *g)
     double t0 = gen__now();
     fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
                      .n_logits = n_logits, .logit_rows = g->logit_rows, .group = g->group,
-                     .exit_seq = g->exit_seqs, .depth = g->depth};
+                     .exit_seq = g->exit_seqs, .depth = g->depth, .row_exit = g->row_exit};
     int e = forward_step(g->fwd, g->kv, &b, g->logits);
     double dt = gen__now() - t0;
     if (e) {
@@ -616,6 +637,8 @@ int gen_set_exit(gen_t *g, const exit_config_t *cfg)
     if (e)
         return e;
     g->agg = cfg ? cfg->policy.agg : EXIT_AGG_MIN;
+    if (cfg)
+        g->policy = cfg->policy;
     return 0;
 }
 kv_pool_t *gen_kv_pool(gen_t *g) { return g->kv; }

@@ -79,6 +79,7 @@ typedef struct gen_request {
     const char *const *stop; /* (n_stop) stop strings */
     int n_stop;
     int ignore_eos;          /* keep going past EOS ids (benchmarks, goldens) */
+    const exit_row_t *exit;  /* this request's exit thresholds, or NULL: the policy's */
     gen_token_cb on_token;
     void *user;
     /* A completion to continue (a request re-dispatched after its worker died): n_done ids

@@ -275,6 +275,8 @@ typedef struct req {
     size_t n_delivered;
     int ignore_eos;
     int bad_count;           /* tokens_delivered disagrees with the ids sent */
+    const char *exit_policy; /* per-request exit override: rule name, or NULL */
+    int exit_layer;          /* per-request fixed exit layer, 0: none */
 } req_t;
 
 static void wk_submit(wk_t *w, const req_t *q)
@@ -293,6 +295,15 @@ static void wk_submit(wk_t *w, const req_t *q)
     g.max_tokens = q->max_tokens;
     g.deadline_ms = q->deadline_ms;
     g.ignore_eos = q->ignore_eos;
+    River__Client__ExitOverride x = RIVER__CLIENT__EXIT_OVERRIDE__INIT;
+    if (q->exit_policy || q->exit_layer) {
+        x.policy = (char *)(q->exit_policy ? q->exit_policy : "");
+        if (q->exit_layer) {
+            x.opt_exit_layer_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_EXIT_LAYER_EXIT_LAYER;
+            x.exit_layer = q->exit_layer;
+        }
+        g.exit = &x;
+    }
     River__Worker__Submit s = RIVER__WORKER__SUBMIT__INIT;
     s.request_id = q->id;
     s.generate = &g;
@@ -481,7 +492,7 @@ static void ref_run_exit(const char *model, const char *tok_path, const char *pr
         for (int l = 0; l < m->cfg.n_layers; l++)
             layers[l] = river_layer(rv, l);
         exit_config_t ex = {.policy = *policy, .river = layers,
-                            .river_start = river_start_layer(rv)};
+                            .river_start = river_start_layer(rv), .river_head = river_head(rv)};
         ck_assert_msg(gen_set_exit(g, &ex) == 0, "%s", river_err_detail());
     }
     gen_request_t q = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
@@ -624,6 +635,35 @@ START_TEST(test_exit_policy)
         ck_assert_int_eq(st.layers[t], 6);
     }
     ck_assert_uint_eq(st.hist_sum, 30);
+
+    /* Per-request overrides under the worker's rule: "none" keeps a request on the full
+     * backbone (the plain engine's tokens, depth 12 throughout), and an exit layer of its
+     * own moves its exits, while the other request keeps the worker's. */
+    static ref_t plain;
+    ref_run_exit(KJV, NULL, prompts[0], 30, 1, &plain, NULL, NULL, NULL);
+    req_t qn = {.id = 22, .text = prompts[0], .max_tokens = 30, .ignore_eos = 1,
+                .exit_policy = "none"};
+    req_t q3 = {.id = 23, .text = prompts[0], .max_tokens = 30, .ignore_eos = 1,
+                .exit_layer = 3};
+    wk_submit(&w, &qn);
+    wk_submit(&w, &q3);
+    stream_t two[2] = {{.id = 22}, {.id = 23}};
+    streams_collect(&w, two, 2, 20000);
+    ck_assert_int_eq(two[0].ended, 1);
+    ck_assert_int_eq(two[1].ended, 1);
+    expect_same(&two[0], &plain, 0);
+    for (size_t t = 0; t < two[0].n; t++)
+        ck_assert_int_eq(two[0].layers[t], 12);
+    ck_assert_uint_eq(two[1].n, 30);
+    for (size_t t = 0; t < two[1].n; t++)
+        ck_assert_int_eq(two[1].layers[t], 3);
+    /* A rule that does not parse is the request's error. */
+    req_t qb = {.id = 24, .text = prompts[0], .max_tokens = 4, .exit_policy = "sideways"};
+    wk_submit(&w, &qb);
+    stream_t sb = {.id = 24};
+    streams_collect(&w, &sb, 1, 5000);
+    ck_assert_int_eq(sb.ended, 2); /* Failed */
+    ck_assert_int_eq(sb.code, RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT);
     wk_stop(&w);
     remove(river_file);
 }

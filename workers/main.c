@@ -247,6 +247,9 @@ static int worker__open_engine(worker_t *w)
     if ((e = gen_new(&w->gen, w->env.model, w->env.tok, w->env.be, &gc)))
         return e;
     if (pol.rule != EXIT_RULE_NONE) {
+        /* The cost model decides when row aggregation splits a layer; under min aggregation
+         * rows split only between groups (a prompt chunk beside decode rows, a request that
+         * opted out), which always runs as two groups. */
         if (pol.agg == EXIT_AGG_ROW && w->xc.river &&
             (e = forward_calibrate_costs(gen_forward(w->gen), gen_kv_pool(w->gen), &w->xc.cfg)))
             return e;

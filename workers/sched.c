@@ -32,6 +32,8 @@ struct sreq {
     sampler_params_t sampling;
     int max_tokens;        /* of the whole completion, done ids included */
     int ignore_eos;
+    exit_row_t exit;       /* the request's exit thresholds under the worker's rule */
+    int has_exit;
     int64_t deadline_ms;   /* absolute; 0: none */
     /* A cancel that is really a failure (deadline, drain, shutdown) says so here, so the
      * engine's cancel event becomes Failed instead of Done(CANCELLED). */
@@ -207,13 +209,17 @@ static void sched__end(sched_t *s, sreq_t *r, River__Client__Error__Code code, c
 
 /* ---- Submit ---- */
 
-/* Whether the request's exit override asks for something other than the worker's policy
- * (which then applies anyway: one policy per worker). RIVER_EINVAL for an unknown rule. */
-static int sched__override_differs(const sched_t *s, const River__Client__ExitOverride *x,
-                                   bool *differs)
+/* The request's exit override as thresholds under the worker's rule: policy "none" keeps
+ * it on the full backbone; tau, theta and the fixed exit layer replace the worker's. Another
+ * rule cannot apply (the worker holds one river and one router set for its own rule), so
+ * *other_rule says it was asked. RIVER_EINVAL for an unknown rule or a bad value. */
+static int sched__override(const sched_t *s, const River__Client__ExitOverride *x,
+                           exit_row_t *row, int *has, bool *other_rule)
 {
     const exit_policy_t *p = &s->cfg.policy;
-    *differs = false;
+    *row = (exit_row_t){.tau = p->tau, .theta = p->theta, .exit_layer = p->exit_layer};
+    *has = 0;
+    *other_rule = false;
     if (!x)
         return 0;
     if (x->policy && x->policy[0]) {
@@ -221,11 +227,26 @@ static int sched__override_differs(const sched_t *s, const River__Client__ExitOv
         if (rule < 0)
             return river_err_set(RIVER_EINVAL, "exit.policy '%s' is not none, cosine, router "
                                  "or fixed", x->policy);
-        *differs |= rule != (int)p->rule;
+        if (rule == EXIT_RULE_NONE)
+            row->off = 1;
+        else
+            *other_rule = rule != (int)p->rule;
     }
-    *differs |= x->opt_tau_case && x->tau != p->tau;
-    *differs |= x->opt_theta_case && x->theta != p->theta;
-    *differs |= x->opt_exit_layer_case && x->exit_layer != p->exit_layer;
+    if (x->opt_tau_case)
+        row->tau = x->tau;
+    if (x->opt_theta_case) {
+        if (!(x->theta >= 0 && x->theta <= 1))
+            return river_err_set(RIVER_EINVAL, "exit.theta %g must be in [0, 1]",
+                                 (double)x->theta);
+        row->theta = x->theta;
+    }
+    if (x->opt_exit_layer_case) {
+        if (x->exit_layer < 1 || x->exit_layer > s->m->cfg.n_layers)
+            return river_err_set(RIVER_EINVAL, "exit.exit_layer %d must be in 1..%d",
+                                 x->exit_layer, s->m->cfg.n_layers);
+        row->exit_layer = x->exit_layer;
+    }
+    *has = row->off || x->opt_tau_case || x->opt_theta_case || x->opt_exit_layer_case;
     return 0;
 }
 
@@ -326,13 +347,13 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
     }
     r->ignore_eos = gen->ignore_eos;
     r->deadline_ms = gen->deadline_ms ? now + gen->deadline_ms : 0;
-    bool differs;
-    int e = sched__override_differs(s, gen->exit, &differs);
+    bool other_rule;
+    int e = sched__override(s, gen->exit, &r->exit, &r->has_exit, &other_rule);
     if (e)
         return e;
-    if (differs)
-        wlog(WLOG_DEBUG, "request %llu: per-request exit overrides are not supported (one "
-             "policy per worker); the worker's policy %s applies", (unsigned long long)r->id,
+    if (other_rule)
+        wlog(WLOG_DEBUG, "request %llu: exit.policy %s asked; the worker's rule %s applies "
+             "(with the request's thresholds)", (unsigned long long)r->id, gen->exit->policy,
              exit_rule_name(s->cfg.policy.rule));
     return 0;
 }
@@ -491,6 +512,7 @@ static void sched__admit(sched_t *s)
             .prompt = r->prompt, .n_prompt = r->n_prompt, .max_tokens = r->max_tokens,
             .sampling = r->sampling, .stop = (const char *const *)r->stop,
             .n_stop = r->n_stop, .ignore_eos = r->ignore_eos,
+            .exit = r->has_exit ? &r->exit : NULL,
             .on_token = sched__on_event, .user = r,
             .done = r->done, .n_done = r->n_done,
         };
