@@ -6,6 +6,9 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/un.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +28,7 @@
 
 #define TINY TEST_DATA "/tinystories-656k"
 #define KJV TEST_DATA "/kjv-12l"
+#define STORIES TEST_DATA "/stories260K/stories260K.bin"
 #define MAX_IDS 600
 
 /* ---- The worker process and riverd's end of the link ---- */
@@ -1005,12 +1009,66 @@ START_TEST(test_throughput)
 }
 END_TEST
 
+/* Under systemd (Type=notify): READY once the engine is built, then watchdog pings from the
+ * poll loop at half of WATCHDOG_USEC, on a real notify socket. */
+START_TEST(test_systemd_notify)
+{
+    char sock_path[300], cfg[600];
+    snprintf(sock_path, sizeof sock_path, "%s/notify.sock", test_tmpdir());
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
+    unlink(sock_path);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    snprintf(cfg, sizeof cfg, "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nthreads: 1\n"
+             "log_level: error\n", test_tmpdir(), STORIES);
+    const char *path = test_write_tmp("notify.yaml", cfg, strlen(cfg));
+    ck_assert_ptr_nonnull(path);
+    char cfg_path[512];
+    snprintf(cfg_path, sizeof cfg_path, "%s", path);
+    const char *bin = worker_bin();
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        setenv("NOTIFY_SOCKET", sock_path, 1);
+        setenv("WATCHDOG_USEC", "200000", 1);
+        execl(bin, bin, "--config", cfg_path, (char *)NULL);
+        _exit(127);
+    }
+    int ready = 0, pings = 0;
+    int64_t end = now_ms() + 5000;
+    while (now_ms() < end && pings < 3) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 500) <= 0)
+            continue;
+        char buf[512];
+        ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+        ck_assert_int_gt((int)n, 0);
+        buf[n] = '\0';
+        if (strstr(buf, "READY=1"))
+            ready = 1;
+        if (strstr(buf, "WATCHDOG=1")) {
+            ck_assert_msg(ready, "a watchdog ping came before READY");
+            pings++;
+        }
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(fd);
+    ck_assert(ready);
+    ck_assert_int_ge(pings, 3);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
     TCase *tc = tcase_create("process");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_serve_matches_engine);
+    tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
     tcase_add_test(tc, test_cancel_frees_pages);
     tcase_add_test(tc, test_bad_input);

@@ -27,6 +27,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
 #include <zmq.h>
 
 #include "cli/cli.h"
@@ -64,6 +65,8 @@
 
 typedef struct worker {
     config_worker_t cfg;
+    int64_t watchdog_ms;   /* systemd watchdog ping interval (half WATCHDOG_USEC), 0: off */
+    int64_t watchdog_next; /* when the next ping is due */
     char id[256];
     cli_env_t env;
     exit_setup_t xc;
@@ -386,13 +389,40 @@ static void worker__on_signal(worker_t *w)
     }
 }
 
+/* Under systemd (Type=notify), READY once the engine is built, then watchdog pings from the
+ * poll loop: a worker stuck in a step stops pinging and systemd restarts it. */
+static void worker__notify_ready(worker_t *w)
+{
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
+        w->watchdog_ms = (int64_t)(usec / 2000);
+        w->watchdog_next = link_clock_ms() + w->watchdog_ms;
+    }
+    sd_notifyf(0, "READY=1\nSTATUS=worker %s serving %s", w->id, w->cfg.model);
+}
+
+/* Pings the watchdog when due; returns when the next ping is due (INT64_MAX: never). */
+static int64_t worker__watchdog(worker_t *w, int64_t now)
+{
+    if (!w->watchdog_ms)
+        return INT64_MAX;
+    if (now >= w->watchdog_next) {
+        sd_notify(0, "WATCHDOG=1");
+        w->watchdog_next = now + w->watchdog_ms;
+    }
+    return w->watchdog_next;
+}
+
 static int worker__run(worker_t *w)
 {
     for (;;) {
         int64_t now = link_clock_ms();
         int timeout = 0;
+        int64_t wd = worker__watchdog(w, now);
         if (!sched_busy(w->sched)) {
             int64_t next = w->linked ? link_next_ms(w->link) : INT64_MAX;
+            if (wd < next)
+                next = wd;
             int64_t d = sched_next_ms(w->sched);
             if (d < next)
                 next = d;
@@ -578,7 +608,7 @@ int main(int argc, char **argv)
         wlog(WLOG_ERROR, "out of memory");
     } else if ((e = worker__open(&w))) {
         wlog(WLOG_ERROR, "start-up failed: %s", river_err_detail());
-    } else if ((e = worker__run(&w))) {
+    } else if (worker__notify_ready(&w), (e = worker__run(&w))) {
         wlog(WLOG_ERROR, "%s", river_err_detail());
         sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__INTERNAL, river_err_detail());
     } else {
