@@ -1018,7 +1018,8 @@ START_TEST(test_systemd_notify)
     int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     ck_assert_int_ge(fd, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
+    ck_assert_uint_lt(strlen(sock_path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
     unlink(sock_path);
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     snprintf(cfg, sizeof cfg, "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nthreads: 1\n"
