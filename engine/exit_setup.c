@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "engine/river.h"
@@ -15,6 +16,13 @@ int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *r
     xc->cfg.river_start = 1;
     int e = 0;
     int L = m->cfg.n_layers;
+    /* The river `river quant` writes by default, when none is named and one is needed. */
+    char found[4096];
+    if (!river_path && policy->rule != EXIT_RULE_NONE && policy->kv == EXIT_KV_RIVER) {
+        quant_params_t qp = quant_params_default();
+        if (river_default_path(m, &qp, found, sizeof found) == 0 && access(found, R_OK) == 0)
+            river_path = found;
+    }
     if (river_path) {
         e = river_load(&xc->river, m, river_path);
         if (e)

@@ -17,7 +17,9 @@ typedef struct exit_setup {
     const layer_weights_t **layers; /* (n_layers) river layers, NULL below the start */
 } exit_setup_t;
 
-/* Opens the river and routers named (NULL: none) for model m and checks that the policy
+/* Opens the river and routers named for model m (river NULL: the default river beside the
+ * model when the policy needs one and `river quant` wrote it there; routers NULL: none)
+ * and checks that the policy
  * has what it needs: a rule other than none with the river strategy needs a river, the
  * router rule needs routers, a fixed exit layer must be in 1..n_layers. On failure
  * nothing stays open. */
