@@ -138,6 +138,7 @@ fail_bufs:
     free(g->group);
     free(g->depth);
     free(g->exit_seqs);
+    free(g->row_exit);
     free(g->seqs);
     free(g->tokens);
     free(g->pos);
@@ -184,6 +185,7 @@ void gen_destroy(gen_t **gp)
     free(g->group);
     free(g->depth);
     free(g->exit_seqs);
+    free(g->row_exit);
     free(g->logits);
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
