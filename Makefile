@@ -3,7 +3,8 @@
 # build needs (scripts/install-deps.sh) when they are missing.
 #
 # Variables: PREFIX (install root, /usr/local), SANITIZE (e.g. address,undefined),
-# OPT (optimisation flags), V=1 (echo commands).
+# OPT (optimisation flags), V=1 (echo commands), CUDA (0: no CUDA backend, 1: require it,
+# default: when nvcc is there), CUDA_ARCHS (compute capabilities, "80 86 89 90").
 
 PREFIX      ?= /usr/local
 BUILD       ?= build
@@ -73,6 +74,39 @@ TEST_BIN    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 
+# CUDA backend (kernels/cuda/): built when nvcc is found ($(CUDA_HOME)/bin/nvcc, else on
+# PATH). CUDA=0 leaves it out, CUDA=1 makes a missing toolkit an error. It goes into its
+# own archive, linked before libriver.a (which it calls into) with cudart and cuBLAS; those
+# are ordinary shared libraries, so linking needs no GPU (libcuda, the driver, is only
+# loaded at run time by cudart). RIVER_CUDA tells C code the backend exists.
+CUDA        ?= auto
+CUDA_HOME   ?= /usr/local/cuda
+CUDA_ARCHS  ?= 80 86 89 90
+NVCC        ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(CUDA),0)
+CUDA_ON     :=
+else ifneq ($(NVCC),)
+CUDA_ON     := 1
+else ifeq ($(CUDA),1)
+$(error CUDA=1 but no nvcc in $(CUDA_HOME)/bin or on PATH)
+else
+CUDA_ON     :=
+endif
+ifeq ($(CUDA_ON),1)
+CUDA_ROOT   := $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCC_FLAGS  := -std=c++17 -O2 -g -lineinfo -I. -I$(BUILD)/gen -MMD -MP -Werror all-warnings \
+               -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing \
+               $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
+CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
+CUDA_C_SRC  := $(wildcard kernels/cuda/*.c)
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/%.o)
+CUDA_LIB    := $(BUILD)/libriver_cuda.a
+ALL_CFLAGS  += -DRIVER_CUDA
+# libriver.a again after the CUDA archive: the link lines name it first.
+LDLIBS      := $(CUDA_LIB) $(LIB) -L$(CUDA_ROOT)/lib64 -Wl,-rpath,$(CUDA_ROOT)/lib64 \
+               -lcublas -lcublasLt -lcudart -lstdc++ $(LDLIBS)
+endif
+
 ifeq ($(V),1)
 Q :=
 else
@@ -105,6 +139,32 @@ $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(ALL_CFLAGS) $(SIMD_AVX512) -c $< -o $@
+
+# The C files that test RIVER_CUDA are rebuilt when the setting changes in one BUILD
+# directory (the stamp is rewritten only then): a stale object would reference a backend
+# that is no longer linked.
+CUDA_STAMP  := $(BUILD)/cuda-enabled
+CUDA_USERS  := $(BUILD)/cli/cli_env.o $(BUILD)/tests/test_cuda_ops.o
+$(CUDA_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo "$(CUDA_ON)" | cmp -s - $@ || echo "$(CUDA_ON)" > $@
+$(CUDA_USERS): $(CUDA_STAMP)
+FORCE:
+.PHONY: FORCE
+
+ifeq ($(CUDA_ON),1)
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(CUDA_OBJ): | $(PROTO_GEN_H)
+$(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN): $(CUDA_LIB)
+endif
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

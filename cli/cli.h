@@ -33,6 +33,12 @@ typedef struct cli_env {
 int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, int n_threads,
                  int want_tok);
 void cli_env_close(cli_env_t *env);
+/* The backend later cli_env_open calls create: "cpu" (the default) or "cuda" (GPU 0, the
+ * model's weights uploaded to it; only in builds with the CUDA backend). RIVER_EINVAL for
+ * an unknown name, RIVER_EUNSUPPORTED for "cuda" in a build without it. */
+int cli_env_set_device(const char *name);
+/* Whether env->be is the CPU backend (cpu_backend_* calls apply to it). */
+int cli_env_is_cpu(const cli_env_t *env);
 
 /* Finds the tokenizer file that belongs to a model path; writes it to buf. */
 int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);

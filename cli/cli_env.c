@@ -1,4 +1,5 @@
-/* Opening what the commands share: a model, its tokenizer and a CPU backend. */
+/* Opening what the commands share: a model, its tokenizer and a backend (the CPU, or with
+ * --device cuda the CUDA backend when built in). */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -11,6 +12,34 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
+#ifdef RIVER_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
+/* Set once from a command's options before cli_env_open; commands run one per process. */
+static int cli_use_cuda;
+
+int cli_env_set_device(const char *name)
+{
+    if (!strcmp(name, "cpu")) {
+        cli_use_cuda = 0;
+        return 0;
+    }
+    if (strcmp(name, "cuda"))
+        return river_err_set(RIVER_EINVAL, "device '%s': use cpu or cuda", name);
+#ifdef RIVER_CUDA
+    cli_use_cuda = 1;
+    return 0;
+#else
+    return river_err_set(RIVER_EUNSUPPORTED, "device cuda: built without the CUDA backend "
+                         "(make CUDA=1)");
+#endif
+}
+
+int cli_env_is_cpu(const cli_env_t *env)
+{
+    return env->be && !strcmp(env->be->ops->name, "cpu");
+}
 
 int cli_parse_int(const char *s, long min, long max, long *out)
 {
@@ -96,6 +125,16 @@ int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, i
      * cost of waking it every op; only larger models get every core by default. */
     if (n_threads == 0 && model_bytes_per_token(env->model) < (64 << 20))
         n_threads = 1;
+#ifdef RIVER_CUDA
+    if (cli_use_cuda) {
+        e = cuda_backend_new(&env->be, 0);
+        if (!e)
+            e = cuda_model_upload(env->be, env->model);
+        if (e)
+            goto fail;
+        return 0;
+    }
+#endif
     e = cpu_backend_new(&env->be, n_threads, CPU_SIMD_COUNT);
     if (e)
         goto fail;
@@ -107,6 +146,11 @@ fail:
 
 void cli_env_close(cli_env_t *env)
 {
+#ifdef RIVER_CUDA
+    /* The backend goes before the model: it owns the device copies the model points at. */
+    if (env->be && !cli_env_is_cpu(env))
+        cuda_backend_destroy(&env->be);
+#endif
     cpu_backend_destroy(&env->be);
     tokenizer_destroy(&env->tok);
     model_destroy(&env->model);

@@ -52,8 +52,9 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     if (!e) {
         if (!json)
             printf("layer %d, %d threads: per-layer ms, and an even split of n rows\n"
-                   "%5s %9s %9s %7s %14s %6s\n", l, cpu_backend_threads(env->be), "rows",
-                   "T_B", "T_R", "r", "T_B+T_R(n/2)", "pays");
+                   "%5s %9s %9s %7s %14s %6s\n", l,
+                   cli_env_is_cpu(env) ? cpu_backend_threads(env->be) : 0, "rows", "T_B",
+                   "T_R", "r", "T_B+T_R(n/2)", "pays");
         for (int i = 0; i < 7; i++) {
             double split = i ? tb[i - 1] + tr[i - 1] : 0;
             int pays = i && split < tb[i];
@@ -76,6 +77,7 @@ static void bench__usage(FILE *f)
 {
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
                "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
+               "                   [--device cpu|cuda]\n"
                "Prints the median prefill and decode tokens/s over R runs, the read bandwidth\n"
                "of a SIMD sweep over M MiB (default 2048) with the same threads, and\n"
                "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
@@ -92,6 +94,7 @@ int cmd_bench(int argc, char **argv)
         {"runs", required_argument, 0, 'r'},       {"bandwidth-mib", required_argument, 0, 'b'},
         {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
         {"split-costs", required_argument, 0, 'S'},
+        {"device", required_argument, 0, 1000},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *split_river = NULL;
@@ -116,6 +119,12 @@ int cmd_bench(int argc, char **argv)
             }
             continue;
         case 'S': split_river = optarg; continue;
+        case 1000: {
+            int de = cli_env_set_device(optarg);
+            if (de)
+                return cli_fail("bench", de);
+            continue;
+        }
         case 'h': bench__usage(stdout); return 0;
         default: bench__usage(stderr); return 2;
         }
@@ -138,6 +147,12 @@ int cmd_bench(int argc, char **argv)
                 prompt_len + gen_len, cfg->max_seq_len);
         cli_env_close(&env);
         return 2;
+    }
+    if (split_river && !cli_env_is_cpu(&env)) {
+        /* A river reads the model's weight bytes on the host (its fingerprint). */
+        cli_env_close(&env);
+        return cli_fail("bench", river_err_set(RIVER_EUNSUPPORTED, "--split-costs needs "
+                                               "--device cpu for now"));
     }
     if (split_river) {
         int rc2 = bench__split_costs(&env, split_river, json);
@@ -164,7 +179,8 @@ int cmd_bench(int argc, char **argv)
     e = gen_new(&g, env.model, NULL, env.be, &gc);
     if (e)
         goto done;
-    int n_threads = cpu_backend_threads(env.be);
+    /* On a GPU the thread count only sizes the CPU bandwidth sweep below. */
+    int n_threads = cli_env_is_cpu(&env) ? cpu_backend_threads(env.be) : 1;
     if (!json)
         fprintf(stderr, "river bench: %s, %d threads, prompt %ld, gen %ld, %ld runs\n",
                 model_path, n_threads, prompt_len, gen_len, runs);

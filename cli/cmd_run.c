@@ -74,7 +74,7 @@ static void run__usage(FILE *f)
     fprintf(f,
             "usage: river run --model PATH [--tokenizer PATH] --prompt TEXT [--max-tokens N]\n"
             "                 [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                 [--stop TEXT]... [--ignore-eos] [--threads N]\n"
+            "                 [--stop TEXT]... [--ignore-eos] [--threads N] [--device cpu|cuda]\n"
             "                 [--output text|json]\n"
             "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
             "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
@@ -94,6 +94,7 @@ int cmd_run(int argc, char **argv)
         {"top-p", required_argument, 0, 'P'},     {"seed", required_argument, 0, 's'},
         {"stop", required_argument, 0, 'S'},      {"ignore-eos", no_argument, 0, 'E'},
         {"threads", required_argument, 0, 'j'},   {"output", required_argument, 0, 'o'},
+        {"device", required_argument, 0, 1000},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL;
@@ -154,6 +155,12 @@ int cmd_run(int argc, char **argv)
             else if (strcmp(optarg, "text"))
                 goto bad_value;
             break;
+        case 1000: {
+            int de = cli_env_set_device(optarg);
+            if (de)
+                return cli_fail("run", de);
+            break;
+        }
         case 'h': run__usage(stdout); return 0;
         default: run__usage(stderr); return 2;
         }
@@ -174,6 +181,13 @@ int cmd_run(int argc, char **argv)
     gen_t *g = NULL;
     run_out_t out = {.json = json};
     exit_setup_t xc;
+    /* A river checks which model it belongs to by reading the model's weight bytes on the
+     * host; on the GPU they are device memory, so rivers stay CPU-only for now. */
+    if (!cli_env_is_cpu(&env) && (xo.river_path || xo.routers_path)) {
+        cli_env_close(&env);
+        return cli_fail("run", river_err_set(RIVER_EUNSUPPORTED, "--river and --routers "
+                                             "need --device cpu for now"));
+    }
     e = exit_setup_open(&xc, &xo.policy, xo.river_path, xo.routers_path, env.model);
     if (e) {
         cli_env_close(&env);

@@ -1,0 +1,62 @@
+/* The CUDA backend: the ops of kernels/ops.h on one NVIDIA GPU, with the CPU backend as the
+ * reference it must agree with (tests/test_cuda_ops.c checks every op against it).
+ *
+ * Notes on the ops as implemented here:
+ * - Activations are f32 in device memory (parity with the CPU first; bf16 activations may
+ *   come later). buf_alloc returns device pointers; the model code never dereferences them.
+ * - Weights must be in device memory: cuda_backend_upload replaces the host pointers of a
+ *   weight_t (the mmap'd checkpoint) with device copies; cuda_model_upload does it for a
+ *   whole model. The backend owns those copies and frees them in cuda_backend_destroy, so
+ *   a model uploaded to a backend must not be used after the backend is destroyed, nor
+ *   with another backend (its weight_t now point at this GPU's memory).
+ * - All work is queued on one stream of the backend; ops that return host data (to_host,
+ *   cosine) wait for it. Host inputs of an op (positions, page tables, indices, inv_freq)
+ *   are copied to the device within the call, so the caller may reuse them at once.
+ * - matmul: F32/F16/BF16 weights take a bandwidth-bound GEMV kernel for n <= 8 rows and
+ *   cuBLAS (GemmEx, f32 compute; x converted to the weight's 16-bit type) above; Q4/Q8
+ *   weights always take a dequantize-in-register GEMV kernel, 8 rows per pass.
+ * - attention: one block per (row, head) with an online softmax, so any context length
+ *   works without a scores buffer; head_dim at most 256. kv_valid is honoured.
+ * - Every CUDA and cuBLAS failure becomes RIVER_EDEVICE with the CUDA error string; no op
+ *   aborts the process.
+ *
+ * Without the toolkit (make CUDA=0, or no nvcc) none of this is built: RIVER_CUDA is then
+ * undefined and code that uses this header must guard its calls with #ifdef RIVER_CUDA. */
+#ifndef RIVER_KERNELS_CUDA_H
+#define RIVER_KERNELS_CUDA_H
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct model;
+
+/* GPUs the CUDA runtime sees; 0 when there is no driver or no GPU (never an error). */
+int cuda_device_count(void);
+
+/* Creates a backend on GPU `device` (0-based). Without a usable device: RIVER_EDEVICE with
+ * "no CUDA device: <CUDA error string>". On failure *out is untouched. */
+int cuda_backend_new(backend_t **out, int device);
+/* Frees the backend, its scratch and every weight it uploaded; sets *b to NULL. */
+void cuda_backend_destroy(backend_t **b);
+
+/* Copies w's data (and Q4/Q8 scales and zeros) to the device and points w at the copies.
+ * The backend owns them (freed at destroy). A weight whose data is NULL (an absent bias)
+ * is left alone. On failure w is unchanged. */
+int cuda_backend_upload(backend_t *b, weight_t *w);
+
+/* Uploads every weight of a model (cuda_model.c). A tied lm_head shares the embedding's
+ * device copy. On failure some weights may already point at the device: destroy the
+ * model. */
+int cuda_model_upload(backend_t *b, struct model *m);
+
+/* Name of the GPU the backend runs on (for bench output); "" when unknown. */
+const char *cuda_backend_device_name(const backend_t *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,1206 @@
+/* The CUDA backend: the ops table, its state and every kernel (see cuda.h for the
+ * semantics). The host side of each op checks its arguments the way the CPU backend does
+ * (same error codes), copies the op's host inputs to a device scratch area and launches
+ * on the backend's stream. */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "common/err.h"
+#include "kernels/cuda/cuda.h"
+}
+
+/* ---- state ------------------------------------------------------------------------------ */
+
+struct ops_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* Device scratch for an op's host inputs and converted activations; grown on demand.
+     * Reuse across ops is safe: everything runs in stream order. */
+    void *scratch;
+    size_t scratch_cap;
+    /* Host staging for inputs packed before one copy (attention, kv_write). */
+    void *host;
+    size_t host_cap;
+    /* Device allocations holding uploaded weights, freed at destroy. */
+    void **owned;
+    size_t n_owned, cap_owned;
+    char name[256];
+};
+
+/* A weight as the kernels see it (by value, so no device copy of weight_t is needed). */
+struct dweight {
+    int dtype;
+    int64_t rows, cols;
+    const void *data;
+    const uint16_t *scales, *zeros;
+    int group;
+};
+
+static int cu_fail(cudaError_t err, const char *what)
+{
+    /* Clears a sticky launch error so that the next call reports its own. */
+    (void)cudaGetLastError();
+    return river_err_set(RIVER_EDEVICE, "cuda %s: %s", what, cudaGetErrorString(err));
+}
+
+#define CU_TRY(call, what)                                                                 \
+    do {                                                                                   \
+        cudaError_t cu_e_ = (call);                                                        \
+        if (cu_e_ != cudaSuccess)                                                          \
+            return cu_fail(cu_e_, what);                                                   \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here, not at the launch. */
+#define CU_LAUNCHED(what) CU_TRY(cudaGetLastError(), what)
+
+static int blas_fail(cublasStatus_t st, const char *what)
+{
+    return river_err_set(RIVER_EDEVICE, "cublas %s: %s", what, cublasGetStatusString(st));
+}
+
+/* Ops may run on any host thread; the current device is per thread. */
+static int cu_enter(ops_ctx_t *ctx)
+{
+    CU_TRY(cudaSetDevice(ctx->device), "set device");
+    return 0;
+}
+
+static int scratch_reserve(ops_ctx_t *ctx, size_t bytes)
+{
+    if (bytes <= ctx->scratch_cap)
+        return 0;
+    size_t cap = bytes + bytes / 2 + 256;
+    /* cudaFree waits for the queued work that may still read the old area. */
+    if (ctx->scratch)
+        CU_TRY(cudaFree(ctx->scratch), "free scratch");
+    ctx->scratch = NULL;
+    ctx->scratch_cap = 0;
+    CU_TRY(cudaMalloc(&ctx->scratch, cap), "scratch");
+    ctx->scratch_cap = cap;
+    return 0;
+}
+
+static int host_reserve(ops_ctx_t *ctx, size_t bytes)
+{
+    if (bytes <= ctx->host_cap)
+        return 0;
+    size_t cap = bytes + bytes / 2 + 256;
+    void *p = realloc(ctx->host, cap);
+    if (!p)
+        return river_err_set(RIVER_ENOMEM, "cuda: host staging of %zu bytes", cap);
+    ctx->host = p;
+    ctx->host_cap = cap;
+    return 0;
+}
+
+/* Copies `bytes` of host memory to the start of the device scratch (reserved by the
+ * caller). From pageable memory the call returns once the data is staged, so the
+ * caller's array may change right after. */
+static int scratch_put(ops_ctx_t *ctx, size_t off, const void *src, size_t bytes)
+{
+    if (bytes)
+        CU_TRY(cudaMemcpyAsync((char *)ctx->scratch + off, src, bytes, cudaMemcpyHostToDevice,
+                               ctx->stream),
+               "copy inputs");
+    return 0;
+}
+
+static size_t align256(size_t n)
+{
+    return (n + 255) / 256 * 256;
+}
+
+static int weight_check(const weight_t *w, const char *what)
+{
+    if (!w || !w->data)
+        return river_err_set(RIVER_EINVAL, "cuda %s: no weight data", what);
+    if ((unsigned)w->dtype >= DTYPE_COUNT)
+        return river_err_set(RIVER_EDTYPE, "cuda %s: dtype %d", what, (int)w->dtype);
+    if (w->rows <= 0 || w->cols <= 0)
+        return river_err_set(RIVER_ESHAPE, "cuda %s: shape (%lld, %lld)", what,
+                             (long long)w->rows, (long long)w->cols);
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) {
+        if (!w->scales || !w->zeros || w->group <= 0 || w->cols % w->group != 0 ||
+            (w->dtype == DTYPE_Q4 && w->group % 2 != 0))
+            return river_err_set(RIVER_EFORMAT, "cuda %s: %s weight with group %d over %lld "
+                                 "columns", what, dtype_name(w->dtype), w->group,
+                                 (long long)w->cols);
+    }
+    return 0;
+}
+
+static dweight to_dweight(const weight_t *w)
+{
+    dweight d;
+    d.dtype = (int)w->dtype;
+    d.rows = w->rows;
+    d.cols = w->cols;
+    d.data = w->data;
+    d.scales = w->scales;
+    d.zeros = w->zeros;
+    d.group = w->group;
+    return d;
+}
+
+/* ---- device helpers --------------------------------------------------------------------- */
+
+__device__ __forceinline__ float h2f(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ float bf2f(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Element (r, c) of a weight as f32, any dtype. */
+__device__ float w_at(const dweight &w, int64_t r, int64_t c)
+{
+    switch (w.dtype) {
+    case DTYPE_F32:
+        return ((const float *)w.data)[r * w.cols + c];
+    case DTYPE_F16:
+        return h2f(((const uint16_t *)w.data)[r * w.cols + c]);
+    case DTYPE_BF16:
+        return bf2f(((const uint16_t *)w.data)[r * w.cols + c]);
+    case DTYPE_Q8: {
+        int64_t gi = r * (w.cols / w.group) + c / w.group;
+        float q = (float)((const uint8_t *)w.data)[r * w.cols + c];
+        return (q - h2f(w.zeros[gi])) * h2f(w.scales[gi]);
+    }
+    case DTYPE_Q4: {
+        int64_t gi = r * (w.cols / w.group) + c / w.group;
+        uint8_t byte = ((const uint8_t *)w.data)[r * (w.cols / 2) + c / 2];
+        float q = (float)((c & 1) ? byte >> 4 : byte & 15);
+        return (q - h2f(w.zeros[gi])) * h2f(w.scales[gi]);
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+/* A 1-D weight read flat (the CPU accepts any rows x cols == d for f32 vectors). */
+__device__ __forceinline__ float w_flat(const dweight &w, int64_t j)
+{
+    return w_at(w, j / w.cols, j % w.cols);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread
+ * gets the result. */
+__device__ float block_sum(float v)
+{
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        part[wid] = v;
+    __syncthreads();
+    float t = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+static unsigned blocks_for(int64_t n, int threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+/* ---- buffers ---------------------------------------------------------------------------- */
+
+static void *cuda_buf_alloc(ops_ctx_t *ctx, size_t n_elems)
+{
+    if (cu_enter(ctx))
+        return NULL;
+    void *p = NULL;
+    size_t bytes = (n_elems ? n_elems : 1) * sizeof(float);
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cu_fail(e, "buffer");
+        return NULL;
+    }
+    e = cudaMemsetAsync(p, 0, bytes, ctx->stream);
+    if (e != cudaSuccess) {
+        cu_fail(e, "zero buffer");
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_buf_free(ops_ctx_t *ctx, void *buf)
+{
+    if (!buf)
+        return;
+    (void)cudaSetDevice(ctx->device);
+    /* cudaFree fails only on a pointer we did not allocate or a dead context; nothing can
+     * be done about either here. */
+    if (cudaFree(buf) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int cuda_to_host(ops_ctx_t *ctx, float *dst, const void *src, size_t offset, size_t n)
+{
+    if (n && (!dst || !src))
+        return river_err_set(RIVER_EINVAL, "cuda to_host: NULL buffer");
+    if (!n)
+        return 0;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    CU_TRY(cudaMemcpyAsync(dst, (const float *)src + offset, n * sizeof(float),
+                           cudaMemcpyDeviceToHost, ctx->stream),
+           "to_host");
+    CU_TRY(cudaStreamSynchronize(ctx->stream), "to_host");
+    return 0;
+}
+
+static int cuda_from_host(ops_ctx_t *ctx, void *dst, size_t offset, const float *src, size_t n)
+{
+    if (n && (!dst || !src))
+        return river_err_set(RIVER_EINVAL, "cuda from_host: NULL buffer");
+    if (!n)
+        return 0;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    CU_TRY(cudaMemcpyAsync((float *)dst + offset, src, n * sizeof(float),
+                           cudaMemcpyHostToDevice, ctx->stream),
+           "from_host");
+    return 0;
+}
+
+/* ---- embed ------------------------------------------------------------------------------ */
+
+__global__ void k_embed(float *out, dweight t, const int32_t *tokens, int n)
+{
+    int i = blockIdx.y;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < t.cols;
+         c += (int64_t)gridDim.x * blockDim.x)
+        out[(int64_t)i * t.cols + c] = w_at(t, tokens[i], c);
+}
+
+static int cuda_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const int32_t *tokens,
+                      int n)
+{
+    int e = weight_check(table, "embed");
+    if (e)
+        return e;
+    if (n < 0 || (n > 0 && (!out || !tokens)))
+        return river_err_set(RIVER_EINVAL, "cuda embed: %d tokens", n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= table->rows)
+            return river_err_set(RIVER_ERANGE, "cuda embed: token %d outside vocabulary of "
+                                 "%lld", (int)tokens[i], (long long)table->rows);
+    if (n == 0)
+        return 0;
+    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
+        (e = scratch_put(ctx, 0, tokens, (size_t)n * sizeof(int32_t))))
+        return e;
+    dim3 grid(blocks_for(table->cols, 256) < 64 ? blocks_for(table->cols, 256) : 64, n);
+    k_embed<<<grid, 256, 0, ctx->stream>>>((float *)out, to_dweight(table),
+                                           (const int32_t *)ctx->scratch, n);
+    CU_LAUNCHED("embed");
+    return 0;
+}
+
+/* ---- rmsnorm, add_bias, add ------------------------------------------------------------- */
+
+__global__ void k_rmsnorm(float *out, const float *x, dweight w, int d, float eps)
+{
+    const float *xi = x + (int64_t)blockIdx.x * d;
+    float *oi = out + (int64_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        ss += xi[j] * xi[j];
+    ss = block_sum(ss);
+    /* The CPU's order: mean of squares, plus eps, reciprocal square root, weight last. */
+    ss = ss / (float)d + eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        oi[j] = xi[j] * ss * w_flat(w, j);
+}
+
+static int vector_check(const weight_t *w, int d, const char *what)
+{
+    int e = weight_check(w, what);
+    if (e)
+        return e;
+    if (w->rows * w->cols != d)
+        return river_err_set(RIVER_ESHAPE, "cuda %s: weight (%lld, %lld) for width %d", what,
+                             (long long)w->rows, (long long)w->cols, d);
+    if (w->dtype != DTYPE_F32 && w->rows != 1)
+        return river_err_set(RIVER_ESHAPE, "cuda %s: %s vector of %lld rows", what,
+                             dtype_name(w->dtype), (long long)w->rows);
+    return 0;
+}
+
+static int cuda_rmsnorm(ops_ctx_t *ctx, void *out, const void *x, const weight_t *w, int n,
+                        int d, float eps)
+{
+    if (n < 0 || d <= 0 || (n > 0 && (!out || !x)))
+        return river_err_set(RIVER_EINVAL, "cuda rmsnorm: n %d, d %d", n, d);
+    int e = vector_check(w, d, "rmsnorm");
+    if (e || n == 0)
+        return e;
+    if ((e = cu_enter(ctx)))
+        return e;
+    k_rmsnorm<<<n, 256, 0, ctx->stream>>>((float *)out, (const float *)x, to_dweight(w), d,
+                                          eps);
+    CU_LAUNCHED("rmsnorm");
+    return 0;
+}
+
+__global__ void k_add_bias(float *y, dweight b, int64_t total, int d)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x)
+        y[k] += w_flat(b, k % d);
+}
+
+static unsigned grid_cap(int64_t n, int threads)
+{
+    unsigned g = blocks_for(n, threads);
+    return g < 4096 ? (g ? g : 1) : 4096;
+}
+
+static int cuda_add_bias(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d)
+{
+    if (n < 0 || d <= 0 || (n > 0 && !y))
+        return river_err_set(RIVER_EINVAL, "cuda add_bias: n %d, d %d", n, d);
+    int e = vector_check(b, d, "add_bias");
+    if (e || n == 0)
+        return e;
+    if ((e = cu_enter(ctx)))
+        return e;
+    int64_t total = (int64_t)n * d;
+    k_add_bias<<<grid_cap(total, 256), 256, 0, ctx->stream>>>((float *)y, to_dweight(b), total,
+                                                                d);
+    CU_LAUNCHED("add_bias");
+    return 0;
+}
+
+__global__ void k_add(float *y, const float *x, int64_t total)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x)
+        y[k] += x[k];
+}
+
+static int cuda_add(ops_ctx_t *ctx, void *y, const void *x, size_t n_elems)
+{
+    if (n_elems == 0)
+        return 0;
+    if (!y || !x)
+        return river_err_set(RIVER_EINVAL, "cuda add: NULL buffer");
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    k_add<<<grid_cap((int64_t)n_elems, 256), 256, 0, ctx->stream>>>((float *)y,
+                                                                     (const float *)x,
+                                                                     (int64_t)n_elems);
+    CU_LAUNCHED("add");
+    return 0;
+}
+
+/* ---- rope ------------------------------------------------------------------------------- */
+
+/* One block per row; threads over (head, pair). */
+__global__ void k_rope(float *x, const int32_t *pos, const float *inv_freq, int n_heads,
+                       int head_dim, int half, int layout, float attn_factor)
+{
+    int i = blockIdx.x;
+    float p = (float)pos[i];
+    float *row = x + (int64_t)i * n_heads * head_dim;
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        int h = k / half, f = k % half;
+        float angle = p * inv_freq[f];
+        float cs = cosf(angle) * attn_factor, sn = sinf(angle) * attn_factor;
+        float *xh = row + (int64_t)h * head_dim;
+        int a = layout == ROPE_INTERLEAVED ? 2 * f : f;
+        int b = layout == ROPE_INTERLEAVED ? 2 * f + 1 : f + half;
+        float x0 = xh[a], x1 = xh[b];
+        xh[a] = x0 * cs - x1 * sn;
+        xh[b] = x0 * sn + x1 * cs;
+    }
+}
+
+static int cuda_rope(ops_ctx_t *ctx, void *x, const int32_t *pos, int n, int n_heads,
+                     const rope_t *rope)
+{
+    if (n < 0 || n_heads <= 0 || !rope || (n > 0 && (!x || !pos)))
+        return river_err_set(RIVER_EINVAL, "cuda rope: n %d, %d heads", n, n_heads);
+    if (rope->head_dim <= 0 || rope->rot_dim <= 0 || rope->rot_dim % 2 != 0 ||
+        rope->rot_dim > rope->head_dim || !rope->inv_freq ||
+        (rope->layout != ROPE_INTERLEAVED && rope->layout != ROPE_HALF))
+        return river_err_set(RIVER_EINVAL, "cuda rope: head_dim %d, rot_dim %d, layout %d",
+                             rope->head_dim, rope->rot_dim, (int)rope->layout);
+    if (n == 0)
+        return 0;
+    int half = rope->rot_dim / 2;
+    size_t pos_bytes = align256((size_t)n * sizeof(int32_t));
+    int e;
+    if ((e = cu_enter(ctx)) ||
+        (e = scratch_reserve(ctx, pos_bytes + (size_t)half * sizeof(float))) ||
+        (e = scratch_put(ctx, 0, pos, (size_t)n * sizeof(int32_t))) ||
+        (e = scratch_put(ctx, pos_bytes, rope->inv_freq, (size_t)half * sizeof(float))))
+        return e;
+    k_rope<<<n, 256, 0, ctx->stream>>>((float *)x, (const int32_t *)ctx->scratch,
+                                       (const float *)((char *)ctx->scratch + pos_bytes),
+                                       n_heads, rope->head_dim, half, (int)rope->layout,
+                                       rope->attn_factor);
+    CU_LAUNCHED("rope");
+    return 0;
+}
+
+/* ---- swiglu ----------------------------------------------------------------------------- */
+
+__global__ void k_swiglu(float *out, const float *g, const float *u, int n, int d, int stride)
+{
+    int64_t total = (int64_t)n * d;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = k / d, j = k % d;
+        float gv = g[i * stride + j];
+        out[k] = gv / (1.0f + expf(-gv)) * u[i * stride + j];
+    }
+}
+
+static int cuda_swiglu(ops_ctx_t *ctx, void *out, const void *gate, const void *up, int n,
+                       int d, int stride)
+{
+    if (n < 0 || d <= 0 || stride < d || (n > 0 && (!out || !gate || !up)))
+        return river_err_set(RIVER_EINVAL, "cuda swiglu: n %d, d %d, stride %d", n, d, stride);
+    if (n == 0)
+        return 0;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    k_swiglu<<<grid_cap((int64_t)n * d, 256), 256, 0, ctx->stream>>>(
+        (float *)out, (const float *)gate, (const float *)up, n, d, stride);
+    CU_LAUNCHED("swiglu");
+    return 0;
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+/* Rows of x one GEMV pass handles; the weight is read once per pass. */
+#define GEMV_ROWS 8
+/* Output features per block: one warp each. */
+#define GEMV_WARPS 8
+
+/* Eight consecutive weights of row r from column c (c % 8 == 0, and for Q4/Q8 the eight
+ * lie in one group), loaded with one wide access. */
+template <int DT>
+__device__ __forceinline__ void load8(const dweight &w, int64_t r, int64_t c, float v[8])
+{
+    if (DT == DTYPE_F32) {
+        const float4 *p = (const float4 *)((const float *)w.data + r * w.cols + c);
+        float4 a = p[0], b = p[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else if (DT == DTYPE_F16 || DT == DTYPE_BF16) {
+        uint4 q = *(const uint4 *)((const uint16_t *)w.data + r * w.cols + c);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint16_t lo = (uint16_t)(u[k] & 0xffffu), hi = (uint16_t)(u[k] >> 16);
+            v[2 * k] = DT == DTYPE_F16 ? h2f(lo) : bf2f(lo);
+            v[2 * k + 1] = DT == DTYPE_F16 ? h2f(hi) : bf2f(hi);
+        }
+    } else {
+        int64_t gi = r * (w.cols / w.group) + c / w.group;
+        float s = h2f(w.scales[gi]), z = h2f(w.zeros[gi]);
+        if (DT == DTYPE_Q8) {
+            uint2 q = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
+            uint32_t u[2] = {q.x, q.y};
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = ((float)((u[k / 4] >> (8 * (k % 4))) & 0xffu) - z) * s;
+        } else {
+            /* Q4: low nibble is the even column. */
+            uint32_t q = *(const uint32_t *)((const uint8_t *)w.data + r * (w.cols / 2) + c / 2);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = ((float)((q >> (4 * k)) & 0xfu) - z) * s;
+        }
+    }
+}
+
+/* y (n, rows) = x (n, cols) W^T for up to GEMV_ROWS rows of x (blockIdx.y picks which):
+ * one warp per output feature, each lane taking 8 columns per step, so the weight streams
+ * through in 16-byte (f32: 32-byte) coalesced loads. */
+template <int DT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv8(float *y, const float *x, dweight w, int n)
+{
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    int i0 = blockIdx.y * GEMV_ROWS;
+    int nr = n - i0 < GEMV_ROWS ? n - i0 : GEMV_ROWS;
+    if (r >= w.rows)
+        return;
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++)
+        acc[i] = 0.0f;
+    for (int64_t c = (int64_t)lane * 8; c < w.cols; c += 32 * 8) {
+        float v[8];
+        load8<DT>(w, r, c, v);
+#pragma unroll
+        for (int i = 0; i < GEMV_ROWS; i++) {
+            if (i < nr) {
+                const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * w.cols + c);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
+                acc[i] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                          v[5] * b.y + v[6] * b.z + v[7] * b.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++) {
+        float s = warp_sum(acc[i]);
+        if (lane == 0 && i < nr)
+            y[(int64_t)(i0 + i) * w.rows + r] = s;
+    }
+}
+
+/* Any shape and group: one element at a time (columns not a multiple of 8, odd groups). */
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_any(float *y, const float *x, dweight w, int n)
+{
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    int i0 = blockIdx.y * GEMV_ROWS;
+    int nr = n - i0 < GEMV_ROWS ? n - i0 : GEMV_ROWS;
+    if (r >= w.rows)
+        return;
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++)
+        acc[i] = 0.0f;
+    for (int64_t c = lane; c < w.cols; c += 32) {
+        float v = w_at(w, r, c);
+#pragma unroll
+        for (int i = 0; i < GEMV_ROWS; i++)
+            if (i < nr)
+                acc[i] += v * x[(int64_t)(i0 + i) * w.cols + c];
+    }
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++) {
+        float s = warp_sum(acc[i]);
+        if (lane == 0 && i < nr)
+            y[(int64_t)(i0 + i) * w.rows + r] = s;
+    }
+}
+
+static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t *w, int n)
+{
+    dweight dw = to_dweight(w);
+    int quant = w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8;
+    /* The wide loads need 16-byte aligned rows of x and W: x may be a pointer into the
+     * middle of a buffer (a fused half), and a misaligned vector load is a fatal error
+     * that poisons the whole context, so anything unaligned takes the element path. */
+    int wide = w->cols % 8 == 0 && (!quant || w->group % 8 == 0) &&
+               (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+    dim3 grid(blocks_for(w->rows, GEMV_WARPS), (unsigned)((n + GEMV_ROWS - 1) / GEMV_ROWS));
+    dim3 block(GEMV_WARPS * 32);
+    if (!wide)
+        k_gemv_any<<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    else if (w->dtype == DTYPE_F32)
+        k_gemv8<DTYPE_F32><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    else if (w->dtype == DTYPE_F16)
+        k_gemv8<DTYPE_F16><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    else if (w->dtype == DTYPE_BF16)
+        k_gemv8<DTYPE_BF16><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    else if (w->dtype == DTYPE_Q8)
+        k_gemv8<DTYPE_Q8><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    else
+        k_gemv8<DTYPE_Q4><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    CU_LAUNCHED("matmul gemv");
+    return 0;
+}
+
+__global__ void k_to_bf16(__nv_bfloat16 *out, const float *x, int64_t total)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x)
+        out[k] = __float2bfloat16(x[k]);
+}
+
+__global__ void k_to_f16(__half *out, const float *x, int64_t total)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x)
+        out[k] = __float2half(x[k]);
+}
+
+/* Batches of rows through cuBLAS: row-major y (n, rows) is column-major y^T (rows, n) =
+ * W x^T, and row-major W (rows, cols) is column-major W^T, hence op(A) = T. GemmEx wants
+ * A and B of one type, so a 16-bit weight gets x converted to its type first. */
+static int gemm_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t *w, int n)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    int m = (int)w->rows, k = (int)w->cols;
+    const void *b = x;
+    cudaDataType_t t = CUDA_R_32F;
+    int64_t total = (int64_t)n * k;
+    if (w->dtype != DTYPE_F32) {
+        int e = scratch_reserve(ctx, (size_t)total * 2);
+        if (e)
+            return e;
+        if (w->dtype == DTYPE_BF16) {
+            t = CUDA_R_16BF;
+            k_to_bf16<<<grid_cap(total, 256), 256, 0, ctx->stream>>>(
+                (__nv_bfloat16 *)ctx->scratch, x, total);
+        } else {
+            t = CUDA_R_16F;
+            k_to_f16<<<grid_cap(total, 256), 256, 0, ctx->stream>>>((__half *)ctx->scratch, x,
+                                                                      total);
+        }
+        CU_LAUNCHED("matmul convert");
+        b = ctx->scratch;
+    }
+    cublasStatus_t st = cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha,
+                                     w->data, t, k, b, t, k, &beta, y, CUDA_R_32F, m,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return blas_fail(st, "matmul");
+    return 0;
+}
+
+static int cuda_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
+{
+    int e = weight_check(w, "matmul");
+    if (e)
+        return e;
+    if (n < 0 || (n > 0 && (!y || !x)) || y == x)
+        return river_err_set(RIVER_EINVAL, "cuda matmul: n %d", n);
+    if (w->rows > INT32_MAX || w->cols > INT32_MAX)
+        return river_err_set(RIVER_ESHAPE, "cuda matmul: (%lld, %lld) too large",
+                             (long long)w->rows, (long long)w->cols);
+    if (n == 0)
+        return 0;
+    if ((e = cu_enter(ctx)))
+        return e;
+    int quant = w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8;
+    if (quant || n <= GEMV_ROWS)
+        return gemv_launch(ctx, (float *)y, (const float *)x, w, n);
+    return gemm_launch(ctx, (float *)y, (const float *)x, w, n);
+}
+
+/* ---- kv_write --------------------------------------------------------------------------- */
+
+/* Row blockIdx.x goes to element offset off[row] of K and V. */
+__global__ void k_kv_write(float *K, float *V, const int64_t *off, const float *k,
+                           const float *v, int kv_dim)
+{
+    int i = blockIdx.x;
+    int64_t o = off[i];
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+        K[o + j] = k[(int64_t)i * kv_dim + j];
+        V[o + j] = v[(int64_t)i * kv_dim + j];
+    }
+}
+
+static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *off)
+{
+    int32_t p = b->pos[i];
+    if (p < 0)
+        return river_err_set(RIVER_ERANGE, "cuda kv: row %d at position %d", i, (int)p);
+    if (!b->page_table[i])
+        return river_err_set(RIVER_EINVAL, "cuda kv: row %d has no page table", i);
+    int32_t page = b->page_table[i][p / kv->page_size];
+    if (page < 0 || page >= kv->n_pages)
+        return river_err_set(RIVER_ERANGE, "cuda kv: page %d outside pool of %d", (int)page,
+                             kv->n_pages);
+    *off = (int64_t)page * kv->page_stride + (int64_t)(p % kv->page_size) * kv->kv_dim;
+    return 0;
+}
+
+static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
+                         const void *k, const void *v)
+{
+    if (!kv || !b || layer < 0 || kv->page_size <= 0 || kv->kv_dim <= 0 || b->n < 0 ||
+        (b->n > 0 && (!k || !v || !b->pos || !b->page_table || !kv->k || !kv->v)))
+        return river_err_set(RIVER_EINVAL, "cuda kv_write: bad arguments");
+    if (b->n == 0)
+        return 0;
+    size_t bytes = (size_t)b->n * sizeof(int64_t);
+    int e = host_reserve(ctx, bytes);
+    if (e)
+        return e;
+    int64_t *off = (int64_t *)ctx->host;
+    for (int i = 0; i < b->n; i++) {
+        if ((e = kv_slot(kv, b, i, &off[i])))
+            return e;
+        off[i] += (int64_t)layer * kv->layer_stride;
+    }
+    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, bytes)) ||
+        (e = scratch_put(ctx, 0, off, bytes)))
+        return e;
+    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v,
+                                              (const int64_t *)ctx->scratch, (const float *)k,
+                                              (const float *)v, kv->kv_dim);
+    CU_LAUNCHED("kv_write");
+    return 0;
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+#define ATTN_WARPS 4
+#define ATTN_MAX_HD 256
+
+/* Per row, as packed on the host: position, where its page table starts in the packed
+ * page ids, and where its kv_valid bytes for this layer start (-1: all valid). */
+struct attn_row {
+    int32_t pos;
+    int32_t pt_off;
+    int64_t valid_off;
+};
+
+/* One block per (head, row). Each warp takes every ATTN_WARPS-th position and keeps an
+ * online softmax (running max, sum, weighted V) with head_dim spread over its lanes; the
+ * warps' partial results are merged at the end with the usual log-sum-exp rescaling. */
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+k_attention(float *out, const float *q, const float *K, const float *V,
+            const attn_row *rows, const int32_t *pages, const uint8_t *valid,
+            int64_t page_stride, int64_t layer_off, int page_size, int kv_dim, int n_heads,
+            int G, int hd, float scale)
+{
+    __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
+    __shared__ float s_o[ATTN_WARPS][ATTN_MAX_HD];
+    const int PER = ATTN_MAX_HD / 32;
+    int h = blockIdx.x, i = blockIdx.y;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    attn_row row = rows[i];
+    const float *qh = q + ((int64_t)i * n_heads + h) * hd;
+    int64_t kv_off = (int64_t)(h / G) * hd;
+    float qv[PER], acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        int d = lane + 32 * k;
+        qv[k] = d < hd ? qh[d] : 0.0f;
+        acc[k] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = wid; t <= row.pos; t += ATTN_WARPS) {
+        if (row.valid_off >= 0 && !valid[row.valid_off + t])
+            continue;
+        int64_t off = (int64_t)pages[row.pt_off + t / page_size] * page_stride + layer_off +
+                      (int64_t)(t % page_size) * kv_dim + kv_off;
+        const float *kr = K + off, *vr = V + off;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int d = lane + 32 * k;
+            if (d < hd)
+                dot += qv[k] * kr[d];
+        }
+        float s = scale * warp_sum(dot);
+        float mn = s > m ? s : m;
+        float corr = expf(m - mn); /* 0 on the first slot: m is -inf */
+        float p = expf(s - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int d = lane + 32 * k;
+            acc[k] = acc[k] * corr + (d < hd ? p * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        s_m[wid] = m;
+        s_l[wid] = l;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        int d = lane + 32 * k;
+        if (d < hd)
+            s_o[wid][d] = acc[k];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; w++)
+        if (s_l[w] > 0.0f && s_m[w] > M)
+            M = s_m[w];
+    float L = 0.0f;
+    float wgt[ATTN_WARPS];
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        wgt[w] = s_l[w] > 0.0f ? expf(s_m[w] - M) : 0.0f;
+        L += s_l[w] * wgt[w];
+    }
+    /* L is 0 only when no slot was readable; the output is then 0, as on the CPU. Only
+     * this block reads q row (i, h), and it has, so out may be q. */
+    float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    float *oh = out + ((int64_t)i * n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            o += s_o[w][d] * wgt[w];
+        oh[d] = o * inv;
+    }
+}
+
+static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
+                          int layer, const attn_batch_t *b, int n_heads, int n_kv_heads,
+                          int head_dim, float scale)
+{
+    if (!kv || !b || b->n < 0 || layer < 0 || n_heads <= 0 || n_kv_heads <= 0 ||
+        head_dim <= 0 || n_heads % n_kv_heads != 0 || kv->page_size <= 0 ||
+        kv->kv_dim != n_kv_heads * head_dim)
+        return river_err_set(RIVER_EINVAL, "cuda attention: %d heads, %d kv heads, head_dim "
+                             "%d, kv_dim %d", n_heads, n_kv_heads, head_dim,
+                             kv ? kv->kv_dim : -1);
+    if (b->n == 0)
+        return 0;
+    if (!out || !q || !b->pos || !b->page_table || !kv->k || !kv->v)
+        return river_err_set(RIVER_EINVAL, "cuda attention: NULL buffer");
+    if (head_dim > ATTN_MAX_HD)
+        return river_err_set(RIVER_EUNSUPPORTED, "cuda attention: head_dim %d above %d",
+                             head_dim, ATTN_MAX_HD);
+    /* Sizes of the packed inputs: rows, page ids, kv_valid bytes. */
+    int64_t n_pt = 0, n_valid = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->pos[i] < 0 || !b->page_table[i])
+            return river_err_set(RIVER_EINVAL, "cuda attention: row %d at position %d", i,
+                                 (int)b->pos[i]);
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        for (int64_t p = 0; p < np; p++) {
+            int32_t page = b->page_table[i][p];
+            if (page < 0 || page >= kv->n_pages)
+                return river_err_set(RIVER_ERANGE, "cuda attention: page %d outside pool of "
+                                     "%d", (int)page, kv->n_pages);
+        }
+        n_pt += np;
+        if (b->kv_valid && b->kv_valid[i])
+            n_valid += (int64_t)b->pos[i] + 1;
+    }
+    if (n_pt > INT32_MAX)
+        return river_err_set(RIVER_ERANGE, "cuda attention: %lld page ids", (long long)n_pt);
+    size_t rows_bytes = align256((size_t)b->n * sizeof(attn_row));
+    size_t pt_bytes = align256((size_t)n_pt * sizeof(int32_t));
+    size_t total = rows_bytes + pt_bytes + (size_t)n_valid;
+    int e = host_reserve(ctx, total);
+    if (e)
+        return e;
+    char *hb = (char *)ctx->host;
+    attn_row *rows = (attn_row *)hb;
+    int32_t *pages = (int32_t *)(hb + rows_bytes);
+    uint8_t *valid = (uint8_t *)(hb + rows_bytes + pt_bytes);
+    int64_t pt_at = 0, v_at = 0;
+    for (int i = 0; i < b->n; i++) {
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        rows[i].pos = b->pos[i];
+        rows[i].pt_off = (int32_t)pt_at;
+        memcpy(pages + pt_at, b->page_table[i], (size_t)np * sizeof(int32_t));
+        pt_at += np;
+        rows[i].valid_off = -1;
+        if (b->kv_valid && b->kv_valid[i]) {
+            rows[i].valid_off = v_at;
+            memcpy(valid + v_at, b->kv_valid[i] + (int64_t)layer * b->kv_valid_stride,
+                   (size_t)b->pos[i] + 1);
+            v_at += (int64_t)b->pos[i] + 1;
+        }
+    }
+    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, total)) ||
+        (e = scratch_put(ctx, 0, hb, total)))
+        return e;
+    const char *db = (const char *)ctx->scratch;
+    dim3 grid((unsigned)n_heads, (unsigned)b->n);
+    k_attention<<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(
+        (float *)out, (const float *)q, (const float *)kv->k, (const float *)kv->v,
+        (const attn_row *)db, (const int32_t *)(db + rows_bytes),
+        (const uint8_t *)(db + rows_bytes + pt_bytes), kv->page_stride,
+        (int64_t)layer * kv->layer_stride, kv->page_size, kv->kv_dim, n_heads,
+        n_heads / n_kv_heads, head_dim, scale);
+    CU_LAUNCHED("attention");
+    return 0;
+}
+
+/* ---- cosine, gather, scatter, sync ------------------------------------------------------ */
+
+__global__ void k_cosine(float *out, const float *a, const float *b, int d)
+{
+    const float *ai = a + (int64_t)blockIdx.x * d, *bi = b + (int64_t)blockIdx.x * d;
+    float ab = 0.0f, aa = 0.0f, bb = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        ab += ai[j] * bi[j];
+        aa += ai[j] * ai[j];
+        bb += bi[j] * bi[j];
+    }
+    ab = block_sum(ab);
+    aa = block_sum(aa);
+    bb = block_sum(bb);
+    /* A zero vector has no direction; call it orthogonal to everything (as the CPU). */
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = aa > 0.0f && bb > 0.0f ? ab / (sqrtf(aa) * sqrtf(bb)) : 0.0f;
+}
+
+static int cuda_cosine(ops_ctx_t *ctx, float *out, const void *a, const void *b, int n, int d)
+{
+    if (n < 0 || d <= 0 || (n > 0 && (!out || !a || !b)))
+        return river_err_set(RIVER_EINVAL, "cuda cosine: n %d, d %d", n, d);
+    if (n == 0)
+        return 0;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(float))))
+        return e;
+    k_cosine<<<n, 256, 0, ctx->stream>>>((float *)ctx->scratch, (const float *)a,
+                                         (const float *)b, d);
+    CU_LAUNCHED("cosine");
+    CU_TRY(cudaMemcpyAsync(out, ctx->scratch, (size_t)n * sizeof(float),
+                           cudaMemcpyDeviceToHost, ctx->stream),
+           "cosine");
+    CU_TRY(cudaStreamSynchronize(ctx->stream), "cosine");
+    return 0;
+}
+
+/* dst[di(i)] = src[si(i)] for row i: gather reads through idx, scatter writes through it. */
+__global__ void k_rows_copy(float *dst, const float *src, const int32_t *idx, int d,
+                            int scatter)
+{
+    int i = blockIdx.x;
+    int64_t di = scatter ? idx[i] : i, si = scatter ? i : idx[i];
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        dst[di * d + j] = src[si * d + j];
+}
+
+static int rows_copy(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx, int n,
+                     int d, int scatter)
+{
+    const char *what = scatter ? "scatter_rows" : "gather_rows";
+    if (n < 0 || d <= 0 || (n > 0 && (!dst || !src || !idx)))
+        return river_err_set(RIVER_EINVAL, "cuda %s: n %d, d %d", what, n, d);
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0)
+            return river_err_set(RIVER_ERANGE, "cuda %s: index %d", what, (int)idx[i]);
+    if (n == 0)
+        return 0;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
+        (e = scratch_put(ctx, 0, idx, (size_t)n * sizeof(int32_t))))
+        return e;
+    k_rows_copy<<<n, 256, 0, ctx->stream>>>((float *)dst, (const float *)src,
+                                            (const int32_t *)ctx->scratch, d, scatter);
+    CU_LAUNCHED(what);
+    return 0;
+}
+
+static int cuda_gather_rows(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx,
+                            int n, int d)
+{
+    return rows_copy(ctx, dst, src, idx, n, d, 0);
+}
+
+static int cuda_scatter_rows(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx,
+                             int n, int d)
+{
+    return rows_copy(ctx, dst, src, idx, n, d, 1);
+}
+
+static int cuda_sync(ops_ctx_t *ctx)
+{
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    CU_TRY(cudaStreamSynchronize(ctx->stream), "sync");
+    return 0;
+}
+
+static ops_t make_cuda_ops(void)
+{
+    ops_t o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.buf_alloc = cuda_buf_alloc;
+    o.buf_free = cuda_buf_free;
+    o.to_host = cuda_to_host;
+    o.from_host = cuda_from_host;
+    o.embed = cuda_embed;
+    o.rmsnorm = cuda_rmsnorm;
+    o.matmul = cuda_matmul;
+    o.add_bias = cuda_add_bias;
+    o.add = cuda_add;
+    o.rope = cuda_rope;
+    o.swiglu = cuda_swiglu;
+    o.kv_write = cuda_kv_write;
+    o.attention = cuda_attention;
+    o.cosine = cuda_cosine;
+    o.gather_rows = cuda_gather_rows;
+    o.scatter_rows = cuda_scatter_rows;
+    o.sync = cuda_sync;
+    return o;
+}
+
+/* Filled in order, like the CPU's designated initialiser (C++ before C++20 has none). */
+static const ops_t cuda_ops = make_cuda_ops();
+
+/* ---- the backend ------------------------------------------------------------------------ */
+
+extern "C" int cuda_device_count(void)
+{
+    int n = 0;
+    /* No driver, no GPU, or a driver older than the runtime: all mean "no device here". */
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int cuda_backend_new(backend_t **out, int device)
+{
+    if (!out || device < 0)
+        return river_err_set(RIVER_EINVAL, "cuda backend: device %d", device);
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return river_err_set(RIVER_EDEVICE, "no CUDA device: %s", cudaGetErrorString(ce));
+    }
+    if (device >= n)
+        return river_err_set(RIVER_EDEVICE, "no CUDA device: device %d of %d", device, n);
+
+    int e = RIVER_ENOMEM;
+    backend_t *b = (backend_t *)calloc(1, sizeof *b);
+    ops_ctx_t *ctx = (ops_ctx_t *)calloc(1, sizeof *ctx);
+    cublasStatus_t st;
+    cudaDeviceProp prop;
+    if (!b || !ctx) {
+        river_err_set(e, "cuda backend: out of memory");
+        goto fail_mem;
+    }
+    ctx->device = device;
+    ce = cudaSetDevice(device);
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreate(&ctx->stream);
+    if (ce != cudaSuccess) {
+        e = cu_fail(ce, "backend");
+        goto fail_mem;
+    }
+    st = cublasCreate(&ctx->blas);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        e = blas_fail(st, "create");
+        goto fail_stream;
+    }
+    st = cublasSetStream(ctx->blas, ctx->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        e = blas_fail(st, "set stream");
+        goto fail_blas;
+    }
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+        snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    else
+        (void)cudaGetLastError();
+    b->ops = &cuda_ops;
+    b->ctx = ctx;
+    *out = b;
+    return 0;
+
+fail_blas:
+    cublasDestroy(ctx->blas);
+fail_stream:
+    cudaStreamDestroy(ctx->stream);
+fail_mem:
+    free(ctx);
+    free(b);
+    return e;
+}
+
+extern "C" void cuda_backend_destroy(backend_t **bp)
+{
+    if (!bp || !*bp)
+        return;
+    backend_t *b = *bp;
+    ops_ctx_t *ctx = b->ctx;
+    /* Teardown is best effort: errors here (a dead context) leave nothing to recover. */
+    (void)cudaSetDevice(ctx->device);
+    (void)cudaStreamSynchronize(ctx->stream);
+    for (size_t i = 0; i < ctx->n_owned; i++)
+        (void)cudaFree(ctx->owned[i]);
+    free(ctx->owned);
+    if (ctx->scratch)
+        (void)cudaFree(ctx->scratch);
+    free(ctx->host);
+    cublasDestroy(ctx->blas);
+    cudaStreamDestroy(ctx->stream);
+    (void)cudaGetLastError();
+    free(ctx);
+    free(b);
+    *bp = NULL;
+}
+
+extern "C" const char *cuda_backend_device_name(const backend_t *b)
+{
+    return b && b->ctx ? b->ctx->name : "";
+}
+
+/* Copies `bytes` of host memory into a new device allocation that the backend owns. */
+static int upload_bytes(ops_ctx_t *ctx, void **dst, const void *src, size_t bytes)
+{
+    if (ctx->n_owned == ctx->cap_owned) {
+        size_t cap = ctx->cap_owned ? 2 * ctx->cap_owned : 64;
+        void **p = (void **)realloc(ctx->owned, cap * sizeof *p);
+        if (!p)
+            return river_err_set(RIVER_ENOMEM, "cuda upload: %zu allocations", cap);
+        ctx->owned = p;
+        ctx->cap_owned = cap;
+    }
+    void *d = NULL;
+    CU_TRY(cudaMalloc(&d, bytes ? bytes : 1), "upload");
+    cudaError_t ce = cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        cudaFree(d);
+        return cu_fail(ce, "upload");
+    }
+    ctx->owned[ctx->n_owned++] = d;
+    *dst = d;
+    return 0;
+}
+
+extern "C" int cuda_backend_upload(backend_t *b, weight_t *w)
+{
+    if (!b || !w)
+        return river_err_set(RIVER_EINVAL, "cuda upload: NULL argument");
+    if (!w->data)
+        return 0;
+    int e = weight_check(w, "upload");
+    if (e)
+        return e;
+    ops_ctx_t *ctx = b->ctx;
+    if ((e = cu_enter(ctx)))
+        return e;
+    size_t data_bytes = (size_t)w->rows * dtype_row_bytes(w->dtype, w->cols);
+    void *d = NULL, *s = NULL, *z = NULL;
+    if ((e = upload_bytes(ctx, &d, w->data, data_bytes)))
+        return e;
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) {
+        size_t qbytes = (size_t)w->rows * (size_t)(w->cols / w->group) * sizeof(uint16_t);
+        /* On failure the copies made so far stay owned (freed at destroy) and w unchanged. */
+        if ((e = upload_bytes(ctx, &s, w->scales, qbytes)) ||
+            (e = upload_bytes(ctx, &z, w->zeros, qbytes)))
+            return e;
+        w->scales = (const uint16_t *)s;
+        w->zeros = (const uint16_t *)z;
+    }
+    w->data = d;
+    return 0;
+}
