@@ -234,7 +234,9 @@ build-test: build-all
 # on its seeds (fuzz/corpus/<target>/; what it finds new goes to $(BUILD)/fuzz/corpus/).
 # The library is rebuilt with clang and coverage in its own build directory. A crash leaves
 # its input in $(BUILD)/fuzz/crash-<target>-*: fix it, then keep it in fuzz/regress/<target>/
-# (tests/test_fuzz_regress.c replays those in `make test`). FUZZ=name runs one target.
+# (tests/test_fuzz_regress.c replays those in `make test`). FUZZ=name runs one target. The
+# parsers never reach a GPU, so the fuzz build leaves CUDA out. Its first build is slow
+# (clang instruments the AVX-512 kernels for minutes); later runs reuse it.
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)
@@ -244,7 +246,7 @@ FUZZ_BINS    := $(FUZZ:%=$(BUILD)/fuzz/fuzz_%)
 .PHONY: fuzz build-fuzz
 fuzz:
 	$(Q)scripts/install-deps.sh --quiet --fuzz
-	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang \
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang CUDA=0 \
 		SANITIZE=fuzzer-no-link,address,undefined build-fuzz
 
 $(BUILD)/fuzz/targets.o: | $(PROTO_GEN_H)

@@ -181,7 +181,11 @@ static int st_parse_entry(safetensors_t *f, const char *name, json_t *val,
                              f->path, name);
     size_t es = safetensors_dtype_size(t->dtype);
     if (es) {
-        if (numel > (INT64_C(1) << 62) / (int64_t)es || numel * (int64_t)es != e - b)
+        /* Checked apart from the size match: the message below multiplies them. */
+        if (numel > (INT64_C(1) << 62) / (int64_t)es)
+            return river_err_set(RIVER_EFORMAT, "%s: tensor '%s' has an absurd shape",
+                                 f->path, name);
+        if (numel * (int64_t)es != e - b)
             return river_err_set(RIVER_EFORMAT,
                                  "%s: tensor '%s' data_offsets [%lld, %lld] hold %lld bytes "
                                  "but %lld elements of %s need %lld",

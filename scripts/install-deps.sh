@@ -5,13 +5,21 @@ set -eu
 PKGS="build-essential pkg-config check libjansson-dev libpcre2-dev libutf8proc-dev \
 libzmq3-dev libczmq-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev \
 libmicrohttpd-dev libsystemd-dev"
+# --fuzz adds what `make fuzz` needs (clang and its libFuzzer runtime); `make test` does not.
+quiet=""
+for a in "$@"; do
+    case "$a" in
+    --quiet) quiet=1 ;;
+    --fuzz) PKGS="$PKGS clang libclang-rt-14-dev" ;;
+    esac
+done
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
         missing="$missing $p"
 done
 if [ -z "$missing" ]; then
-    [ "${1:-}" = "--quiet" ] || echo "install-deps: all packages present"
+    [ -n "$quiet" ] || echo "install-deps: all packages present"
     exit 0
 fi
 echo "install-deps: installing:$missing"
