@@ -1532,27 +1532,42 @@ static int prepend_scheme(const json_t *o, int def)
     return def;
 }
 
+typedef int (*parse_step_fn)(tokenizer_t *t, const json_t *o, int depth);
+
+/* What the four pipeline parsers (normalizer, pre-tokenizer, decoder, post-processor)
+ * share: every step is an object with a type, nesting is bounded, and a Sequence lists
+ * further steps under `list_key`, each parsed by the same function. Returns 1 when o was a
+ * Sequence (parsed), 0 with *type set for any other step, or an error. */
+static int parse_step_head(tokenizer_t *t, const json_t *o, int depth, const char *what,
+                           const char *list_key, parse_step_fn self, const char **type)
+{
+    *type = jstr(o, "type", NULL);
+    if (!json_is_object(o) || !*type)
+        return river_err_set(RIVER_EFORMAT, "%s: %s without a type", t->path, what);
+    if (depth > 32)
+        return river_err_set(RIVER_EFORMAT, "%s: %ss nested too deeply", t->path, what);
+    if (strcmp(*type, "Sequence"))
+        return 0;
+    json_t *arr = json_object_get(o, list_key);
+    if (!json_is_array(arr))
+        return river_err_set(RIVER_EFORMAT, "%s: Sequence %s without a list", t->path, what);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        int err = self(t, json_array_get(arr, i), depth + 1);
+        if (err)
+            return err;
+    }
+    return 1;
+}
+
 static int parse_norm(tokenizer_t *t, const json_t *o, int depth)
 {
     hf_tok_t *h = t->hf;
     if (!o || json_is_null(o))
         return 0;
-    const char *type = jstr(o, "type", NULL);
-    if (!json_is_object(o) || !type)
-        return river_err_set(RIVER_EFORMAT, "%s: normalizer without a type", t->path);
-    if (depth > 32)
-        return river_err_set(RIVER_EFORMAT, "%s: normalizers nested too deeply", t->path);
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(o, "normalizers");
-        if (!json_is_array(arr))
-            return river_err_set(RIVER_EFORMAT, "%s: Sequence normalizer without a list", t->path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            int err = parse_norm(t, json_array_get(arr, i), depth + 1);
-            if (err)
-                return err;
-        }
-        return 0;
-    }
+    const char *type;
+    int head = parse_step_head(t, o, depth, "normalizer", "normalizers", parse_norm, &type);
+    if (head)
+        return head < 0 ? head : 0;
     int kind;
     if (!strcmp(type, "NFC"))
         kind = NORM_NFC;
@@ -1621,23 +1636,10 @@ static int parse_pre(tokenizer_t *t, const json_t *o, int depth)
     hf_tok_t *h = t->hf;
     if (!o || json_is_null(o))
         return 0;
-    const char *type = jstr(o, "type", NULL);
-    if (!json_is_object(o) || !type)
-        return river_err_set(RIVER_EFORMAT, "%s: pre_tokenizer without a type", t->path);
-    if (depth > 32)
-        return river_err_set(RIVER_EFORMAT, "%s: pre_tokenizers nested too deeply", t->path);
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(o, "pretokenizers");
-        if (!json_is_array(arr))
-            return river_err_set(RIVER_EFORMAT, "%s: Sequence pre_tokenizer without a list",
-                                 t->path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            int err = parse_pre(t, json_array_get(arr, i), depth + 1);
-            if (err)
-                return err;
-        }
-        return 0;
-    }
+    const char *type;
+    int head = parse_step_head(t, o, depth, "pre_tokenizer", "pretokenizers", parse_pre, &type);
+    if (head)
+        return head < 0 ? head : 0;
     hf_pre_t *p = step_new((void **)&h->pre, &h->n_pre, sizeof *p);
     if (!p)
         return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
@@ -1696,22 +1698,10 @@ static int parse_pre(tokenizer_t *t, const json_t *o, int depth)
 static int parse_dec(tokenizer_t *t, const json_t *o, int depth)
 {
     hf_tok_t *h = t->hf;
-    const char *type = jstr(o, "type", NULL);
-    if (!json_is_object(o) || !type)
-        return river_err_set(RIVER_EFORMAT, "%s: decoder without a type", t->path);
-    if (depth > 32)
-        return river_err_set(RIVER_EFORMAT, "%s: decoders nested too deeply", t->path);
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(o, "decoders");
-        if (!json_is_array(arr))
-            return river_err_set(RIVER_EFORMAT, "%s: Sequence decoder without a list", t->path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            int err = parse_dec(t, json_array_get(arr, i), depth + 1);
-            if (err)
-                return err;
-        }
-        return 0;
-    }
+    const char *type;
+    int head = parse_step_head(t, o, depth, "decoder", "decoders", parse_dec, &type);
+    if (head)
+        return head < 0 ? head : 0;
     hf_dec_t *d = step_new((void **)&h->dec, &h->n_dec, sizeof *d);
     if (!d)
         return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
@@ -1781,21 +1771,10 @@ static int parse_post(tokenizer_t *t, const json_t *o, int depth)
     hf_tok_t *h = t->hf;
     if (!o || json_is_null(o))
         return 0;
-    const char *type = jstr(o, "type", NULL);
-    if (!json_is_object(o) || !type)
-        return river_err_set(RIVER_EFORMAT, "%s: post_processor without a type", t->path);
-    if (depth > 32)
-        return river_err_set(RIVER_EFORMAT, "%s: post_processors nested too deeply", t->path);
-    int err = 0;
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(o, "processors");
-        if (!json_is_array(arr))
-            return river_err_set(RIVER_EFORMAT, "%s: Sequence post_processor without a list",
-                                 t->path);
-        for (size_t i = 0; i < json_array_size(arr) && !err; i++)
-            err = parse_post(t, json_array_get(arr, i), depth + 1);
-        return err;
-    }
+    const char *type;
+    int err = parse_step_head(t, o, depth, "post_processor", "processors", parse_post, &type);
+    if (err)
+        return err < 0 ? err : 0;
     if (!strcmp(type, "ByteLevel"))
         return 0; /* it only adjusts offsets */
     if (!strcmp(type, "TemplateProcessing")) {
