@@ -66,22 +66,6 @@ static void ts_sleep_ms(int ms)
     }
 }
 
-/* <builddir>/bin/<name>: builddir is two levels above /proc/self/exe. */
-static const char *ts_bin(const char *name)
-{
-    static char out[8][PATH_MAX];
-    static int k;
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    ck_assert_int_gt(n, 0);
-    self[n] = '\0';
-    for (int i = 0; i < 2; i++)
-        *strrchr(self, '/') = '\0';
-    char *p = out[k++ % 8];
-    snprintf(p, PATH_MAX, "%.3000s/bin/%s", self, name);
-    ck_assert_msg(access(p, X_OK) == 0, "%s is not built", p);
-    return p;
-}
 
 static const char *ts_abs(const char *rel)
 {
@@ -154,7 +138,7 @@ static void ts_expect(const char *model, const char *prompt, int max_tokens, int
 {
     char n[16];
     snprintf(n, sizeof n, "%d", max_tokens);
-    char *argv[] = {(char *)ts_bin("river"), "run", "--model", (char *)model, "--prompt",
+    char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
                     (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
                     ignore_eos ? "--ignore-eos" : NULL, NULL};
     char *out;
@@ -248,7 +232,7 @@ static pid_t ts_start_worker(ts_srv_t *s, const char *id)
 {
     char log[400];
     snprintf(log, sizeof log, "%s/%s.log", s->dir, id);
-    char *argv[] = {(char *)ts_bin("river-worker"), "--config", s->wcfg, "--id", (char *)id,
+    char *argv[] = {(char *)test_bin("river-worker"), "--config", s->wcfg, "--id", (char *)id,
                     NULL};
     return ts_spawn(argv, log, NULL);
 }
@@ -294,7 +278,7 @@ static void ts_start(ts_srv_t *s, const ts_opts_t *o, const char *const *env)
     ts_write_config(s, o->extra);
     char log[400];
     snprintf(log, sizeof log, "%s/riverd.log", s->dir);
-    char *argv[] = {(char *)ts_bin("riverd"), "--config", s->cfg, NULL};
+    char *argv[] = {(char *)test_bin("riverd"), "--config", s->cfg, NULL};
     s->pid = ts_spawn(argv, log, env);
     for (int i = 0; i < o->external; i++) {
         char id[32];
@@ -534,7 +518,7 @@ START_TEST(test_greedy_matches_engine)
         ck_assert_str_eq(st.text, want.text);
 
         /* riverctl generate --output json prints the same ids and text. */
-        char *argv[] = {(char *)ts_bin("riverctl"), "--endpoint", s.clients, "generate",
+        char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
                         (char *)ts_prompts[p], "--max-tokens", "80", "--output", "json", NULL};
         char *out;
         ck_assert_int_eq(ts_capture(argv, &out, 0), 0);
@@ -552,7 +536,7 @@ START_TEST(test_greedy_matches_engine)
     /* Text mode streams the same text, then a newline. */
     ts_expect_t want;
     ts_expect(TS_FAST_MODEL, ts_prompts[0], 40, 0, &want);
-    char *argv[] = {(char *)ts_bin("riverctl"), "--endpoint", s.clients, "generate",
+    char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
                     (char *)ts_prompts[0], "--max-tokens", "40", NULL};
     char *out;
     ck_assert_int_eq(ts_capture(argv, &out, 0), 0);
@@ -581,7 +565,7 @@ START_TEST(test_greedy_matches_engine)
     /* The admin commands of riverctl answer. */
     const char *cmds[] = {"status", "workers", "metrics"};
     for (size_t i = 0; i < 3; i++) {
-        char *av[] = {(char *)ts_bin("riverctl"), "--admin", s.admin, (char *)cmds[i], NULL};
+        char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, (char *)cmds[i], NULL};
         ck_assert_int_eq(ts_capture(av, &out, 0), 0);
         ck_assert_uint_gt(strlen(out), 10);
         free(out);
@@ -699,7 +683,7 @@ START_TEST(test_kill_worker_midstream)
     /* One worker stays up, so every stream can finish there. */
     ck_assert_int_eq(complete, N);
     char *out;
-    char *av[] = {(char *)ts_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
     ck_assert_int_eq(ts_capture(av, &out, 0), 0);
     /* At least the killed one; a worker that was only slow may have been counted too. */
     long deaths = 0, moved = 0;
@@ -1155,7 +1139,7 @@ START_TEST(test_bad_config)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ts_write(path, cases[i].yaml);
-        char *argv[] = {(char *)ts_bin("riverd"), "--config", path, NULL};
+        char *argv[] = {(char *)test_bin("riverd"), "--config", path, NULL};
         char *out;
         int rc = ts_capture(argv, &out, 1);
         ck_assert_int_eq(rc, 78); /* EX_CONFIG */
@@ -1202,7 +1186,7 @@ START_TEST(test_drain_worker)
     while (atomic_load(&progress) < N * 10 && ts_now() < until)
         ts_sleep_ms(5);
     char *out;
-    char *av[] = {(char *)ts_bin("riverctl"), "--admin", s.admin, "drain", "ext-0", NULL};
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "drain", "ext-0", NULL};
     ck_assert_int_eq(ts_capture(av, &out, 1), 0);
     free(out);
     for (int i = 0; i < N; i++)
@@ -1341,12 +1325,12 @@ START_TEST(test_supervision)
     river_client_destroy(&c);
 
     char *out;
-    char *up[] = {(char *)ts_bin("riverctl"), "--admin", s.admin, "scale", "3", NULL};
+    char *up[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "3", NULL};
     ck_assert_int_eq(ts_capture(up, &out, 1), 0);
     free(out);
     ck_assert(ts_wait_ready_n(&s, 3, 5000));
     ck_assert_int_eq(ts_children(s.pid, kids, 8), 3);
-    char *down[] = {(char *)ts_bin("riverctl"), "--admin", s.admin, "scale", "1", NULL};
+    char *down[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "1", NULL};
     ck_assert_int_eq(ts_capture(down, &out, 1), 0);
     free(out);
     ck_assert(ts_wait_ready_n(&s, 1, 5000));

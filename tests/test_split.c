@@ -50,20 +50,6 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* The binary sits in <build>/bin; this test is <build>/tests/test_split. */
-static const char *worker_bin(void)
-{
-    static char path[PATH_MAX];
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    ck_assert_int_gt((int)n, 0);
-    self[n] = '\0';
-    char *tests_dir = dirname(self);
-    char *build = dirname(tests_dir);
-    snprintf(path, sizeof path, "%s/bin/river-worker", build);
-    ck_assert_msg(access(path, X_OK) == 0, "%s: not found (build it first)", path);
-    return path;
-}
 
 /* Starts river-worker on a configuration file; its stderr goes to err_path when given. */
 static pid_t spawn_worker(const char *name, const char *cfg, const char *id,
@@ -73,7 +59,7 @@ static pid_t spawn_worker(const char *name, const char *cfg, const char *id,
     ck_assert_ptr_nonnull(path);
     char cfg_path[512];
     snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = worker_bin();
+    const char *bin = test_bin("river-worker");
     pid_t parent = getpid();
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);

@@ -54,20 +54,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The binary sits in <build>/bin; this test is <build>/tests/test_worker. */
-static const char *worker_bin(void)
-{
-    static char path[PATH_MAX];
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    ck_assert_int_gt((int)n, 0);
-    self[n] = '\0';
-    char *tests_dir = dirname(self);
-    char *build = dirname(tests_dir);
-    snprintf(path, sizeof path, "%s/bin/river-worker", build);
-    ck_assert_msg(access(path, X_OK) == 0, "%s: not found (build it first)", path);
-    return path;
-}
 
 static void wk_send_raw(wk_t *w, const void *data, size_t len, int more_parts)
 {
@@ -192,7 +178,7 @@ static void wk_start(wk_t *w, const char *model, int max_seqs, const char *extra
     ck_assert_ptr_nonnull(path);
     char cfg_path[512];
     snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = worker_bin();
+    const char *bin = test_bin("river-worker");
 
     w->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(w->ctx);
@@ -1028,7 +1014,7 @@ START_TEST(test_systemd_notify)
     ck_assert_ptr_nonnull(path);
     char cfg_path[512];
     snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = worker_bin();
+    const char *bin = test_bin("river-worker");
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,4 +50,23 @@ const char *test_write_tmp(const char *name, const void *data, size_t len)
     size_t w = fwrite(data, 1, len, f);
     fclose(f);
     return w == len ? path : NULL;
+}
+
+const char *test_bin(const char *name)
+{
+    static char out[8][PATH_MAX];
+    static int k;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert_int_gt(n, 0);
+    self[n] = '\0';
+    for (int i = 0; i < 2; i++) {
+        char *slash = strrchr(self, '/');
+        ck_assert_ptr_nonnull(slash);
+        *slash = '\0';
+    }
+    char *p = out[k++ % 8];
+    snprintf(p, PATH_MAX, "%.3000s/bin/%s", self, name);
+    ck_assert_msg(access(p, X_OK) == 0, "%s is not built", p);
+    return p;
 }

@@ -26,6 +26,10 @@ void *test_read_file(const char *path, size_t *len);
 /* Writes len bytes to a fresh file under a per-process temp directory and returns its
  * path (static storage, overwritten by the next call with the same name). */
 const char *test_write_tmp(const char *name, const void *data, size_t len);
+/* The built binary `name` (river-worker, riverd, ...): <builddir>/bin/<name>, where the
+ * test binary itself is <builddir>/tests/<test>. Fails the test when it is not built.
+ * Returns one of a few rotating static buffers. */
+const char *test_bin(const char *name);
 /* A per-process temporary directory, created on first use. */
 const char *test_tmpdir(void);
 
