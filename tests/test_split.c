@@ -7,7 +7,6 @@
  * The engine's seams (a shared pool mapped twice, a remote for the deep layers) are
  * checked in this process first. */
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>

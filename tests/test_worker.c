@@ -3,7 +3,6 @@
  * (answering Ready with Welcome, sending heartbeats as riverd does). The tokens that come
  * back are checked against the engine run in this process on the same prompt. */
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <poll.h>
