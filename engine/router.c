@@ -112,7 +112,10 @@ static float router__softplus(float z)
  * bit-identical results. */
 typedef float router_vf __attribute__((vector_size(32)));
 #define ROUTER_INLINE static inline __attribute__((always_inline))
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* ThreadSanitizer's runtime is not up yet when the dynamic loader runs ifunc resolvers, and
+ * an instrumented resolver crashes there: a TSan build gets the default clone only. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define ROUTER_CLONES \
     __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

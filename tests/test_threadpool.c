@@ -139,6 +139,44 @@ START_TEST(test_results_visible)
 }
 END_TEST
 
+/* Runs whose task count alternates between small and large, each with its own job: a
+ * worker that finished the small run late must not claim a task of the large one through
+ * its stale view of the small run (it would run that task twice, or with the old job, and
+ * let the caller return before the large run is done). Each job counts its own tasks and
+ * has room past its count, so a task run for the wrong job shows up too. */
+typedef struct grow_job {
+    _Atomic int hits[64];
+} grow_job_t;
+
+static void grow_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    grow_job_t *j = arg;
+    atomic_fetch_add_explicit(&j->hits[task], 1, memory_order_relaxed);
+}
+
+START_TEST(test_growing_runs)
+{
+    threadpool_t *pool = NULL;
+    ck_assert_int_eq(threadpool_new(&pool, 2 + _i), 0);
+    grow_job_t *jobs = calloc(2, sizeof *jobs);
+    ck_assert_ptr_nonnull(jobs);
+    for (int r = 0; r < 200000; r++) {
+        grow_job_t *j = &jobs[r & 1];
+        int n = (r & 1) ? 48 : 1 + r % 3;
+        for (int t = 0; t < 64; t++)
+            atomic_store_explicit(&j->hits[t], 0, memory_order_relaxed);
+        threadpool_run(pool, grow_task, j, n);
+        for (int t = 0; t < 64; t++) {
+            int h = atomic_load_explicit(&j->hits[t], memory_order_relaxed);
+            EXPECT(h == (t < n), "run %d of %d tasks: task %d ran %d times", r, n, t, h);
+        }
+    }
+    free(jobs);
+    threadpool_destroy(&pool);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
     threadpool_t *pool = NULL;
@@ -158,6 +196,7 @@ static Suite *threadpool_suite(void)
     tcase_add_loop_test(tc, test_exactly_once, 0, 4);
     tcase_add_loop_test(tc, test_sleeping_workers, 0, 2);
     tcase_add_test(tc, test_results_visible);
+    tcase_add_loop_test(tc, test_growing_runs, 0, 3);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     return s;

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <limits.h>
+#include <ftw.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 void *test_read_file(const char *path, size_t *len)
@@ -30,14 +32,36 @@ void *test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* The directory test_tmpdir() made, and the process that made it: only that process removes
+ * it, so a forked test that inherited the name leaves its parent's files alone. */
+static char testutil__dir[256];
+static pid_t testutil__dir_owner;
+
+static int testutil__rm(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void testutil__rm_tmpdir(void)
+{
+    if (testutil__dir[0] && getpid() == testutil__dir_owner && !getenv("RIVER_TEST_KEEP"))
+        nftw(testutil__dir, testutil__rm, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* mkdtemp rather than a name from the pid: pids repeat (pid_max is often 32768), and a
+ * directory left by an earlier run under the same pid would hand its stale files, or an
+ * EEXIST, to this one. */
 const char *test_tmpdir(void)
 {
-    static char dir[256];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/river-test-%d", (int)getpid());
-        mkdir(dir, 0700);
+    if (!testutil__dir[0]) {
+        snprintf(testutil__dir, sizeof testutil__dir, "/tmp/river-test-%d-XXXXXX",
+                 (int)getpid());
+        ck_assert_msg(mkdtemp(testutil__dir) != NULL, "mkdtemp %s failed", testutil__dir);
+        testutil__dir_owner = getpid();
+        atexit(testutil__rm_tmpdir);
     }
-    return dir;
+    return testutil__dir;
 }
 
 const char *test_write_tmp(const char *name, const void *data, size_t len)

@@ -32,6 +32,8 @@
  * otherwise keep a preempted one (holding the last task) off the core for a whole time
  * slice; on an idle core sched_yield returns at once and costs well under a microsecond. */
 #define POOL_PAUSE_NS 20000L
+/* The task index of a generation that is being set up: above any task count. */
+#define POOL_CLOSED 0xFFFFFFFFu
 
 typedef struct worker {
     threadpool_t *pool;
@@ -100,9 +102,11 @@ static void pool_work(threadpool_t *pool, uint32_t g, int thread)
         if ((uint32_t)(w >> 32) != g)
             return;
         uint32_t idx = (uint32_t)w;
-        /* n_tasks may already belong to a later run when this one is over; the claim below
-         * then fails because the generation in the word has changed. */
-        if ((int)idx >= atomic_load_explicit(&pool->n_tasks, memory_order_relaxed))
+        /* n_tasks may already belong to a later run when this one is over. The caller
+         * closes the old generation in the word before it changes n_tasks (and publishes
+         * n_tasks with release, read here with acquire), so a count from the later run
+         * always meets a word whose generation has moved on, and the claim below fails. */
+        if (idx >= (uint32_t)atomic_load_explicit(&pool->n_tasks, memory_order_acquire))
             return;
         if (atomic_compare_exchange_weak_explicit(&pool->work, &w, w + 1,
                                                   memory_order_acq_rel,
@@ -244,11 +248,18 @@ void threadpool_run(threadpool_t *pool, threadpool_fn_t fn, void *arg, int n_tas
             fn(arg, t, 0);
         return;
     }
+    /* Close the previous run first: a worker still holding that run's word (with an index
+     * at its task count) would otherwise read the new, larger n_tasks, find its stale word
+     * still in place and claim a task of this run with the old job's view of it, running
+     * one task twice and counting it twice in `finished`. With the new generation already
+     * in the word (no task claimable: POOL_CLOSED), that compare-and-swap fails. */
+    uint32_t g = ++pool->gen;
+    atomic_store_explicit(&pool->work, ((uint64_t)g << 32) | POOL_CLOSED,
+                          memory_order_release);
     pool->fn = fn;
     pool->arg = arg;
-    atomic_store_explicit(&pool->n_tasks, n_tasks, memory_order_relaxed);
-    uint32_t g = ++pool->gen;
     atomic_store_explicit(&pool->finished, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool->n_tasks, n_tasks, memory_order_release);
     atomic_store_explicit(&pool->work, (uint64_t)g << 32, memory_order_release);
     atomic_store(&pool->futex_gen, g);
     if (atomic_load(&pool->sleepers) > 0)
