@@ -43,9 +43,13 @@ static int testutil__rm(const char *p, const struct stat *sb, int flag, struct F
     return remove(p);
 }
 
-static void testutil__rm_tmpdir(void)
+/* A failing check ends the process with a non-zero status; its files (daemon logs, say)
+ * stay for whoever reads the failure message that names them. */
+static void testutil__rm_tmpdir(int status, void *arg)
 {
-    if (testutil__dir[0] && getpid() == testutil__dir_owner && !getenv("RIVER_TEST_KEEP"))
+    (void)arg;
+    if (status == 0 && testutil__dir[0] && getpid() == testutil__dir_owner &&
+        !getenv("RIVER_TEST_KEEP"))
         nftw(testutil__dir, testutil__rm, 16, FTW_DEPTH | FTW_PHYS);
 }
 
@@ -59,7 +63,7 @@ const char *test_tmpdir(void)
                  (int)getpid());
         ck_assert_msg(mkdtemp(testutil__dir) != NULL, "mkdtemp %s failed", testutil__dir);
         testutil__dir_owner = getpid();
-        atexit(testutil__rm_tmpdir);
+        on_exit(testutil__rm_tmpdir, NULL);
     }
     return testutil__dir;
 }

@@ -31,7 +31,8 @@ const char *test_write_tmp(const char *name, const void *data, size_t len);
  * Returns one of a few rotating static buffers. */
 const char *test_bin(const char *name);
 /* A per-process temporary directory, created on first use with a unique name and removed
- * with its contents when the process that created it exits (RIVER_TEST_KEEP=1 keeps it). */
+ * with its contents when the process that created it exits with status 0 (a failing test
+ * keeps it, as does RIVER_TEST_KEEP=1). */
 const char *test_tmpdir(void);
 
 #endif
