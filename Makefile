@@ -28,10 +28,11 @@ CFLAGS      ?=
 ALL_CFLAGS  := $(CFLAGS_BASE) $(CFLAGS)
 LDLIBS      := $(PKG_LIBS) -lm -pthread
 
-# Serving layer (protobuf-c messages, ZMQ framing, YAML config). The C code protoc-c
-# generates from proto/*.proto goes to $(BUILD)/gen/proto/, never into the source tree, and
-# is archived into libriver.a with the rest; sources include "proto/river_*.pb-c.h".
-SERVE_PKGS  := libprotobuf-c libzmq yaml-0.1
+# Serving layer (protobuf-c messages, ZMQ framing, YAML config; CZMQ for CurveZMQ: zauth
+# and zcert). The C code protoc-c generates from proto/*.proto goes to $(BUILD)/gen/proto/,
+# never into the source tree, and is archived into libriver.a with the rest; sources
+# include "proto/river_*.pb-c.h".
+SERVE_PKGS  := libprotobuf-c libzmq libczmq yaml-0.1
 ALL_CFLAGS  += -I$(BUILD)/gen $(shell pkg-config --cflags $(SERVE_PKGS) 2>/dev/null)
 LDLIBS      += $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null)
 PROTOC_C    ?= protoc-c

@@ -13,9 +13,19 @@
 
 #include "common/err.h"
 #include "common/frame.h"
+#include "common/keys.h"
 
 /* How long destroying a client waits for its last frames (a Cancel) to leave. */
 #define CLIENT_LINGER_MS 200
+/* ZMTP heartbeats on a client's connection: a riverd host that vanished without closing
+ * the connection (a network partition, a stopped process) is noticed after the timeout,
+ * like a closed connection. riverd's I/O threads answer them, however busy it is. */
+#define CLIENT_HEARTBEAT_MS 2000
+#define CLIENT_HEARTBEAT_TIMEOUT_MS 10000
+/* Where a client's socket reports its connection events (inproc: per ZMQ context, and
+ * every client has a context of its own). */
+#define CLIENT_MONITOR_ENDPOINT "inproc://river-client-monitor"
+#define ADMIN_MONITOR_ENDPOINT "inproc://river-admin-monitor"
 #define ADMIN_TIMEOUT_DEFAULT_MS 5000
 
 static int64_t client__now_ms(void)
@@ -55,20 +65,50 @@ static river_code_t client__code(int code)
 }
 
 /* A socket of its own ZMQ context, connected. */
-static int client__socket(const char *endpoint, void **ctx, void **sock)
+/* Makes sock a CURVE client of riverd with the keys of those files. */
+static int client__curve(void *sock, const river_keys_t *keys)
+{
+    if (!keys->secret_key || !keys->server_key)
+        return river_err_set(RIVER_EINVAL, "CURVE needs both key files: this client's secret "
+                             "key and riverd's public key");
+    keys_pair_t me;
+    char server[KEYS_Z85_LEN + 1];
+    int rc = keys_load_secret(keys->secret_key, &me);
+    if (rc == 0)
+        rc = keys_load_public(keys->server_key, server);
+    if (rc == 0 &&
+        (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server, KEYS_Z85_LEN) != 0 ||
+         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, me.public_txt, KEYS_Z85_LEN) != 0 ||
+         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, me.secret_txt, KEYS_Z85_LEN) != 0))
+        rc = river_err_set(RIVER_ESYS, "CURVE: %s", zmq_strerror(zmq_errno()));
+    memset(&me, 0, sizeof me);
+    return rc;
+}
+
+static int client__socket(const char *endpoint, const river_keys_t *keys, void **ctx,
+                          void **sock)
 {
     *ctx = zmq_ctx_new();
     if (!*ctx)
         return river_err_set(RIVER_ESYS, "zmq context: %s", zmq_strerror(zmq_errno()));
     *sock = zmq_socket(*ctx, ZMQ_DEALER);
-    int linger = CLIENT_LINGER_MS;
-    if (!*sock || zmq_setsockopt(*sock, ZMQ_LINGER, &linger, sizeof linger) != 0) {
+    int linger = CLIENT_LINGER_MS, hb = CLIENT_HEARTBEAT_MS, hb_to = CLIENT_HEARTBEAT_TIMEOUT_MS;
+    if (!*sock || zmq_setsockopt(*sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(*sock, ZMQ_HEARTBEAT_IVL, &hb, sizeof hb) != 0 ||
+        zmq_setsockopt(*sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_to, sizeof hb_to) != 0) {
         int e = zmq_errno();
         if (*sock)
             zmq_close(*sock);
         zmq_ctx_term(*ctx);
         *ctx = *sock = NULL;
         return river_err_set(RIVER_ESYS, "zmq socket: %s", zmq_strerror(e));
+    }
+    int rc = keys ? client__curve(*sock, keys) : 0;
+    if (rc < 0) {
+        zmq_close(*sock);
+        zmq_ctx_term(*ctx);
+        *ctx = *sock = NULL;
+        return rc;
     }
     if (zmq_connect(*sock, endpoint) != 0) {
         int e = zmq_errno();
@@ -108,16 +148,52 @@ typedef struct client_req {
     int64_t last_ms;     /* last word from riverd about it (or the submit) */
     uint32_t timeout_ms;
     bool replied;        /* riverd said something about it */
+    int lost;            /* 1 + the client__events entry that lost it; 0: not lost */
 } client_req_t;
 
 struct river_client {
     void *zctx, *sock;
+    void *mon;           /* PAIR receiving sock's connection events */
+    const char *refused; /* why riverd refused the handshake; NULL: it did not */
     client_req_t *reqs;  /* in flight, oldest first */
     int n, cap;
     uint64_t counter;
 };
 
+static void client__read_monitor(river_client_t *c);
+
+/* riverd keeps no request across a restart, and a connection that ends takes the requests
+ * riverd had from it along: a lost connection is how a client learns that its requests in
+ * flight are gone (riverd crashed or restarted, or dropped the connection). The socket
+ * reports its disconnections to c->mon; river_client_poll ends those requests. */
+static int client__monitor(river_client_t *c)
+{
+    int zero = 0;
+    if (zmq_socket_monitor(c->sock, CLIENT_MONITOR_ENDPOINT,
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
+    c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
+    if (!c->mon || zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(c->mon, CLIENT_MONITOR_ENDPOINT) != 0) {
+        int e = zmq_errno();
+        if (c->mon)
+            zmq_close(c->mon);
+        c->mon = NULL;
+        zmq_socket_monitor(c->sock, NULL, 0);
+        return river_err_set(RIVER_ESYS, "connection monitor: %s", zmq_strerror(e));
+    }
+    return 0;
+}
+
 int river_client_new(river_client_t **out, const char *endpoint)
+{
+    return river_client_new_secure(out, endpoint, NULL);
+}
+
+int river_client_new_secure(river_client_t **out, const char *endpoint,
+                            const river_keys_t *keys)
 {
     *out = NULL;
     if (!endpoint || !endpoint[0])
@@ -125,9 +201,13 @@ int river_client_new(river_client_t **out, const char *endpoint)
     river_client_t *c = calloc(1, sizeof *c);
     if (!c)
         return river_err_set(RIVER_ENOMEM, "client");
-    int rc = client__socket(endpoint, &c->zctx, &c->sock);
+    int rc = client__socket(endpoint, keys, &c->zctx, &c->sock);
     if (rc < 0) {
         free(c);
+        return rc;
+    }
+    if ((rc = client__monitor(c)) < 0) {
+        river_client_destroy(&c);
         return rc;
     }
     *out = c;
@@ -141,6 +221,10 @@ void river_client_destroy(river_client_t **pc)
         return;
     /* Requests still in flight are abandoned: riverd sees the client gone when it
      * cannot deliver to it and cancels them. */
+    if (c->mon) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon);
+    }
     zmq_close(c->sock);
     zmq_ctx_term(c->zctx);
     free(c->reqs);
@@ -233,6 +317,11 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     env.kind_case = RIVER__CLIENT__CLIENT_REQUEST__KIND_GENERATE;
     env.generate = &g;
 
+    /* A disconnection reported before this request was sent is not its own: it is taken
+     * now, for the requests already in flight. */
+    client__read_monitor(c);
+    if (c->refused)
+        return river_err_set(RIVER_EAUTH, "%s", c->refused);
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 8;
         client_req_t *r = realloc(c->reqs, (size_t)cap * sizeof *r);
@@ -365,6 +454,104 @@ static void client__expire(river_client_t *c, int64_t now)
     }
 }
 
+/* What a connection event means for the requests in flight then: a table, so that another
+ * event can be given its own code and message. */
+static const struct {
+    uint16_t event;
+    river_code_t code;
+    const char *message;
+} client__events[] = {
+    {ZMQ_EVENT_DISCONNECTED, RIVER_CODE_UNAVAILABLE,
+     "the connection to riverd was lost (riverd stopped or restarted, or dropped the "
+     "connection), and the request with it"},
+    /* riverd refused the handshake: the request never reached it, and no reply will come. */
+    {ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, RIVER_CODE_UNAUTHENTICATED,
+     "riverd refused this client's key: it is not in riverd's auth.clients"},
+    {ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL, RIVER_CODE_UNAUTHENTICATED,
+     "riverd refused the connection: riverd's auth.mode and this client's keys do not "
+     "match (curve needs a secret key and riverd's public key, plain neither)"},
+    /* riverd closed the connection during the handshake, which it does to a peer without
+     * keys (when that peer does not hear why) or one that was given a wrong server key. */
+    {ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, RIVER_CODE_UNAUTHENTICATED,
+     "the handshake with riverd failed: this client has no keys for a riverd that asks for "
+     "them, or a wrong key for riverd (the server key is riverd.key)"},
+};
+
+/* Reads the events the monitor reported: one in the table marks every request in flight
+ * as lost (river_client_poll ends them). */
+static void client__read_monitor(river_client_t *c)
+{
+    if (!c->mon)
+        return;
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        /* The first frame starts with the event number; the second is the address. */
+        uint16_t event = 0;
+        if (zmq_msg_size(&f) >= sizeof event)
+            memcpy(&event, zmq_msg_data(&f), sizeof event);
+        bool more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        while (more) {
+            zmq_msg_init(&f);
+            more = zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        for (size_t k = 0; k < sizeof client__events / sizeof client__events[0]; k++) {
+            if (client__events[k].event != event)
+                continue;
+            /* ZMQ does not reconnect after riverd refused a handshake (a protocol error):
+             * the refusal stands for every later request of this client. */
+            if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                c->refused = client__events[k].message;
+            for (int i = 0; i < c->n; i++)
+                if (!c->reqs[i].lost)
+                    c->reqs[i].lost = (int)k + 1;
+        }
+    }
+}
+
+/* Sends Cancel without waiting: after a lost connection the frame may wait in the socket
+ * for a riverd to connect; if a restarted riverd got the request after all, the Cancel
+ * follows it there. */
+static void client__cancel_nowait(river_client_t *c, const char *id)
+{
+    River__Client__Cancel k;
+    river__client__cancel__init(&k);
+    k.request_id = (char *)id;
+    River__Client__ClientRequest env;
+    river__client__client_request__init(&env);
+    env.kind_case = RIVER__CLIENT__CLIENT_REQUEST__KIND_CANCEL;
+    env.cancel = &k;
+    zmq_msg_t m;
+    if (frame_encode_msg(&env.base, &m) < 0 || zmq_msg_send(&m, c->sock, ZMQ_DONTWAIT) < 0)
+        zmq_msg_close(&m);
+}
+
+/* Ends the requests a lost connection took along, with the event's code. */
+static void client__end_lost(river_client_t *c)
+{
+    for (int i = 0; i < c->n;) {
+        client_req_t *r = &c->reqs[i];
+        if (!r->lost) {
+            i++;
+            continue;
+        }
+        client__cancel_nowait(c, r->id);
+        river_event_t ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = RIVER_EVENT_ERROR;
+        ev.code = client__events[r->lost - 1].code;
+        ev.message = client__events[r->lost - 1].message;
+        client__end(c, i, &ev);
+    }
+}
+
 static int64_t client__next_expiry(const river_client_t *c)
 {
     int64_t next = -1;
@@ -384,9 +571,13 @@ int river_client_poll(river_client_t *c, int timeout_ms)
     long wait = timeout_ms;
     if (exp >= 0 && (wait < 0 || exp - now < wait))
         wait = exp > now ? (long)(exp - now) : 0;
-    zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
-    if (zmq_poll(&it, 1, wait) < 0 && zmq_errno() != EINTR)
+    zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN},
+                            {.socket = c->mon, .events = ZMQ_POLLIN}};
+    if (zmq_poll(it, c->mon ? 2 : 1, wait) < 0 && zmq_errno() != EINTR)
         return river_err_set(RIVER_ESYS, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+    /* Events first: what arrived before the connection was lost is read below anyway,
+     * and a request that got its end there is no longer in flight to be lost. */
+    client__read_monitor(c);
     for (;;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -407,6 +598,7 @@ int river_client_poll(river_client_t *c, int timeout_ms)
         client__on_reply(c, (River__Client__ClientReply *)msg);
         frame_free(&msg);
     }
+    client__end_lost(c);
     client__expire(c, client__now_ms());
     return c->n;
 }
@@ -469,11 +661,78 @@ int river_client_generate(river_client_t *c, const river_generate_opts_t *o, riv
 
 struct river_admin {
     void *zctx, *sock;
+    void *mon;           /* PAIR receiving sock's handshake failures */
+    char refused[512];   /* why riverd refused the handshake ("": it did not); for good,
+                            since ZMQ does not reconnect after a refusal */
     int timeout_ms;
     uint64_t next_id;
 };
 
+/* A handshake riverd refused means every call would time out: the admin client watches
+ * for one and fails the call at once instead, saying why. */
+static int admin__monitor(river_admin_t *a)
+{
+    int zero = 0;
+    if (zmq_socket_monitor(a->sock, ADMIN_MONITOR_ENDPOINT,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
+    a->mon = zmq_socket(a->zctx, ZMQ_PAIR);
+    if (!a->mon || zmq_setsockopt(a->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(a->mon, ADMIN_MONITOR_ENDPOINT) != 0) {
+        int e = zmq_errno();
+        if (a->mon)
+            zmq_close(a->mon);
+        a->mon = NULL;
+        zmq_socket_monitor(a->sock, NULL, 0);
+        return river_err_set(RIVER_ESYS, "handshake monitor: %s", zmq_strerror(e));
+    }
+    return 0;
+}
+
+/* RIVER_EAUTH when the monitor reported a refused handshake, 0 otherwise. */
+static int admin__refused(river_admin_t *a)
+{
+    int rc = 0;
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, a->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return rc;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&f) >= sizeof event)
+            memcpy(&event, zmq_msg_data(&f), sizeof event);
+        bool more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        while (more) {
+            zmq_msg_init(&f);
+            more = zmq_msg_recv(&f, a->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            rc = river_err_set(RIVER_EAUTH, "riverd refused this key: it is not in riverd's "
+                               "auth.admin (or any other auth directory)");
+        else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                  event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) && !rc)
+            rc = river_err_set(RIVER_EAUTH, "the handshake with riverd failed: riverd's "
+                               "auth.mode and this client's keys do not match (curve needs "
+                               "--key and --server-key, riverd.key being the server key; "
+                               "plain neither)");
+        if (event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && rc)
+            snprintf(a->refused, sizeof a->refused, "%s", river_err_detail());
+    }
+}
+
 int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms)
+{
+    return river_admin_new_secure(out, endpoint, timeout_ms, NULL);
+}
+
+int river_admin_new_secure(river_admin_t **out, const char *endpoint, int timeout_ms,
+                           const river_keys_t *keys)
 {
     *out = NULL;
     if (!endpoint || !endpoint[0])
@@ -481,9 +740,13 @@ int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms)
     river_admin_t *a = calloc(1, sizeof *a);
     if (!a)
         return river_err_set(RIVER_ENOMEM, "admin client");
-    int rc = client__socket(endpoint, &a->zctx, &a->sock);
+    int rc = client__socket(endpoint, keys, &a->zctx, &a->sock);
     if (rc < 0) {
         free(a);
+        return rc;
+    }
+    if ((rc = admin__monitor(a)) < 0) {
+        river_admin_destroy(&a);
         return rc;
     }
     a->timeout_ms = timeout_ms > 0 ? timeout_ms : ADMIN_TIMEOUT_DEFAULT_MS;
@@ -496,6 +759,10 @@ void river_admin_destroy(river_admin_t **pa)
     river_admin_t *a = pa ? *pa : NULL;
     if (!a)
         return;
+    if (a->mon) {
+        zmq_socket_monitor(a->sock, NULL, 0);
+        zmq_close(a->mon);
+    }
     zmq_close(a->sock);
     zmq_ctx_term(a->zctx);
     free(a);
@@ -513,7 +780,7 @@ static int admin__error(const River__Client__Error *e)
         [RIVER_CODE_CANCELLED] = RIVER_ECANCELED,
         [RIVER_CODE_UNAVAILABLE] = RIVER_ESTATE,
         [RIVER_CODE_INTERNAL] = RIVER_EIO,
-        [RIVER_CODE_UNAUTHENTICATED] = RIVER_EINVAL,
+        [RIVER_CODE_UNAUTHENTICATED] = RIVER_EAUTH,
     };
     river_code_t c = client__code(e->code);
     return river_err_set(errs[c], "riverd: %s: %s", river_code_name(c), e->message);
@@ -524,6 +791,8 @@ static int admin__call(river_admin_t *a, River__Admin__AdminRequest *req,
                        River__Admin__AdminReply__KindCase want, River__Admin__AdminReply **out)
 {
     *out = NULL;
+    if (a->refused[0])
+        return river_err_set(RIVER_EAUTH, "%s", a->refused);
     req->id = ++a->next_id;
     int rc = client__send(a->sock, &req->base);
     if (rc < 0)
@@ -534,13 +803,16 @@ static int admin__call(river_admin_t *a, River__Admin__AdminRequest *req,
         if (left <= 0)
             return river_err_set(RIVER_ETIMEOUT, "riverd did not answer within %d ms",
                                  a->timeout_ms);
-        zmq_pollitem_t it = {.socket = a->sock, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, (long)left) < 0) {
+        zmq_pollitem_t items[2] = {{.socket = a->sock, .events = ZMQ_POLLIN},
+                                   {.socket = a->mon, .events = ZMQ_POLLIN}};
+        if (zmq_poll(items, 2, (long)left) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             return river_err_set(RIVER_ESYS, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         }
-        if (!(it.revents & ZMQ_POLLIN))
+        if ((items[1].revents & ZMQ_POLLIN) && (rc = admin__refused(a)) < 0)
+            return rc;
+        if (!(items[0].revents & ZMQ_POLLIN))
             continue;
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -610,7 +882,7 @@ int river_admin_status(river_admin_t *a, river_status_t *st)
 }
 
 static const char *const admin__states[] = {"unknown", "starting", "ready", "draining",
-                                            "dead"};
+                                            "dead",    "unavailable"};
 static const char *const admin__roles[] = {"unspecified", "full", "river", "backbone"};
 
 int river_admin_workers(river_admin_t *a, river_worker_info_t **workers, size_t *n)
@@ -637,7 +909,9 @@ int river_admin_workers(river_admin_t *a, river_worker_info_t **workers, size_t 
         const River__Admin__WorkerInfo *x = r->workers->workers[i];
         river_worker_info_t *o = &v[i];
         snprintf(o->id, sizeof o->id, "%s", x->worker_id);
-        o->state = (unsigned)x->state < 5 ? admin__states[x->state] : "unknown";
+        o->state = (unsigned)x->state < sizeof admin__states / sizeof admin__states[0]
+                       ? admin__states[x->state]
+                       : "unknown";
         o->role = (unsigned)x->role < 4 ? admin__roles[x->role] : "unspecified";
         if (x->capabilities) {
             const River__Worker__Capabilities *cp = x->capabilities;

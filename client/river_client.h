@@ -7,6 +7,12 @@
  * river_client_poll (or river_client_generate, which polls until its request ends), on
  * the caller's thread: a client is not thread-safe, use one per thread.
  *
+ * riverd keeps no request across a restart, so when the connection to it is lost (riverd
+ * crashed, restarted or dropped the connection; a host that vanished silently is found by
+ * ZMTP heartbeats within about 12 s) every request in flight on it ends with
+ * RIVER_CODE_UNAVAILABLE, at once and without any timeout_ms. The connection comes back by
+ * itself when riverd does: later requests go to the new riverd.
+ *
  *     river_client_t *c;
  *     river_client_new(&c, "tcp://127.0.0.1:5555");
  *     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
@@ -18,8 +24,16 @@
  *
  * A river_admin_t talks to the admin endpoint (riverctl's commands).
  *
+ * A riverd whose auth.mode is curve (the default) talks only to peers with a CurveZMQ key
+ * it allows: connect with river_client_new_secure / river_admin_new_secure and the key
+ * files of `riverctl keygen`. A connection riverd refuses gets no reply; the library sees
+ * the refused handshake and ends the client's requests with RIVER_CODE_UNAUTHENTICATED, an
+ * admin call with RIVER_EAUTH, and from then on river_client_submit and admin calls fail
+ * with RIVER_EAUTH at once (ZMQ does not retry a refused handshake: a new client may).
+ *
  * Functions return 0 or a negative River error code (common/err.h); river_err_detail()
- * says what went wrong. Link with libriverclient.a, libriver.a, -lzmq -lprotobuf-c. */
+ * says what went wrong. Link with libriverclient.a, libriver.a, -lzmq -lczmq
+ * -lprotobuf-c. */
 #ifndef RIVER_CLIENT_H
 #define RIVER_CLIENT_H
 
@@ -118,9 +132,22 @@ typedef void (*river_event_cb)(void *user, const river_event_t *ev);
 
 typedef struct river_client river_client_t;
 
-/* Connects to riverd's client endpoint (tcp://host:port, ipc://path). Connecting does
- * not wait for riverd: frames wait until it is there (see timeout_ms). */
+/* The CurveZMQ keys of a connection: files written by `riverctl keygen`. */
+typedef struct river_keys {
+    const char *secret_key; /* this client's secret key, NAME.key_secret (mode 0600), whose
+                               public half NAME.key is in riverd's auth.clients (for
+                               river_client) or auth.admin (for river_admin) */
+    const char *server_key; /* riverd's public key, riverd.key */
+} river_keys_t;
+
+/* Connects to riverd's client endpoint (tcp://host:port, ipc://path) without keys, for a
+ * riverd whose auth.mode is plain. Connecting does not wait for riverd: frames wait until
+ * it is there (see timeout_ms). */
 int river_client_new(river_client_t **out, const char *endpoint);
+/* The same with CurveZMQ keys (NULL: none, as river_client_new). A key file that cannot
+ * be read fails here, with the file named. */
+int river_client_new_secure(river_client_t **out, const char *endpoint,
+                            const river_keys_t *keys);
 void river_client_destroy(river_client_t **c);
 
 /* Sends a Generate and returns. request_id NULL: the library makes one; id_out (may be
@@ -159,6 +186,10 @@ typedef struct river_admin river_admin_t;
 
 /* timeout_ms: how long each call waits for riverd (0: 5000). */
 int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms);
+/* The same with CurveZMQ keys (NULL: none); the key must be in riverd's auth.admin, and a
+ * call with another one fails with RIVER_EAUTH. */
+int river_admin_new_secure(river_admin_t **out, const char *endpoint, int timeout_ms,
+                           const river_keys_t *keys);
 void river_admin_destroy(river_admin_t **a);
 
 typedef struct river_status {
@@ -172,7 +203,7 @@ typedef struct river_status {
 
 typedef struct river_worker_info {
     char id[128];
-    const char *state;         /* "starting", "ready", "draining", "dead" */
+    const char *state;         /* "starting", "ready", "draining", "dead", "unavailable" */
     const char *role;          /* "full", "river", "backbone" */
     char model[128];
     uint32_t max_seqs, max_batch, n_layers, max_context;

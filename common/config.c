@@ -20,6 +20,7 @@
 
 static const char *const config__log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config__roles[] = {"full", "river", "backbone", NULL};
+static const char *const config__auth_modes[] = {"curve", "plain", NULL};
 /* The engine's names (engine/exit.c), in the order of exit_rule_t and exit_agg_t; the
  * config test checks that they agree. */
 static const char *const config__exit_rules[] = {"none", "cosine", "router", "fixed", NULL};
@@ -70,8 +71,9 @@ static const config_key_t config__riverd_keys[] = {
     RD("queue_length", CONFIG_INT, queue_length, 1, 1000000, "256",
        "Requests that may wait for a worker; one more is refused with RESOURCE_EXHAUSTED."),
     CONFIG__SECTION("limits",
-                    "Per-request limits; a request over one is refused with "
-                    "INVALID_ARGUMENT."),
+                    "Limits on what one request or one client may ask for. A request over a "
+                    "per-request limit is refused with INVALID_ARGUMENT, one over a "
+                    "per-client limit with RESOURCE_EXHAUSTED; the error names the key."),
     RD("limits.max_prompt_tokens", CONFIG_INT, max_prompt_tokens, 1, 1 << 24, "8192",
        "Longest prompt, in tokens."),
     RD("limits.max_tokens", CONFIG_INT, max_tokens, 1, 1 << 24, "2048",
@@ -85,6 +87,17 @@ static const config_key_t config__riverd_keys[] = {
        "Longest prompt given as text, in bytes (riverd does not tokenize)."),
     RD("limits.max_stop_length", CONFIG_INT, max_stop_length, 1, 1 << 20, "256",
        "Longest stop string, in bytes."),
+    RD("limits.max_requests_per_client", CONFIG_INT, max_requests_per_client, 1, 1000000,
+       "64",
+       "Requests one client may have queued or running at once (a request whose end the "
+       "client has not read yet still counts); one more is refused with RESOURCE_EXHAUSTED. "
+       "A client is its key under auth.mode curve, its connection in plain mode."),
+    RD("limits.max_client_backlog", CONFIG_INT, max_client_backlog, 256, 1000000, "10000",
+       "Replies riverd queues for one client connection that does not read them (beyond "
+       "what the operating system buffers). Past it the client's requests are cancelled on "
+       "their workers and end with RESOURCE_EXHAUSTED, which the client reads after the "
+       "tokens it was sent. At least 256: one pass of riverd's loop may forward that many "
+       "chunks to one client."),
     CONFIG__SECTION("heartbeat", "Heartbeats between riverd and its workers, both ways."),
     RD("heartbeat.interval", CONFIG_DURATION, heartbeat_ms, 10, 60000, "1s",
        "Time between heartbeats; workers take it from riverd."),
@@ -105,9 +118,24 @@ static const config_key_t config__riverd_keys[] = {
      .sub = &config__local_workers},
     CONFIG__ENUM(config_riverd_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
-    RD("plain_mode", CONFIG_BOOL, plain_mode, 0, 0, "true",
-       "Serve clients and workers without authentication (ZMQ's NULL mechanism). "
-       "Authenticated mode comes later; until then this stays true."),
+    CONFIG__SECTION("auth",
+                    "CurveZMQ on every endpoint: traffic is encrypted and a peer whose key is "
+                    "not allowed is refused (and logged). Keys are files of `riverctl "
+                    "keygen`; relative paths are relative to this file's directory. riverd "
+                    "reads the keys at start: adding or removing one takes a restart."),
+    CONFIG__ENUM(config_riverd_t, "auth.mode", auth_mode, config__auth_modes, "curve",
+                 "curve, or plain: no encryption and no authentication (ZMQ's NULL "
+                 "mechanism), for a network nobody else can reach; riverd warns at start."),
+    RD("auth.secret_key", CONFIG_STRING, auth_secret_key, 0, 0, "keys/riverd.key_secret",
+       "riverd's secret key (mode 0600); clients and workers are given its public half, "
+       "riverd.key."),
+    RD("auth.clients", CONFIG_STRING, auth_clients, 0, 0, "keys/clients",
+       "Directory of the public keys (NAME.key) allowed on the client endpoints."),
+    RD("auth.workers", CONFIG_STRING, auth_workers, 0, 0, "keys/workers",
+       "Directory of the public keys allowed on the worker endpoints."),
+    RD("auth.admin", CONFIG_STRING, auth_admin, 0, 0, "keys/admin",
+       "Directory of the public keys allowed on the admin endpoint (riverctl's admin "
+       "commands); a client or worker key is refused there."),
 };
 #undef RD
 
@@ -174,6 +202,17 @@ static const config_key_t config__worker_keys[] = {
        "binds it, the river worker connects to it."),
     CONFIG__ENUM(config_worker_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
+    CONFIG__SECTION("auth", "CurveZMQ on the link to riverd (riverd's auth section); key "
+                            "paths are relative to this file's directory."),
+    CONFIG__ENUM(config_worker_t, "auth.mode", auth_mode, config__auth_modes, "curve",
+                 "curve, or plain: no encryption and no authentication, for a riverd whose "
+                 "auth.mode is plain."),
+    WK("auth.secret_key", CONFIG_STRING, auth_secret_key, 0, 0, "keys/worker.key_secret",
+       "This worker's secret key (mode 0600); its public half, worker.key, goes into "
+       "riverd's auth.workers directory."),
+    WK("auth.server_key", CONFIG_STRING, auth_server_key, 0, 0, "keys/riverd.key",
+       "riverd's public key: the worker talks only to the riverd that holds its secret "
+       "half."),
 };
 #undef WK
 

@@ -99,6 +99,12 @@ typedef enum {
     CONFIG_ROLE_BACKBONE, /* split pair: the backbone past the offload boundary */
 } config_role_t;
 
+/* auth.mode of riverd and river-worker. */
+typedef enum {
+    CONFIG_AUTH_CURVE = 0, /* CurveZMQ: encrypted, every peer's key checked (the default) */
+    CONFIG_AUTH_PLAIN,     /* ZMQ's NULL mechanism: neither encryption nor authentication */
+} config_auth_mode_t;
+
 /* One entry of riverd's local_workers: workers riverd starts and restarts itself. */
 typedef struct config_local_workers {
     int count;
@@ -118,12 +124,19 @@ typedef struct config_riverd {
     int max_stop_strings;
     int max_stop_length;       /* bytes of one stop string */
     int max_frame_bytes;
+    int max_requests_per_client; /* queued or running, per client connection */
+    int max_client_backlog;    /* replies queued to one client that does not read them */
     int64_t heartbeat_ms;      /* heartbeat.interval */
     int heartbeat_liveness;    /* heartbeat.liveness: missed beats before a peer is dead */
     int64_t drain_timeout_ms;
     config_items_t local_workers; /* config_local_workers_t */
     int log_level;             /* config_log_level_t */
-    bool plain_mode;
+    /* auth.*: key paths relative to the configuration file's directory. */
+    int auth_mode;             /* config_auth_mode_t */
+    char *auth_secret_key;     /* riverd's secret certificate (NAME.key_secret) */
+    char *auth_clients;        /* directories of the public certificates (NAME.key) */
+    char *auth_workers;        /*   allowed on each endpoint */
+    char *auth_admin;
 } config_riverd_t;
 
 typedef struct config_worker {
@@ -148,6 +161,9 @@ typedef struct config_worker {
     int split_boundary;        /* split.boundary: first layer on the backbone worker */
     char *split_peer;          /* split.peer */
     int log_level;             /* config_log_level_t */
+    int auth_mode;             /* auth.mode: config_auth_mode_t */
+    char *auth_secret_key;     /* this worker's secret certificate */
+    char *auth_server_key;     /* riverd's public certificate */
 } config_worker_t;
 
 extern const config_schema_t config_schema_riverd; /* config_riverd_t */

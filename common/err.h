@@ -30,7 +30,8 @@
     X(RIVER_ECANCELED, -18, "canceled")                                      \
     X(RIVER_EPROTO, -19, "protocol error")                                   \
     X(RIVER_ECONFIG, -20, "configuration error")                             \
-    X(RIVER_EUNAVAILABLE, -21, "peer unavailable")
+    X(RIVER_EUNAVAILABLE, -21, "peer unavailable")                           \
+    X(RIVER_EAUTH, -22, "authentication refused")
 
 enum river_err {
 #define RIVER_ERR_ENUM(name, value, msg) name = (value),

@@ -98,7 +98,9 @@ static int admin__workers(admin_ctx_t *c, const River__Admin__AdminRequest *req)
         cp->max_context = w->caps.max_context;
         wi->worker_id = w->id;
         wi->role = w->role;
-        wi->state = admin__states[w->state];
+        wi->state = w->state == WORKER_READY && w->reported_unavailable
+                        ? RIVER__ADMIN__WORKER_INFO__STATE__UNAVAILABLE
+                        : admin__states[w->state];
         wi->capabilities = cp;
         wi->queue_length = w->queue_length;
         /* What riverd has on it; the worker's own count is in its heartbeat. */

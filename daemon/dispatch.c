@@ -8,7 +8,15 @@
  * already has are dropped, tokens of an earlier dispatch never match the current one
  * (each dispatch has its own link id), and a dispatch that lost tokens is replaced by a
  * new one; so the client sees one stream with consecutive sequence numbers whatever
- * happened behind riverd (DESIGN.md §6). */
+ * happened behind riverd (DESIGN.md §6).
+ *
+ * A client that stops reading fills the queue riverd keeps for it (limits.max_client_backlog
+ * replies, ZMQ's send high-water mark). The next chunk that does not fit ends its request:
+ * cancelled on the worker, counted as RESOURCE_EXHAUSTED, and the Error frame is owed to
+ * the client, sent again on a timer until it fits behind the tokens already queued (or the
+ * client leaves, or DISPATCH_OWED_KEEP_MS pass). So a slow client reads every token it was
+ * sent and then an explicit end, never silence; a request whose end is still owed counts
+ * against limits.max_requests_per_client, which bounds what riverd keeps for one client. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -30,6 +38,22 @@
 /* How long requests may wait while no worker can serve them at all: the liveness window
  * when nothing is coming, this many windows while supervised workers are (re)starting. */
 #define DISPATCH_STARTING_FACTOR 10
+/* How often riverd tries again to hand a slow client the ends it owes it, and for how
+ * long before it gives up on a client that never reads again. */
+#define DISPATCH_OWED_RETRY_MS 50
+#define DISPATCH_OWED_KEEP_MS (10 * 60 * 1000)
+/* Ends owed to all clients together; past it (many clients stuck at once) one more is
+ * dropped and logged, the client's own timeout ends that request. */
+#define DISPATCH_OWED_MAX 65536
+
+/* An encoded ClientReply (a Final or an Error) a client was not reading when it was due. */
+typedef struct dispatch_owed {
+    struct dispatch_owed *next;
+    route_t client;
+    int64_t since_ms;
+    size_t len;
+    uint8_t frame[];
+} dispatch_owed_t;
 
 struct dispatch_deadline {
     int64_t at;
@@ -41,6 +65,43 @@ typedef struct session {
     uint64_t serial; /* w's serial, so that a reused pointer is not mistaken for it */
     int64_t last_used_ms;
 } session_t;
+
+/* ---- Clients ---- */
+
+/* What a client is, for its limits: its CURVE key when riverd authenticates, so that one
+ * key cannot multiply its share by opening more connections; in plain mode, where a
+ * client is no more than a connection, the routing id riverd's client ROUTER gave it. */
+static size_t dispatch__client_identity(const route_t *r, const uint8_t **id)
+{
+    if (r->key[0]) {
+        *id = (const uint8_t *)r->key;
+        return strlen(r->key);
+    }
+    *id = r->id;
+    return r->len;
+}
+
+/* Requests in flight plus ends owed, for the client at r. The count lives in the map's
+ * value pointer itself, so counting costs no allocation per client. */
+static int dispatch__client_load(riverd_t *rd, const route_t *r)
+{
+    const uint8_t *id;
+    size_t len = dispatch__client_identity(r, &id);
+    return (int)(uintptr_t)hmap_get(rd->client_load, id, len);
+}
+
+/* Adds delta to the client's load; the entry goes when it reaches 0. */
+static int dispatch__client_add(riverd_t *rd, const route_t *r, int delta)
+{
+    const uint8_t *id;
+    size_t len = dispatch__client_identity(r, &id);
+    int n = dispatch__client_load(rd, r) + delta;
+    if (n <= 0) {
+        hmap_del(rd->client_load, id, len);
+        return 0;
+    }
+    return hmap_put(rd->client_load, id, len, (void *)(uintptr_t)n);
+}
 
 /* ---- Maps and lists ---- */
 
@@ -147,6 +208,7 @@ static void dispatch__free(riverd_t *rd, request_t *req)
     hmap_del(rd->req_by_id, &req->id, sizeof req->id);
     uint8_t key[1 + RIVERD_ROUTE_MAX + DISPATCH_RID_MAX];
     hmap_del(rd->req_by_client, key, dispatch__client_key(&req->client, req->rid, key));
+    dispatch__client_add(rd, &req->client, -1);
     free(req->delivered);
     ProtobufCMessage *m = &req->env->base;
     frame_free(&m);
@@ -154,6 +216,98 @@ static void dispatch__free(riverd_t *rd, request_t *req)
 }
 
 /* ---- Ends of a request ---- */
+
+/* Keeps the end r for a client that is not reading. It adds to the client's load until it
+ * is delivered or given up, and a client may be owed at most twice its request limit (its
+ * requests' ends and as many refusals), so that one that sends without ever reading cannot
+ * make riverd keep more and more for it. */
+static int dispatch__owe(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r)
+{
+    if (rd->n_owed >= DISPATCH_OWED_MAX)
+        return river_err_set(RIVER_EFULL, "%d ends are owed to clients already", rd->n_owed);
+    if (dispatch__client_load(rd, to) >= 2 * rd->cfg.max_requests_per_client)
+        return river_err_set(RIVER_EFULL, "the client is owed %d ends already",
+                             dispatch__client_load(rd, to));
+    uint8_t *buf;
+    size_t len;
+    int rc = frame_encode_buf(&r->base, &buf, &len);
+    if (rc < 0)
+        return rc;
+    dispatch_owed_t *o = malloc(sizeof *o + len);
+    if (!o || dispatch__client_add(rd, to, 1) < 0) {
+        free(o);
+        free(buf);
+        return river_err_set(RIVER_ENOMEM, "an owed reply of %zu bytes", len);
+    }
+    o->next = NULL;
+    o->client = *to;
+    o->since_ms = riverd_now_ms();
+    o->len = len;
+    memcpy(o->frame, buf, len);
+    free(buf);
+    if (rd->owed_tail)
+        rd->owed_tail->next = o;
+    else
+        rd->owed_head = o;
+    rd->owed_tail = o;
+    rd->n_owed++;
+    if (!rd->next_owed_ms)
+        rd->next_owed_ms = o->since_ms + DISPATCH_OWED_RETRY_MS;
+    return 0;
+}
+
+/* Sends the end of a request (a Final or an Error). A client that is not reading gets it
+ * later, after what is queued for it already; one that is gone never reads it. */
+static void dispatch__send_end(riverd_t *rd, const route_t *to, const char *rid,
+                               const River__Client__ClientReply *r)
+{
+    int rc = router_send_client(rd, to, r);
+    if (rc == RIVER_EFULL && (rc = dispatch__owe(rd, to, r)) < 0)
+        log_warn("the end of request '%s' is lost: the client is not reading and %s", rid,
+                 river_err_detail());
+    else if (rc < 0)
+        log_debug("the end of request '%s' is not delivered: %s", rid, river_err_detail());
+}
+
+static void dispatch__send_error(riverd_t *rd, const route_t *to, const char *rid,
+                                 River__Client__Error__Code code, const char *msg)
+{
+    River__Client__Error e;
+    river__client__error__init(&e);
+    frame_error_fill(&e, rid, code, msg);
+    River__Client__ClientReply r;
+    river__client__client_reply__init(&r);
+    r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_ERROR;
+    r.error = &e;
+    dispatch__send_end(rd, to, rid, &r);
+}
+
+/* Hands slow clients the ends owed to them, as far as their queues have room now. */
+static void dispatch__owed_tick(riverd_t *rd, int64_t now)
+{
+    if (!rd->owed_head || now < rd->next_owed_ms)
+        return;
+    dispatch_owed_t **pp = &rd->owed_head, *o;
+    rd->owed_tail = NULL;
+    while ((o = *pp)) {
+        int rc = router_send_client_frame(rd, &o->client, o->frame, o->len);
+        if (rc == RIVER_EFULL && now - o->since_ms < DISPATCH_OWED_KEEP_MS) {
+            rd->owed_tail = o;
+            pp = &o->next;
+            continue;
+        }
+        if (rc == RIVER_EFULL)
+            log_warn("a client did not read for %d s; the end of a request owed to it is "
+                     "dropped", DISPATCH_OWED_KEEP_MS / 1000);
+        else if (rc < 0)
+            log_debug("an end owed to a client is dropped: %s", river_err_detail());
+        *pp = o->next;
+        dispatch__client_add(rd, &o->client, -1);
+        free(o);
+        rd->n_owed--;
+    }
+    rd->next_owed_ms = rd->owed_head ? now + DISPATCH_OWED_RETRY_MS : 0;
+}
 
 static void dispatch__cancel_on_worker(riverd_t *rd, request_t *req)
 {
@@ -182,7 +336,7 @@ static void dispatch__finish_error(riverd_t *rd, request_t *req, River__Client__
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     log_debug("request %" PRIu64 " (%s) fails: %s", req->id, req->rid, msg);
-    router_send_error(rd, &req->client, req->rid, code, "%s", msg);
+    dispatch__send_error(rd, &req->client, req->rid, code, msg);
     metrics_on_error(rd, code);
     dispatch__free(rd, req);
 }
@@ -210,8 +364,7 @@ static void dispatch__finish_final(riverd_t *rd, request_t *req, const River__Cl
     river__client__client_reply__init(&r);
     r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_FINAL;
     r.final = &f;
-    if (router_send_client(rd, &req->client, &r) < 0)
-        log_debug("request %" PRIu64 ": Final not delivered: %s", req->id, river_err_detail());
+    dispatch__send_end(rd, &req->client, req->rid, &r);
     metrics_on_final(rd, f.reason);
     dispatch__free(rd, req);
 }
@@ -523,8 +676,15 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
     /* Full means full after whatever can start now has started. */
     if (rd->n_queued >= rd->cfg.queue_length)
         dispatch__pump(rd);
+    code = RIVER__CLIENT__ERROR__CODE__RESOURCE_EXHAUSTED;
+    int load = dispatch__client_load(rd, from);
+    if (load >= rd->cfg.max_requests_per_client) {
+        snprintf(why, sizeof why,
+                 "this client has %d requests in flight, at limits.max_requests_per_client "
+                 "(%d)", load, rd->cfg.max_requests_per_client);
+        goto refuse;
+    }
     if (rd->n_queued >= rd->cfg.queue_length) {
-        code = RIVER__CLIENT__ERROR__CODE__RESOURCE_EXHAUSTED;
         snprintf(why, sizeof why, "queue is full (queue_length %d)", rd->cfg.queue_length);
         goto refuse;
     }
@@ -552,9 +712,12 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
         g->sampling->seed = seed;
     }
     uint8_t key[1 + RIVERD_ROUTE_MAX + DISPATCH_RID_MAX];
+    size_t klen = dispatch__client_key(from, req->rid, key);
     if (hmap_put(rd->req_by_id, &req->id, sizeof req->id, req) < 0 ||
-        hmap_put(rd->req_by_client, key, dispatch__client_key(from, req->rid, key), req) < 0) {
+        hmap_put(rd->req_by_client, key, klen, req) < 0 ||
+        dispatch__client_add(rd, from, 1) < 0) {
         hmap_del(rd->req_by_id, &req->id, sizeof req->id);
+        hmap_del(rd->req_by_client, key, klen);
         free(req);
         code = RIVER__CLIENT__ERROR__CODE__RESOURCE_EXHAUSTED;
         snprintf(why, sizeof why, "out of memory");
@@ -569,7 +732,7 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
 
 refuse:
     log_debug("request '%s' refused: %s", g->request_id, why);
-    router_send_error(rd, from, g->request_id, code, "%s", why);
+    dispatch__send_error(rd, from, g->request_id, code, why);
     rd->metrics.requests_total++;
     metrics_on_error(rd, code);
     ProtobufCMessage *m = &env->base;
@@ -708,8 +871,22 @@ void dispatch_on_tokens(riverd_t *rd, worker_t *w, const River__Worker__Tokens *
     }
     metrics_on_tokens(rd, n, c.exit_layers, c.n_exit_layers, now);
     w->tokens += n;
-    if (router_send_client(rd, &req->client, &r) < 0) {
-        /* The client left (or stopped reading): nobody wants the rest. */
+    int rc = router_send_client(rd, &req->client, &r);
+    if (rc == RIVER_EFULL) {
+        /* The client stopped reading: its queue is full. The worker stops at once, and
+         * the client reads the tokens it was sent, then this error (owed until it fits). */
+        uint32_t sent = req->n_delivered - (uint32_t)n;
+        log_info("request %" PRIu64 " (%s): client not reading after %u tokens; cancelling",
+                 req->id, req->rid, sent);
+        dispatch__cancel_on_worker(rd, req);
+        dispatch__finish_error(rd, req, RIVER__CLIENT__ERROR__CODE__RESOURCE_EXHAUSTED,
+                               "the client did not read its stream: %d replies were queued "
+                               "for it, limits.max_client_backlog; cancelled after %u tokens",
+                               rd->cfg.max_client_backlog, sent);
+        return;
+    }
+    if (rc < 0) {
+        /* The client left: nobody wants the rest. */
         log_info("request %" PRIu64 " (%s): client gone (%s); cancelling", req->id, req->rid,
                  river_err_detail());
         dispatch__cancel_on_worker(rd, req);
@@ -838,6 +1015,7 @@ void dispatch_tick(riverd_t *rd, int64_t now)
         dispatch_fail_queued(rd, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE,
                              "no worker is available");
 
+    dispatch__owed_tick(rd, now);
     if (now >= rd->next_session_sweep_ms) {
         hmap_sweep(rd->sessions, dispatch__session_idle, &now);
         rd->next_session_sweep_ms = now + DISPATCH_SESSION_SWEEP_MS;
@@ -856,6 +1034,8 @@ int64_t dispatch_next_ms(riverd_t *rd, int64_t now)
         if (t < next)
             next = t;
     }
+    if (rd->next_owed_ms && rd->next_owed_ms < next)
+        next = rd->next_owed_ms;
     if (rd->pump)
         next = now;
     return next;
@@ -897,7 +1077,7 @@ int dispatch_init(riverd_t *rd)
 {
     int rc;
     if ((rc = hmap_new(&rd->req_by_id)) < 0 || (rc = hmap_new(&rd->req_by_link)) < 0 ||
-        (rc = hmap_new(&rd->req_by_client)) < 0 ||
+        (rc = hmap_new(&rd->req_by_client)) < 0 || (rc = hmap_new(&rd->client_load)) < 0 ||
         (rc = hmap_new(&rd->sessions)) < 0)
         return rc;
     rd->next_session_sweep_ms = riverd_now_ms() + DISPATCH_SESSION_SWEEP_MS;
@@ -924,6 +1104,14 @@ void dispatch_fini(riverd_t *rd)
     }
     if (rd->sessions)
         hmap_sweep(rd->sessions, dispatch__free_session, NULL);
+    while (rd->owed_head) {
+        dispatch_owed_t *o = rd->owed_head;
+        rd->owed_head = o->next;
+        free(o);
+    }
+    rd->owed_tail = NULL;
+    rd->n_owed = 0;
+    hmap_destroy(&rd->client_load);
     hmap_destroy(&rd->req_by_id);
     hmap_destroy(&rd->req_by_link);
     hmap_destroy(&rd->req_by_client);

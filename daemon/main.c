@@ -110,11 +110,27 @@ int main(int argc, char **argv)
         sd_notifyf(0, "STATUS=configuration error: %s", river_err_detail());
         return RIVERD_EXIT_CONFIG;
     }
+    /* The keys are part of the configuration: --check reads them too, and one that does not
+     * load stops riverd as a bad file does, naming the file and the key. */
+    rc = auth_new(&rd->auth, config_path, &rd->cfg);
+    if (rc < 0) {
+        fprintf(stderr, "riverd: %s\n", river_err_detail());
+        sd_notifyf(0, "STATUS=configuration error: %s", river_err_detail());
+        config_free(&config_schema_riverd, &rd->cfg);
+        return RIVERD_EXIT_CONFIG;
+    }
+    char auth_line[256];
+    auth_describe(rd->auth, auth_line, sizeof auth_line);
     if (check_only) {
-        printf("%s: ok\n", config_path);
+        printf("%s: ok (auth: %s)\n", config_path, auth_line);
+        auth_destroy(&rd->auth);
         config_free(&config_schema_riverd, &rd->cfg);
         return 0;
     }
+    /* Said before the configured log level applies, so that no level hides it. */
+    if (auth_plain(rd->auth))
+        log_warn("auth.mode is plain: serving clients, workers and riverctl WITHOUT "
+                 "authentication or encryption; anyone who can reach an endpoint can use it");
     log_set_level(rd->cfg.log_level);
     rd->started_ms = riverd_now_ms();
     int exit_code = 1;
@@ -138,7 +154,7 @@ int main(int argc, char **argv)
     }
     sd_notify(0, "READY=1");
     riverd_notify_status(rd, rd->started_ms, true);
-    log_info("riverd %s ready", RIVERD_VERSION);
+    log_info("riverd %s ready; auth: %s", RIVERD_VERSION, auth_line);
 
     rc = router_run(rd);
     if (rc == 0)
@@ -157,6 +173,7 @@ fail_dispatch:
     dispatch_fini(rd);
     hmap_destroy(&rd->by_route);
 fail_config:
+    auth_destroy(&rd->auth);
     if (rc == RIVER_ECONFIG)
         exit_code = RIVERD_EXIT_CONFIG;
     if (rc < 0)

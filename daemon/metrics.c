@@ -255,6 +255,18 @@ char *metrics_render(riverd_t *rd, size_t *len)
     metrics__head(&b, "river_bad_frames_total", "counter",
                   "Frames refused: malformed, oversize or of an unknown kind.");
     metrics__printf(&b, "river_bad_frames_total %" PRIu64 "\n", m->bad_frames);
+    metrics__head(&b, "river_auth_refused_total", "counter",
+                  "Connections and messages refused by authentication (auth.*): a key that "
+                  "is not allowed, no CURVE, or a key of another role.");
+    static const struct {
+        int role;
+        const char *endpoint;
+    } auth_endpoints[] = {
+        {AUTH_ROLE_CLIENT, "clients"}, {AUTH_ROLE_WORKER, "workers"}, {AUTH_ROLE_ADMIN, "admin"}};
+    for (size_t i = 0; i < sizeof auth_endpoints / sizeof auth_endpoints[0]; i++)
+        metrics__printf(&b, "river_auth_refused_total{endpoint=\"%s\"} %" PRIu64 "\n",
+                        auth_endpoints[i].endpoint,
+                        auth_refused(rd->auth, auth_endpoints[i].role));
     metrics__head(&b, "river_uptime_seconds", "gauge", "Seconds since riverd started.");
     metrics__printf(&b, "river_uptime_seconds %" PRId64 "\n", (now - rd->started_ms) / 1000);
     if (b.failed) {

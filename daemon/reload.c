@@ -2,13 +2,16 @@
  * key by key through the schema, with the one it runs.
  *
  * What changes live: the queue length, the per-request limits except the frame size,
- * the drain timeout and the log level. What needs a restart, and why:
+ * the per-client request limit, the drain timeout and the log level. What needs a
+ * restart, and why:
  *   endpoints.*             the sockets and the HTTP port are bound at start;
  *   limits.max_frame_bytes  ZMQ's own message limit is set on the sockets at start;
+ *   limits.max_client_backlog  so is the client socket's send high-water mark;
  *   heartbeat.*             workers were told the interval in their Welcome;
  *   local_workers           the running processes were started from it (admin Scale
  *                           changes their number live);
- *   plain_mode              the security mechanism is set on the sockets at start.
+ *   auth.*                  the mechanism is set on the sockets, and the keys are read,
+ *                           at start (so adding or revoking a key takes a restart).
  * A file that does not load changes nothing; the error names file:line:column. */
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +22,7 @@
 static const char *const reload__live[] = {
     "queue_length",          "limits.max_prompt_tokens", "limits.max_tokens",
     "limits.max_stop_strings", "limits.max_prompt_bytes", "limits.max_stop_length",
-    "drain_timeout",         "log_level",
+    "limits.max_requests_per_client", "drain_timeout", "log_level",
 };
 
 static bool reload__is_live(const char *name)

@@ -11,6 +11,7 @@
  *   workers.c    the worker table: Ready, heartbeats both ways, liveness, drain
  *   dispatch.c   admission, the queue, session affinity, deadlines, streaming, re-dispatch
  *   admin.c      the admin API (a table of commands)
+ *   auth.c       CurveZMQ: zauth for the handshakes, the role of every message
  *   reload.c     SIGHUP and admin Reload: what changes live and what needs a restart
  *   metrics.c    counters, Prometheus text, the HTTP endpoint (libmicrohttpd)
  *   supervise.c  local workers: fork/exec, restart with back-off, scale
@@ -44,6 +45,7 @@ typedef struct worker worker_t;
 typedef struct request request_t;
 typedef struct supervise supervise_t;
 typedef struct http http_t;
+typedef struct auth auth_t;
 
 /* Where a peer is: its routing id on a ROUTER socket, and whether it talks through a REQ
  * socket, whose frames carry an empty delimiter before the payload. */
@@ -51,6 +53,9 @@ typedef struct route {
     uint8_t id[RIVERD_ROUTE_MAX];
     uint8_t len;
     bool delim;
+    /* The peer's CURVE public key (Z85, 40 characters) as its handshake authenticated it;
+     * empty in plain mode. One key may hold several connections. */
+    char key[41];
 } route_t;
 
 /* ---- Workers (workers.c) ---- */
@@ -78,6 +83,9 @@ struct worker {
     /* What the last heartbeat said. */
     uint32_t kv_pages_free, queue_length, running;
     bool reported_draining;
+    /* It said it cannot serve for now (a river worker whose backbone peer is gone): it
+     * gets no requests until a heartbeat says otherwise. */
+    bool reported_unavailable;
     int64_t last_seen_ms;   /* anything heard from it */
     int64_t last_sent_ms;   /* anything sent to it */
     int64_t state_since_ms;
@@ -237,13 +245,52 @@ void admin_on_request(riverd_t *rd, const route_t *from, River__Admin__AdminRequ
 int reload_config(riverd_t *rd, const char **applied, int *n_applied,
                   const char **needs_restart, int *n_restart, int max);
 
+/* ---- Authentication (auth.c) ---- */
+
+/* What a key may be; the endpoint a message came in on needs its role. */
+enum {
+    AUTH_ROLE_CLIENT = 1, /* auth.clients */
+    AUTH_ROLE_WORKER = 2, /* auth.workers */
+    AUTH_ROLE_ADMIN = 4,  /* auth.admin */
+};
+
+/* Reads riverd's key and the allowed keys of the configuration (nothing with auth.mode
+ * plain). RIVER_ECONFIG names the configuration file, the key and what is wrong with the
+ * file or directory it names. config_path: where relative key paths start. */
+int auth_new(auth_t **out, const char *config_path, const config_riverd_t *cfg);
+void auth_destroy(auth_t **a);
+bool auth_plain(const auth_t *a);
+/* One line for the log: the mode, riverd's public key and how many keys each role has. */
+void auth_describe(const auth_t *a, char *buf, size_t cap);
+/* The ZMQ context of riverd's sockets: CZMQ's, because zauth runs there and serves only
+ * the sockets of its own context. NULL when it cannot be made. */
+void *auth_open_context(void);
+/* Terminates it, after every socket is closed. */
+void auth_close_context(void);
+/* Starts the ZAP handler on zctx, CZMQ's context, before any socket binds. */
+int auth_start(auth_t *a, void *zctx);
+/* Makes sock a CURVE server with riverd's key and watches its handshakes; before bind. */
+int auth_secure_socket(auth_t *a, void *zctx, void *sock, int role, const char *what);
+/* The sockets the poll loop watches for auth (refusals to log); at most max. */
+int auth_poll_items(auth_t *a, zmq_pollitem_t *items, int max);
+void auth_on_poll(auth_t *a, const zmq_pollitem_t *items, int n);
+/* Whether the first frame of a message (after the routing id) comes from a key of that role;
+ * RIVER_EAUTH (logged, at most every few seconds per key) when not. */
+int auth_check(auth_t *a, int role, zmq_msg_t *m);
+/* Handshakes refused (key not allowed, no CURVE) and messages refused (a key of another
+ * role) on the endpoint of that role, for the metrics. */
+uint64_t auth_refused(const auth_t *a, int role);
+/* Closes what auth_start and auth_secure_socket opened; after riverd's own sockets. */
+void auth_stop(auth_t *a);
+
 /* ---- The process (router.c, main.c) ---- */
 
 struct riverd {
     const char *config_path;
     config_riverd_t cfg;
-    void *zctx;
+    void *zctx;                      /* CZMQ's context: zauth serves only its sockets */
     void *clients, *workers, *admin; /* ROUTER sockets */
+    auth_t *auth;
     /* The worker endpoint as a local worker connects to it (wildcards resolved). */
     char worker_endpoint[256];
     int sig_fd;
@@ -257,6 +304,13 @@ struct riverd {
 
     /* Requests (dispatch.c). */
     hmap_t *req_by_id, *req_by_link, *req_by_client, *sessions;
+    /* Per client (dispatch__client_identity): requests in flight plus ends owed. */
+    hmap_t *client_load;
+    /* Ends of requests (Final or Error frames) a client was not reading when they were
+     * due; sent again on a timer until they go through (dispatch.c). */
+    struct dispatch_owed *owed_head, *owed_tail;
+    int n_owed;
+    int64_t next_owed_ms;
     request_t *queue_head, *queue_tail;
     int n_queued, n_running;
     uint64_t next_req_id, next_link_id;
@@ -284,8 +338,11 @@ struct riverd {
 };
 
 int64_t riverd_now_ms(void);
-/* Sends to a client; RIVER_EIO when the client is gone or not reading. */
+/* Sends to a client; RIVER_EIO when the client is gone, RIVER_EFULL when it is not reading
+ * (limits.max_client_backlog replies wait for it already). */
 int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r);
+/* The same for a ClientReply already encoded (a reply owed to a slow client). */
+int router_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len);
 /* Sends an Error reply; NULL rid reads as "". */
 int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
                       River__Client__Error__Code code, const char *fmt, ...)

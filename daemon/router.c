@@ -20,8 +20,6 @@
 #define ROUTER_BATCH 256
 /* Longest wait of the poll loop when no timer is due: a ceiling, not a tick. */
 #define ROUTER_MAX_WAIT_MS 60000
-/* Replies queued to one slow client before riverd gives up on it. */
-#define ROUTER_CLIENT_HWM 100000
 /* Messages queued to one worker: Submits and Cancels are few, so reaching this means
  * the worker stopped reading. */
 #define ROUTER_WORKER_HWM 100000
@@ -88,10 +86,32 @@ int router_open(riverd_t *rd)
 {
     int rc;
     rd->sig_fd = -1;
-    rd->zctx = zmq_ctx_new();
+    /* Signals arrive as reads on a descriptor in the poll loop, never as handlers that
+     * interrupt it. They are blocked before any thread starts (CZMQ's actors do not block
+     * them themselves), since every thread inherits the mask and a signal goes to any
+     * thread that does not block it. Children get the default mask back before exec
+     * (supervise.c). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
+        return river_err_set(RIVER_ESYS, "sigprocmask: %s", strerror(errno));
+    rd->zctx = auth_open_context();
     if (!rd->zctx)
         return river_err_set(RIVER_ESYS, "zmq context: %s", zmq_strerror(zmq_errno()));
-    rc = router__socket(rd, &rd->clients, "client", true, ROUTER_CLIENT_HWM);
+    /* The ZAP handler runs before the first socket binds: a CURVE handshake that finds no
+     * handler would be let in unchecked. */
+    if ((rc = auth_start(rd->auth, rd->zctx)) < 0)
+        goto fail;
+    /* The bound on what waits for a client that does not read (limits.max_client_backlog):
+     * past it a send fails with EAGAIN and dispatch.c ends that client's requests. */
+    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog);
+    if (rc < 0)
+        goto fail;
+    rc = auth_secure_socket(rd->auth, rd->zctx, rd->clients, AUTH_ROLE_CLIENT, "client");
     if (rc < 0)
         goto fail;
     for (int i = 0; i < rd->cfg.clients.n; i++)
@@ -100,10 +120,17 @@ int router_open(riverd_t *rd)
     rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM);
     if (rc < 0)
         goto fail;
+    rc = auth_secure_socket(rd->auth, rd->zctx, rd->workers, AUTH_ROLE_WORKER, "worker");
+    if (rc < 0)
+        goto fail;
     /* Workers connect with their id as routing id; a worker that restarts (or reconnects
-     * before riverd noticed the old connection die) must get its name back. */
-    int one = 1;
-    if (zmq_setsockopt(rd->workers, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0) {
+     * before riverd noticed the old connection die) must get its name back. With CURVE a
+     * worker adds random bytes to it for each connection (workers/link.c), and a Ready
+     * with a known id replaces the old entry instead: no connection is ever handed over
+     * then, so that no other key that passed the handshake can take a worker's traffic
+     * even if it learnt the id. */
+    int handover = auth_plain(rd->auth) ? 1 : 0;
+    if (zmq_setsockopt(rd->workers, ZMQ_ROUTER_HANDOVER, &handover, sizeof handover) != 0) {
         rc = river_err_set(RIVER_ESYS, "worker socket: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
@@ -121,22 +148,13 @@ int router_open(riverd_t *rd)
         rc = router__socket(rd, &rd->admin, "admin", false, 0);
         if (rc < 0)
             goto fail;
+        rc = auth_secure_socket(rd->auth, rd->zctx, rd->admin, AUTH_ROLE_ADMIN, "admin");
+        if (rc < 0)
+            goto fail;
         if ((rc = router__bind(rd->admin, rd->cfg.admin, "admin", NULL, 0)) < 0)
             goto fail;
     }
 
-    /* Signals arrive as reads on a descriptor in the poll loop, never as handlers that
-     * interrupt it. Children get the default mask back before exec (supervise.c). */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGCHLD);
-    if (sigprocmask(SIG_BLOCK, &set, NULL) != 0) {
-        rc = river_err_set(RIVER_ESYS, "sigprocmask: %s", strerror(errno));
-        goto fail;
-    }
     rd->sig_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (rd->sig_fd < 0) {
         rc = river_err_set(RIVER_ESYS, "signalfd: %s", strerror(errno));
@@ -163,8 +181,10 @@ void router_close(riverd_t *rd)
             zmq_close(*socks[i]);
         *socks[i] = NULL;
     }
+    /* After the sockets it served: a handshake never goes unchecked. */
+    auth_stop(rd->auth);
     if (rd->zctx)
-        zmq_ctx_term(rd->zctx);
+        auth_close_context();
     rd->zctx = NULL;
 }
 
@@ -172,8 +192,10 @@ void router_close(riverd_t *rd)
 
 /* Reads one message from a ROUTER: the routing id, an optional empty delimiter (REQ
  * peers) and one payload frame. Returns 1 with *payload set, 0 when nothing is waiting,
- * 2 when the message had the wrong shape (it is consumed, *from is valid), <0 on error. */
-static int router__recv(void *s, route_t *from, zmq_msg_t *payload)
+ * 2 when the message had the wrong shape, 3 when its sender's key may not use this socket
+ * (`role`; auth.c logged it, river_err_detail() says why): in both cases it is consumed and
+ * *from is valid. <0 on error. */
+static int router__recv(riverd_t *rd, void *s, int role, route_t *from, zmq_msg_t *payload)
 {
     zmq_msg_t f;
     zmq_msg_init(&f);
@@ -188,6 +210,7 @@ static int router__recv(void *s, route_t *from, zmq_msg_t *payload)
     from->len = (uint8_t)(n > RIVERD_ROUTE_MAX ? RIVERD_ROUTE_MAX : n);
     memcpy(from->id, zmq_msg_data(&f), from->len);
     from->delim = false;
+    from->key[0] = '\0';
     bool more = zmq_msg_more(&f);
     zmq_msg_close(&f);
 
@@ -213,6 +236,19 @@ static int router__recv(void *s, route_t *from, zmq_msg_t *payload)
         }
     }
     int rc = 2;
+    /* The first frame after the routing id came from the peer and carries the key its
+     * handshake authenticated (the routing id frame is riverd's own). */
+    if (got > 0 && auth_check(rd->auth, role, &frames[0]) < 0) {
+        from->delim = got == 2 && zmq_msg_size(&frames[0]) == 0; /* for the refusal */
+        for (int i = 0; i < got; i++)
+            zmq_msg_close(&frames[i]);
+        return 3;
+    }
+    if (got > 0 && !auth_plain(rd->auth)) {
+        const char *key = zmq_msg_gets(&frames[0], "User-Id");
+        if (key)
+            snprintf(from->key, sizeof from->key, "%s", key);
+    }
     if (got == 1 && !extra) {
         *payload = frames[0];
         return 1;
@@ -230,6 +266,25 @@ static int router__recv(void *s, route_t *from, zmq_msg_t *payload)
     return rc;
 }
 
+/* Sends m (taken) to `to`. A full queue (the peer is not reading) is RIVER_EFULL, anything
+ * else that fails RIVER_EIO. */
+static int router__send_msg(void *s, const route_t *to, zmq_msg_t *m)
+{
+    if (zmq_send(s, to->id, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        goto fail;
+    if (to->delim && zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        goto fail;
+    if (zmq_msg_send(m, s, ZMQ_DONTWAIT) < 0)
+        goto fail;
+    return 0;
+fail:;
+    int e = zmq_errno();
+    zmq_msg_close(m);
+    if (e == EAGAIN)
+        return river_err_set(RIVER_EFULL, "peer is not reading");
+    return river_err_set(RIVER_EIO, "%s", e == EHOSTUNREACH ? "peer is gone" : zmq_strerror(e));
+}
+
 static int router__send(void *s, const route_t *to, const ProtobufCMessage *env)
 {
     if (!s)
@@ -241,24 +296,23 @@ static int router__send(void *s, const route_t *to, const ProtobufCMessage *env)
         log_error("cannot encode a %s: %s", frame_case_name(env), river_err_detail());
         return rc;
     }
-    if (zmq_send(s, to->id, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        goto fail;
-    if (to->delim && zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        goto fail;
-    if (zmq_msg_send(&m, s, ZMQ_DONTWAIT) < 0)
-        goto fail;
-    return 0;
-fail:;
-    int e = zmq_errno();
-    zmq_msg_close(&m);
-    return river_err_set(RIVER_EIO, "%s", e == EHOSTUNREACH ? "peer is gone"
-                                          : e == EAGAIN       ? "peer is not reading"
-                                                              : zmq_strerror(e));
+    return router__send_msg(s, to, &m);
 }
 
 int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r)
 {
     return router__send(rd->clients, to, &r->base);
+}
+
+int router_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len)
+{
+    if (!rd->clients)
+        return river_err_set(RIVER_EIO, "socket closed");
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, len) != 0)
+        return river_err_set(RIVER_ENOMEM, "reply of %zu bytes", len);
+    memcpy(zmq_msg_data(&m), frame, len);
+    return router__send_msg(rd->clients, to, &m);
 }
 
 int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
@@ -311,11 +365,18 @@ static void router__on_clients(riverd_t *rd)
     for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd->clients, &from, &p);
+        int rc = router__recv(rd, rd->clients, AUTH_ROLE_CLIENT, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("clients: %s", river_err_detail());
             return;
+        }
+        if (rc == 3) {
+            /* The key is allowed somewhere (its handshake passed), just not here: say so,
+             * which tells its owner nothing they do not know. */
+            router_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__UNAUTHENTICATED,
+                              "%s", river_err_detail());
+            continue;
         }
         rd->metrics.bad_frames += rc == 2;
         if (rc == 2) {
@@ -331,7 +392,9 @@ static void router__on_clients(riverd_t *rd)
         if (e < 0) {
             rd->metrics.bad_frames++;
             log_debug("bad client frame: %s", river_err_detail());
-            router_send_error(rd, &from, "", frame_error_code(e), "%s", river_err_detail());
+            /* An oversize frame is a breach of a configured limit: the reply names it. */
+            router_send_error(rd, &from, "", frame_error_code(e), "%s%s", river_err_detail(),
+                              e == RIVER_ERANGE ? " (limits.max_frame_bytes)" : "");
             continue;
         }
         dispatch_on_client(rd, &from, (River__Client__ClientRequest *)m);
@@ -343,12 +406,14 @@ static void router__on_workers(riverd_t *rd)
     for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd->workers, &from, &p);
+        int rc = router__recv(rd, rd->workers, AUTH_ROLE_WORKER, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("workers: %s", river_err_detail());
             return;
         }
+        if (rc == 3)
+            continue; /* not a worker key: never in the table (auth.c logged it) */
         /* The worker link has no error reply: a worker that sends what riverd cannot
          * read is broken, and saying so in the log is all riverd can do. */
         if (rc == 2) {
@@ -376,7 +441,7 @@ static void router__on_admin(riverd_t *rd)
     for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd->admin, &from, &p);
+        int rc = router__recv(rd, rd->admin, AUTH_ROLE_ADMIN, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("admin: %s", river_err_detail());
@@ -384,7 +449,9 @@ static void router__on_admin(riverd_t *rd)
         }
         ProtobufCMessage *m = NULL;
         int e = RIVER_EPROTO;
-        if (rc == 2)
+        if (rc == 3)
+            e = RIVER_EAUTH; /* a client or worker key: the reply says it is refused */
+        else if (rc == 2)
             river_err_set(e, "frame: expected one AdminRequest frame after the routing id");
         else {
             e = frame_decode_msg(FRAME_ADMIN_REQUEST, &p, (size_t)rd->cfg.max_frame_bytes,
@@ -499,7 +566,9 @@ static int64_t router__next(riverd_t *rd, int64_t now)
 
 int router_run(riverd_t *rd)
 {
-    enum { P_CLIENTS, P_WORKERS, P_SIGNALS, P_ADMIN, P_HTTP, P_COUNT };
+    /* Authentication watches up to four sockets of its own: zauth's log and the monitors
+     * of the three ROUTER sockets. */
+    enum { P_CLIENTS, P_WORKERS, P_SIGNALS, P_ADMIN, P_HTTP, P_AUTH, P_COUNT = P_AUTH + 4 };
     while (!rd->stop) {
         int64_t now = riverd_now_ms();
         router__tick(rd, now);
@@ -527,6 +596,9 @@ int router_run(riverd_t *rd)
             items[n] = (zmq_pollitem_t){.fd = hfd, .events = ZMQ_POLLIN};
             kinds[n++] = P_HTTP;
         }
+        int auth_at = n, n_auth = auth_poll_items(rd->auth, items + n, P_COUNT - n);
+        for (int i = 0; i < n_auth; i++)
+            kinds[n++] = P_AUTH;
         int rc = zmq_poll(items, n, (long)wait);
         if (rc < 0) {
             if (zmq_errno() == EINTR)
@@ -549,6 +621,8 @@ int router_run(riverd_t *rd)
             default: break;
             }
         }
+        if (n_auth)
+            auth_on_poll(rd->auth, items + auth_at, n_auth);
     }
     return 0;
 }

@@ -32,7 +32,7 @@ worker_t *workers_by_id(riverd_t *rd, const char *id)
 bool workers_takes_work(const worker_t *w)
 {
     /* The backbone half of a split pair only serves its river worker. */
-    return w->state == WORKER_READY && !w->unreachable &&
+    return w->state == WORKER_READY && !w->unreachable && !w->reported_unavailable &&
            w->role != RIVER__WORKER__ROLE__ROLE_BACKBONE;
 }
 
@@ -262,6 +262,7 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
     w->kv_pages_free = r->capabilities ? r->capabilities->kv_pages_free : 0;
     w->queue_length = w->running = 0;
     w->reported_draining = false;
+    w->reported_unavailable = false;
     w->unreachable = false;
     w->drain_deadline_ms = 0;
     supervise_on_ready(rd, w);
@@ -289,6 +290,14 @@ static void workers__on_heartbeat(riverd_t *rd, const route_t *from, worker_t *w
     w->queue_length = hb->queue_length;
     w->running = hb->running;
     w->reported_draining = hb->draining;
+    if (hb->unavailable != w->reported_unavailable) {
+        log_info("worker %s %s", w->id,
+                 hb->unavailable ? "cannot serve for now; sending it nothing"
+                                 : "can serve again");
+        /* Requests waiting for a worker may go to it now. */
+        rd->pump |= !hb->unavailable;
+    }
+    w->reported_unavailable = hb->unavailable;
     /* A worker may drain on its own (it got SIGTERM): take nothing new to it. */
     if (hb->draining && w->state == WORKER_READY) {
         w->state = WORKER_DRAINING;

@@ -1,10 +1,13 @@
 /* riverctl: the operator's and the shell's way to riverd.
  *
- *     riverctl [--endpoint E] [--admin E] [--timeout MS] [--output text|json] COMMAND
+ *     riverctl [--endpoint E] [--admin E] [--key F --server-key F] [--timeout MS]
+ *              [--output text|json] COMMAND
  *
  * Commands are a table: each has its name, its usage line and a function. Admin commands
  * go to the admin endpoint, generate to the client endpoint, through the client library
- * (client/river_client.h). Exit status: 0 done, 1 riverd refused or failed, 2 usage. */
+ * (client/river_client.h), with CurveZMQ keys when --key and --server-key (or RIVER_KEY and
+ * RIVER_SERVER_KEY) name them; keygen writes such keys. Exit status: 0 done, 1 riverd
+ * refused or failed, 2 usage. */
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
@@ -16,6 +19,7 @@
 
 #include "client/river_client.h"
 #include "common/err.h"
+#include "common/keys.h"
 
 #define CTL_ENDPOINT_DEFAULT "tcp://127.0.0.1:5555"
 #define CTL_ADMIN_DEFAULT "tcp://127.0.0.1:5557"
@@ -28,7 +32,14 @@ typedef struct ctl {
     int timeout_ms;       /* generate: riverd silent this long */
     int admin_timeout_ms; /* admin commands: no answer within this */
     bool json;
+    river_keys_t keys;    /* both NULL: no CURVE (riverd's auth.mode plain) */
 } ctl_t;
+
+/* The keys to connect with, NULL for none. */
+static const river_keys_t *ctl__keys(const ctl_t *c)
+{
+    return c->keys.secret_key ? &c->keys : NULL;
+}
 
 static int ctl__fail(const char *what)
 {
@@ -48,7 +59,7 @@ static int ctl__parse_u32(const char *s, uint32_t *out)
 
 static int ctl__admin(const ctl_t *c, river_admin_t **a)
 {
-    int rc = river_admin_new(a, c->admin, c->admin_timeout_ms);
+    int rc = river_admin_new_secure(a, c->admin, c->admin_timeout_ms, ctl__keys(c));
     return rc < 0 ? ctl__fail(c->admin) : 0;
 }
 
@@ -375,7 +386,7 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
     go.timeout_ms = (uint32_t)c->timeout_ms;
 
     river_client_t *cl;
-    if (river_client_new(&cl, c->endpoint) < 0)
+    if (river_client_new_secure(&cl, c->endpoint, ctl__keys(c)) < 0)
         return ctl__fail(c->endpoint);
     gen_out_t out = {.json = json};
     if (json) {
@@ -445,6 +456,47 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
     return status;
 }
 
+/* ---- keygen ---- */
+
+/* Writes a key pair with CZMQ's zcert: NAME.key, the public half that riverd's auth
+ * directories (or, for riverd's own key, its clients and workers) are given, and
+ * NAME.key_secret, which stays with its owner. */
+static int ctl_keygen(const ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"dir", required_argument, 0, 'd'},
+        {0, 0, 0, 0},
+    };
+    const char *dir = ".";
+    int o;
+    optind = 0; /* 0, not 1: glibc then forgets the "+" mode of the first parse */
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'd': dir = optarg; break;
+        default: return 2;
+        }
+    }
+    if (optind != argc - 1)
+        return 2;
+    const char *name = argv[optind];
+    char pub[KEYS_Z85_LEN + 1];
+    if (keys_generate(dir, name, pub) < 0)
+        return ctl__fail("keygen");
+    if (c->json) {
+        char public_file[4200], secret_file[4200];
+        snprintf(public_file, sizeof public_file, "%s/%s.key", dir, name);
+        snprintf(secret_file, sizeof secret_file, "%s/%s.key_secret", dir, name);
+        ctl__print_json(json_pack("{s:s, s:s, s:s, s:s}", "name", name, "public_key", pub,
+                                  "public_file", public_file, "secret_file", secret_file));
+        return 0;
+    }
+    printf("%s/%s.key         public key %s: give it to riverd (auth.clients, auth.workers "
+           "or auth.admin), or, for riverd's own key, to its clients and workers\n"
+           "%s/%s.key_secret  secret key (mode 0600): it stays where it is\n",
+           dir, name, pub, dir, name);
+    return 0;
+}
+
 /* ---- Commands ---- */
 
 static const struct {
@@ -458,6 +510,7 @@ static const struct {
     {"scale", "scale N", ctl_scale},
     {"reload", "reload", ctl_reload},
     {"metrics", "metrics", ctl_metrics},
+    {"keygen", "keygen NAME [--dir DIR]", ctl_keygen},
     {"generate",
      "generate PROMPT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
      "                   [--stop S]... [--session ID] [--deadline MS] [--ignore-eos]\n"
@@ -467,19 +520,26 @@ static const struct {
 
 static void ctl__usage(FILE *f)
 {
-    fprintf(f, "usage: riverctl [--endpoint E] [--admin E] [--timeout MS] [--output text|json] "
-               "COMMAND\n"
-               "  --endpoint E  riverd's client endpoint ($RIVER_ENDPOINT, default %s)\n"
-               "  --admin E     riverd's admin endpoint ($RIVER_ADMIN, default %s)\n"
-               "  --timeout MS  give up when riverd says nothing for this long (default: %d\n"
-               "                for generate, %d for the admin commands)\n"
+    fprintf(f, "usage: riverctl [--endpoint E] [--admin E] [--key F --server-key F] [--timeout MS]\n"
+               "                [--output text|json] COMMAND\n"
+               "  --endpoint E      riverd's client endpoint ($RIVER_ENDPOINT, default %s)\n"
+               "  --admin E         riverd's admin endpoint ($RIVER_ADMIN, default %s)\n"
+               "  --key F           this client's secret key, NAME.key_secret ($RIVER_KEY), for\n"
+               "                    a riverd with auth.mode curve: its NAME.key must be in\n"
+               "                    riverd's auth.admin (admin commands) or auth.clients\n"
+               "                    (generate)\n"
+               "  --server-key F    riverd's public key, riverd.key ($RIVER_SERVER_KEY)\n"
+               "  --timeout MS      give up when riverd says nothing for this long (default: %d\n"
+               "                    for generate, %d for the admin commands)\n"
                "commands:\n",
             CTL_ENDPOINT_DEFAULT, CTL_ADMIN_DEFAULT, CTL_TIMEOUT_DEFAULT_MS,
             CTL_ADMIN_TIMEOUT_DEFAULT_MS);
     for (size_t i = 0; i < sizeof ctl__commands / sizeof ctl__commands[0]; i++)
         fprintf(f, "  riverctl %s\n", ctl__commands[i].usage);
     fprintf(f, "generate streams the text as it arrives; --output json prints "
-               "{\"ids\":[...],\"exit_layers\":[...],\"text\":...} at the end.\n");
+               "{\"ids\":[...],\"exit_layers\":[...],\"text\":...} at the end.\n"
+               "keygen writes DIR/NAME.key (public) and DIR/NAME.key_secret (secret, mode 0600)\n"
+               "and never replaces a key.\n");
 }
 
 int main(int argc, char **argv)
@@ -487,6 +547,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"endpoint", required_argument, 0, 'e'}, {"admin", required_argument, 0, 'a'},
         {"timeout", required_argument, 0, 't'},  {"output", required_argument, 0, 'o'},
+        {"key", required_argument, 0, 'k'},      {"server-key", required_argument, 0, 's'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
     };
     ctl_t c = {
@@ -494,6 +555,7 @@ int main(int argc, char **argv)
         .admin = getenv("RIVER_ADMIN") ? getenv("RIVER_ADMIN") : CTL_ADMIN_DEFAULT,
         .timeout_ms = CTL_TIMEOUT_DEFAULT_MS,
         .admin_timeout_ms = CTL_ADMIN_TIMEOUT_DEFAULT_MS,
+        .keys = {.secret_key = getenv("RIVER_KEY"), .server_key = getenv("RIVER_SERVER_KEY")},
     };
     int o;
     uint32_t t;
@@ -502,6 +564,8 @@ int main(int argc, char **argv)
         switch (o) {
         case 'e': c.endpoint = optarg; break;
         case 'a': c.admin = optarg; break;
+        case 'k': c.keys.secret_key = optarg; break;
+        case 's': c.keys.server_key = optarg; break;
         case 't':
             if (ctl__parse_u32(optarg, &t) || t == 0 || t > INT32_MAX) {
                 ctl__usage(stderr);
@@ -522,6 +586,16 @@ int main(int argc, char **argv)
     }
     if (optind >= argc) {
         ctl__usage(stderr);
+        return 2;
+    }
+    /* An empty variable counts as unset; one key without the other is a mistake. */
+    if (c.keys.secret_key && !c.keys.secret_key[0])
+        c.keys.secret_key = NULL;
+    if (c.keys.server_key && !c.keys.server_key[0])
+        c.keys.server_key = NULL;
+    if (!c.keys.secret_key != !c.keys.server_key) {
+        fprintf(stderr, "riverctl: --key and --server-key go together (a secret key of this "
+                        "client and riverd's public key)\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof ctl__commands / sizeof ctl__commands[0]; i++) {

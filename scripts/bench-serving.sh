@@ -32,6 +32,7 @@ endpoints:
   admin: "ipc://$tmp/admin"
   metrics_port: 0
 log_level: warn
+auth: {mode: plain}         # the measurement is of the engine, on a private directory
 YAML
 cat > "$tmp/worker.yaml" <<YAML
 riverd: "ipc://$tmp/workers"
@@ -41,6 +42,7 @@ $tokyaml
 threads: $threads
 max_seqs: 1
 log_level: warn
+auth: {mode: plain}
 YAML
 "$bin/riverd" --config "$tmp/riverd.yaml" &
 rd_pid=$!

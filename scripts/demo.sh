@@ -2,7 +2,8 @@
 # The main job, served: start riverd and one river-worker on the bundled real model
 # (TinyStories-656K, from its Hugging Face safetensors and tokenizer.json), send a prompt
 # with riverctl, show the streamed answer, then stop both daemons. Everything listens on
-# ipc:// sockets in a temporary directory, so nothing is left behind.
+# ipc:// sockets in a temporary directory, so nothing is left behind. The three talk
+# CurveZMQ, with keys riverctl keygen makes there, as they would on a real deployment.
 set -eu
 cd "$(dirname "$0")/.."
 bin=${BUILD:-build}/bin
@@ -22,6 +23,17 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+echo "== keys: riverd's, the worker's and riverctl's (riverctl keygen)"
+"$bin/riverctl" keygen riverd --dir "$tmp/keys" > /dev/null
+"$bin/riverctl" keygen demo-worker --dir "$tmp/worker" > /dev/null
+"$bin/riverctl" keygen demo-client --dir "$tmp/client" > /dev/null
+# riverd is given the public halves: the worker's key may join as a worker, the client's
+# may generate and run the admin commands. The secret halves stay where they were made.
+mkdir "$tmp/keys/clients" "$tmp/keys/workers" "$tmp/keys/admin"
+cp "$tmp/worker/demo-worker.key" "$tmp/keys/workers/"
+cp "$tmp/client/demo-client.key" "$tmp/keys/clients/"
+cp "$tmp/client/demo-client.key" "$tmp/keys/admin/"
+
 cat > "$tmp/riverd.yaml" <<YAML
 endpoints:
   clients: ["ipc://$tmp/clients"]
@@ -29,6 +41,12 @@ endpoints:
   admin: "ipc://$tmp/admin"
   metrics_port: 0
 log_level: warn
+auth:                       # paths relative to this file
+  mode: curve
+  secret_key: keys/riverd.key_secret
+  clients: keys/clients
+  workers: keys/workers
+  admin: keys/admin
 YAML
 cat > "$tmp/worker.yaml" <<YAML
 riverd: "ipc://$tmp/workers"
@@ -36,6 +54,9 @@ id: demo-worker
 model: "$model"
 threads: 1
 log_level: warn
+auth:
+  secret_key: worker/demo-worker.key_secret
+  server_key: keys/riverd.key
 YAML
 
 echo "== starting riverd and a river-worker on $model"
@@ -44,6 +65,7 @@ rd_pid=$!
 "$bin/river-worker" --config "$tmp/worker.yaml" &
 wk_pid=$!
 export RIVER_ENDPOINT="ipc://$tmp/clients" RIVER_ADMIN="ipc://$tmp/admin"
+export RIVER_KEY="$tmp/client/demo-client.key_secret" RIVER_SERVER_KEY="$tmp/keys/riverd.key"
 i=0
 until "$bin/riverctl" workers 2>/dev/null | grep -q demo-worker; do
     i=$((i + 1))

@@ -92,7 +92,12 @@ START_TEST(test_defaults)
     ck_assert_int_eq(r->drain_timeout_ms, 30000);
     ck_assert_int_eq(r->local_workers.n, 0);
     ck_assert_int_eq(r->log_level, CONFIG_LOG_INFO);
-    ck_assert(r->plain_mode);
+    /* Authentication is on unless a file says otherwise. */
+    ck_assert_int_eq(r->auth_mode, CONFIG_AUTH_CURVE);
+    ck_assert_str_eq(r->auth_secret_key, "keys/riverd.key_secret");
+    ck_assert_str_eq(r->auth_clients, "keys/clients");
+    ck_assert_str_eq(r->auth_workers, "keys/workers");
+    ck_assert_str_eq(r->auth_admin, "keys/admin");
     config_free(&config_schema_riverd, r);
     ck_assert_ptr_null(r->admin);
 
@@ -110,6 +115,9 @@ START_TEST(test_defaults)
         ck_assert_double_eq(c.w.exit_theta, 0.5);
         ck_assert_int_eq(c.w.exit_aggregation, EXIT_AGG_MIN);
         ck_assert_int_eq(c.w.max_batch_rows, 64);
+        ck_assert_int_eq(c.w.auth_mode, CONFIG_AUTH_CURVE);
+        ck_assert_str_eq(c.w.auth_secret_key, "keys/worker.key_secret");
+        ck_assert_str_eq(c.w.auth_server_key, "keys/riverd.key");
         config_free(&config_schema_worker, &c);
     }
 }
@@ -135,7 +143,7 @@ static const char *riverd_custom =
     "    config: /etc/river/full.yaml\n"
     "  - {config: \"/etc/river/river half.yaml\"}\n"
     "log_level: debug\n"
-    "plain_mode: yes\n";
+    "auth: {mode: plain, clients: /etc/river/keys/c}\n";
 
 START_TEST(test_values)
 {
@@ -164,7 +172,9 @@ START_TEST(test_values)
     ck_assert_int_eq(lw[1].count, 1); /* the item default */
     ck_assert_str_eq(lw[1].config, "/etc/river/river half.yaml");
     ck_assert_int_eq(r->log_level, CONFIG_LOG_DEBUG);
-    ck_assert(r->plain_mode);
+    ck_assert_int_eq(r->auth_mode, CONFIG_AUTH_PLAIN);
+    ck_assert_str_eq(r->auth_clients, "/etc/river/keys/c");
+    ck_assert_str_eq(r->auth_workers, "keys/workers");
 
     /* What config_write makes loads back to the same configuration. */
     char *a = written(&config_schema_riverd, r);
@@ -265,8 +275,8 @@ START_TEST(test_wrong_type)
                  "expected an integer");
     expect_error(rd, "queue_length:\n", "cfg.yaml:1:", "queue_length", "got no value");
     expect_error(rd, "queue_length: [1]\n", "cfg.yaml:1:15:", "queue_length", "got a list");
-    expect_error(rd, "plain_mode: maybe\n", "cfg.yaml:1:13:", "plain_mode",
-                 "expected true or false, got 'maybe'");
+    expect_error(rd, "auth:\n  mode: maybe\n", "cfg.yaml:2:9:", "auth.mode",
+                 "expected curve or plain, got 'maybe'");
     expect_error(rd, "heartbeat:\n  interval: 5\n", "cfg.yaml:2:13:", "heartbeat.interval",
                  "expected a duration such as 250ms, 2s, 5m or 1h, in [10ms, 1m], got '5'");
     expect_error(rd, "drain_timeout: 30 seconds\n", "cfg.yaml:1:16:", "drain_timeout",

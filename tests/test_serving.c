@@ -10,11 +10,7 @@
  * and the daemon stays up; a bad configuration stops riverd with file:line:column. */
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
-#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,12 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -35,6 +29,7 @@
 #include "client/river_client.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define TS_FAST_MODEL TEST_DATA "/tinystories-656k" /* ~10k tokens/s on one thread */
@@ -49,80 +44,6 @@ static const char *const ts_prompts[] = {
     "One day, a big bear",
 };
 #define TS_N_PROMPTS ((int)(sizeof ts_prompts / sizeof ts_prompts[0]))
-
-/* ---- Time, paths, processes ---- */
-
-static double ts_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void ts_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
-    }
-}
-
-
-static const char *ts_abs(const char *rel)
-{
-    static char out[4][PATH_MAX];
-    static int k;
-    char *p = out[k++ % 4];
-    ck_assert_msg(realpath(rel, p), "%s: %s", rel, strerror(errno));
-    return p;
-}
-
-/* Runs argv with stdout (and stderr when `merge`) into a malloc'd string; returns the
- * exit status (128 + signal when killed). */
-static int ts_capture(char *const argv[], char **out, int merge)
-{
-    int fd[2];
-    ck_assert_int_eq(pipe(fd), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        if (merge)
-            dup2(fd[1], 2);
-        close(fd[0]);
-        close(fd[1]);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while ((r = read(fd[0], buf + len, cap - len - 1)) != 0) {
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        len += (size_t)r;
-        if (cap - len < 1024)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    close(fd[0]);
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void ts_write(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    ck_assert_int_eq(fclose(f), 0);
-}
 
 /* ---- The expected completions: `river run --output json` in-process ---- */
 
@@ -142,7 +63,7 @@ static void ts_expect(const char *model, const char *prompt, int max_tokens, int
                     (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
                     ignore_eos ? "--ignore-eos" : NULL, NULL};
     char *out;
-    ck_assert_int_eq(ts_capture(argv, &out, 0), 0);
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
     json_error_t je;
     json_t *o = json_loads(out, 0, &je);
     ck_assert_msg(o, "river run output: %.300s", out);
@@ -200,32 +121,13 @@ static void ts_write_config(ts_srv_t *s, const char *extra)
              "heartbeat:\n"
              "  interval: %dms\n"
              "  liveness: %d\n"
+             "auth:\n"
+             "  mode: plain\n" /* tests/test_auth.c covers CURVE */
              "%s%s",
              s->clients, s->workers, s->admin, s->o.metrics_port,
              s->o.heartbeat_ms ? s->o.heartbeat_ms : 200, s->o.liveness ? s->o.liveness : 3,
              local, extra ? extra : "");
-    ts_write(s->cfg, y);
-}
-
-static pid_t ts_spawn(char *const argv[], const char *log, const char *const *env)
-{
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        /* Nothing outlives the test, even one that fails half-way. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        for (int i = 0; env && env[i]; i++)
-            putenv((char *)env[i]);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
+    test_write(s->cfg, y);
 }
 
 static pid_t ts_start_worker(ts_srv_t *s, const char *id)
@@ -234,7 +136,7 @@ static pid_t ts_start_worker(ts_srv_t *s, const char *id)
     snprintf(log, sizeof log, "%s/%s.log", s->dir, id);
     char *argv[] = {(char *)test_bin("river-worker"), "--config", s->wcfg, "--id", (char *)id,
                     NULL};
-    return ts_spawn(argv, log, NULL);
+    return test_spawn(argv, log, NULL);
 }
 
 static int ts_ready_workers(const ts_srv_t *s)
@@ -250,11 +152,11 @@ static int ts_ready_workers(const ts_srv_t *s)
 /* Polls cond(s) every 20 ms for up to ms; true when it held. */
 static int ts_wait_ready_n(const ts_srv_t *s, int n, int ms)
 {
-    double until = ts_now() + ms / 1000.0;
-    while (ts_now() < until) {
+    double until = test_now() + ms / 1000.0;
+    while (test_now() < until) {
         if (ts_ready_workers(s) == n)
             return 1;
-        ts_sleep_ms(20);
+        test_sleep_ms(20);
     }
     return 0;
 }
@@ -271,15 +173,16 @@ static void ts_start(ts_srv_t *s, const ts_opts_t *o, const char *const *env)
     snprintf(s->admin, sizeof s->admin, "ipc://%s/admin.sock", s->dir);
     char w[2048];
     snprintf(w, sizeof w,
-             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nmax_seqs: %d\nlog_level: warn\n",
-             s->workers, ts_abs(o->model ? o->model : TS_FAST_MODEL),
+             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nmax_seqs: %d\nlog_level: warn\n"
+             "auth: {mode: plain}\n",
+             s->workers, test_abs_path(o->model ? o->model : TS_FAST_MODEL),
              o->max_seqs ? o->max_seqs : 16);
-    ts_write(s->wcfg, w);
+    test_write(s->wcfg, w);
     ts_write_config(s, o->extra);
     char log[400];
     snprintf(log, sizeof log, "%s/riverd.log", s->dir);
     char *argv[] = {(char *)test_bin("riverd"), "--config", s->cfg, NULL};
-    s->pid = ts_spawn(argv, log, env);
+    s->pid = test_spawn(argv, log, env);
     for (int i = 0; i < o->external; i++) {
         char id[32];
         snprintf(id, sizeof id, "ext-%d", i);
@@ -290,54 +193,21 @@ static void ts_start(ts_srv_t *s, const ts_opts_t *o, const char *const *env)
                       "workers did not get ready; see %s", log);
 }
 
-/* Whether pid ended within ms (reaped); *status receives its wait status. */
-static int ts_wait_exit(pid_t pid, int ms, int *status)
-{
-    double until = ts_now() + ms / 1000.0;
-    do {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            if (status)
-                *status = st;
-            return 1;
-        }
-        ts_sleep_ms(10);
-    } while (ts_now() < until);
-    return 0;
-}
-
-static int ts_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
-/* Removes this test's temporary directory (kept when a test fails: its logs tell why). */
-static void ts_cleanup(void)
-{
-    nftw(test_tmpdir(), ts_rm, 8, FTW_DEPTH | FTW_PHYS);
-}
-
 static void ts_stop(ts_srv_t *s)
 {
     for (int i = 0; i < s->n_ext; i++)
-        if (s->ext[i] > 0) {
-            kill(s->ext[i], SIGKILL);
-            waitpid(s->ext[i], NULL, 0);
-        }
+        test_kill(&s->ext[i], SIGKILL);
     if (s->pid > 0) {
         kill(s->pid, SIGTERM);
         int st = 0;
-        int ended = ts_wait_exit(s->pid, 10000, &st);
-        if (!ended) {
-            kill(s->pid, SIGKILL);
-            waitpid(s->pid, NULL, 0);
-        }
+        int ended = test_wait_exit(s->pid, 10000, &st);
+        if (!ended)
+            test_kill(&s->pid, SIGKILL);
         ck_assert_msg(ended, "riverd did not stop on SIGTERM");
         ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d", st);
     }
     s->pid = 0;
-    ts_cleanup();
+    test_remove_tree(test_tmpdir());
 }
 
 /* ---- Streams ---- */
@@ -442,7 +312,7 @@ static double ts_load(const char *endpoint, int n, ts_stream_t *streams, const t
 {
     ts_job_t *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
-    double t0 = ts_now();
+    double t0 = test_now();
     for (int i = 0; i < n; i++) {
         memset(&streams[i], 0, sizeof streams[i]);
         streams[i].want = &want[i % TS_N_PROMPTS];
@@ -459,7 +329,7 @@ static double ts_load(const char *endpoint, int n, ts_stream_t *streams, const t
         pthread_join(th[i], NULL);
         ck_assert_msg(jobs[i].rc >= 0, "client %d: %s", i, river_err_detail());
     }
-    double dt = ts_now() - t0;
+    double dt = test_now() - t0;
     free(jobs);
     free(th);
     return dt;
@@ -478,16 +348,16 @@ static river_worker_info_t *ts_workers(const ts_srv_t *s, size_t *n)
 /* Polls the first worker's free KV pages until they are `total` (2 s at most). */
 static uint32_t ts_wait_kv_free(const ts_srv_t *s, uint32_t total)
 {
-    double until = ts_now() + 2;
+    double until = test_now() + 2;
     uint32_t free_now = 0;
     size_t nw;
-    while (ts_now() < until) {
+    while (test_now() < until) {
         river_worker_info_t *w = ts_workers(s, &nw);
         free_now = nw ? w[0].kv_pages_free : 0;
         free(w);
         if (free_now == total)
             break;
-        ts_sleep_ms(20);
+        test_sleep_ms(20);
     }
     return free_now;
 }
@@ -521,7 +391,7 @@ START_TEST(test_greedy_matches_engine)
         char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
                         (char *)ts_prompts[p], "--max-tokens", "80", "--output", "json", NULL};
         char *out;
-        ck_assert_int_eq(ts_capture(argv, &out, 0), 0);
+        ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
         json_error_t je;
         json_t *j = json_loads(out, 0, &je);
         ck_assert_msg(j, "riverctl output: %.300s", out);
@@ -539,7 +409,7 @@ START_TEST(test_greedy_matches_engine)
     char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
                     (char *)ts_prompts[0], "--max-tokens", "40", NULL};
     char *out;
-    ck_assert_int_eq(ts_capture(argv, &out, 0), 0);
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
     ck_assert_uint_eq(strlen(out), strlen(want.text) + 1);
     ck_assert_int_eq(strncmp(out, want.text, strlen(want.text)), 0);
     free(out);
@@ -553,9 +423,9 @@ START_TEST(test_greedy_matches_engine)
     o.max_tokens = 400;
     o.ignore_eos = 1;
     river_result_t res;
-    double t0 = ts_now();
+    double t0 = test_now();
     ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &ls, &res), 0);
-    double dt = ts_now() - t0;
+    double dt = test_now() - t0;
     ts_check_complete(&ls, "long stream");
     printf("serving: one stream of %zu tokens: %.0f tokens/s through riverd, %.0f tokens/s "
            "decode in-process (river run)\n",
@@ -566,7 +436,7 @@ START_TEST(test_greedy_matches_engine)
     const char *cmds[] = {"status", "workers", "metrics"};
     for (size_t i = 0; i < 3; i++) {
         char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, (char *)cmds[i], NULL};
-        ck_assert_int_eq(ts_capture(av, &out, 0), 0);
+        ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
         ck_assert_uint_gt(strlen(out), 10);
         free(out);
     }
@@ -607,14 +477,14 @@ START_TEST(test_concurrent_clients)
     river_admin_destroy(&a);
     ck_assert(ts_wait_ready_n(&s, 1, 5000));
     /* The retired worker drains and leaves the table. */
-    double until = ts_now() + 5;
+    double until = test_now() + 5;
     do {
         w = ts_workers(&s, &nw);
         free(w);
         if (nw == 1)
             break;
-        ts_sleep_ms(50);
-    } while (ts_now() < until);
+        test_sleep_ms(50);
+    } while (test_now() < until);
     ck_assert_uint_eq(nw, 1);
 
     double one = ts_load(s.clients, N, streams, want, TOKENS, 1, NULL);
@@ -659,14 +529,12 @@ START_TEST(test_kill_worker_midstream)
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
     /* Kill once every stream is well under way. */
-    double until = ts_now() + 20;
-    while (atomic_load(&progress) < N * TOKENS / 4 && ts_now() < until)
-        ts_sleep_ms(5);
+    double until = test_now() + 20;
+    while (atomic_load(&progress) < N * TOKENS / 4 && test_now() < until)
+        test_sleep_ms(5);
     long at_kill = atomic_load(&progress);
     ck_assert_int_lt(at_kill, N * TOKENS);
-    ck_assert_int_eq(kill(s.ext[0], SIGKILL), 0);
-    waitpid(s.ext[0], NULL, 0);
-    s.ext[0] = 0;
+    test_kill(&s.ext[0], SIGKILL);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
     int complete = 0;
@@ -684,7 +552,7 @@ START_TEST(test_kill_worker_midstream)
     ck_assert_int_eq(complete, N);
     char *out;
     char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
-    ck_assert_int_eq(ts_capture(av, &out, 0), 0);
+    ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
     /* At least the killed one; a worker that was only slow may have been counted too. */
     long deaths = 0, moved = 0;
     const char *p = strstr(out, "\nriver_worker_deaths_total ");
@@ -723,9 +591,7 @@ START_TEST(test_no_worker_unavailable)
     ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st, NULL), 0);
     while (st.n_ids < 20 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ck_assert_int_eq(kill(s.ext[0], SIGKILL), 0);
-    waitpid(s.ext[0], NULL, 0);
-    s.ext[0] = 0;
+    test_kill(&s.ext[0], SIGKILL);
     while (!st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     ts_check_prefix(&st, "orphaned stream");
@@ -805,13 +671,13 @@ START_TEST(test_cancel_frees_kv)
     river_admin_t *a;
     ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
     river_status_t rs;
-    double until = ts_now() + 2;
+    double until = test_now() + 2;
     do {
         ck_assert_int_eq(river_admin_status(a, &rs), 0);
         if (rs.running == 0)
             break;
-        ts_sleep_ms(20);
-    } while (ts_now() < until);
+        test_sleep_ms(20);
+    } while (test_now() < until);
     ck_assert_uint_eq(rs.running, 0);
     river_admin_destroy(&a);
     ts_stop(&s);
@@ -835,9 +701,9 @@ START_TEST(test_deadline)
     o.deadline_ms = 40;
     o.timeout_ms = 10000;
     river_result_t res;
-    double t0 = ts_now();
+    double t0 = test_now();
     ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &st, &res), RIVER_EPROTO);
-    double dt = ts_now() - t0;
+    double dt = test_now() - t0;
     ck_assert_int_eq(res.code, RIVER_CODE_DEADLINE_EXCEEDED);
     ts_check_prefix(&st, "deadline stream");
     ck_assert_uint_lt(st.n_ids, want.n);
@@ -872,7 +738,7 @@ START_TEST(test_shutdown_drains)
     while (st.n_ids < 5 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     ck_assert_int_eq(kill(s.pid, SIGTERM), 0);
-    ts_sleep_ms(20);
+    test_sleep_ms(20);
     ts_stream_t late = {.want = &want};
     o.max_tokens = 5;
     ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &late, NULL), 0);
@@ -883,11 +749,11 @@ START_TEST(test_shutdown_drains)
     ck_assert_int_eq(late.code, RIVER_CODE_UNAVAILABLE);
     river_client_destroy(&c);
     int status = -1;
-    ck_assert_msg(ts_wait_exit(s.pid, 5000, &status), "riverd did not exit after the drain");
+    ck_assert_msg(test_wait_exit(s.pid, 5000, &status), "riverd did not exit after the drain");
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     s.pid = 0;
     /* The worker was told to drain and left too. */
-    ck_assert(ts_wait_exit(s.ext[0], 5000, &status));
+    ck_assert(test_wait_exit(s.ext[0], 5000, &status));
     s.ext[0] = 0;
     ts_stop(&s);
 }
@@ -964,9 +830,9 @@ START_TEST(test_limits_and_queue)
     o.timeout_ms = 10000;
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st[i], idv[i]), 0);
-    double until = ts_now() + 10;
+    double until = test_now() + 10;
     int exhausted = -1;
-    while (exhausted < 0 && ts_now() < until) {
+    while (exhausted < 0 && test_now() < until) {
         river_client_poll(c, 100);
         for (int i = 0; i < 4; i++)
             if (st[i].ended && st[i].end == RIVER_EVENT_ERROR) {
@@ -1019,7 +885,7 @@ START_TEST(test_bad_frames)
         const char *expect;
     } bad[] = {
         {garbage, sizeof garbage, ""},
-        {big, sizeof big, "over the limit of 4096"},
+        {big, sizeof big, "over the limit of 4096 bytes (limits.max_frame_bytes)"},
         {unknown, sizeof unknown, ""},
         {"", 0, ""},
         {bad_utf8, sizeof bad_utf8, "UTF-8"},
@@ -1138,10 +1004,10 @@ START_TEST(test_bad_config)
         {"queue_lenght: 10\n", ":1:1: key 'queue_lenght'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ts_write(path, cases[i].yaml);
+        test_write(path, cases[i].yaml);
         char *argv[] = {(char *)test_bin("riverd"), "--config", path, NULL};
         char *out;
-        int rc = ts_capture(argv, &out, 1);
+        int rc = test_capture(argv, NULL, 1, &out);
         ck_assert_int_eq(rc, 78); /* EX_CONFIG */
         char want[512];
         snprintf(want, sizeof want, "%s%s", path, cases[i].expect);
@@ -1153,7 +1019,7 @@ START_TEST(test_bad_config)
                       out);
         free(out);
     }
-    ts_cleanup();
+    test_remove_tree(test_tmpdir());
 }
 END_TEST
 
@@ -1182,12 +1048,12 @@ START_TEST(test_drain_worker)
         jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
-    double until = ts_now() + 10;
-    while (atomic_load(&progress) < N * 10 && ts_now() < until)
-        ts_sleep_ms(5);
+    double until = test_now() + 10;
+    while (atomic_load(&progress) < N * 10 && test_now() < until)
+        test_sleep_ms(5);
     char *out;
     char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "drain", "ext-0", NULL};
-    ck_assert_int_eq(ts_capture(av, &out, 1), 0);
+    ck_assert_int_eq(test_capture(av, NULL, 1, &out), 0);
     free(out);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
@@ -1198,18 +1064,18 @@ START_TEST(test_drain_worker)
     }
     /* The drained worker exits by itself, cleanly. */
     int st = -1;
-    ck_assert_msg(ts_wait_exit(s.ext[0], 5000, &st), "drained worker did not exit");
+    ck_assert_msg(test_wait_exit(s.ext[0], 5000, &st), "drained worker did not exit");
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     s.ext[0] = 0;
     /* ...and leaves the table; new work goes to the other. */
     size_t nw = 0;
-    until = ts_now() + 3;
+    until = test_now() + 3;
     do {
         free(ts_workers(&s, &nw));
         if (nw == 1)
             break;
-        ts_sleep_ms(50);
-    } while (ts_now() < until);
+        test_sleep_ms(50);
+    } while (test_now() < until);
     ck_assert_uint_eq(nw, 1);
     river_worker_info_t *w = ts_workers(&s, &nw);
     ck_assert_str_eq(w[0].id, "ext-1");
@@ -1306,10 +1172,10 @@ START_TEST(test_supervision)
     pid_t victim = kids[0];
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
     /* Its death is seen at once (SIGCHLD), and a new process takes its slot. */
-    double until = ts_now() + 5;
+    double until = test_now() + 5;
     int back = 0;
-    while (!back && ts_now() < until) {
-        ts_sleep_ms(50);
+    while (!back && test_now() < until) {
+        test_sleep_ms(50);
         int n = ts_children(s.pid, kids, 8);
         back = n == 2 && kids[0] != victim && kids[1] != victim && ts_ready_workers(&s) == 2;
     }
@@ -1326,18 +1192,18 @@ START_TEST(test_supervision)
 
     char *out;
     char *up[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "3", NULL};
-    ck_assert_int_eq(ts_capture(up, &out, 1), 0);
+    ck_assert_int_eq(test_capture(up, NULL, 1, &out), 0);
     free(out);
     ck_assert(ts_wait_ready_n(&s, 3, 5000));
     ck_assert_int_eq(ts_children(s.pid, kids, 8), 3);
     char *down[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "1", NULL};
-    ck_assert_int_eq(ts_capture(down, &out, 1), 0);
+    ck_assert_int_eq(test_capture(down, NULL, 1, &out), 0);
     free(out);
     ck_assert(ts_wait_ready_n(&s, 1, 5000));
-    until = ts_now() + 5;
+    until = test_now() + 5;
     int n_kids = -1;
-    while (ts_now() < until && (n_kids = ts_children(s.pid, kids, 8)) != 1)
-        ts_sleep_ms(50);
+    while (test_now() < until && (n_kids = ts_children(s.pid, kids, 8)) != 1)
+        test_sleep_ms(50);
     ck_assert_int_eq(n_kids, 1);
     ts_stop(&s);
 }
@@ -1374,11 +1240,11 @@ START_TEST(test_reload)
     /* SIGHUP does the same. */
     ts_write_config(&s, "queue_length: 9\n");
     ck_assert_int_eq(kill(s.pid, SIGHUP), 0);
-    double until = ts_now() + 3;
+    double until = test_now() + 3;
     do {
-        ts_sleep_ms(20);
+        test_sleep_ms(20);
         ck_assert_int_eq(river_admin_status(a, &st), 0);
-    } while (st.queue_capacity != 9 && ts_now() < until);
+    } while (st.queue_capacity != 9 && test_now() < until);
     ck_assert_uint_eq(st.queue_capacity, 9);
 
     /* A broken file: an error with the place, and the old values stay. */
@@ -1413,8 +1279,8 @@ START_TEST(test_systemd_notify)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 1}, env);
     int ready = 0, status = 0, watchdog = 0;
-    double until = ts_now() + 3;
-    while (ts_now() < until && !(ready && status && watchdog >= 3)) {
+    double until = test_now() + 3;
+    while (test_now() < until && !(ready && status && watchdog >= 3)) {
         char buf[1024];
         ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
         if (n <= 0)

@@ -1,20 +1,16 @@
 /* The split pair as processes (DESIGN.md §1, workers/pair.h): a real backbone worker and a
  * real river worker on kjv-12l (12 layers) with the boundary at layer 6, sharing one KV
  * pool, against one role-full worker with the same configuration. This test plays riverd
- * with a ZMQ ROUTER as tests/test_worker.c does (its small helpers are copied here), and
- * plays a river worker itself to check the backbone's side of the protocol: refused
- * hellos, layers computed bit for bit as in this process, round-trip times, liveness.
+ * with a ZMQ ROUTER as tests/test_worker.c does (both use tests/fakerd.h), and plays a
+ * river worker itself to check the backbone's side of the protocol: refused hellos,
+ * layers computed bit for bit as in this process, round-trip times, liveness.
  * The engine's seams (a shared pool mapped twice, a remote for the deep layers) are
  * checked in this process first. */
 #include <fcntl.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -27,6 +23,8 @@
 #include "engine/river.h"
 #include "kernels/cpu/cpu.h"
 #include "proto/river_pair.pb-c.h"
+#include "tests/fakerd.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define KJV TEST_DATA "/kjv-12l"
@@ -35,72 +33,6 @@
 /* Cosine threshold that, on kjv-12l with an 8-bit river and min aggregation over three
  * decoding rows, exits tokens both before and after layer 6. */
 #define TAU "0.95"
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
-
-/* Starts river-worker on a configuration file; its stderr goes to err_path when given. */
-static pid_t spawn_worker(const char *name, const char *cfg, const char *id,
-                          const char *err_path)
-{
-    const char *path = test_write_tmp(name, cfg, strlen(cfg));
-    ck_assert_ptr_nonnull(path);
-    char cfg_path[512];
-    snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = test_bin("river-worker");
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        /* The worker dies with the test, whatever way the test ends. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(126);
-        if (err_path) {
-            int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-            if (fd < 0 || dup2(fd, 2) < 0)
-                _exit(125);
-        }
-        execl(bin, bin, "--config", cfg_path, "--id", id, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* The exit status of pid within timeout_ms, -1 when it is still running. */
-static int wait_exit(pid_t pid, int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    do {
-        int st;
-        pid_t p = waitpid(pid, &st, WNOHANG);
-        ck_assert_int_ge(p, 0);
-        if (p == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(10);
-    } while (now_ms() < end);
-    return -1;
-}
-
-static void kill_wait(pid_t *pid)
-{
-    if (*pid > 0) {
-        kill(*pid, SIGKILL);
-        waitpid(*pid, NULL, 0);
-        *pid = 0;
-    }
-}
 
 /* A backbone worker at endpoint with `threads` threads. */
 static pid_t start_backbone(const char *endpoint, int threads)
@@ -113,7 +45,7 @@ static pid_t start_backbone(const char *endpoint, int threads)
              KJV, threads, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn", BOUNDARY,
              endpoint);
     snprintf(name, sizeof name, "backbone-%d.yaml", n++);
-    return spawn_worker(name, cfg, "bb", NULL);
+    return wk_spawn(name, cfg, "bb", NULL, NULL);
 }
 
 /* Bytes of kjv-12l's checkpoint resident in process pid (its smaps). */
@@ -136,152 +68,22 @@ static long model_rss_kb(pid_t pid)
     return total;
 }
 
-/* ---- riverd's end of a worker link (from tests/test_worker.c) ---- */
+/* ---- riverd's end of a worker link (tests/fakerd.h) ---- */
 
-typedef struct wk {
-    pid_t pid;
-    void *ctx, *router;
-    uint8_t route[256];
-    size_t route_len;
-    int hb_ms;
-    int64_t last_sent_ms;
-    River__Worker__Capabilities caps;
-} wk_t;
-
-static void wk_send(wk_t *w, River__Worker__DaemonMessage *m)
-{
-    uint8_t *buf;
-    size_t len;
-    ck_assert_int_eq(frame_encode_buf(&m->base, &buf, &len), 0);
-    ck_assert_int_ge(zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE), 0);
-    ck_assert_int_ge(zmq_send(w->router, buf, len, 0), 0);
-    w->last_sent_ms = now_ms();
-    free(buf);
-}
-
-static void wk_send_heartbeat(wk_t *w)
-{
-    River__Worker__DaemonHeartbeat hb = RIVER__WORKER__DAEMON_HEARTBEAT__INIT;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_HEARTBEAT;
-    m.heartbeat = &hb;
-    uint8_t buf[16];
-    size_t len = river__worker__daemon_message__pack(&m, buf);
-    if (zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
-        zmq_send(w->router, buf, len, ZMQ_DONTWAIT);
-    w->last_sent_ms = now_ms();
-}
-
-/* The next frame from the worker within timeout_ms, decoded; NULL on timeout. Sends
- * riverd's heartbeats meanwhile. */
-static River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int64_t now = now_ms();
-        if (w->hb_ms && now - w->last_sent_ms >= w->hb_ms)
-            wk_send_heartbeat(w);
-        if (now >= end)
-            return NULL;
-        int slice = (int)(end - now);
-        if (w->hb_ms && slice > w->hb_ms)
-            slice = w->hb_ms;
-        zmq_pollitem_t it = {.socket = w->router, .events = ZMQ_POLLIN};
-        int rc = zmq_poll(&it, 1, slice);
-        ck_assert_int_ge(rc, 0);
-        if (rc == 0)
-            continue;
-        zmq_msg_t id, body;
-        zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        ck_assert_int_ge(zmq_msg_recv(&id, w->router, 0), 0);
-        ck_assert_int_ge(zmq_msg_recv(&body, w->router, 0), 0);
-        w->route_len = zmq_msg_size(&id);
-        memcpy(w->route, zmq_msg_data(&id), w->route_len);
-        ProtobufCMessage *out;
-        int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &body, 0, &out);
-        ck_assert_msg(e == 0, "undecodable frame from the worker: %s", river_err_detail());
-        zmq_msg_close(&id);
-        zmq_msg_close(&body);
-        return (River__Worker__WorkerMessage *)out;
-    }
-}
-
-static River__Worker__WorkerMessage *wk_expect(wk_t *w, River__Worker__WorkerMessage__KindCase kind,
-                                               int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int left = (int)(end - now_ms());
-        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
-        ck_assert_msg(m != NULL, "no %d message from the worker within %d ms", kind, timeout_ms);
-        if (m->kind_case == kind)
-            return m;
-        ck_assert_msg(m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT,
-                      "expected message kind %d, got %s", kind, frame_case_name(&m->base));
-        frame_free((ProtobufCMessage **)&m);
-    }
-}
-
-/* Binds riverd's end, starts a worker on the base configuration plus `extra`, waits for its
- * Ready (of `role`) and welcomes it. */
+/* Starts a worker on the base configuration plus `extra`, waits for its Ready (of `role`)
+ * and welcomes it. */
 static void wk_start(wk_t *w, const char *extra, River__Worker__Role role)
 {
-    static int n_started;
-    memset(w, 0, sizeof *w);
-    char endpoint[300], name[64], cfg[2048];
-    snprintf(endpoint, sizeof endpoint, "ipc://%s/riverd-%d.sock", test_tmpdir(), n_started);
-    snprintf(name, sizeof name, "worker-%d.yaml", n_started++);
-    snprintf(cfg, sizeof cfg,
-             "riverd: \"%s\"\nmodel: %s\nthreads: 1\nmax_seqs: 4\nmax_batch_rows: 64\n"
-             "prefill_chunk: 32\nlog_level: %s\n%s",
-             endpoint, KJV, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn", extra);
-    w->ctx = zmq_ctx_new();
-    ck_assert_ptr_nonnull(w->ctx);
-    w->router = zmq_socket(w->ctx, ZMQ_ROUTER);
-    int one = 1, zero = 0;
-    zmq_setsockopt(w->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    zmq_setsockopt(w->router, ZMQ_LINGER, &zero, sizeof zero);
-    ck_assert_int_eq(zmq_bind(w->router, endpoint), 0);
-    w->pid = spawn_worker(name, cfg, "w1", NULL);
-    River__Worker__WorkerMessage *m =
-        wk_expect(w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 20000);
+    River__Worker__WorkerMessage *m = wk_launch(w, KJV, 4, extra, 0);
     ck_assert_int_eq(m->ready->role, role);
-    ck_assert_ptr_nonnull(m->ready->capabilities);
-    w->caps = *m->ready->capabilities;
-    w->caps.model = NULL;
     frame_free((ProtobufCMessage **)&m);
-    River__Worker__Welcome wel = RIVER__WORKER__WELCOME__INIT;
-    wel.heartbeat_ms = 100;
-    wel.liveness = 50;
-    River__Worker__DaemonMessage dm = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    dm.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
-    dm.welcome = &wel;
-    wk_send(w, &dm);
-    w->hb_ms = 100;
+    wk_welcome(w, 100, 50);
 }
 
-static void wk_stop(wk_t *w)
+/* A text prompt of max_tokens, ignoring EOS. */
+static void wk_submit_text(wk_t *w, uint64_t id, const char *text, uint32_t max_tokens)
 {
-    kill_wait(&w->pid);
-    zmq_close(w->router);
-    zmq_ctx_term(w->ctx);
-}
-
-static void wk_submit(wk_t *w, uint64_t id, const char *text, uint32_t max_tokens)
-{
-    River__Client__Generate g = RIVER__CLIENT__GENERATE__INIT;
-    g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
-    g.text = (char *)text;
-    g.max_tokens = max_tokens;
-    g.ignore_eos = 1;
-    River__Worker__Submit s = RIVER__WORKER__SUBMIT__INIT;
-    s.request_id = id;
-    s.generate = &g;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
-    m.submit = &s;
-    wk_send(w, &m);
+    wk_submit(w, &(req_t){.id = id, .text = text, .max_tokens = max_tokens, .ignore_eos = 1});
 }
 
 typedef struct stream {
@@ -331,14 +133,14 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
 static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms,
                             size_t until_tokens)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = test_now_ms() + timeout_ms;
     for (;;) {
         int open = 0;
         for (int i = 0; i < n_streams; i++)
             open += !streams[i].ended;
         if (!open || (until_tokens && streams[0].n >= until_tokens))
             return;
-        int left = (int)(end - now_ms());
+        int left = (int)(end - test_now_ms());
         River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
         ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -365,9 +167,9 @@ static void run_prompts(wk_t *w, stream_t *st, uint64_t first_id)
     ck_assert_int_eq(kill(w->pid, SIGSTOP), 0);
     for (int i = 0; i < N_PROMPTS; i++) {
         st[i].id = first_id + (uint64_t)i;
-        wk_submit(w, st[i].id, prompts[i], N_TOKENS);
+        wk_submit_text(w, st[i].id, prompts[i], N_TOKENS);
     }
-    sleep_ms(50);
+    test_sleep_ms(50);
     ck_assert_int_eq(kill(w->pid, SIGCONT), 0);
     streams_collect(w, st, N_PROMPTS, 30000, 0);
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -858,14 +660,14 @@ START_TEST(test_backbone_protocol)
     /* Round trips: one decode row, and a prefill chunk of 32 rows. */
     for (int k = 0; k < 2; k++) {
         int n = k ? 32 : 1, reps = k ? 20 : 200;
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         for (int i = 0; i < reps; i++)
             ck_assert_ptr_null(fr_layer(s, seq++, BOUNDARY, n, pos, table, 2, x, out, dim));
-        double us = (double)(now_ms() - t0) * 1000.0 / reps;
-        int64_t t1 = now_ms();
+        double us = (double)(test_now_ms() - t0) * 1000.0 / reps;
+        int64_t t1 = test_now_ms();
         for (int i = 0; i < reps; i++)
             ck_assert_int_eq(forward_layer_rows(f, local, BOUNDARY, n, pos, tables, ref), 0);
-        double local_us = (double)(now_ms() - t1) * 1000.0 / reps;
+        double local_us = (double)(test_now_ms() - t1) * 1000.0 / reps;
         printf("split pair, kjv-12l layer %d, %d row%s: %.0f us per round trip to the backbone "
                "worker (the layer alone in this process: %.0f us)\n", BOUNDARY, n,
                n > 1 ? "s" : "", us, local_us);
@@ -896,17 +698,17 @@ START_TEST(test_backbone_protocol)
     ck_assert_msg(err && strstr(err, "not paired"), "%s", err ? err : "accepted");
     ck_assert_ptr_null(fr_layer(s2, seq++, BOUNDARY, 1, pos, table, 2, x, out, dim));
     /* A river silent for longer than its hello's liveness (20 ms x 2) is dropped. */
-    sleep_ms(200);
+    test_sleep_ms(200);
     err = fr_layer(s2, seq++, BOUNDARY, 1, pos, table, 2, x, out, dim);
     ck_assert_msg(err && strstr(err, "not paired"), "%s", err ? err : "accepted");
-    ck_assert_int_eq(wait_exit(bb, 10), -1);
+    ck_assert_int_eq(test_wait_code(bb, 10), -1);
 
     forward_destroy(&f);
     kv_pool_destroy(&local);
     zmq_close(s);
     zmq_close(s2);
     fr_close(&r);
-    kill_wait(&bb);
+    test_kill(&bb, SIGKILL);
 }
 END_TEST
 
@@ -948,14 +750,14 @@ START_TEST(test_backbone_notices_river_exit)
     hello_opts_t o = hello_default(&r);
     fr_hello(&r, s, &o);
     expect_error(s, "is paired");
-    kill_wait(&child);
-    int64_t t0 = now_ms();
+    test_kill(&child, SIGKILL);
+    int64_t t0 = test_now_ms();
     fr_hello(&r, s, &o);
     expect_hello_ok(s);
-    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert_int_lt(test_now_ms() - t0, 1000);
     zmq_close(s);
     fr_close(&r);
-    kill_wait(&bb);
+    test_kill(&bb, SIGKILL);
 }
 END_TEST
 
@@ -977,7 +779,7 @@ START_TEST(test_pair_matches_full)
     run_prompts(&w, full, 100);
     memset(&one_full, 0, sizeof one_full);
     one_full.id = 200;
-    wk_submit(&w, 200, prompts[0], 20);
+    wk_submit_text(&w, 200, prompts[0], 20);
     streams_collect(&w, &one_full, 1, 20000, 0);
     ck_assert_int_eq(one_full.ended, 1);
     long rss_full = model_rss_kb(w.pid);
@@ -1020,47 +822,47 @@ START_TEST(test_pair_matches_full)
 
     /* The backbone dies mid-stream: an explicit UNAVAILABLE, promptly. */
     stream_t st = {.id = 300};
-    wk_submit(&w, 300, prompts[1], 300);
+    wk_submit_text(&w, 300, prompts[1], 300);
     streams_collect(&w, &st, 1, 20000, 5);
     ck_assert_int_eq(st.ended, 0);
-    kill_wait(&bb);
-    int64_t t0 = now_ms();
+    test_kill(&bb, SIGKILL);
+    int64_t t0 = test_now_ms();
     streams_collect(&w, &st, 1, 5000, 0);
     ck_assert_int_eq(st.ended, 2);
     ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
     ck_assert_msg(strstr(st.message, "backbone"), "%s", st.message);
-    ck_assert_int_lt(now_ms() - t0, 3000);
+    ck_assert_int_lt(test_now_ms() - t0, 3000);
     /* Nothing new is taken while the backbone is gone. */
     stream_t late = {.id = 301};
-    wk_submit(&w, 301, prompts[2], 5);
+    wk_submit_text(&w, 301, prompts[2], 5);
     streams_collect(&w, &late, 1, 5000, 0);
     ck_assert_int_eq(late.ended, 2);
     ck_assert_int_eq(late.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
 
     /* A new backbone: the river worker pairs again and serves the same tokens. */
     bb = start_backbone(peer, 1);
-    int64_t end = now_ms() + 15000;
+    int64_t end = test_now_ms() + 15000;
     uint64_t id = 400;
     for (;;) {
         memset(&one_pair, 0, sizeof one_pair);
         one_pair.id = id;
-        wk_submit(&w, id++, prompts[0], 20);
+        wk_submit_text(&w, id++, prompts[0], 20);
         streams_collect(&w, &one_pair, 1, 20000, 0);
         if (one_pair.ended == 1)
             break;
         ck_assert_int_eq(one_pair.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
-        ck_assert_msg(now_ms() < end, "the river worker did not pair again: %s",
+        ck_assert_msg(test_now_ms() < end, "the river worker did not pair again: %s",
                       one_pair.message);
-        sleep_ms(200);
+        test_sleep_ms(200);
     }
     ck_assert_uint_eq(one_pair.n, one_full.n);
     for (size_t t = 0; t < one_full.n; t++) {
         ck_assert_int_eq(one_pair.ids[t], one_full.ids[t]);
         ck_assert_int_eq(one_pair.layers[t], one_full.layers[t]);
     }
-    ck_assert_int_eq(wait_exit(w.pid, 10), -1);
+    ck_assert_int_eq(test_wait_code(w.pid, 10), -1);
     wk_stop(&w);
-    kill_wait(&bb);
+    test_kill(&bb, SIGKILL);
     remove(river_file);
 }
 END_TEST
@@ -1074,10 +876,11 @@ START_TEST(test_river_refused_at_start)
     pid_t bb = start_backbone(peer, 1);
     snprintf(cfg, sizeof cfg,
              "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nrole: river\nthreads: 2\n"
-             "split:\n  boundary: %d\n  peer: \"%s\"\n", test_tmpdir(), KJV, BOUNDARY, peer);
+             "auth: {mode: plain}\nsplit:\n  boundary: %d\n  peer: \"%s\"\n", test_tmpdir(),
+             KJV, BOUNDARY, peer);
     snprintf(err_path, sizeof err_path, "%s/river-refused.log", test_tmpdir());
-    pid_t rv = spawn_worker("river-refused.yaml", cfg, "rv", err_path);
-    ck_assert_int_eq(wait_exit(rv, 10000), 1);
+    pid_t rv = wk_spawn("river-refused.yaml", cfg, "rv", err_path, NULL);
+    ck_assert_int_eq(test_wait_code(rv, 10000), 1);
     size_t len;
     char *log = test_read_file(err_path, &len);
     ck_assert_ptr_nonnull(log);
@@ -1086,13 +889,14 @@ START_TEST(test_river_refused_at_start)
     /* A boundary outside the model is a configuration error before any hello. */
     snprintf(cfg, sizeof cfg,
              "model: %s\nrole: backbone\nsplit:\n  boundary: 12\n  peer: \"%s\"\n", KJV, peer);
-    pid_t bad = spawn_worker("backbone-bad.yaml", cfg, "bb2", err_path);
-    ck_assert_int_eq(wait_exit(bad, 10000), 1);
+    snprintf(err_path, sizeof err_path, "%s/backbone-bad.log", test_tmpdir());
+    pid_t bad = wk_spawn("backbone-bad.yaml", cfg, "bb2", err_path, NULL);
+    ck_assert_int_eq(test_wait_code(bad, 10000), 1);
     log = test_read_file(err_path, &len);
     ck_assert_ptr_nonnull(log);
     ck_assert_msg(strstr(log, "split.boundary 12"), "%s", log);
     free(log);
-    kill_wait(&bb);
+    test_kill(&bb, SIGKILL);
 }
 END_TEST
 

@@ -2,8 +2,6 @@
  * temporary configuration and plays riverd's side of the worker link with a ZMQ ROUTER
  * (answering Ready with Welcome, sending heartbeats as riverd does). The tokens that come
  * back are checked against the engine run in this process on the same prompt. */
-#include <errno.h>
-#include <limits.h>
 #include <signal.h>
 #include <poll.h>
 #include <sys/un.h>
@@ -11,9 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -23,6 +18,8 @@
 #include "engine/generate.h"
 #include "engine/river.h"
 #include "kernels/cpu/cpu.h"
+#include "tests/fakerd.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define TINY TEST_DATA "/tinystories-656k"
@@ -30,188 +27,20 @@
 #define STORIES TEST_DATA "/stories260K/stories260K.bin"
 #define MAX_IDS 600
 
-/* ---- The worker process and riverd's end of the link ---- */
-
-typedef struct wk {
-    pid_t pid;
-    void *ctx, *router;
-    uint8_t route[256];   /* the worker's routing id, from its first frame */
-    size_t route_len;
-    int hb_ms;            /* riverd's heartbeat once Welcome was sent; 0: none yet */
-    int silent;           /* 1: riverd sends no heartbeats (the worker should give up) */
-    int64_t last_sent_ms;
-    /* What the worker's heartbeats said last, and how many came. */
-    int heartbeats;
-    River__Worker__Heartbeat last_hb;
-    River__Worker__Capabilities caps; /* from Ready (model string not kept) */
-} wk_t;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-
-static void wk_send_raw(wk_t *w, const void *data, size_t len, int more_parts)
-{
-    ck_assert_uint_gt(w->route_len, 0);
-    ck_assert_int_ge(zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE), 0);
-    if (more_parts)
-        ck_assert_int_ge(zmq_send(w->router, "x", 1, ZMQ_SNDMORE), 0);
-    ck_assert_int_ge(zmq_send(w->router, data, len, 0), 0);
-    w->last_sent_ms = now_ms();
-}
-
-static void wk_send(wk_t *w, River__Worker__DaemonMessage *m)
-{
-    uint8_t *buf;
-    size_t len;
-    ck_assert_int_eq(frame_encode_buf(&m->base, &buf, &len), 0);
-    wk_send_raw(w, buf, len, 0);
-    free(buf);
-}
-
-/* A heartbeat to a worker that may have exited already: a failed send is fine. */
-static void wk_send_heartbeat(wk_t *w)
-{
-    River__Worker__DaemonHeartbeat hb = RIVER__WORKER__DAEMON_HEARTBEAT__INIT;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_HEARTBEAT;
-    m.heartbeat = &hb;
-    uint8_t buf[16];
-    size_t len = river__worker__daemon_message__pack(&m, buf);
-    if (zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
-        zmq_send(w->router, buf, len, ZMQ_DONTWAIT);
-    w->last_sent_ms = now_ms();
-}
-
-/* The next frame from the worker within timeout_ms, decoded; NULL on timeout. Sends
- * riverd's heartbeats meanwhile, as riverd would. */
-static River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int64_t now = now_ms();
-        if (w->hb_ms && !w->silent && now - w->last_sent_ms >= w->hb_ms)
-            wk_send_heartbeat(w);
-        if (now >= end)
-            return NULL;
-        int slice = (int)(end - now);
-        if (w->hb_ms && slice > w->hb_ms)
-            slice = w->hb_ms;
-        zmq_pollitem_t it = {.socket = w->router, .events = ZMQ_POLLIN};
-        int rc = zmq_poll(&it, 1, slice);
-        ck_assert_int_ge(rc, 0);
-        if (rc == 0)
-            continue;
-        zmq_msg_t id, body;
-        zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        ck_assert_int_ge(zmq_msg_recv(&id, w->router, 0), 0);
-        ck_assert_msg(zmq_msg_more(&id), "worker frame without a body");
-        ck_assert_int_ge(zmq_msg_recv(&body, w->router, 0), 0);
-        ck_assert_msg(!zmq_msg_more(&body), "worker message of more than one frame");
-        w->route_len = zmq_msg_size(&id);
-        memcpy(w->route, zmq_msg_data(&id), w->route_len);
-        ProtobufCMessage *out;
-        int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &body, 0, &out);
-        ck_assert_msg(e == 0, "undecodable frame from the worker: %s", river_err_detail());
-        zmq_msg_close(&id);
-        zmq_msg_close(&body);
-        River__Worker__WorkerMessage *m = (River__Worker__WorkerMessage *)out;
-        if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT) {
-            w->heartbeats++;
-            w->last_hb = *m->heartbeat;
-        }
-        return m;
-    }
-}
-
-/* The next message of that kind, skipping heartbeats; fails on anything else. */
-static River__Worker__WorkerMessage *wk_expect(wk_t *w, River__Worker__WorkerMessage__KindCase kind,
-                                               int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    for (;;) {
-        int left = (int)(end - now_ms());
-        River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
-        ck_assert_msg(m != NULL, "no %d message from the worker within %d ms", kind, timeout_ms);
-        if (m->kind_case == kind)
-            return m;
-        ck_assert_msg(m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT,
-                      "expected message kind %d, got %s", kind, frame_case_name(&m->base));
-        frame_free((ProtobufCMessage **)&m);
-    }
-}
-
-static void wk_welcome(wk_t *w, int hb_ms, int liveness)
-{
-    River__Worker__Welcome wel = RIVER__WORKER__WELCOME__INIT;
-    wel.heartbeat_ms = (uint32_t)hb_ms;
-    wel.liveness = (uint32_t)liveness;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
-    m.welcome = &wel;
-    wk_send(w, &m);
-    w->hb_ms = hb_ms;
-}
+/* ---- The worker process (tests/fakerd.h plays riverd's end of the link) ---- */
 
 /* Starts the worker with the base configuration plus `extra` YAML, waits for its Ready
  * (checked) and welcomes it. */
 static void wk_start(wk_t *w, const char *model, int max_seqs, const char *extra, int hb_ms,
                      int liveness)
 {
-    static int n_started;
-    memset(w, 0, sizeof *w);
-    char endpoint[300], name[64], cfg[2048];
-    snprintf(endpoint, sizeof endpoint, "ipc://%s/riverd-%d.sock", test_tmpdir(), n_started);
-    snprintf(name, sizeof name, "worker-%d.yaml", n_started++);
-    snprintf(cfg, sizeof cfg,
-             "riverd: \"%s\"\nmodel: %s\nthreads: 1\nmax_seqs: %d\nmax_batch_rows: 64\n"
-             "prefill_chunk: 32\nlog_level: %s\n%s",
-             endpoint, model, max_seqs, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn",
-             extra ? extra : "");
-    const char *path = test_write_tmp(name, cfg, strlen(cfg));
-    ck_assert_ptr_nonnull(path);
-    char cfg_path[512];
-    snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = test_bin("river-worker");
-
-    w->ctx = zmq_ctx_new();
-    ck_assert_ptr_nonnull(w->ctx);
-    w->router = zmq_socket(w->ctx, ZMQ_ROUTER);
-    int one = 1, zero = 0;
-    /* A worker that reconnects comes back under the same routing id while its old
-     * connection may not be gone yet: the new one must win (riverd does the same). */
-    zmq_setsockopt(w->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    zmq_setsockopt(w->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(w->router, ZMQ_LINGER, &zero, sizeof zero);
-    ck_assert_int_eq(zmq_bind(w->router, endpoint), 0);
-
-    pid_t parent = getpid();
-    w->pid = fork();
-    ck_assert_int_ge(w->pid, 0);
-    if (w->pid == 0) {
-        /* The worker dies with the test, whatever way the test ends. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(126);
-        execl(bin, bin, "--config", cfg_path, "--id", "w1", (char *)NULL);
-        _exit(127);
-    }
-    River__Worker__WorkerMessage *m =
-        wk_expect(w, RIVER__WORKER__WORKER_MESSAGE__KIND_READY, 20000);
+    River__Worker__WorkerMessage *m = wk_launch(w, model, max_seqs, extra, 1);
     const River__Worker__Ready *r = m->ready;
     ck_assert_uint_eq(r->protocol, 1);
     ck_assert_str_eq(r->worker_id, "w1");
     ck_assert_uint_eq(w->route_len, 2);
     ck_assert_int_eq(memcmp(w->route, "w1", 2), 0);
     ck_assert_int_eq(r->role, RIVER__WORKER__ROLE__ROLE_FULL);
-    ck_assert_ptr_nonnull(r->capabilities);
-    w->caps = *r->capabilities;
-    w->caps.model = NULL;
     ck_assert_uint_eq(w->caps.max_seqs, (unsigned)max_seqs);
     ck_assert_uint_eq(w->caps.max_batch, 64);
     ck_assert_uint_gt(w->caps.kv_pages_total, 0);
@@ -220,109 +49,6 @@ static void wk_start(wk_t *w, const char *model, int max_seqs, const char *extra
     ck_assert_uint_eq(w->caps.layer_end, w->caps.n_layers);
     frame_free((ProtobufCMessage **)&m);
     wk_welcome(w, hb_ms, liveness);
-}
-
-/* The worker's exit status within timeout_ms, -1 when it is still running. */
-static int wk_wait_exit(wk_t *w, int timeout_ms)
-{
-    int64_t end = now_ms() + timeout_ms;
-    do {
-        int st;
-        pid_t p = waitpid(w->pid, &st, WNOHANG);
-        ck_assert_int_ge(p, 0);
-        if (p == w->pid) {
-            w->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        struct timespec ts = {0, 10 * 1000000};
-        nanosleep(&ts, NULL);
-    } while (now_ms() < end);
-    return -1;
-}
-
-static void wk_stop(wk_t *w)
-{
-    if (w->pid > 0) {
-        kill(w->pid, SIGKILL);
-        waitpid(w->pid, NULL, 0);
-        w->pid = 0;
-    }
-    zmq_close(w->router);
-    zmq_ctx_term(w->ctx);
-}
-
-/* ---- Requests ---- */
-
-typedef struct req {
-    uint64_t id;
-    const char *text;        /* text prompt, or */
-    const int32_t *ids;      /* token ids */
-    size_t n_ids;
-    uint32_t max_tokens;
-    uint32_t deadline_ms;
-    const int32_t *delivered;
-    size_t n_delivered;
-    int ignore_eos;
-    int bad_count;           /* tokens_delivered disagrees with the ids sent */
-    const char *exit_policy; /* per-request exit override: rule name, or NULL */
-    int exit_layer;          /* per-request fixed exit layer, 0: none */
-} req_t;
-
-static void wk_submit(wk_t *w, const req_t *q)
-{
-    River__Client__Generate g = RIVER__CLIENT__GENERATE__INIT;
-    River__Client__TokenIds tids = RIVER__CLIENT__TOKEN_IDS__INIT;
-    if (q->text) {
-        g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
-        g.text = (char *)q->text;
-    } else if (q->ids) {
-        tids.n_ids = q->n_ids;
-        tids.ids = (int32_t *)q->ids;
-        g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TOKENS;
-        g.tokens = &tids;
-    }
-    g.max_tokens = q->max_tokens;
-    g.deadline_ms = q->deadline_ms;
-    g.ignore_eos = q->ignore_eos;
-    River__Client__ExitOverride x = RIVER__CLIENT__EXIT_OVERRIDE__INIT;
-    if (q->exit_policy || q->exit_layer) {
-        x.policy = (char *)(q->exit_policy ? q->exit_policy : "");
-        if (q->exit_layer) {
-            x.opt_exit_layer_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_EXIT_LAYER_EXIT_LAYER;
-            x.exit_layer = q->exit_layer;
-        }
-        g.exit = &x;
-    }
-    River__Worker__Submit s = RIVER__WORKER__SUBMIT__INIT;
-    s.request_id = q->id;
-    s.generate = &g;
-    s.tokens_delivered = (uint32_t)q->n_delivered + (q->bad_count ? 1 : 0);
-    s.n_delivered_ids = q->n_delivered;
-    s.delivered_ids = (int32_t *)q->delivered;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
-    m.submit = &s;
-    wk_send(w, &m);
-}
-
-static void wk_cancel(wk_t *w, uint64_t id)
-{
-    River__Worker__Cancel c = RIVER__WORKER__CANCEL__INIT;
-    c.request_id = id;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_CANCEL;
-    m.cancel = &c;
-    wk_send(w, &m);
-}
-
-static void wk_drain(wk_t *w, uint32_t deadline_ms)
-{
-    River__Worker__Drain d = RIVER__WORKER__DRAIN__INIT;
-    d.deadline_ms = deadline_ms;
-    River__Worker__DaemonMessage m = RIVER__WORKER__DAEMON_MESSAGE__INIT;
-    m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_DRAIN;
-    m.drain = &d;
-    wk_send(w, &m);
 }
 
 /* What one request's stream delivered, checked as it arrives. */
@@ -401,14 +127,14 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
 /* Receives until every stream ended. */
 static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = test_now_ms() + timeout_ms;
     for (;;) {
         int open = 0;
         for (int i = 0; i < n_streams; i++)
             open += !streams[i].ended;
         if (!open)
             return;
-        int left = (int)(end - now_ms());
+        int left = (int)(end - test_now_ms());
         River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
         ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -487,11 +213,11 @@ static void ref_run_exit(const char *model, const char *tok_path, const char *pr
     gen_request_t q = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
                        .ignore_eos = ignore_eos, .on_token = ref_on_token, .user = r};
     int seq;
-    int64_t t0 = now_ms();
+    int64_t t0 = test_now_ms();
     ck_assert_int_eq(gen_submit(g, &q, &seq), 0);
     ck_assert_int_eq(gen_run_all(g), 0);
     if (tok_s)
-        *tok_s = (double)r->n * 1000.0 / (double)(now_ms() - t0 + 1);
+        *tok_s = (double)r->n * 1000.0 / (double)(test_now_ms() - t0 + 1);
     gen_destroy(&g);
     river_destroy(&rv);
     free(ids);
@@ -570,8 +296,8 @@ START_TEST(test_serve_matches_engine)
             ck_assert_int_eq(st[i].layers[t], (int)w.caps.n_layers);
     }
     int before = w.heartbeats;
-    int64_t t0 = now_ms();
-    while (now_ms() - t0 < 300) {
+    int64_t t0 = test_now_ms();
+    while (test_now_ms() - t0 < 300) {
         River__Worker__WorkerMessage *m = wk_recv(&w, 50);
         if (m)
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -668,10 +394,10 @@ START_TEST(test_cancel_frees_pages)
                .ignore_eos = 1};
     wk_submit(&w, &q);
     /* A heartbeat that shows the request holding pages. */
-    int64_t end = now_ms() + 10000;
+    int64_t end = test_now_ms() + 10000;
     stream_t st = {.id = 7};
     while (!(w.last_hb.running == 1 && w.last_hb.kv_pages_free < w.caps.kv_pages_total)) {
-        ck_assert_msg(now_ms() < end, "no heartbeat with the request running");
+        ck_assert_msg(test_now_ms() < end, "no heartbeat with the request running");
         River__Worker__WorkerMessage *m = wk_recv(&w, 1000);
         ck_assert_ptr_nonnull(m);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -893,8 +619,8 @@ START_TEST(test_deadline)
     wk_submit(&w, &b);
     stream_t st[2] = {{.id = 1}, {.id = 2}};
     streams_collect(&w, st, 2, 20000);
-    int64_t t0 = now_ms();
-    while (now_ms() - t0 < 200) {
+    int64_t t0 = test_now_ms();
+    while (test_now_ms() - t0 < 200) {
         River__Worker__WorkerMessage *m = wk_recv(&w, 50);
         if (m)
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -916,8 +642,8 @@ START_TEST(test_heartbeats_and_reconnect)
     wk_t w;
     wk_start(&w, TINY, 4, NULL, 40, 3);
     River__Worker__WorkerMessage *m;
-    int64_t t0 = now_ms();
-    while (now_ms() - t0 < 500) {
+    int64_t t0 = test_now_ms();
+    while (test_now_ms() - t0 < 500) {
         m = wk_recv(&w, 100);
         if (m) {
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -970,7 +696,7 @@ START_TEST(test_throughput)
         int n = pass ? 4 : 1;
         static stream_t st[4];
         memset(st, 0, sizeof st);
-        int64_t t0 = now_ms();
+        int64_t t0 = test_now_ms();
         for (int i = 0; i < n; i++) {
             st[i].id = 1000 + (uint64_t)(pass * 10 + i);
             req_t q = {.id = st[i].id, .text = "Once upon a time", .max_tokens = 256,
@@ -978,7 +704,7 @@ START_TEST(test_throughput)
             wk_submit(&w, &q);
         }
         streams_collect(&w, st, n, 30000);
-        rate[pass] = 256.0 * n * 1000.0 / (double)(now_ms() - t0 + 1);
+        rate[pass] = 256.0 * n * 1000.0 / (double)(test_now_ms() - t0 + 1);
         for (int i = 0; i < n; i++) {
             ck_assert_int_eq(st[i].ended, 1);
             ck_assert_uint_eq(st[i].n, ref.n);
@@ -1008,24 +734,14 @@ START_TEST(test_systemd_notify)
     unlink(sock_path);
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     snprintf(cfg, sizeof cfg, "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nthreads: 1\n"
-             "log_level: error\n", test_tmpdir(), STORIES);
-    const char *path = test_write_tmp("notify.yaml", cfg, strlen(cfg));
-    ck_assert_ptr_nonnull(path);
-    char cfg_path[512];
-    snprintf(cfg_path, sizeof cfg_path, "%s", path);
-    const char *bin = test_bin("river-worker");
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        setenv("NOTIFY_SOCKET", sock_path, 1);
-        setenv("WATCHDOG_USEC", "200000", 1);
-        execl(bin, bin, "--config", cfg_path, (char *)NULL);
-        _exit(127);
-    }
+             "log_level: error\nauth: {mode: plain}\n", test_tmpdir(), STORIES);
+    char notify_env[320];
+    snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", sock_path);
+    const char *env[] = {notify_env, "WATCHDOG_USEC=200000", NULL};
+    pid_t pid = wk_spawn("notify.yaml", cfg, NULL, NULL, env);
     int ready = 0, pings = 0;
-    int64_t end = now_ms() + 5000;
-    while (now_ms() < end && pings < 3) {
+    int64_t end = test_now_ms() + 5000;
+    while (test_now_ms() < end && pings < 3) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, 500) <= 0)
             continue;
@@ -1040,8 +756,7 @@ START_TEST(test_systemd_notify)
             pings++;
         }
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    test_kill(&pid, SIGKILL);
     close(fd);
     ck_assert(ready);
     ck_assert_int_ge(pings, 3);

@@ -1,8 +1,10 @@
 #include "workers/link.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include <zmq.h>
@@ -18,6 +20,11 @@
 #define LINK_HEARTBEAT_MIN_MS 10
 #define LINK_HEARTBEAT_MAX_MS 3600000
 #define LINK_LIVENESS_MAX 1000
+/* Handshake failures that mean riverd refuses this worker, as opposed to a connection
+ * that broke: its key is not allowed, or the two ends do not speak the same mechanism. */
+#define LINK_REFUSAL_EVENTS                                                               \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |               \
+     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 struct link {
     void *zctx;
@@ -33,6 +40,11 @@ struct link {
     int64_t reconnect_at_ms;  /* sock == NULL: when to open a new one */
     bool welcomed;
     uint64_t dropped;         /* frames that could not be sent */
+    /* CurveZMQ keys, Z85; curve false: the NULL mechanism. */
+    bool curve;
+    char curve_public[41], curve_secret[41], curve_server[41];
+    void *monitor;            /* the handshake failures of sock */
+    unsigned monitors;        /* monitors made, for their endpoint names */
 };
 
 int64_t link_clock_ms(void)
@@ -99,6 +111,7 @@ int link_send_heartbeat(link_t *l)
     hb.queue_length = st.queue_length;
     hb.running = st.running;
     hb.draining = st.draining;
+    hb.unavailable = st.unavailable;
     River__Worker__WorkerMessage env = RIVER__WORKER__WORKER_MESSAGE__INIT;
     env.kind_case = RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT;
     env.heartbeat = &hb;
@@ -155,25 +168,88 @@ int link_send_failed(link_t *l, uint64_t request_id, River__Client__Error__Code 
 
 /* ---- Connection ---- */
 
+/* Watches the handshakes of s, so that a refusal by riverd is logged as one: without it
+ * the worker would only see riverd stay silent. */
+static int link__monitor(link_t *l, void *s)
+{
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "inproc://river-link-monitor-%u", l->monitors++);
+    if (zmq_socket_monitor(s, endpoint, LINK_REFUSAL_EVENTS) != 0)
+        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(errno));
+    void *m = zmq_socket(l->zctx, ZMQ_PAIR);
+    if (!m || zmq_connect(m, endpoint) != 0) {
+        int err = errno;
+        if (m)
+            zmq_close(m);
+        return river_err_set(RIVER_ESYS, "monitor: %s", zmq_strerror(err));
+    }
+    l->monitor = m;
+    return 0;
+}
+
+static void link__close_monitor(link_t *l)
+{
+    if (l->monitor)
+        zmq_close(l->monitor);
+    l->monitor = NULL;
+}
+
+/* The routing id riverd sends to. Plain, the worker's id. With CURVE, the worker's id and 16
+ * random bytes, new for each connection: riverd's worker socket hands a routing id over to
+ * whoever connects with it (so that a restarted worker gets its name back), and an id
+ * anyone could guess would let any key riverd accepts on another endpoint (a client's)
+ * take over a worker's connection, and the prompts riverd sends it, even though riverd
+ * refuses every message such a peer sends. riverd knows a worker by Ready's worker_id,
+ * and takes a Ready with a known id from a new connection as that worker coming back. */
+static int link__routing_id(const link_t *l, char *out, size_t cap)
+{
+    if (!l->curve) {
+        snprintf(out, cap, "%s", l->worker_id);
+        return 0;
+    }
+    uint8_t r[16];
+    ssize_t n = getrandom(r, sizeof r, 0);
+    if (n != (ssize_t)sizeof r)
+        return river_err_set(RIVER_ESYS, "getrandom: %s", n < 0 ? strerror(errno) : "short");
+    /* ZMQ takes at most 255 bytes; the id keeps what fits beside the 33 of the suffix. */
+    int k = snprintf(out, cap, "%.222s#", l->worker_id);
+    for (size_t i = 0; i < sizeof r && k > 0 && (size_t)k + 2 < cap; i++)
+        k += snprintf(out + k, cap - (size_t)k, "%02x", r[i]);
+    return 0;
+}
+
 static int link__connect(link_t *l, int64_t now)
 {
+    char routing_id[256];
+    int e = link__routing_id(l, routing_id, sizeof routing_id);
+    if (e)
+        return e;
     void *s = zmq_socket(l->zctx, ZMQ_DEALER);
     if (!s)
         return river_err_set(RIVER_ESYS, "zmq_socket: %s", zmq_strerror(errno));
     int zero = 0;
     /* Unsent frames of a dead connection are worthless: riverd re-dispatches their
      * requests, so closing never waits for them (link_destroy sets its own linger). */
-    if (zmq_setsockopt(s, ZMQ_ROUTING_ID, l->worker_id, strlen(l->worker_id)) ||
+    if (zmq_setsockopt(s, ZMQ_ROUTING_ID, routing_id, strlen(routing_id)) ||
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) ||
         zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero) ||
-        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero)) {
+        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero) ||
+        (l->curve && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, l->curve_server, 40) ||
+                      zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, l->curve_public, 40) ||
+                      zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, l->curve_secret, 40)))) {
         int err = errno;
         zmq_close(s);
         return river_err_set(RIVER_ESYS, "zmq_setsockopt: %s", zmq_strerror(err));
     }
+    e = link__monitor(l, s);
+    if (e) {
+        zmq_close(s);
+        return e;
+    }
     if (zmq_connect(s, l->endpoint)) {
         int err = errno;
         zmq_close(s);
+        link__close_monitor(l);
         return river_err_set(RIVER_ESYS, "connecting to %s: %s", l->endpoint,
                              zmq_strerror(err));
     }
@@ -193,6 +269,7 @@ static void link__disconnect(link_t *l, int64_t now, const char *why)
     if (l->sock)
         zmq_close(l->sock);
     l->sock = NULL;
+    link__close_monitor(l);
     l->welcomed = false;
     l->reconnect_at_ms = now + l->backoff_ms;
     l->backoff_ms *= 2;
@@ -228,6 +305,18 @@ int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_hand
     if (l->cfg.backoff_max_ms < cfg->heartbeat_ms)
         l->cfg.backoff_max_ms = cfg->heartbeat_ms;
     l->h = *h;
+    if (cfg->curve_public && cfg->curve_secret && cfg->curve_server) {
+        if (strlen(cfg->curve_public) != 40 || strlen(cfg->curve_secret) != 40 ||
+            strlen(cfg->curve_server) != 40) {
+            e = river_err_set(RIVER_EINVAL, "CURVE keys must be 40 characters of Z85");
+            goto fail;
+        }
+        l->curve = true;
+        memcpy(l->curve_public, cfg->curve_public, 41);
+        memcpy(l->curve_secret, cfg->curve_secret, 41);
+        memcpy(l->curve_server, cfg->curve_server, 41);
+    }
+    l->cfg.curve_public = l->cfg.curve_secret = l->cfg.curve_server = NULL;
     l->heartbeat_ms = cfg->heartbeat_ms;
     l->liveness = cfg->liveness;
     l->backoff_ms = cfg->heartbeat_ms;
@@ -260,6 +349,8 @@ void link_destroy(link_t **lp)
         zmq_setsockopt(l->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(l->sock);
     }
+    link__close_monitor(l);
+    memset(l->curve_secret, 0, sizeof l->curve_secret);
     free(l->endpoint);
     free(l->worker_id);
     free(l->model);
@@ -391,6 +482,53 @@ void link_recv(link_t *l)
     }
 }
 
+/* What the monitor says about riverd's answer to the handshake: NULL, or why riverd
+ * refused this worker. */
+static const char *link__refused(link_t *l)
+{
+    const char *why = NULL;
+    for (int i = 0; i < 64 && l->monitor; i++) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, l->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        /* The second frame names the endpoint, which the link knows. */
+        while (zmq_msg_more(&ev)) {
+            zmq_msg_close(&ev);
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, l->monitor, 0) < 0)
+                break;
+        }
+        zmq_msg_close(&ev);
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            why = l->curve ? "its key is not in riverd's auth.workers (auth.secret_key)"
+                           : "riverd asks for a CURVE key";
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            why = value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                      ? (l->curve ? "riverd serves without authentication (auth.mode plain "
+                                    "there, curve here)"
+                                  : "riverd asks for CURVE keys (auth.mode curve there, plain "
+                                    "here)")
+                      : "the CURVE handshake failed (is auth.server_key riverd's key?)";
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && !why)
+            /* riverd closes the connection without a word to a peer without keys, or one
+             * whose CURVE hello it cannot decrypt. */
+            why = l->curve ? "riverd closed the handshake (is auth.server_key riverd's key, "
+                             "and riverd's auth.mode curve?)"
+                           : "riverd closed the handshake (riverd's auth.mode is curve? this "
+                             "worker's is plain)";
+    }
+    return why;
+}
+
 void link_tick(link_t *l, int64_t now)
 {
     if (!l->sock) {
@@ -403,6 +541,14 @@ void link_tick(link_t *l, int64_t now)
             return;
         }
         wlog(WLOG_INFO, "reconnected to %s, Ready sent", l->endpoint);
+        return;
+    }
+    const char *refused = link__refused(l);
+    if (refused) {
+        /* ZMQ would try again every 100 ms; the back-off spares riverd's log. */
+        char why[256];
+        snprintf(why, sizeof why, "riverd refused this worker: %s", refused);
+        link__disconnect(l, now, why);
         return;
     }
     if (now - l->last_recv_ms > l->heartbeat_ms * l->liveness) {

@@ -1,6 +1,7 @@
 /* The worker link: river-worker's side of proto/river_worker.proto.
  *
- * One ZMQ DEALER socket, its routing id the worker's id, connects to riverd's ROUTER. The
+ * One ZMQ DEALER socket, its routing id the worker's id (with CURVE followed by random bytes,
+ * new for each connection: see link.c), connects to riverd's ROUTER. The
  * link decodes riverd's DaemonMessage frames and hands each kind to a handler (a table
  * keyed by the oneof case), and encodes the worker's messages. It keeps the Paranoid
  * Pirate liveness of the zguide: a Heartbeat every interval (the interval and the
@@ -31,6 +32,7 @@ typedef struct link_status {
     uint32_t queue_length; /* submitted, not running yet */
     uint32_t running;      /* sequences in the engine */
     bool draining;
+    bool unavailable;      /* cannot run requests for now (Heartbeat.unavailable) */
 } link_status_t;
 
 /* The worker behind the link. Every callback gets `user`. */
@@ -57,6 +59,9 @@ typedef struct link_config {
     int64_t backoff_max_ms; /* longest wait before reconnecting */
     size_t max_frame_bytes; /* largest frame accepted (0: FRAME_MAX_BYTES_DEFAULT) */
     int linger_ms;          /* how long link_destroy waits for unsent frames */
+    /* CurveZMQ: this worker's public and secret keys and riverd's public key, Z85 text
+     * (copied); NULL: the NULL mechanism (riverd's auth.mode plain). */
+    const char *curve_public, *curve_secret, *curve_server;
 } link_config_t;
 
 /* The monotonic clock the link, the scheduler and the poll loop share, in ms. */
@@ -75,7 +80,8 @@ void *link_socket(const link_t *l);
 /* Reads and handles the frames waiting (at most a batch, so that the engine is not
  * starved by a flood). */
 void link_recv(link_t *l);
-/* Heartbeats due, riverd's liveness, reconnection. */
+/* Heartbeats due, riverd's liveness, reconnection; a handshake riverd refused (the key)
+ * is logged and the link backs off before it tries again. */
 void link_tick(link_t *l, int64_t now);
 /* When link_tick next has something to do (absolute, link_clock_ms). */
 int64_t link_next_ms(const link_t *l);

@@ -34,6 +34,7 @@
 #include "engine/exit_setup.h"
 #include "common/config.h"
 #include "common/err.h"
+#include "common/keys.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
@@ -83,6 +84,11 @@ typedef struct worker {
     pair_river_t *pair;   /* role river: the link to the backbone peer */
     pair_backbone_t *bb;  /* role backbone: the link to the river peer */
     bool linked;          /* role river: Ready went to riverd (after the first pairing) */
+    /* auth.mode curve: this worker's keys and riverd's public key. */
+    bool curve;
+    keys_pair_t keys;
+    char server_key[KEYS_Z85_LEN + 1];
+    bool said_unavailable; /* role river: what riverd was last told about the backbone */
 } worker_t;
 
 static void worker_usage(FILE *f)
@@ -131,6 +137,24 @@ static void worker__on_status(void *user, link_status_t *st)
 {
     worker_t *w = user;
     sched_status(w->sched, st);
+    st->unavailable = w->pair && !pair_river_ready(w->pair);
+}
+
+/* Role river: tells riverd at once when the backbone peer goes or comes back, rather than
+ * at the next heartbeat, so that riverd stops sending requests this worker would only fail
+ * (and starts again as soon as it can serve). A new Ready means "available" to riverd, so
+ * until riverd welcomes the worker again there is nothing to correct. */
+static void worker__report_pair(worker_t *w)
+{
+    if (!w->pair || !w->linked)
+        return;
+    if (!link_welcomed(w->link)) {
+        w->said_unavailable = false;
+        return;
+    }
+    bool unavailable = !pair_river_ready(w->pair);
+    if (unavailable != w->said_unavailable && link_send_heartbeat(w->link) == 0)
+        w->said_unavailable = unavailable;
 }
 
 /* ---- Start-up ---- */
@@ -285,6 +309,9 @@ static int worker__open(worker_t *w)
         .liveness = WORKER_LIVENESS,
         .backoff_max_ms = WORKER_BACKOFF_MAX_MS,
         .linger_ms = WORKER_LINGER_MS,
+        .curve_public = w->curve ? w->keys.public_txt : NULL,
+        .curve_secret = w->curve ? w->keys.secret_txt : NULL,
+        .curve_server = w->curve ? w->server_key : NULL,
     };
     lc.caps.model = (char *)worker__model_name(w->cfg.model, name, sizeof name);
     lc.caps.max_batch = (uint32_t)w->cfg.max_batch_rows;
@@ -465,6 +492,7 @@ static int worker__run(worker_t *w)
         }
         if (w->linked)
             link_tick(w->link, now);
+        worker__report_pair(w);
         /* An engine step that failed has failed its requests; the worker stays up. */
         sched_step(w->sched, now);
         if (sched_drained(w->sched)) {
@@ -543,6 +571,24 @@ static int worker__run_backbone(worker_t *w)
     }
 }
 
+/* auth.mode curve: reads the keys the configuration names, before anything slow, so that
+ * a wrong path fails at once; the error names the file and the key. */
+static int worker__load_keys(worker_t *w, const char *config_path)
+{
+    const config_worker_t *c = &w->cfg;
+    if (c->auth_mode == CONFIG_AUTH_PLAIN || c->role == CONFIG_ROLE_BACKBONE)
+        return 0;
+    char path[4096];
+    if (keys_resolve_path(config_path, c->auth_secret_key, path, sizeof path) < 0 ||
+        keys_load_secret(path, &w->keys) < 0)
+        return keys_config_error(config_path, "auth.secret_key");
+    if (keys_resolve_path(config_path, c->auth_server_key, path, sizeof path) < 0 ||
+        keys_load_public(path, w->server_key) < 0)
+        return keys_config_error(config_path, "auth.server_key");
+    w->curve = true;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -580,6 +626,12 @@ int main(int argc, char **argv)
         close(w.sigfd);
         return 1;
     }
+    if ((e = worker__load_keys(&w, config_path))) {
+        fprintf(stderr, "river-worker: %s\n", river_err_detail());
+        config_free(&config_schema_worker, &w.cfg);
+        close(w.sigfd);
+        return 1;
+    }
     if (riverd) {
         free(w.cfg.riverd);
         w.cfg.riverd = strdup(riverd);
@@ -596,6 +648,9 @@ int main(int argc, char **argv)
         snprintf(w.id, sizeof w.id, "%s-%d", host, (int)getpid());
     }
     wlog_init(w.id, w.cfg.log_level);
+    if (w.cfg.auth_mode == CONFIG_AUTH_PLAIN && w.cfg.role != CONFIG_ROLE_BACKBONE)
+        wlog(WLOG_WARN, "auth.mode is plain: the link to riverd is neither authenticated nor "
+             "encrypted");
     int rc = 1;
     if (w.cfg.role == CONFIG_ROLE_BACKBONE) {
         if ((e = worker__open_backbone(&w)))
@@ -615,5 +670,6 @@ int main(int argc, char **argv)
         rc = 0;
     }
     worker__close(&w);
+    memset(&w.keys, 0, sizeof w.keys);
     return rc;
 }

@@ -32,11 +32,21 @@
  * Liveness: the river worker pings while idle; each side counts the other gone after
  * `liveness` silent heartbeat intervals, or at once when the other's process ends (each
  * watches the other's pid through a pidfd). The river side then fails every step that
- * needs a layer >= B with RIVER_EUNAVAILABLE (UNAVAILABLE for riverd, which re-dispatches
- * the request to another worker; finishing on the river instead would change the tokens,
- * and the river worker may not hold the deep layers at all on a GPU pair), refuses new
- * requests the same way, and says hello again until the backbone is back. The backbone
- * side drops the session (unmaps the pool) and waits for a new hello.
+ * needs a layer >= B with RIVER_EUNAVAILABLE (UNAVAILABLE for riverd, which continues the
+ * request on another worker from the tokens the client has), refuses new requests the same
+ * way, tells riverd in a heartbeat that it cannot serve (Heartbeat.unavailable, sent at
+ * once by workers/main.c, so that riverd sends it nothing meanwhile), and says hello again
+ * until the backbone is back. The backbone side drops the session (unmaps the pool) and
+ * waits for a new hello.
+ *
+ * Why fail rather than finish the tokens on the Exit River: the river is a 4-bit
+ * approximation of the deep layers, so a token that needs them would come out different
+ * from the model's (and from what a full worker or a later retry gives), the K/V it writes
+ * past the boundary would be approximate for every later token too, and on a GPU pair the
+ * river worker may not hold the deep layers at all. An explicit UNAVAILABLE, which riverd
+ * turns into a continuation on a worker that has the whole model, keeps every completion
+ * exact; with no such worker the client gets the error instead of a silently degraded
+ * completion.
  *
  * Everything runs on the worker's one thread: the poll loop polls the items a side
  * gives, calls on_poll and tick; only pair_river_remote's run waits on the socket inside

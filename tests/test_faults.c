@@ -1,0 +1,785 @@
+/* Fault injection, end to end: real riverd and river-worker processes on ipc:// sockets
+ * under a temporary directory, real signals, and the client library; binaries come from
+ * <builddir>/bin (test_bin).
+ *
+ * Each test breaks something while streams run and then checks every request: it either
+ * completed exactly once, with exactly the tokens of a greedy reference run (`river run`,
+ * in-process), or it ended with an explicit error code. None is lost (every stream ends,
+ * none is left waiting), and no token index arrives twice (chunk sequence numbers are
+ * consecutive from 0 and the tokens are a prefix of the reference, so a repeated or
+ * skipped token shows as a mismatch).
+ *
+ *   test_sigstop_worker       a worker stops answering (SIGSTOP) mid-stream, then resumes
+ *   test_riverd_restart       riverd is killed (SIGKILL) while workers live, then restarted
+ *   test_slow_client          a client stops reading its streams
+ *   test_split_backbone_lost  the backbone half of a split pair is killed mid-stream
+ *   test_client_limit         limits.max_requests_per_client
+ *
+ * Heartbeats are short (200 ms, liveness 3) so that a silent worker is declared dead in a
+ * fraction of a second; RIVER_TEST_KEEP=1 keeps the logs of every process. */
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/river_client.h"
+#include "common/err.h"
+#include "tests/proc.h"
+#include "tests/testutil.h"
+
+#define TF_FAST_MODEL TEST_DATA "/tinystories-656k" /* context 512, ~10k tokens/s */
+#define TF_SLOW_MODEL TEST_DATA "/kjv-12l"          /* context 256, 12 layers */
+#define TF_MAX_IDS 512
+#define TF_MAX_WORKERS 4
+#define TF_HEARTBEAT_MS 200
+#define TF_LIVENESS 3
+/* How long a stream may take in any test before it counts as lost (a hang). */
+#define TF_STREAM_LIMIT_S 60
+
+static const char *const tf_prompts[] = {
+    "Once upon a time",
+    "The little dog",
+    "Lily and Ben went to the park",
+    "One day, a big bear",
+};
+#define TF_N_PROMPTS ((int)(sizeof tf_prompts / sizeof tf_prompts[0]))
+
+/* ---- The reference: `river run --output json`, greedy, in-process ---- */
+
+typedef struct tf_expect {
+    int32_t ids[TF_MAX_IDS];
+    size_t n;
+} tf_expect_t;
+
+static void tf_expect(const char *model, const char *prompt, int max_tokens, tf_expect_t *e)
+{
+    char n[16];
+    snprintf(n, sizeof n, "%d", max_tokens);
+    char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
+                    (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
+                    "--ignore-eos", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
+    json_error_t je;
+    json_t *o = json_loads(out, 0, &je);
+    ck_assert_msg(o, "river run output: %.300s", out);
+    json_t *ids = json_object_get(o, "ids");
+    e->n = json_array_size(ids);
+    ck_assert_uint_eq(e->n, (size_t)max_tokens);
+    for (size_t i = 0; i < e->n; i++)
+        e->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+    json_decref(o);
+    free(out);
+}
+
+static void tf_expect_all(const char *model, int max_tokens, tf_expect_t *want)
+{
+    for (int p = 0; p < TF_N_PROMPTS; p++)
+        tf_expect(model, tf_prompts[p], max_tokens, &want[p]);
+}
+
+/* ---- riverd and its workers ---- */
+
+typedef struct tf_srv {
+    pid_t pid;
+    char dir[256], cfg[320], log[320];
+    char clients[320], workers[320], admin[320];
+    pid_t wk[TF_MAX_WORKERS];
+    char wk_id[TF_MAX_WORKERS][32];
+    int n_wk;
+} tf_srv_t;
+
+/* Writes riverd's configuration (endpoints under the test's directory, short heartbeats,
+ * then `extra`) and starts it. */
+static void tf_riverd_start(tf_srv_t *s, const char *extra)
+{
+    if (!s->dir[0]) {
+        snprintf(s->dir, sizeof s->dir, "%s", test_tmpdir());
+        snprintf(s->cfg, sizeof s->cfg, "%s/riverd.yaml", s->dir);
+        snprintf(s->log, sizeof s->log, "%s/riverd.log", s->dir);
+        snprintf(s->clients, sizeof s->clients, "ipc://%s/clients.sock", s->dir);
+        snprintf(s->workers, sizeof s->workers, "ipc://%s/workers.sock", s->dir);
+        snprintf(s->admin, sizeof s->admin, "ipc://%s/admin.sock", s->dir);
+        char y[4096];
+        snprintf(y, sizeof y,
+                 "endpoints:\n  clients: [\"%s\"]\n  workers: [\"%s\"]\n  admin: \"%s\"\n"
+                 "  metrics_port: 0\n"
+                 "heartbeat:\n  interval: %dms\n  liveness: %d\n"
+                 "auth:\n  mode: plain\n" /* tests/test_auth.c covers CURVE */
+                 "%s",
+                 s->clients, s->workers, s->admin, TF_HEARTBEAT_MS, TF_LIVENESS,
+                 extra ? extra : "");
+        test_write(s->cfg, y);
+    }
+    char *argv[] = {(char *)test_bin("riverd"), "--config", s->cfg, NULL};
+    s->pid = test_spawn(argv, s->log, NULL);
+}
+
+/* Starts a worker named id on `model` with `extra` YAML; returns its index in s->wk. */
+static int tf_worker_start(tf_srv_t *s, const char *id, const char *model, const char *extra)
+{
+    ck_assert_int_lt(s->n_wk, TF_MAX_WORKERS);
+    char cfg[400], log[400], y[2048];
+    snprintf(cfg, sizeof cfg, "%s/%s.yaml", s->dir, id);
+    snprintf(log, sizeof log, "%s/%s.log", s->dir, id);
+    snprintf(y, sizeof y,
+             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nlog_level: info\n"
+             "auth: {mode: plain}\n%s",
+             s->workers, test_abs_path(model), extra ? extra : "");
+    test_write(cfg, y);
+    char *argv[] = {(char *)test_bin("river-worker"), "--config", cfg, "--id", (char *)id,
+                    NULL};
+    int i = s->n_wk++;
+    snprintf(s->wk_id[i], sizeof s->wk_id[i], "%s", id);
+    s->wk[i] = test_spawn(argv, log, NULL);
+    return i;
+}
+
+/* Starts worker i again on the configuration it had. */
+static void tf_worker_restart(tf_srv_t *s, int i)
+{
+    char cfg[400], log[400];
+    snprintf(cfg, sizeof cfg, "%s/%s.yaml", s->dir, s->wk_id[i]);
+    snprintf(log, sizeof log, "%s/%s.log", s->dir, s->wk_id[i]);
+    char *argv[] = {(char *)test_bin("river-worker"), "--config", cfg, "--id", s->wk_id[i],
+                    NULL};
+    s->wk[i] = test_spawn(argv, log, NULL);
+}
+
+static river_admin_t *tf_admin(const tf_srv_t *s)
+{
+    river_admin_t *a;
+    ck_assert_int_eq(river_admin_new(&a, s->admin, 1000), 0);
+    return a;
+}
+
+/* The state riverd shows for worker id ("ready", "dead", ...), "" when it lists none. */
+static const char *tf_worker_state(const tf_srv_t *s, const char *id)
+{
+    river_admin_t *a = tf_admin(s);
+    river_worker_info_t *w;
+    size_t n;
+    const char *state = "";
+    if (river_admin_workers(a, &w, &n) == 0) {
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(w[i].id, id))
+                state = w[i].state;
+        free(w);
+    }
+    river_admin_destroy(&a);
+    return state;
+}
+
+/* Polls until riverd shows worker id in `state`; the seconds it took, or -1. */
+static double tf_wait_state(const tf_srv_t *s, const char *id, const char *state, int ms)
+{
+    double t0 = test_now(), until = t0 + ms / 1000.0;
+    while (test_now() < until) {
+        if (!strcmp(tf_worker_state(s, id), state))
+            return test_now() - t0;
+        test_sleep_ms(10);
+    }
+    return -1;
+}
+
+static void tf_wait_ready(const tf_srv_t *s, int n, int ms)
+{
+    double until = test_now() + ms / 1000.0;
+    uint32_t ready = 0;
+    while (test_now() < until) {
+        river_admin_t *a = tf_admin(s);
+        river_status_t st;
+        int rc = river_admin_status(a, &st);
+        river_admin_destroy(&a);
+        ready = rc == 0 ? st.workers_ready : 0;
+        if (ready == (uint32_t)n)
+            return;
+        test_sleep_ms(20);
+    }
+    ck_assert_msg(0, "%u of %d workers ready after %d ms; see the logs in %s", ready, n, ms,
+                  s->dir);
+}
+
+/* A counter of riverd's metrics: the value on the line that starts with `name `. */
+static long tf_metric(const tf_srv_t *s, const char *name)
+{
+    river_admin_t *a = tf_admin(s);
+    char *text;
+    ck_assert_int_eq(river_admin_metrics(a, &text), 0);
+    river_admin_destroy(&a);
+    char pat[256];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(text, pat);
+    long v = -1;
+    if (p)
+        sscanf(p + strlen(pat), "%ld", &v);
+    free(text);
+    ck_assert_msg(v >= 0, "no metric %s", name);
+    return v;
+}
+
+static void tf_stop(tf_srv_t *s)
+{
+    for (int i = 0; i < s->n_wk; i++)
+        if (s->wk[i] > 0) {
+            kill(s->wk[i], SIGCONT);
+            test_kill(&s->wk[i], SIGKILL);
+        }
+    if (s->pid > 0) {
+        kill(s->pid, SIGTERM);
+        int st = 0, ended = test_wait_exit(s->pid, 10000, &st);
+        if (!ended)
+            test_kill(&s->pid, SIGKILL);
+        ck_assert_msg(ended, "riverd did not stop on SIGTERM");
+        /* A clean exit: also what a sanitizer build's leak check says. */
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d; "
+                      "see %s", st, s->log);
+    }
+    s->pid = 0;
+}
+
+/* ---- Streams ---- */
+
+typedef struct tf_stream {
+    const tf_expect_t *want;
+    int32_t ids[TF_MAX_IDS];
+    size_t n_ids;
+    uint64_t next_seq;
+    int bad_seq;       /* chunks out of sequence: a gap or a repeat */
+    int extra_end;     /* events after the end */
+    int ended;
+    river_event_kind_t end;
+    river_code_t code;
+    uint32_t completion;
+    char msg[512];
+    double end_at;     /* test_now() at the end */
+    atomic_long *progress; /* tokens seen, shared by a load */
+} tf_stream_t;
+
+static void tf_on_event(void *user, const river_event_t *ev)
+{
+    tf_stream_t *s = user;
+    if (s->ended) {
+        s->extra_end++;
+        return;
+    }
+    if (ev->kind == RIVER_EVENT_CHUNK) {
+        if (ev->seq != s->next_seq)
+            s->bad_seq++;
+        s->next_seq = ev->seq + 1;
+        for (size_t i = 0; i < ev->n_ids; i++) {
+            if (s->n_ids == TF_MAX_IDS) {
+                s->bad_seq++;
+                break;
+            }
+            s->ids[s->n_ids++] = ev->ids[i];
+        }
+        if (s->progress)
+            atomic_fetch_add(s->progress, (long)ev->n_ids);
+        return;
+    }
+    s->ended = 1;
+    s->end = ev->kind;
+    s->code = ev->code;
+    s->completion = ev->completion_tokens;
+    s->end_at = test_now();
+    snprintf(s->msg, sizeof s->msg, "%s", ev->message ? ev->message : "");
+}
+
+/* The verdict on one request: 1 when it completed exactly once with exactly the reference
+ * tokens, 0 when it ended with an explicit error after a prefix of them; a failed check
+ * for anything else (no end, a gap or repeat, a wrong token, a second end). */
+static int tf_check(const tf_stream_t *s, const char *what)
+{
+    ck_assert_msg(s->ended, "%s: lost: no end after %zu tokens", what, s->n_ids);
+    ck_assert_msg(!s->extra_end, "%s: %d events after its end", what, s->extra_end);
+    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
+    ck_assert_msg(s->n_ids <= s->want->n, "%s: %zu tokens, more than the %zu expected", what,
+                  s->n_ids, s->want->n);
+    for (size_t i = 0; i < s->n_ids; i++)
+        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
+                      i, s->ids[i], s->want->ids[i]);
+    if (s->end == RIVER_EVENT_FINAL) {
+        ck_assert_msg(s->n_ids == s->want->n, "%s: Final after %zu of %zu tokens", what,
+                      s->n_ids, s->want->n);
+        ck_assert_msg(s->completion == s->n_ids, "%s: usage says %u tokens, got %zu", what,
+                      s->completion, s->n_ids);
+        return 1;
+    }
+    ck_assert_msg(s->code != RIVER_CODE_OK && s->msg[0], "%s: an error without a code or a "
+                  "message", what);
+    return 0;
+}
+
+typedef struct tf_job {
+    const char *endpoint;
+    river_generate_opts_t opts;
+    tf_stream_t *st;
+    int rc;
+} tf_job_t;
+
+/* One stream on a connection of its own; gives up (and leaves the stream without an end,
+ * which tf_check reports as lost) after TF_STREAM_LIMIT_S. */
+static void *tf_job_run(void *arg)
+{
+    tf_job_t *j = arg;
+    river_client_t *c;
+    j->rc = river_client_new(&c, j->endpoint);
+    if (j->rc < 0)
+        return NULL;
+    j->rc = river_client_submit(c, &j->opts, NULL, tf_on_event, j->st, NULL);
+    double until = test_now() + TF_STREAM_LIMIT_S;
+    while (j->rc >= 0 && !j->st->ended && test_now() < until)
+        j->rc = river_client_poll(c, 100);
+    river_client_destroy(&c);
+    return NULL;
+}
+
+typedef struct tf_load {
+    int n;
+    tf_stream_t *st;
+    tf_job_t *jobs;
+    pthread_t *th;
+    atomic_long progress;
+} tf_load_t;
+
+/* Starts n streams, prompts in turn, `tokens` each. timeout_ms is the client library's
+ * silence limit (0: none, so that only the library's own view of the connection can end
+ * a stream whose server vanished). */
+static void tf_load_start(tf_load_t *l, const char *endpoint, int n, const tf_expect_t *want,
+                          int tokens, uint32_t timeout_ms)
+{
+    memset(l, 0, sizeof *l);
+    l->n = n;
+    l->st = calloc((size_t)n, sizeof *l->st);
+    l->jobs = calloc((size_t)n, sizeof *l->jobs);
+    l->th = calloc((size_t)n, sizeof *l->th);
+    ck_assert(l->st && l->jobs && l->th);
+    for (int i = 0; i < n; i++) {
+        l->st[i].want = &want[i % TF_N_PROMPTS];
+        l->st[i].progress = &l->progress;
+        river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+        o.prompt = tf_prompts[i % TF_N_PROMPTS];
+        o.max_tokens = (uint32_t)tokens;
+        o.ignore_eos = 1;
+        o.timeout_ms = timeout_ms;
+        l->jobs[i] = (tf_job_t){.endpoint = endpoint, .opts = o, .st = &l->st[i]};
+        ck_assert_int_eq(pthread_create(&l->th[i], NULL, tf_job_run, &l->jobs[i]), 0);
+    }
+}
+
+/* Waits until the streams together have `tokens` tokens (or 30 s). */
+static long tf_load_wait(tf_load_t *l, long tokens)
+{
+    double until = test_now() + 30;
+    while (atomic_load(&l->progress) < tokens && test_now() < until)
+        test_sleep_ms(2);
+    return atomic_load(&l->progress);
+}
+
+/* Joins the streams and checks each; returns how many completed (the rest failed
+ * explicitly). */
+static int tf_load_finish(tf_load_t *l, const char *what)
+{
+    int complete = 0;
+    for (int i = 0; i < l->n; i++)
+        pthread_join(l->th[i], NULL);
+    for (int i = 0; i < l->n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s, stream %d", what, i);
+        ck_assert_msg(l->jobs[i].rc >= 0, "%s: client library: %s", name, river_err_detail());
+        int ok = tf_check(&l->st[i], name);
+        if (!ok)
+            fprintf(stderr, "%s: %s after %zu tokens: %s\n", name,
+                    river_code_name(l->st[i].code), l->st[i].n_ids, l->st[i].msg);
+        complete += ok;
+    }
+    return complete;
+}
+
+static void tf_load_free(tf_load_t *l)
+{
+    free(l->st);
+    free(l->jobs);
+    free(l->th);
+}
+
+/* ---- Tests ---- */
+
+/* A worker stops answering mid-stream (SIGSTOP): riverd declares it dead after
+ * `liveness` heartbeats and continues its streams on the other worker from the tokens the
+ * clients have. Then it resumes (SIGCONT) with its old streams still in its engine: what
+ * it sends for them is dropped (riverd tells it to Reconnect), so no client sees a token
+ * twice; it comes back as a fresh worker and serves again. */
+START_TEST(test_sigstop_worker)
+{
+    enum { N = 8, TOKENS = 160 };
+    tf_expect_t want[TF_N_PROMPTS];
+    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    tf_srv_t s = {0};
+    tf_riverd_start(&s, NULL);
+    tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
+    tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
+    tf_wait_ready(&s, 2, 20000);
+
+    tf_load_t l;
+    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
+    long at_stop = tf_load_wait(&l, N * 16);
+    ck_assert_int_eq(kill(s.wk[0], SIGSTOP), 0);
+    double dead_after = tf_wait_state(&s, "w0", "dead", 5000);
+    ck_assert_msg(dead_after >= 0, "riverd did not declare the stopped worker dead");
+    long at_cont = atomic_load(&l.progress);
+    ck_assert_int_eq(kill(s.wk[0], SIGCONT), 0);
+    int complete = tf_load_finish(&l, "SIGSTOP");
+    /* One worker answered throughout, so every stream could finish there. */
+    ck_assert_int_eq(complete, N);
+    ck_assert_int_ge(tf_metric(&s, "river_worker_deaths_total"), 1);
+    ck_assert_int_ge(tf_metric(&s, "river_requests_redispatched_total"), 1);
+    printf("faults: SIGSTOP after %ld of %d tokens, worker dead after %.2f s, SIGCONT at %ld "
+           "tokens; %d of %d streams complete and exact\n",
+           at_stop, N * TOKENS, dead_after, at_cont, complete, N);
+    tf_load_free(&l);
+
+    /* The resumed worker comes back and takes work again, exactly. */
+    double back = tf_wait_state(&s, "w0", "ready", 10000);
+    ck_assert_msg(back >= 0, "the resumed worker did not come back");
+    long before = tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}");
+    tf_load_start(&l, s.clients, 4, want, 40, 30000);
+    tf_expect_t short_want[TF_N_PROMPTS];
+    tf_expect_all(TF_SLOW_MODEL, 40, short_want);
+    for (int i = 0; i < 4; i++)
+        l.st[i].want = &short_want[i % TF_N_PROMPTS];
+    ck_assert_int_eq(tf_load_finish(&l, "after SIGCONT"), 4);
+    ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}"), before);
+    tf_load_free(&l);
+    tf_stop(&s);
+}
+END_TEST
+
+/* riverd is killed (SIGKILL) while workers stream: every client sees its requests end at
+ * once with UNAVAILABLE (the client library notices the lost connection; riverd's state
+ * died with it), without any timeout of its own. riverd started again on the same
+ * endpoints gets its workers back without any help, and serves new requests exactly; a
+ * client connection from before the crash works again too. */
+START_TEST(test_riverd_restart)
+{
+    enum { N = 6, TOKENS = 160 };
+    tf_expect_t want[TF_N_PROMPTS];
+    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    tf_srv_t s = {0};
+    tf_riverd_start(&s, NULL);
+    tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
+    tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
+    tf_wait_ready(&s, 2, 20000);
+
+    /* A connection of this thread's that outlives the crash. */
+    river_client_t *c;
+    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    tf_stream_t mine = {.want = &want[0]};
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.prompt = tf_prompts[0];
+    o.max_tokens = TOKENS;
+    o.ignore_eos = 1;
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &mine, NULL), 0);
+
+    tf_load_t l;
+    tf_load_start(&l, s.clients, N, want, TOKENS, 0);
+    long at_kill = tf_load_wait(&l, N * 16);
+    double t_kill = test_now();
+    test_kill(&s.pid, SIGKILL);
+    while (!mine.ended && test_now() < t_kill + TF_STREAM_LIMIT_S)
+        ck_assert_int_ge(river_client_poll(c, 100), 0);
+    int complete = tf_load_finish(&l, "riverd killed") + tf_check(&mine, "riverd killed, mine");
+    double slowest = mine.end_at - t_kill;
+    int unavailable = mine.end == RIVER_EVENT_ERROR && mine.code == RIVER_CODE_UNAVAILABLE;
+    for (int i = 0; i < N; i++) {
+        if (l.st[i].end != RIVER_EVENT_ERROR)
+            continue;
+        ck_assert_msg(l.st[i].code == RIVER_CODE_UNAVAILABLE, "stream %d: %s: %s", i,
+                      river_code_name(l.st[i].code), l.st[i].msg);
+        unavailable++;
+        if (l.st[i].end_at - t_kill > slowest)
+            slowest = l.st[i].end_at - t_kill;
+    }
+    /* Cut off mid-stream, so (nearly) every request was lost with riverd, and the clients
+     * knew within a moment. */
+    ck_assert_int_ge(unavailable, 1);
+    ck_assert_msg(slowest < 3.0, "a client took %.2f s to see riverd gone", slowest);
+    tf_load_free(&l);
+
+    /* Started again on the same endpoints after a while (longer than the workers' view of
+     * riverd's liveness, so that they have given it up and reconnect on their own): the
+     * workers come back by themselves. */
+    test_sleep_ms(1500);
+    double t_start = test_now();
+    tf_riverd_start(&s, NULL);
+    tf_wait_ready(&s, 2, 20000);
+    double rejoin = test_now() - t_start;
+    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
+    ck_assert_int_eq(tf_load_finish(&l, "after the restart"), N);
+    tf_load_free(&l);
+    tf_stream_t again = {.want = &want[0]};
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &again, NULL), 0);
+    while (!again.ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(tf_check(&again, "old connection after the restart"), 1);
+    river_client_destroy(&c);
+    printf("faults: riverd killed after %ld of %d tokens: %d of %d requests ended with "
+           "UNAVAILABLE within %.2f s, %d had completed; restarted 1.5 s later, both workers "
+           "back %.2f s after that, %d new streams exact\n",
+           at_kill, (N + 1) * TOKENS, unavailable, N + 1, slowest, complete, rejoin, N);
+    tf_stop(&s);
+}
+END_TEST
+
+/* A client sends requests and does not read. riverd's queue for it is bounded
+ * (limits.max_client_backlog); once it is full riverd cancels the client's requests on the
+ * worker, counts them as RESOURCE_EXHAUSTED and keeps serving everyone else. When the
+ * client reads at last it gets, per request, the tokens it was sent and then an explicit
+ * end: the error naming the limit (or the Final of a request that had finished). */
+START_TEST(test_slow_client)
+{
+    enum { MAX_REQS = 48, TOKENS = 440 };
+    tf_expect_t want[TF_N_PROMPTS];
+    tf_expect_all(TF_FAST_MODEL, TOKENS, want);
+    tf_srv_t s = {0};
+    tf_riverd_start(&s, "limits:\n  max_client_backlog: 1000\n  max_requests_per_client: 64\n");
+    tf_worker_start(&s, "w0", TF_FAST_MODEL, "max_seqs: 16\n");
+    tf_wait_ready(&s, 1, 20000);
+
+    river_client_t *slow;
+    ck_assert_int_eq(river_client_new(&slow, s.clients), 0);
+    static tf_stream_t st[MAX_REQS];
+    memset(st, 0, sizeof st);
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.max_tokens = TOKENS;
+    o.ignore_eos = 1;
+    o.timeout_ms = 60000;
+    /* Requests until riverd says the client's queue overflowed: how many that takes
+     * depends on the socket buffers of the system. */
+    int n = 0;
+    double t0 = test_now();
+    while (n < MAX_REQS && tf_metric(&s, "river_requests_total{outcome=\"resource_exhausted\"}")
+                               == 0) {
+        st[n].want = &want[n % TF_N_PROMPTS];
+        o.prompt = tf_prompts[n % TF_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(slow, &o, NULL, tf_on_event, &st[n], NULL), 0);
+        n++;
+        test_sleep_ms(100);
+    }
+    ck_assert_msg(n < MAX_REQS, "riverd never found the client's queue full");
+    /* Everything the client has is cancelled on the worker or finished: nothing runs. */
+    river_admin_t *a = tf_admin(&s);
+    river_status_t rs;
+    double until = test_now() + 20;
+    do {
+        ck_assert_int_eq(river_admin_status(a, &rs), 0);
+        if (rs.running == 0 && rs.queue_length == 0)
+            break;
+        test_sleep_ms(20);
+    } while (test_now() < until);
+    river_admin_destroy(&a);
+    ck_assert_msg(rs.running == 0 && rs.queue_length == 0, "%u running, %u queued", rs.running,
+                  rs.queue_length);
+    double stalled = test_now() - t0;
+
+    /* Others are served meanwhile (short streams: fewer chunks than the backlog, so that
+     * a reader descheduled for a moment cannot overflow it). */
+    tf_expect_t short_want[TF_N_PROMPTS];
+    tf_expect_all(TF_FAST_MODEL, 40, short_want);
+    tf_load_t l;
+    tf_load_start(&l, s.clients, 2, short_want, 40, 30000);
+    ck_assert_int_eq(tf_load_finish(&l, "beside the slow client"), 2);
+    tf_load_free(&l);
+
+    /* The slow client reads at last: every request ends, explicitly. */
+    until = test_now() + 30;
+    while (river_client_in_flight(slow) > 0 && test_now() < until)
+        ck_assert_int_ge(river_client_poll(slow, 100), 0);
+    int complete = 0, exhausted = 0;
+    size_t tokens = 0;
+    for (int i = 0; i < n; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "slow client, request %d", i);
+        int ok = tf_check(&st[i], what);
+        complete += ok;
+        tokens += st[i].n_ids;
+        if (!ok) {
+            ck_assert_msg(st[i].code == RIVER_CODE_RESOURCE_EXHAUSTED &&
+                              strstr(st[i].msg, "limits.max_client_backlog"),
+                          "%s: %s: %s", what, river_code_name(st[i].code), st[i].msg);
+            exhausted++;
+        }
+    }
+    ck_assert_int_ge(exhausted, 1);
+    ck_assert_int_eq(tf_metric(&s, "river_requests_total{outcome=\"resource_exhausted\"}"),
+                     exhausted);
+    river_client_destroy(&slow);
+    printf("faults: a client that did not read: %d requests, its queue overflowed after "
+           "%.1f s; it then read %zu tokens, %d Finals and %d RESOURCE_EXHAUSTED errors\n", n,
+           stalled, tokens, complete, exhausted);
+    tf_stop(&s);
+}
+END_TEST
+
+/* The backbone half of a split pair dies mid-stream (SIGKILL). The river worker does not
+ * finish the tokens on the Exit River (that would change them): it fails the requests
+ * that need the deep layers with UNAVAILABLE, riverd continues them on another worker from
+ * the tokens the clients have, and sends the river worker nothing while it says it cannot
+ * serve. A new backbone pairs again and the pair serves; with the pair alone, losing the
+ * backbone again ends the streams with an explicit UNAVAILABLE. */
+START_TEST(test_split_backbone_lost)
+{
+    enum { N = 6, TOKENS = 120 };
+    tf_expect_t want[TF_N_PROMPTS];
+    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    tf_srv_t s = {0};
+    tf_riverd_start(&s, NULL);
+    char peer[400], pair_yaml[600];
+    snprintf(peer, sizeof peer, "ipc://%s/pair.sock", s.dir);
+    snprintf(pair_yaml, sizeof pair_yaml, "split:\n  boundary: 6\n  peer: \"%s\"\n", peer);
+    char bb_yaml[700], river_yaml[700];
+    snprintf(bb_yaml, sizeof bb_yaml, "role: backbone\n%s", pair_yaml);
+    snprintf(river_yaml, sizeof river_yaml, "role: river\n%s", pair_yaml);
+    int bb = tf_worker_start(&s, "backbone", TF_SLOW_MODEL, bb_yaml);
+    int rv = tf_worker_start(&s, "river", TF_SLOW_MODEL, river_yaml);
+    int full = tf_worker_start(&s, "full", TF_SLOW_MODEL, NULL);
+    tf_wait_ready(&s, 2, 20000);
+
+    /* Streams on both the pair and the full worker; the backbone goes. */
+    tf_load_t l;
+    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
+    long at_kill = tf_load_wait(&l, N * 12);
+    ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"river\"}"), 0);
+    test_kill(&s.wk[bb], SIGKILL);
+    ck_assert_int_eq(tf_load_finish(&l, "backbone killed"), N);
+    tf_load_free(&l);
+    long moved = tf_metric(&s, "river_requests_redispatched_total");
+    ck_assert_int_ge(moved, 1);
+    /* The river worker stays, and riverd knows it cannot serve. */
+    ck_assert_int_eq(waitpid(s.wk[rv], NULL, WNOHANG), 0);
+    ck_assert_msg(tf_wait_state(&s, "river", "unavailable", 2000) >= 0, "river worker is %s",
+                  tf_worker_state(&s, "river"));
+
+    /* Meanwhile every request goes to the full worker at once: none is sent to the river
+     * worker to fail there. */
+    tf_load_start(&l, s.clients, 4, want, TOKENS, 30000);
+    ck_assert_int_eq(tf_load_finish(&l, "without a backbone"), 4);
+    tf_load_free(&l);
+    ck_assert_int_eq(tf_metric(&s, "river_requests_redispatched_total"), moved);
+
+    /* A new backbone: the pair serves again, also alone. */
+    tf_worker_restart(&s, bb);
+    double paired = tf_wait_state(&s, "river", "ready", 20000);
+    ck_assert_msg(paired >= 0, "the river worker did not pair again");
+    test_kill(&s.wk[full], SIGKILL);
+    ck_assert(tf_wait_state(&s, "full", "dead", 5000) >= 0);
+    tf_load_start(&l, s.clients, 4, want, TOKENS, 30000);
+    ck_assert_int_eq(tf_load_finish(&l, "paired again"), 4);
+    tf_load_free(&l);
+
+    /* The pair alone loses its backbone: explicit UNAVAILABLE, no silence. */
+    tf_load_start(&l, s.clients, 4, want, TOKENS, 0);
+    tf_load_wait(&l, 4 * 12);
+    test_kill(&s.wk[bb], SIGKILL);
+    int complete = tf_load_finish(&l, "pair alone");
+    for (int i = 0; i < 4; i++)
+        if (l.st[i].end == RIVER_EVENT_ERROR)
+            ck_assert_msg(l.st[i].code == RIVER_CODE_UNAVAILABLE, "stream %d: %s: %s", i,
+                          river_code_name(l.st[i].code), l.st[i].msg);
+    ck_assert_int_lt(complete, 4);
+    tf_load_free(&l);
+    printf("faults: backbone killed after %ld of %d tokens: every stream completed exactly "
+           "(%ld re-dispatched to the full worker); paired again in %.2f s; the pair alone "
+           "then failed %d of 4 streams with UNAVAILABLE\n",
+           at_kill, N * TOKENS, moved, paired, 4 - complete);
+    tf_stop(&s);
+}
+END_TEST
+
+/* limits.max_requests_per_client: a connection with that many requests in flight gets
+ * RESOURCE_EXHAUSTED naming the key for one more; another connection is not affected; a
+ * slot that frees up can be used again. */
+START_TEST(test_client_limit)
+{
+    enum { LIMIT = 3, TOKENS = 120 };
+    tf_expect_t want[TF_N_PROMPTS];
+    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    tf_srv_t s = {0};
+    tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n");
+    tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
+    tf_wait_ready(&s, 1, 20000);
+
+    river_client_t *c;
+    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    tf_stream_t st[LIMIT + 2];
+    memset(st, 0, sizeof st);
+    char ids[LIMIT + 2][RIVER_CLIENT_ID_MAX];
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.max_tokens = TOKENS;
+    o.ignore_eos = 1;
+    o.timeout_ms = 30000;
+    for (int i = 0; i <= LIMIT; i++) {
+        st[i].want = &want[i % TF_N_PROMPTS];
+        o.prompt = tf_prompts[i % TF_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &st[i], ids[i]), 0);
+    }
+    while (!st[LIMIT].ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(st[LIMIT].end, RIVER_EVENT_ERROR);
+    ck_assert_int_eq(st[LIMIT].code, RIVER_CODE_RESOURCE_EXHAUSTED);
+    ck_assert_msg(strstr(st[LIMIT].msg, "limits.max_requests_per_client"), "%s",
+                  st[LIMIT].msg);
+    ck_assert_uint_eq(st[LIMIT].n_ids, 0);
+
+    /* Another connection is its own client. */
+    tf_load_t l;
+    tf_load_start(&l, s.clients, 1, want, TOKENS, 30000);
+    ck_assert_int_eq(tf_load_finish(&l, "other client"), 1);
+    tf_load_free(&l);
+
+    /* A cancelled request gives its slot back. */
+    ck_assert_int_eq(river_client_cancel(c, ids[0]), 0);
+    while (!st[0].ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(st[0].end, RIVER_EVENT_FINAL);
+    st[LIMIT + 1].want = &want[0];
+    o.prompt = tf_prompts[0];
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &st[LIMIT + 1], NULL), 0);
+    while (river_client_in_flight(c) > 0)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    for (int i = 1; i < LIMIT; i++)
+        ck_assert_int_eq(tf_check(&st[i], "within the limit"), 1);
+    ck_assert_int_eq(tf_check(&st[LIMIT + 1], "after a slot was freed"), 1);
+    river_client_destroy(&c);
+    tf_stop(&s);
+}
+END_TEST
+
+/* One case per test, so that CK_RUN_CASE=restart (say) runs one alone. */
+static Suite *faults_suite(void)
+{
+    const struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {
+        {"client_limit", test_client_limit}, {"sigstop", test_sigstop_worker},
+        {"restart", test_riverd_restart},    {"slow_client", test_slow_client},
+        {"split", test_split_backbone_lost},
+    };
+    Suite *s = suite_create("faults");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 180);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+RIVER_TEST_MAIN(faults_suite)
