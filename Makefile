@@ -65,7 +65,12 @@ WORKER_BIN  := $(if $(WORKER_SRC),$(BUILD)/bin/river-worker)
 DAEMON_SRC  := $(wildcard daemon/*.c)
 DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
 DAEMON_BIN  := $(if $(DAEMON_SRC),$(BUILD)/bin/riverd)
-OPS_SRC     := $(wildcard ops/*.c)
+# river-soak (ops/river-soak.c) is a program of its own; every other file in ops/ is
+# riverctl's.
+SOAK_SRC    := ops/river-soak.c
+SOAK_OBJ    := $(SOAK_SRC:%.c=$(BUILD)/%.o)
+SOAK_BIN    := $(BUILD)/bin/river-soak
+OPS_SRC     := $(filter-out $(SOAK_SRC),$(wildcard ops/*.c))
 OPS_OBJ     := $(OPS_SRC:%.c=$(BUILD)/%.o)
 OPS_BIN     := $(if $(OPS_SRC),$(BUILD)/bin/riverctl)
 SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
@@ -116,17 +121,17 @@ endif
 
 .PHONY: all deps deps-check test demo install clean bench build-all build-test build-demo \
 	build-install build-bench \
-	bench-serving build-bench-serving
+	bench-serving build-bench-serving soak build-soak
 
 # The public targets first make sure the packages are there (cheap when they are), then
 # re-run make so that pkg-config sees the installed libraries.
-all test demo install bench bench-serving: deps-check
+all test demo install bench bench-serving soak: deps-check
 	$(Q)$(MAKE) --no-print-directory build-$@
 
 deps-check:
 	$(Q)scripts/install-deps.sh --quiet
 
-build-all: $(LIB) $(CLIENT_LIB) $(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN)
+build-all: $(LIB) $(CLIENT_LIB) $(RIVER_BIN) $(SERVE_BINS) $(SOAK_BIN) $(TEST_BIN)
 
 deps:
 	scripts/install-deps.sh
@@ -186,7 +191,7 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 # object waits for all of them on its first build (order-only); after that its -MMD
 # dependency file names the headers it really includes, so a changed .proto rebuilds it.
 $(PROTO_OBJ) $(LIB_OBJ) $(CLI_OBJ) $(TEST_BIN:=.o) $(TEST_COMMON_OBJ): | $(PROTO_GEN_H)
-$(WORKER_OBJ) $(DAEMON_OBJ) $(OPS_OBJ) $(CLIENT_OBJ): | $(PROTO_GEN_H)
+$(WORKER_OBJ) $(DAEMON_OBJ) $(OPS_OBJ) $(SOAK_OBJ) $(CLIENT_OBJ): | $(PROTO_GEN_H)
 
 $(LIB): $(PROTO_OBJ)
 
@@ -221,12 +226,17 @@ $(BUILD)/bin/riverctl: $(OPS_OBJ) $(CLIENT_LIB) $(LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $(OPS_OBJ) $(CLIENT_LIB) $(LIB) $(LDLIBS) $(SERVE_LIBS)
 
+$(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(SOAK_OBJ) $(CLIENT_LIB) $(LIB) $(LDLIBS)
+
 # Test binaries run from the repository root; integration suites start the serving
 # binaries, so those are built first.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $(SERVE_BINS) $(RIVER_BIN)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
 
 build-test: build-all
 	$(Q)scripts/run-tests.sh $(TEST_BIN)
@@ -239,6 +249,10 @@ build-test: build-all
 # parsers never reach a GPU, so the fuzz build leaves CUDA out. Its first build is slow
 # (clang instruments the AVX-512 kernels for minutes); later runs reuse it.
 FUZZ_SECONDS ?= 60
+# The split-pair target drives the worker's pair code (and what it calls of the link and
+# the log); the regression suite, which runs every target, links it too.
+FUZZ_WORKER_OBJ := $(BUILD)/workers/pair.o $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o
+$(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)
 FUZZ         ?= $(FUZZ_ALL)
@@ -257,7 +271,8 @@ $(BUILD)/fuzz/main_%.o: fuzz/libfuzzer.c
 	@echo "  CC      $@"
 	$(Q)$(CC) $(ALL_CFLAGS) -DFUZZ_TARGET=$* -c $< -o $@
 
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/main_%.o $(BUILD)/fuzz/targets.o $(LIB)
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/main_%.o $(BUILD)/fuzz/targets.o $(FUZZ_WORKER_OBJ) \
+		$(CLIENT_LIB) $(LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
@@ -272,12 +287,34 @@ build-fuzz: $(FUZZ_BINS)
 		grep -E '^stat::number_of_executed_units|^stat::peak_rss' $$log; \
 	done; exit $$rc
 
+# Seeds for the targets whose inputs only a real encoder makes (fuzz/seeds.c: river and
+# router files of the targets' tiny model, riverd's replies, the split pair's frames);
+# rewrites fuzz/corpus/{river,router,client_reply,admin_reply,pair}/.
+.PHONY: fuzz-seeds
+fuzz-seeds: deps-check
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/fuzz/seeds
+	$(Q)$(BUILD)/fuzz/seeds
+
+$(BUILD)/fuzz/seeds.o: | $(PROTO_GEN_H)
+$(BUILD)/fuzz/seeds: $(BUILD)/fuzz/seeds.o $(FUZZ_WORKER_OBJ) $(CLIENT_LIB) $(LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 build-demo: build-all
 	$(Q)scripts/demo.sh
 
 # One greedy stream through riverd + a worker against in-process `river run`.
 build-bench-serving: build-all
 	$(Q)BUILD=$(BUILD) scripts/bench-serving.sh
+
+# Soak: SOAK_STREAMS concurrent streams for SOAK_MINUTES against riverd and two local
+# workers on the bundled TinyStories model (scripts/soak.sh, ops/river-soak.c); fails when
+# a request is lost.
+SOAK_STREAMS ?= 200
+SOAK_MINUTES ?= 10
+build-soak: build-all
+	$(Q)BUILD=$(BUILD) SOAK_STREAMS=$(SOAK_STREAMS) SOAK_MINUTES=$(SOAK_MINUTES) \
+		SOAK_SECONDS=$(SOAK_SECONDS) scripts/soak.sh
 
 # Decode speed against the memory roofline: stories260K on one thread, then a random-weight
 # checkpoint of Llama 3.2 1B's shape in bf16 (written once under $(BUILD)/synth) on two.
@@ -310,5 +347,6 @@ clean:
 .SECONDARY:
 
 -include $(CLIENT_OBJ:.o=.d) $(WORKER_OBJ:.o=.d) $(DAEMON_OBJ:.o=.d) $(OPS_OBJ:.o=.d)
+-include $(SOAK_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
 -include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d)

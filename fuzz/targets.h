@@ -22,4 +22,15 @@ extern const size_t fuzz_n_targets;
 /* The target of that name, or NULL. */
 const fuzz_target_t *fuzz_target_find(const char *name);
 
+/* What fuzz/seeds.c shares with the targets, so that its seeds fit them. */
+struct model;
+/* Writes the tiny llama2.c model the river, router and pair targets load (always the same
+ * bytes). */
+int fuzz_tiny_model_write(const char *path);
+/* That model, loaded from the per-process directory on first use. */
+const struct model *fuzz_tiny(void);
+/* The hello a river worker of the tiny model sends (malloc'd, *len bytes). */
+uint8_t *fuzz_pair_hello(const struct model *m, int memfd, const char *fingerprint,
+                         const char *backend, int threads, size_t *len);
+
 #endif
