@@ -309,12 +309,14 @@ build-bench-serving: build-all
 
 # Soak: SOAK_STREAMS concurrent streams for SOAK_MINUTES against riverd and two local
 # workers on the bundled TinyStories model (scripts/soak.sh, ops/river-soak.c); fails when
-# a request is lost.
+# a request is lost. SOAK_AUTH=curve|plain, SOAK_CLIENTS connections (default 1 per 50).
 SOAK_STREAMS ?= 200
 SOAK_MINUTES ?= 10
+SOAK_AUTH    ?= curve
 build-soak: build-all
 	$(Q)BUILD=$(BUILD) SOAK_STREAMS=$(SOAK_STREAMS) SOAK_MINUTES=$(SOAK_MINUTES) \
-		SOAK_SECONDS=$(SOAK_SECONDS) scripts/soak.sh
+		SOAK_SECONDS=$(SOAK_SECONDS) SOAK_AUTH=$(SOAK_AUTH) SOAK_CLIENTS=$(SOAK_CLIENTS) \
+		scripts/soak.sh
 
 # Decode speed against the memory roofline: stories260K on one thread, then a random-weight
 # checkpoint of Llama 3.2 1B's shape in bf16 (written once under $(BUILD)/synth) on two.

@@ -4,6 +4,7 @@
  *     river-soak [--endpoint E] [--admin E] [--streams N] [--minutes M | --seconds S]
  *                [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]
  *                [--max-tokens N] [--timeout S] [--grace S] [--report-every S]
+ *                [--key F --server-key F]
  *
  * Each stream is one request in flight at all times: when a request ends, its stream
  * submits the next at once. The streams are spread over K client connections (the client
@@ -52,6 +53,7 @@
 
 typedef struct soak_opts {
     const char *endpoint, *admin;
+    river_keys_t keys; /* CURVE keys for the client and admin connections; none: plain */
     int streams, clients, workers;
     int64_t run_ms, warmup_ms, timeout_ms, grace_ms, report_ms;
     uint32_t max_tokens;
@@ -407,6 +409,7 @@ static void soak_usage(FILE *f)
             "--seconds S]\n"
             "                  [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]\n"
             "                  [--max-tokens N] [--timeout S] [--grace S] [--report-every S]\n"
+            "                  [--key F --server-key F]\n"
             "  --endpoint E    riverd's client endpoint ($RIVER_ENDPOINT, default %s)\n"
             "  --admin E       riverd's admin endpoint ($RIVER_ADMIN, default %s)\n"
             "  --streams N     requests in flight at all times (default 200)\n"
@@ -422,6 +425,9 @@ static void soak_usage(FILE *f)
             "  --timeout S     riverd silent this long about a request: lost (default 120)\n"
             "  --grace S       how long requests may run after the end (default 120)\n"
             "  --report-every S  progress line interval (default 60)\n"
+            "  --key F         secret key of the soak's clients, NAME.key_secret ($RIVER_KEY);\n"
+            "                  riverd must allow its public key for clients and admin\n"
+            "  --server-key F  riverd's public key, riverd.key ($RIVER_SERVER_KEY)\n"
             "Exit status: 0 nothing lost, 1 something lost or the run failed, 2 usage.\n",
             SOAK_ENDPOINT_DEFAULT, SOAK_ADMIN_DEFAULT);
 }
@@ -447,7 +453,7 @@ static void soak_on_signal(int sig)
 static int soak_wait_workers(const soak_opts_t *o)
 {
     river_admin_t *a;
-    int rc = river_admin_new(&a, o->admin, 2000);
+    int rc = river_admin_new_secure(&a, o->admin, 2000, o->keys.secret_key ? &o->keys : NULL);
     if (rc < 0)
         return rc;
     int64_t until = soak_now_us() + 120 * 1000000LL;
@@ -479,6 +485,7 @@ int main(int argc, char **argv)
         {"warmup", required_argument, 0, 'W'},   {"max-tokens", required_argument, 0, 'k'},
         {"timeout", required_argument, 0, 't'},  {"grace", required_argument, 0, 'g'},
         {"report-every", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
+        {"key", required_argument, 0, 'K'},      {"server-key", required_argument, 0, 'S'},
         {0, 0, 0, 0},
     };
     soak_opts_t o = {
@@ -492,6 +499,7 @@ int main(int argc, char **argv)
         .grace_ms = 120000,
         .report_ms = 60000,
         .max_tokens = 64,
+        .keys = {.secret_key = getenv("RIVER_KEY"), .server_key = getenv("RIVER_SERVER_KEY")},
     };
     long v;
     int c;
@@ -516,6 +524,8 @@ int main(int argc, char **argv)
         case 't': bad = soak_parse_int(optarg, 1, 1000000, &v); o.timeout_ms = v * 1000; break;
         case 'g': bad = soak_parse_int(optarg, 0, 1000000, &v); o.grace_ms = v * 1000; break;
         case 'r': bad = soak_parse_int(optarg, 1, 1000000, &v); o.report_ms = v * 1000; break;
+        case 'K': o.keys.secret_key = optarg; break;
+        case 'S': o.keys.server_key = optarg; break;
         case 'h': soak_usage(stdout); return 0;
         default: bad = 1; break;
         }
@@ -526,6 +536,15 @@ int main(int argc, char **argv)
     }
     if (optind != argc) {
         soak_usage(stderr);
+        return 2;
+    }
+    /* An empty variable counts as unset; one key without the other is a mistake. */
+    if (o.keys.secret_key && !o.keys.secret_key[0])
+        o.keys.secret_key = NULL;
+    if (o.keys.server_key && !o.keys.server_key[0])
+        o.keys.server_key = NULL;
+    if (!o.keys.secret_key != !o.keys.server_key) {
+        fprintf(stderr, "river-soak: --key and --server-key go together\n");
         return 2;
     }
     /* riverd limits the requests of one connection (limits.max_requests_per_client, 64
@@ -568,7 +587,8 @@ int main(int argc, char **argv)
             cl->streams[j].index = next + j;
         }
         next += cl->n_streams;
-        if (river_client_new(&cl->c, o.endpoint) < 0) {
+        if (river_client_new_secure(&cl->c, o.endpoint, o.keys.secret_key ? &o.keys : NULL) <
+            0) {
             fprintf(stderr, "river-soak: %s: %s\n", o.endpoint, river_err_detail());
             return 1;
         }
