@@ -162,29 +162,72 @@ struct river_client {
 
 static void client__read_monitor(river_client_t *c);
 
+/* ---- Connection events (both the client and the admin client) ---- */
+
+/* Has sock report `events` to *mon, a PAIR socket on the inproc `endpoint` (one per
+ * context, and each client has its own context). */
+static int client__monitor_open(void *zctx, void *sock, const char *endpoint, int events,
+                                void **mon)
+{
+    int zero = 0;
+    if (zmq_socket_monitor(sock, endpoint, events) != 0)
+        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
+    *mon = zmq_socket(zctx, ZMQ_PAIR);
+    if (!*mon || zmq_setsockopt(*mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(*mon, endpoint) != 0) {
+        int e = zmq_errno();
+        if (*mon)
+            zmq_close(*mon);
+        *mon = NULL;
+        zmq_socket_monitor(sock, NULL, 0);
+        return river_err_set(RIVER_ESYS, "connection monitor: %s", zmq_strerror(e));
+    }
+    return 0;
+}
+
+static void client__monitor_close(void *sock, void **mon)
+{
+    if (!*mon)
+        return;
+    zmq_socket_monitor(sock, NULL, 0);
+    zmq_close(*mon);
+    *mon = NULL;
+}
+
+/* The next event the monitor reported: 1 with *event set, 0 when none is waiting. */
+static int client__monitor_next(void *mon, uint16_t *event)
+{
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&f);
+        return 0;
+    }
+    /* The first frame starts with the event number; the second is the address. */
+    *event = 0;
+    if (zmq_msg_size(&f) >= sizeof *event)
+        memcpy(event, zmq_msg_data(&f), sizeof *event);
+    bool more = zmq_msg_more(&f);
+    zmq_msg_close(&f);
+    while (more) {
+        zmq_msg_init(&f);
+        more = zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    return 1;
+}
+
 /* riverd keeps no request across a restart, and a connection that ends takes the requests
  * riverd had from it along: a lost connection is how a client learns that its requests in
  * flight are gone (riverd crashed or restarted, or dropped the connection). The socket
  * reports its disconnections to c->mon; river_client_poll ends those requests. */
 static int client__monitor(river_client_t *c)
 {
-    int zero = 0;
-    if (zmq_socket_monitor(c->sock, CLIENT_MONITOR_ENDPOINT,
-                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
-        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
-    c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
-    if (!c->mon || zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_connect(c->mon, CLIENT_MONITOR_ENDPOINT) != 0) {
-        int e = zmq_errno();
-        if (c->mon)
-            zmq_close(c->mon);
-        c->mon = NULL;
-        zmq_socket_monitor(c->sock, NULL, 0);
-        return river_err_set(RIVER_ESYS, "connection monitor: %s", zmq_strerror(e));
-    }
-    return 0;
+    return client__monitor_open(c->zctx, c->sock, CLIENT_MONITOR_ENDPOINT,
+                                ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                    ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                &c->mon);
 }
 
 int river_client_new(river_client_t **out, const char *endpoint)
@@ -221,10 +264,7 @@ void river_client_destroy(river_client_t **pc)
         return;
     /* Requests still in flight are abandoned: riverd sees the client gone when it
      * cannot deliver to it and cancels them. */
-    if (c->mon) {
-        zmq_socket_monitor(c->sock, NULL, 0);
-        zmq_close(c->mon);
-    }
+    client__monitor_close(c->sock, &c->mon);
     zmq_close(c->sock);
     zmq_ctx_term(c->zctx);
     free(c->reqs);
@@ -481,26 +521,8 @@ static const struct {
  * as lost (river_client_poll ends them). */
 static void client__read_monitor(river_client_t *c)
 {
-    if (!c->mon)
-        return;
-    for (;;) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
-        }
-        /* The first frame starts with the event number; the second is the address. */
-        uint16_t event = 0;
-        if (zmq_msg_size(&f) >= sizeof event)
-            memcpy(&event, zmq_msg_data(&f), sizeof event);
-        bool more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-        while (more) {
-            zmq_msg_init(&f);
-            more = zmq_msg_recv(&f, c->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
-            zmq_msg_close(&f);
-        }
+    uint16_t event;
+    while (c->mon && client__monitor_next(c->mon, &event)) {
         for (size_t k = 0; k < sizeof client__events / sizeof client__events[0]; k++) {
             if (client__events[k].event != event)
                 continue;
@@ -672,46 +694,19 @@ struct river_admin {
  * for one and fails the call at once instead, saying why. */
 static int admin__monitor(river_admin_t *a)
 {
-    int zero = 0;
-    if (zmq_socket_monitor(a->sock, ADMIN_MONITOR_ENDPOINT,
-                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
-        return river_err_set(RIVER_ESYS, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
-    a->mon = zmq_socket(a->zctx, ZMQ_PAIR);
-    if (!a->mon || zmq_setsockopt(a->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_connect(a->mon, ADMIN_MONITOR_ENDPOINT) != 0) {
-        int e = zmq_errno();
-        if (a->mon)
-            zmq_close(a->mon);
-        a->mon = NULL;
-        zmq_socket_monitor(a->sock, NULL, 0);
-        return river_err_set(RIVER_ESYS, "handshake monitor: %s", zmq_strerror(e));
-    }
-    return 0;
+    return client__monitor_open(a->zctx, a->sock, ADMIN_MONITOR_ENDPOINT,
+                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                    ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                                &a->mon);
 }
 
 /* RIVER_EAUTH when the monitor reported a refused handshake, 0 otherwise. */
 static int admin__refused(river_admin_t *a)
 {
     int rc = 0;
-    for (;;) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, a->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return rc;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&f) >= sizeof event)
-            memcpy(&event, zmq_msg_data(&f), sizeof event);
-        bool more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-        while (more) {
-            zmq_msg_init(&f);
-            more = zmq_msg_recv(&f, a->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&f);
-            zmq_msg_close(&f);
-        }
+    uint16_t event;
+    while (client__monitor_next(a->mon, &event)) {
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             rc = river_err_set(RIVER_EAUTH, "riverd refused this key: it is not in riverd's "
                                "auth.admin (or any other auth directory)");
@@ -724,6 +719,7 @@ static int admin__refused(river_admin_t *a)
         if (event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && rc)
             snprintf(a->refused, sizeof a->refused, "%s", river_err_detail());
     }
+    return rc;
 }
 
 int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms)
@@ -759,10 +755,7 @@ void river_admin_destroy(river_admin_t **pa)
     river_admin_t *a = pa ? *pa : NULL;
     if (!a)
         return;
-    if (a->mon) {
-        zmq_socket_monitor(a->sock, NULL, 0);
-        zmq_close(a->mon);
-    }
+    client__monitor_close(a->sock, &a->mon);
     zmq_close(a->sock);
     zmq_ctx_term(a->zctx);
     free(a);
