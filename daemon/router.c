@@ -323,14 +323,15 @@ int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    River__Client__Error e;
-    river__client__error__init(&e);
-    frame_error_fill(&e, rid, code, msg);
-    River__Client__ClientReply r;
-    river__client__client_reply__init(&r);
-    r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_ERROR;
-    r.error = &e;
-    return router_send_client(rd, to, &r);
+    if (!rd->clients)
+        return river_err_set(RIVER_EIO, "socket closed");
+    zmq_msg_t m;
+    int rc = frame_error_reply(rid, code, msg, &m);
+    if (rc < 0) {
+        zmq_msg_close(&m);
+        return rc;
+    }
+    return router__send_msg(rd->clients, to, &m);
 }
 
 int router_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m)
