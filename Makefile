@@ -150,7 +150,7 @@ $(BUILD)/%_avx512.o: %_avx512.c
 # directory (the stamp is rewritten only then): a stale object would reference a backend
 # that is no longer linked.
 CUDA_STAMP  := $(BUILD)/cuda-enabled
-CUDA_USERS  := $(BUILD)/cli/cli_env.o $(BUILD)/tests/test_cuda_ops.o
+CUDA_USERS  := $(BUILD)/kernels/backend.o $(BUILD)/tests/test_cuda_ops.o
 $(CUDA_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@echo "$(CUDA_ON)" | cmp -s - $@ || echo "$(CUDA_ON)" > $@
@@ -208,13 +208,12 @@ $(CLIENT_LIB): $(CLIENT_OBJ)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# The worker opens its model, tokenizer, river and routers the way the river commands do.
-WORKER_CLI_OBJ := $(BUILD)/cli/cli_env.o
-
-$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(WORKER_CLI_OBJ) $(LIB)
+# The worker opens its engine through engine/engine_open.c, as the river commands do; it
+# links nothing from cli/.
+$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(WORKER_CLI_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
 
 $(BUILD)/bin/riverd: $(DAEMON_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

@@ -17,27 +17,22 @@ int cmd_eval(int argc, char **argv);
 /* Prints "river <cmd>: <message>: <detail>" for a river_err code to stderr; returns 1. */
 int cli_fail(const char *cmd, int err);
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "kernels/ops.h"
+#include "engine/engine_open.h"
 
-/* What most commands open: the model, its tokenizer (from tok_path, or found beside the
- * model: tokenizer.json in its directory, or the one tok*.bin beside a llama2.c file) and
- * a CPU backend with n_threads threads (0: all cores). want_tok 0 skips the tokenizer. */
-typedef struct cli_env {
-    model_t *model;
-    tokenizer_t *tok;
-    backend_t *be;
-} cli_env_t;
+/* What most commands open (engine_open): the model, its tokenizer (from tok_path, or found
+ * beside the model: tokenizer.json in its directory, or the one tok*.bin beside a llama2.c
+ * file) and the backend of cli_env_set_device with n_threads threads (0: all cores, one
+ * for a model that fits the caches). want_tok 0 skips the tokenizer. */
+typedef engine_env_t cli_env_t;
 
 int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, int n_threads,
                  int want_tok);
 void cli_env_close(cli_env_t *env);
-/* The backend later cli_env_open calls create: "cpu" (the default) or "cuda" (GPU 0, the
- * model's weights uploaded to it; only in builds with the CUDA backend). RIVER_EINVAL for
- * an unknown name, RIVER_EUNSUPPORTED for "cuda" in a build without it. */
+/* The device later cli_env_open calls open: "cpu" (the default), "cuda" or "cuda:N" (the
+ * model's weights placed there; only in builds with the CUDA backend). RIVER_EINVAL for an
+ * unknown name, RIVER_EUNSUPPORTED for cuda in a build without it. */
 int cli_env_set_device(const char *name);
-/* Whether env->be is the CPU backend (cpu_backend_* calls apply to it). */
+/* Whether env->be keeps its buffers in host memory (the CPU backend). */
 int cli_env_is_cpu(const cli_env_t *env);
 
 /* Finds the tokenizer file that belongs to a model path; writes it to buf. */

@@ -181,13 +181,6 @@ int cmd_run(int argc, char **argv)
     gen_t *g = NULL;
     run_out_t out = {.json = json};
     exit_setup_t xc;
-    /* A river checks which model it belongs to by reading the model's weight bytes on the
-     * host; on the GPU they are device memory, so rivers stay CPU-only for now. */
-    if (!cli_env_is_cpu(&env) && (xo.river_path || xo.routers_path)) {
-        cli_env_close(&env);
-        return cli_fail("run", river_err_set(RIVER_EUNSUPPORTED, "--river and --routers "
-                                             "need --device cpu for now"));
-    }
     e = exit_setup_open(&xc, &xo.policy, xo.river_path, xo.routers_path, env.model);
     if (e) {
         cli_env_close(&env);

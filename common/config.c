@@ -143,6 +143,20 @@ const config_schema_t config_schema_riverd = {"riverd", config__riverd_keys,
                                               CONFIG__N(config__riverd_keys),
                                               sizeof(config_riverd_t)};
 
+/* A device name as kernels/backend.h reads it; whether this build has the CUDA backend is
+ * the backend's to say when the worker opens it. */
+static int config__check_device(const char *v)
+{
+    if (!strcmp(v, "cpu") || !strcmp(v, "cuda"))
+        return 0;
+    if (strncmp(v, "cuda:", 5) != 0 || !v[5])
+        return 1;
+    for (const char *c = v + 5; *c; c++)
+        if (*c < '0' || *c > '9')
+            return 1;
+    return strlen(v + 5) > 3;
+}
+
 #define WK(...) CONFIG__KEY(config_worker_t, __VA_ARGS__)
 static const config_key_t config__worker_keys[] = {
     WK("riverd", CONFIG_STRING, riverd, 0, 0, "tcp://127.0.0.1:5556",
@@ -162,6 +176,10 @@ static const config_key_t config__worker_keys[] = {
        "exit."),
     WK("routers", CONFIG_STRING, routers, 0, 0, "",
        "TIDE router file, needed by exit.rule router; empty: none."),
+    {.name = "device", .type = CONFIG_STRING, .offset = offsetof(config_worker_t, device),
+     .def = "cpu", .check = config__check_device, .expect = "cpu, cuda or cuda:N",
+     .doc = "Where the engine runs: cpu, or cuda:N for GPU N (cuda = cuda:0; needs a build "
+            "with the CUDA backend)."},
     WK("threads", CONFIG_INT, threads, 0, 1024, "0",
        "CPU threads for the forward pass; 0: one per core."),
     WK("max_batch_rows", CONFIG_INT, max_batch_rows, 1, 65536, "64",
@@ -294,7 +312,7 @@ static void config__expect(const config_key_t *k, char *buf, size_t cap)
         snprintf(buf, cap, "true or false");
         break;
     case CONFIG_STRING:
-        snprintf(buf, cap, "a string");
+        snprintf(buf, cap, "%s", k->expect ? k->expect : "a string");
         break;
     case CONFIG_ENUM: {
         /* "error, warn, info or debug" */
@@ -399,6 +417,8 @@ static int config__convert(const config_key_t *k, const char *v, void *dst)
         return 1;
     }
     case CONFIG_STRING: {
+        if (k->check && k->check(v))
+            return 1;
         char *copy = strdup(v);
         if (!copy)
             return river_err_set(RIVER_ENOMEM, "config: string of %zu bytes", strlen(v));

@@ -53,6 +53,10 @@ typedef struct config_key {
     const char *doc;
     const char *const *choices;  /* enum: the names, NULL-terminated */
     const config_schema_t *sub;  /* items: the schema of one item */
+    /* string: optional check of the value's form (0: fine), and what the error then says
+     * was expected ("cpu, cuda or cuda:N") */
+    int (*check)(const char *value);
+    const char *expect;
 } config_key_t;
 
 struct config_schema {
@@ -147,6 +151,7 @@ typedef struct config_worker {
     char *tokenizer;           /* "": beside the model */
     char *river;               /* Exit River file, "": none */
     char *routers;             /* router file, "": none */
+    char *device;              /* "cpu", "cuda", "cuda:N" (kernels/backend.h) */
     int threads;               /* 0: every core */
     int max_batch_rows;
     int max_seqs;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "kernels/backend.h"
 
 struct kv_pool {
     backend_t *be;
@@ -88,9 +89,9 @@ size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages
 static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
                            int page_size, int n_pages, size_t *bytes)
 {
-    if (strcmp(be->ops->name, "cpu") != 0)
-        return river_err_set(RIVER_EUNSUPPORTED, "kv pool: shared memory needs the CPU "
-                             "backend, not %s", be->ops->name);
+    if (!backend_is_host(be))
+        return river_err_set(RIVER_EUNSUPPORTED, "kv pool: shared memory needs a backend "
+                             "whose KV pages are host memory, not %s", be->ops->name);
     *bytes = kv_pool_shared_bytes(n_layers, kv_dim, page_size, n_pages);
     if (!*bytes)
         return river_err_set(RIVER_EINVAL, "kv pool: bad geometry (%d layers, kv_dim %d, "

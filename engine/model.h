@@ -87,6 +87,13 @@ typedef struct model {
     char *dir;            /* directory holding it (for tokenizer.json), owned */
     int is_llama2c;       /* loaded from a llama2.c .bin */
     model_mapping_t *map; /* owns every byte the weights point at */
+    /* Where the weights live once model_place ran (borrowed; NULL before): the river and
+     * offloading place and release their weights through it. */
+    backend_t *backend;
+    /* Fingerprints of the weights as loaded, taken by model_place before any weight moves
+     * to a device (river.c, router.c read them from here then, never from device memory). */
+    char fingerprint[33];        /* river_fingerprint's 32 hex digits; "" before */
+    uint64_t router_fingerprint; /* router_model_fingerprint; valid when fingerprint is set */
 } model_t;
 
 /* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin.
@@ -97,6 +104,13 @@ typedef struct model {
  * RIVER_ECONFIG (inconsistent configuration values), RIVER_EUNSUPPORTED. */
 int model_load(model_t **out, const char *path);
 void model_destroy(model_t **m);
+
+/* Places every weight on backend be (ops->weight_upload: host backends read the mapping in
+ * place, device backends copy) after taking the model's fingerprints from the mapped file.
+ * A tied LM head shares the embedding's copy. The backend must outlive the model's use and
+ * be destroyed before the model. On failure some weights may already point at the device:
+ * destroy the model. Placing a placed model again is RIVER_ESTATE. */
+int model_place(model_t *m, backend_t *be);
 
 /* Sets the RMSNorm epsilon (for llama2.c files, whose format does not record it). */
 void model_set_norm_eps(model_t *m, float eps);

@@ -2,7 +2,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -22,6 +21,15 @@ int offload_new(offload_t **out, const model_t *m, double threshold, int64_t min
     if (!(threshold > 0 && threshold < 1))
         return river_err_set(RIVER_EINVAL, "offload: threshold %g must be in (0, 1)",
                              threshold);
+    if (!m->backend)
+        return river_err_set(RIVER_ESTATE, "offload: %s is not placed on a backend "
+                             "(model_place)", m->path);
+    /* Asking for a layer that is in use to stay resident changes nothing, and tells whether
+     * the backend can release weights at all before any decision depends on it. */
+    const backend_t *be = m->backend;
+    int e = be->ops->weight_residency(be->ctx, &m->layers[0].wq, 1);
+    if (e)
+        return e;
     offload_t *o = calloc(1, sizeof *o);
     if (!o)
         return river_err_set(RIVER_ENOMEM, "offload");
@@ -70,27 +78,20 @@ double offload_reach(const offload_t *o, int layer)
     return (double)reached / (double)o->total;
 }
 
-/* The page-aligned span of one weight's bytes, for madvise. */
-static void offload__advise(const weight_t *w, int advice)
+/* Releases (resident 0) or recalls a backbone layer's matrices through the backend that
+ * holds them (on the CPU: advice on the mapped file's pages). */
+static int offload__layer(const offload_t *o, int l, int resident)
 {
-    if (!w->data)
-        return;
-    size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)w->data, b = a + bytes;
-    /* Only whole pages inside the tensor: a neighbour's bytes stay untouched. */
-    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, advice);
-}
-
-static void offload__layer(const offload_t *o, int l, int advice)
-{
+    const backend_t *be = o->m->backend;
     const layer_weights_t *w = &o->m->layers[l];
     const weight_t *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
                               &w->w_down};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-        offload__advise(mats[i], advice);
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        int e = be->ops->weight_residency(be->ctx, mats[i], resident);
+        if (e)
+            return e;
+    }
+    return 0;
 }
 
 int offload_update(offload_t *o, int *n_evicted)
@@ -99,7 +100,9 @@ int offload_update(offload_t *o, int *n_evicted)
     if (o->total >= o->min_tokens)
         for (int l = 0; l < o->m->cfg.n_layers; l++)
             if (!o->evicted[l] && offload_reach(o, l) < o->threshold) {
-                offload__layer(o, l, MADV_DONTNEED);
+                int e = offload__layer(o, l, 0);
+                if (e)
+                    return e;
                 o->evicted[l] = 1;
                 n++;
             }
@@ -112,7 +115,9 @@ void offload_touch(offload_t *o, int layer)
 {
     if (layer < 0 || layer >= o->m->cfg.n_layers || !o->evicted[layer])
         return;
-    offload__layer(o, layer, MADV_WILLNEED);
+    /* A failed recall leaves the layer readable (released weights stay readable), so the
+     * token still gets its layer, only more slowly. */
+    (void)offload__layer(o, layer, 1);
     o->evicted[layer] = 0;
     o->reloads++;
 }

@@ -117,6 +117,14 @@ static void fp_weight(fp_state_t *s, const char *name, const weight_t *w)
 
 int river_fingerprint(const model_t *m, char out[RIVER_FINGERPRINT_LEN])
 {
+    /* A placed model's weights may be device memory; model_place kept the fingerprint. */
+    if (m->fingerprint[0]) {
+        memcpy(out, m->fingerprint, RIVER_FINGERPRINT_LEN);
+        return 0;
+    }
+    if (m->backend)
+        return river_err_set(RIVER_ESTATE, "%s: fingerprint of a placed model not taken",
+                             m->path);
     const model_config_t *c = &m->cfg;
     fp_state_t s = {0x243f6a8885a308d3u, 0x13198a2e03707344u};
     fp_str(&s, "river-fingerprint-1");
@@ -397,6 +405,23 @@ struct river {
     int n_owned;
 };
 
+/* The river goes where its model is: its quantized matrices and head are placed on the
+ * model's backend (norms and biases were copied from the placed model, so they are there
+ * already). A device backend owns the copies; the mapped file stays the source. */
+static int river__place(river_t *r, backend_t *be)
+{
+    int e;
+    for (int l = r->start_layer; l < r->n_layers; l++) {
+        layer_weights_t *lw = &r->layers[l];
+        weight_t *mats[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up,
+                            &lw->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if ((e = be->ops->weight_upload(be->ctx, mats[i])))
+                return e;
+    }
+    return be->ops->weight_upload(be->ctx, &r->head);
+}
+
 /* A metadata integer: the whole string must be a decimal number within [min, max]. */
 static int river_meta_int(const safetensors_t *f, const char *key, long min, long max,
                           int *out)
@@ -604,6 +629,8 @@ int river_load(river_t **out, const model_t *m, const char *path)
         if ((err = river_load_layer(r, m, l)))
             goto fail;
     if (safetensors_metadata(r->file, "head_bits") && (err = river_load_head(r, m)))
+        goto fail;
+    if (m->backend && (err = river__place(r, m->backend)))
         goto fail;
     *out = r;
     return 0;

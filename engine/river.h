@@ -70,7 +70,8 @@ typedef struct river river_t;
 /* Maps the river file at path and checks it against m: format, fingerprint (a river built
  * from another model fails with RIVER_EINVAL naming both files), parameters, and every
  * tensor's presence, dtype and shape. The river points into m (norms, biases) and must be
- * destroyed before it. Errors: those of safetensors_open, RIVER_EFORMAT (not a river file,
+ * destroyed before it. When m is placed (model_place), the river's matrices are placed on
+ * the same backend. Errors: those of safetensors_open, RIVER_EFORMAT (not a river file,
  * bad metadata), RIVER_EINVAL (another model's river), RIVER_ENOTFOUND (missing tensor),
  * RIVER_EDTYPE, RIVER_ESHAPE, RIVER_ENOMEM. */
 int river_load(river_t **out, const model_t *m, const char *path);

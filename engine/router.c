@@ -282,6 +282,9 @@ static void router__fnv_weight_row(uint64_t *hsh, const weight_t *w)
 
 uint64_t router_model_fingerprint(const model_t *m)
 {
+    /* A placed model's weights may be device memory; model_place kept the fingerprint. */
+    if (m->fingerprint[0])
+        return m->router_fingerprint;
     const model_config_t *c = &m->cfg;
     uint64_t h = 0xcbf29ce484222325ULL;
     int32_t dims[] = {(int32_t)c->arch, c->dim,        c->n_layers,   c->n_heads,

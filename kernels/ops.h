@@ -90,9 +90,39 @@ typedef struct attn_batch {
 } attn_batch_t;
 
 typedef struct ops_ctx ops_ctx_t; /* backend state (thread pool, streams, scratch) */
+typedef struct backend backend_t;
+
+/* What a backend says about itself (ops->info). Code decides on these fields, never on a
+ * backend's name: the name is for logs and for handshakes between two processes that must
+ * run the same kernels. */
+typedef struct backend_info {
+    const char *name;  /* "cpu", "cuda", ... */
+    char variant[48];  /* what distinguishes two instances of the kind: the CPU's SIMD level
+                          ("avx512"), the GPU's model name */
+    int threads;       /* host threads the ops run on (0 where not meaningful) */
+    int device;        /* device index, -1 for host backends */
+    int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
+                          map, share (memfd) or advise them, and weights are read in place */
+} backend_info_t;
 
 typedef struct ops {
     const char *name;
+
+    /* Fills *out; cannot fail. */
+    void (*info)(ops_ctx_t *ctx, backend_info_t *out);
+    /* Places a weight where the ops read it. Host backends read the mapped checkpoint in
+     * place and leave w alone; device backends copy data (and Q4/Q8 scales and zeros) into
+     * memory the backend owns until destroy, and point w at the copy. A weight whose data is
+     * NULL (an absent bias) is left alone. On failure w is unchanged. */
+    int (*weight_upload)(ops_ctx_t *ctx, weight_t *w);
+    /* Residency of a placed weight, for backbone offloading: resident 0 releases the
+     * memory behind w (it must stay readable: a later op may still use it, at the cost of
+     * bringing it back), 1 asks for it back ahead of use. On host backends this is advice
+     * on the mapped file's pages (madvise), which loses nothing; a backend that cannot
+     * release memory returns RIVER_EUNSUPPORTED. */
+    int (*weight_residency)(ops_ctx_t *ctx, const weight_t *w, int resident);
+    /* Frees the backend, its state and what it owns (uploaded weights included). */
+    void (*destroy)(backend_t *be);
 
     /* Buffers in the backend's activation type; NULL on failure. Zero-filled. */
     void *(*buf_alloc)(ops_ctx_t *ctx, size_t n_elems);
@@ -141,9 +171,9 @@ typedef struct ops {
 } ops_t;
 
 /* A backend instance: the table plus its state. */
-typedef struct backend {
+struct backend {
     const ops_t *ops;
     ops_ctx_t *ctx;
-} backend_t;
+};
 
 #endif

@@ -326,6 +326,30 @@ START_TEST(test_bad_enum)
 }
 END_TEST
 
+/* A string key with a form of its own: the worker's device. */
+START_TEST(test_device)
+{
+    const config_schema_t *wk = &config_schema_worker;
+    const char *bad[] = {"gpu", "cuda:x", "cuda:1a", "cuda:-1", "cuda:12345", "CPU"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char yaml[64], got[64];
+        snprintf(yaml, sizeof yaml, "model: m\ndevice: %s\n", bad[i]);
+        snprintf(got, sizeof got, "expected cpu, cuda or cuda:N, got '%s'", bad[i]);
+        expect_error(wk, yaml, "cfg.yaml:2:9:", "device", got);
+    }
+    const char *good[] = {"cpu", "cuda", "cuda:0", "cuda:7"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char yaml[64];
+        snprintf(yaml, sizeof yaml, "device: %s\n", good[i]);
+        const char *path = test_write_tmp("device.yaml", yaml, strlen(yaml));
+        config_worker_t c;
+        ck_assert_msg(config_load(wk, path, &c) == 0, "%s: %s", good[i], river_err_detail());
+        ck_assert_str_eq(c.device, good[i]);
+        config_free(wk, &c);
+    }
+}
+END_TEST
+
 START_TEST(test_duplicate_key)
 {
     const config_schema_t *rd = &config_schema_riverd;
@@ -502,6 +526,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_wrong_type);
     tcase_add_test(tc, test_out_of_range);
     tcase_add_test(tc, test_bad_enum);
+    tcase_add_test(tc, test_device);
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_malformed_yaml);
     tcase_add_test(tc, test_required);

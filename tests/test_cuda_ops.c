@@ -546,7 +546,7 @@ START_TEST(test_golden_stories260k)
     int e = model_load(&m, TEST_DATA "/stories260K/stories260K.bin");
     ck_assert_msg(e == 0, "load: %s", river_err_detail());
     ck_assert_int_eq(cuda_backend_new(&be, 0), 0);
-    e = cuda_model_upload(be, m);
+    e = model_place(m, be);
     ck_assert_msg(e == 0, "upload: %s", river_err_detail());
     const model_config_t *c = &m->cfg;
     ck_assert_int_eq(forward_new(&fwd, m, be, 64), 0);

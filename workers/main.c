@@ -30,16 +30,16 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
-#include "cli/cli.h"
 #include "engine/exit_setup.h"
 #include "common/config.h"
 #include "common/err.h"
 #include "common/keys.h"
+#include "engine/engine_open.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
 #include "engine/river.h"
-#include "kernels/cpu/cpu.h"
+#include "kernels/backend.h"
 #include "workers/link.h"
 #include "workers/pair.h"
 #include "workers/sched.h"
@@ -69,7 +69,7 @@ typedef struct worker {
     int64_t watchdog_ms;   /* systemd watchdog ping interval (half WATCHDOG_USEC), 0: off */
     int64_t watchdog_next; /* when the next ping is due */
     char id[256];
-    cli_env_t env;
+    engine_env_t env;
     exit_setup_t xc;
     gen_t *gen;
     void *zctx;
@@ -209,7 +209,7 @@ static int worker__open_pair(worker_t *w)
         .boundary = w->cfg.split_boundary,
         .fingerprint = w->fingerprint,
         .backend = pair_backend_name(w->env.be),
-        .threads = cpu_backend_threads(w->env.be),
+        .threads = backend_threads(w->env.be),
         .max_rows = w->cfg.max_batch_rows,
         .heartbeat_ms = WORKER_HEARTBEAT_MS,
         .liveness = WORKER_LIVENESS,
@@ -238,7 +238,9 @@ static int worker__open_engine(worker_t *w)
     if (river && !c->split_peer[0])
         return river_err_set(RIVER_ECONFIG, "role river needs split.peer, the backbone "
                              "worker's address");
-    int e = cli_env_open(&w->env, c->model, c->tokenizer[0] ? c->tokenizer : NULL, c->threads, 1);
+    engine_opts_t eo = {.model = c->model, .tokenizer = c->tokenizer[0] ? c->tokenizer : NULL,
+                        .want_tokenizer = 1, .device = c->device, .threads = c->threads};
+    int e = engine_open(&w->env, &eo);
     if (e)
         return e;
     if (river && (c->split_boundary < 1 || c->split_boundary >= w->env.model->cfg.n_layers))
@@ -390,7 +392,7 @@ static void worker__close(worker_t *w)
     gen_destroy(&w->gen);
     kv_pool_destroy(&w->kv);
     exit_setup_close(&w->xc);
-    cli_env_close(&w->env);
+    engine_close(&w->env);
     if (w->sigfd >= 0)
         close(w->sigfd);
     config_free(&config_schema_worker, &w->cfg);
@@ -519,7 +521,8 @@ static int worker__open_backbone(worker_t *w)
     w->zctx = zmq_ctx_new();
     if (!w->zctx)
         return river_err_set(RIVER_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
-    int e = cli_env_open(&w->env, c->model, NULL, c->threads, 0);
+    engine_opts_t eo = {.model = c->model, .device = c->device, .threads = c->threads};
+    int e = engine_open(&w->env, &eo);
     if (e)
         return e;
     const model_t *m = w->env.model;
@@ -530,7 +533,7 @@ static int worker__open_backbone(worker_t *w)
         .boundary = c->split_boundary,
         .fingerprint = w->fingerprint,
         .backend = pair_backend_name(w->env.be),
-        .threads = cpu_backend_threads(w->env.be),
+        .threads = backend_threads(w->env.be),
     };
     if ((e = pair_backbone_new(&w->bb, w->zctx, &pc, m, w->env.be)))
         return e;

@@ -7,13 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/err.h"
-#include "kernels/cpu/cpu.h"
+#include "kernels/backend.h"
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
 #include "workers/wlog.h"
@@ -38,25 +37,20 @@ static double pair__now_s(void)
 
 const char *pair_backend_name(const backend_t *be)
 {
-    static char name[64];
-    /* cli_env_open gives every worker the best SIMD level the processor has; on one host
-     * both sides of a pair therefore name the same one. */
-    snprintf(name, sizeof name, "%s-%s", be->ops->name, cpu_simd_name(cpu_simd_detect()));
-    return name;
+    static char name[96];
+    /* The kind and the variant (the CPU's SIMD level): both halves must run the same
+     * kernels for the deep layers to give the same floats as one process would. */
+    return backend_describe(be, name, sizeof name);
 }
 
-/* The whole pages inside one weight, dropped (offload.c does the same for eviction). */
-static void pair__release(const weight_t *w)
+/* Through the backend that holds the weights (on the CPU: the mapped file's pages are
+ * dropped). Release is advice: a failure leaves the weights resident, which costs memory,
+ * not results, so errors are not reported. */
+static void pair__release(const model_t *m, const weight_t *w)
 {
-    if (!w->data)
-        return;
-    size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)w->data, b = a + bytes;
-    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
-    /* Advice only: a failure leaves the pages resident, which costs memory, not results. */
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    const backend_t *be = m->backend;
+    if (be)
+        (void)be->ops->weight_residency(be->ctx, w, 0);
 }
 
 void pair_release_weights(const model_t *m, int begin, int end, bool ends)
@@ -66,11 +60,11 @@ void pair_release_weights(const model_t *m, int begin, int end, bool ends)
         const weight_t *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
                                   &w->w_down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-            pair__release(mats[i]);
+            pair__release(m, mats[i]);
     }
     if (ends) {
-        pair__release(&m->embed);
-        pair__release(&m->lm_head);
+        pair__release(m, &m->embed);
+        pair__release(m, &m->lm_head);
     }
 }
 

@@ -3,6 +3,7 @@
  * kernels_*.c. */
 #include <cpuid.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -527,8 +528,52 @@ static int cpu_sync(ops_ctx_t *ctx)
     return 0;
 }
 
+static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
+{
+    out->name = "cpu";
+    snprintf(out->variant, sizeof out->variant, "%s", cpu_simd_name((cpu_simd_t)ctx->simd));
+    out->threads = ctx->n_threads;
+    out->device = -1;
+    out->host_memory = 1;
+}
+
+/* The mapped checkpoint is host memory the kernels read in place. */
+static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
+{
+    (void)ctx;
+    (void)w;
+    return 0;
+}
+
+/* Only whole pages inside the tensor are advised, so a neighbour's bytes stay untouched.
+ * Advice cannot lose data on a read-only file mapping: released pages come back from the
+ * file when read. */
+static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
+{
+    (void)ctx;
+    if (!w->data)
+        return 0;
+    size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)w->data, b = a + bytes;
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+    /* A failure leaves the pages as they were, which costs memory or time, not results. */
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, resident ? MADV_WILLNEED : MADV_DONTNEED);
+    return 0;
+}
+
+static void cpu_destroy(backend_t *be)
+{
+    cpu_backend_destroy(&be);
+}
+
 static const ops_t cpu_ops = {
     .name = "cpu",
+    .info = cpu_info,
+    .weight_upload = cpu_weight_upload,
+    .weight_residency = cpu_weight_residency,
+    .destroy = cpu_destroy,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
     .to_host = cpu_to_host,
@@ -571,6 +616,7 @@ int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd)
     if (!ctx)
         goto fail_backend;
     ctx->k = cpu_kernels_get(simd);
+    ctx->simd = (int)simd;
     ctx->n_threads = n_threads;
     ctx->thread_scratch = calloc((size_t)n_threads, sizeof *ctx->thread_scratch);
     if (!ctx->thread_scratch)

@@ -5,9 +5,10 @@
  * - Activations are f32 in device memory (parity with the CPU first; bf16 activations may
  *   come later). buf_alloc returns device pointers; the model code never dereferences them.
  * - Weights must be in device memory: cuda_backend_upload replaces the host pointers of a
- *   weight_t (the mmap'd checkpoint) with device copies; cuda_model_upload does it for a
- *   whole model. The backend owns those copies and frees them in cuda_backend_destroy, so
- *   a model uploaded to a backend must not be used after the backend is destroyed, nor
+ *   weight_t (the mmap'd checkpoint) with device copies (also ops->weight_upload, which
+ *   engine/model_place.c calls for a whole model). The backend owns those copies and frees
+ *   them in cuda_backend_destroy, so a model uploaded to a backend must not be used after
+ *   the backend is destroyed, nor
  *   with another backend (its weight_t now point at this GPU's memory).
  * - All work is queued on one stream of the backend; ops that return host data (to_host,
  *   cosine) wait for it. Host inputs of an op (positions, page tables, indices, inv_freq)
@@ -31,8 +32,6 @@
 extern "C" {
 #endif
 
-struct model;
-
 /* GPUs the CUDA runtime sees; 0 when there is no driver or no GPU (never an error). */
 int cuda_device_count(void);
 
@@ -46,11 +45,6 @@ void cuda_backend_destroy(backend_t **b);
  * The backend owns them (freed at destroy). A weight whose data is NULL (an absent bias)
  * is left alone. On failure w is unchanged. */
 int cuda_backend_upload(backend_t *b, weight_t *w);
-
-/* Uploads every weight of a model (cuda_model.c). A tied lm_head shares the embedding's
- * device copy. On failure some weights may already point at the device: destroy the
- * model. */
-int cuda_model_upload(backend_t *b, struct model *m);
 
 /* Name of the GPU the backend runs on (for bench output); "" when unknown. */
 const char *cuda_backend_device_name(const backend_t *b);

@@ -1025,11 +1025,47 @@ static int cuda_sync(ops_ctx_t *ctx)
     return 0;
 }
 
+static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
+{
+    out->name = "cuda";
+    snprintf(out->variant, sizeof out->variant, "%.47s", ctx->name);
+    out->threads = 0;
+    out->device = ctx->device;
+    out->host_memory = 0;
+}
+
+static int upload_weight(ops_ctx_t *ctx, weight_t *w);
+
+static int cuda_weight_upload(ops_ctx_t *ctx, weight_t *w)
+{
+    return upload_weight(ctx, w);
+}
+
+/* Device copies are not released yet: eviction to host memory (or to the backbone GPU of a
+ * split pair) is still to come. */
+static int cuda_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
+{
+    (void)ctx;
+    (void)w;
+    (void)resident;
+    return river_err_set(RIVER_EUNSUPPORTED, "cuda backend: weights cannot be released from "
+                         "device memory yet");
+}
+
+static void cuda_destroy(backend_t *be)
+{
+    cuda_backend_destroy(&be);
+}
+
 static ops_t make_cuda_ops(void)
 {
     ops_t o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
+    o.info = cuda_info;
+    o.weight_upload = cuda_weight_upload;
+    o.weight_residency = cuda_weight_residency;
+    o.destroy = cuda_destroy;
     o.buf_alloc = cuda_buf_alloc;
     o.buf_free = cuda_buf_free;
     o.to_host = cuda_to_host;
@@ -1180,12 +1216,16 @@ extern "C" int cuda_backend_upload(backend_t *b, weight_t *w)
 {
     if (!b || !w)
         return river_err_set(RIVER_EINVAL, "cuda upload: NULL argument");
+    return upload_weight(b->ctx, w);
+}
+
+static int upload_weight(ops_ctx_t *ctx, weight_t *w)
+{
     if (!w->data)
         return 0;
     int e = weight_check(w, "upload");
     if (e)
         return e;
-    ops_ctx_t *ctx = b->ctx;
     if ((e = cu_enter(ctx)))
         return e;
     size_t data_bytes = (size_t)w->rows * dtype_row_bytes(w->dtype, w->cols);

@@ -1,0 +1,40 @@
+/* Opening a backend by device name, and what every caller asks of one without knowing
+ * which it is.
+ *
+ * A device name is "cpu", "cuda" (GPU 0) or "cuda:N". This is the one place that turns a
+ * name into a backend: the engine, the workers and the tools hold a backend_t and ask it
+ * (backend_info) whether its memory is host memory, how many threads it runs, and so on;
+ * nothing compares backend names. */
+#ifndef RIVER_KERNELS_BACKEND_H
+#define RIVER_KERNELS_BACKEND_H
+
+#include "kernels/ops.h"
+
+typedef enum {
+    BACKEND_KIND_CPU = 0,
+    BACKEND_KIND_CUDA,
+} backend_kind_t;
+
+/* Parses a device name. RIVER_EINVAL (with a detail naming the name and the accepted forms)
+ * for anything else; RIVER_EUNSUPPORTED for "cuda" in a build without the CUDA backend.
+ * index is the GPU for cuda, 0 for cpu. */
+int backend_parse_device(const char *device, backend_kind_t *kind, int *index);
+
+/* Opens the backend a device name names: the CPU with n_threads threads (0: one per core)
+ * at the best SIMD level the processor has (or the one RIVER_SIMD asks for), or a GPU.
+ * On failure *out is untouched. */
+int backend_open(backend_t **out, const char *device, int n_threads);
+
+/* Frees any backend (through its own destroy) and sets *be to NULL; NULL is fine. */
+void backend_destroy(backend_t **be);
+
+void backend_get_info(const backend_t *be, backend_info_t *out);
+/* Whether the backend's buffers and weights are host memory (backend_info.host_memory). */
+int backend_is_host(const backend_t *be);
+/* The host threads its ops run on. */
+int backend_threads(const backend_t *be);
+/* "name-variant", e.g. "cpu-avx512": two processes whose results must agree bit for bit
+ * (the split pair) compare these. Written to buf (cap bytes); returns buf. */
+const char *backend_describe(const backend_t *be, char *buf, size_t cap);
+
+#endif
