@@ -45,7 +45,7 @@ PROTO_OBJ   := $(PROTO_GEN_C:.c=.o)
 SIMD_AVX2   := -mavx2 -mfma -mf16c
 SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
 
-LIB_SRC     := $(wildcard common/*.c engine/*.c kernels/*.c kernels/cpu/*.c)
+LIB_SRC     := $(wildcard common/*.c engine/*.c kernels/*.c kernels/cpu/*.c kernels/opaque/*.c)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB         := $(BUILD)/libriver.a
 
@@ -239,6 +239,17 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $
 
 build-test: build-all
 	$(Q)scripts/run-tests.sh $(TEST_BIN)
+
+# The engine suites again on the opaque backend (kernels/opaque/opaque.h): the CPU kernels
+# behind memory that nothing above the op interface may touch, so a host-side read of a
+# buffer, a KV page or a weight crashes there, and a weight that was never placed is an
+# error. This is how a missing upload is caught without a GPU.
+OPAQUE_SUITES := backend golden exit generate router worker
+.PHONY: test-opaque build-test-opaque
+test-opaque: deps-check
+	$(Q)$(MAKE) --no-print-directory build-test-opaque
+build-test-opaque: build-all
+	$(Q)RIVER_TEST_DEVICE=opaque scripts/run-tests.sh $(OPAQUE_SUITES:%=$(BUILD)/tests/test_%)
 
 # libFuzzer: one binary per parser entry point in fuzz/targets.c, each run for FUZZ_SECONDS
 # on its seeds (fuzz/corpus/<target>/; what it finds new goes to $(BUILD)/fuzz/corpus/).

@@ -147,7 +147,7 @@ const config_schema_t config_schema_riverd = {"riverd", config__riverd_keys,
  * the backend's to say when the worker opens it. */
 static int config__check_device(const char *v)
 {
-    if (!strcmp(v, "cpu") || !strcmp(v, "cuda"))
+    if (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "opaque"))
         return 0;
     if (strncmp(v, "cuda:", 5) != 0 || !v[5])
         return 1;
@@ -177,9 +177,10 @@ static const config_key_t config__worker_keys[] = {
     WK("routers", CONFIG_STRING, routers, 0, 0, "",
        "TIDE router file, needed by exit.rule router; empty: none."),
     {.name = "device", .type = CONFIG_STRING, .offset = offsetof(config_worker_t, device),
-     .def = "cpu", .check = config__check_device, .expect = "cpu, cuda or cuda:N",
+     .def = "cpu", .check = config__check_device, .expect = "cpu, cuda, cuda:N or opaque",
      .doc = "Where the engine runs: cpu, or cuda:N for GPU N (cuda = cuda:0; needs a build "
-            "with the CUDA backend)."},
+            "with the CUDA backend); opaque is the test backend that proves the engine "
+            "never touches device memory."},
     WK("threads", CONFIG_INT, threads, 0, 1024, "0",
        "CPU threads for the forward pass; 0: one per core."),
     WK("max_batch_rows", CONFIG_INT, max_batch_rows, 1, 65536, "64",

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "kernels/backend.h"
 #include "engine/safetensors.h"
 #include "kernels/cpu/threadpool.h"
 
@@ -318,6 +319,11 @@ int river_build(const model_t *m, const char *path, const river_build_opts_t *o,
     int err = river_build_check(m, o);
     if (err)
         return err;
+    /* Quantizing is host work over the mapped checkpoint; a model placed on a device no
+     * longer has its weights where the host can read them. */
+    if (m->backend && !backend_is_host(m->backend))
+        return river_err_set(RIVER_EUNSUPPORTED, "%s: quantize the model before placing it on "
+                             "a device backend (river quant runs on the host)", m->path);
     char fingerprint[RIVER_FINGERPRINT_LEN];
     if ((err = river_fingerprint(m, fingerprint)))
         return err;

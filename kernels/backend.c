@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/opaque/opaque.h"
 #ifdef RIVER_CUDA
 #include "kernels/cuda/cuda.h"
 #endif
@@ -17,11 +18,16 @@ int backend_parse_device(const char *device, backend_kind_t *kind, int *index)
         *index = 0;
         return 0;
     }
+    if (!strcmp(device, "opaque")) {
+        *kind = BACKEND_KIND_OPAQUE;
+        *index = 0;
+        return 0;
+    }
     int gpu = 0;
     if (strcmp(device, "cuda") != 0) {
         char *end;
         if (strncmp(device, "cuda:", 5) != 0 || device[5] < '0' || device[5] > '9')
-            return river_err_set(RIVER_EINVAL, "device '%s': use cpu, cuda or cuda:N", device);
+            return river_err_set(RIVER_EINVAL, "device '%s': use cpu, cuda or cuda:N (or opaque, the test backend)", device);
         long v = strtol(device + 5, &end, 10);
         if (*end || v > 255)
             return river_err_set(RIVER_EINVAL, "device '%s': use cpu, cuda or cuda:N (N a GPU "
@@ -50,6 +56,8 @@ int backend_open(backend_t **out, const char *device, int n_threads)
     if (kind == BACKEND_KIND_CUDA)
         return cuda_backend_new(out, index);
 #endif
+    if (kind == BACKEND_KIND_OPAQUE)
+        return opaque_backend_new(out, n_threads, CPU_SIMD_COUNT);
     return cpu_backend_new(out, n_threads, CPU_SIMD_COUNT);
 }
 

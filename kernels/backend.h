@@ -1,7 +1,8 @@
 /* Opening a backend by device name, and what every caller asks of one without knowing
  * which it is.
  *
- * A device name is "cpu", "cuda" (GPU 0) or "cuda:N". This is the one place that turns a
+ * A device name is "cpu", "cuda" (GPU 0), "cuda:N", or "opaque": the test backend of
+ * kernels/opaque/opaque.h, which proves on the CPU that nothing touches device memory. This is the one place that turns a
  * name into a backend: the engine, the workers and the tools hold a backend_t and ask it
  * (backend_info) whether its memory is host memory, how many threads it runs, and so on;
  * nothing compares backend names. */
@@ -13,6 +14,7 @@
 typedef enum {
     BACKEND_KIND_CPU = 0,
     BACKEND_KIND_CUDA,
+    BACKEND_KIND_OPAQUE, /* the CPU behind addresses nobody may dereference (tests) */
 } backend_kind_t;
 
 /* Parses a device name. RIVER_EINVAL (with a detail naming the name and the accepted forms)

@@ -35,9 +35,9 @@ River__Worker__WorkerMessage *wk_launch(wk_t *w, const char *model, int max_seqs
     snprintf(name, sizeof name, "worker-%d.yaml", n_started++);
     snprintf(cfg, sizeof cfg,
              "riverd: \"%s\"\nmodel: %s\nthreads: 1\nmax_seqs: %d\nmax_batch_rows: 64\n"
-             "prefill_chunk: 32\nlog_level: %s\nauth: {mode: plain}\n%s",
+             "prefill_chunk: 32\nlog_level: %s\nauth: {mode: plain}\n%s%s",
              endpoint, model, max_seqs, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn",
-             extra ? extra : "");
+             test_device_yaml(), extra ? extra : "");
 
     w->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(w->ctx);

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "engine/engine_open.h"
@@ -13,6 +16,7 @@
 #include "engine/router.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/opaque/opaque.h"
 #include "tests/testutil.h"
 
 #define KJV TEST_DATA "/kjv-12l"
@@ -224,6 +228,61 @@ START_TEST(test_engine_open)
 }
 END_TEST
 
+/* What the opaque backend is for: the caller's view of its memory faults on the host, while
+ * the ops compute with it, and the ops refuse memory that was never given to the backend. */
+START_TEST(test_opaque)
+{
+    backend_t *be = NULL;
+    ck_assert_int_eq(opaque_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    backend_info_t bi;
+    backend_get_info(be, &bi);
+    ck_assert_str_eq(bi.name, "opaque");
+    ck_assert_int_eq(bi.host_memory, 0);
+    const ops_t *o = be->ops;
+    float host[8] = {1, 2, 3, 4, 5, 6, 7, 8}, back[8] = {0};
+    void *buf = o->buf_alloc(be->ctx, 8);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(o->from_host(be->ctx, buf, 0, host, 8), 0);
+    void *sum = o->buf_alloc(be->ctx, 8);
+    ck_assert_int_eq(o->add(be->ctx, sum, buf, 8), 0);
+    ck_assert_int_eq(o->add(be->ctx, sum, buf, 8), 0);
+    ck_assert_int_eq(o->to_host(be->ctx, back, sum, 0, 8), 0);
+    for (int i = 0; i < 8; i++)
+        ck_assert(back[i] == 2 * host[i]);
+
+    /* A host read of a buffer dies with SIGSEGV where it happens. */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        volatile float x = ((volatile float *)buf)[1];
+        (void)x;
+        _exit(0);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "a host read of an opaque "
+                  "buffer did not fault (status %#x)", st);
+
+    /* Host memory where the backend's is expected, and a weight never placed, are refused. */
+    ck_assert_int_eq(o->add(be->ctx, host, buf, 8), RIVER_EDEVICE);
+    ck_assert_ptr_nonnull(strstr(river_err_detail(), "add"));
+    static const float wdata[8 * 8] = {0};
+    weight_t w = {.dtype = DTYPE_F32, .rows = 8, .cols = 8, .data = wdata};
+    ck_assert_int_eq(o->matmul(be->ctx, sum, buf, &w, 1), RIVER_EDEVICE);
+    ck_assert_ptr_nonnull(strstr(river_err_detail(), "never placed"));
+    /* Once placed, the same weight works, and its data is no longer the host copy. */
+    ck_assert_int_eq(o->weight_upload(be->ctx, &w), 0);
+    ck_assert_ptr_ne(w.data, wdata);
+    ck_assert_int_eq(o->matmul(be->ctx, sum, buf, &w, 1), 0);
+    ck_assert_int_eq(o->to_host(be->ctx, back, sum, 0, 8), 0);
+    for (int i = 0; i < 8; i++)
+        ck_assert(back[i] == 0.0f);
+    o->buf_free(be->ctx, buf);
+    o->buf_free(be->ctx, sum);
+    backend_destroy(&be);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -233,6 +292,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, test_cpu_info);
     tcase_add_test(tc, test_place_fingerprints);
     tcase_add_test(tc, test_engine_open);
+    tcase_add_test(tc, test_opaque);
     suite_add_tcase(s, tc);
     return s;
 }

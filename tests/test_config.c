@@ -327,17 +327,17 @@ START_TEST(test_bad_enum)
 END_TEST
 
 /* A string key with a form of its own: the worker's device. */
-START_TEST(test_device)
+START_TEST(test_worker_device)
 {
     const config_schema_t *wk = &config_schema_worker;
     const char *bad[] = {"gpu", "cuda:x", "cuda:1a", "cuda:-1", "cuda:12345", "CPU"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char yaml[64], got[64];
         snprintf(yaml, sizeof yaml, "model: m\ndevice: %s\n", bad[i]);
-        snprintf(got, sizeof got, "expected cpu, cuda or cuda:N, got '%s'", bad[i]);
+        snprintf(got, sizeof got, "expected cpu, cuda, cuda:N or opaque, got '%s'", bad[i]);
         expect_error(wk, yaml, "cfg.yaml:2:9:", "device", got);
     }
-    const char *good[] = {"cpu", "cuda", "cuda:0", "cuda:7"};
+    const char *good[] = {"cpu", "cuda", "cuda:0", "cuda:7", "opaque"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         char yaml[64];
         snprintf(yaml, sizeof yaml, "device: %s\n", good[i]);
@@ -526,7 +526,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_wrong_type);
     tcase_add_test(tc, test_out_of_range);
     tcase_add_test(tc, test_bad_enum);
-    tcase_add_test(tc, test_device);
+    tcase_add_test(tc, test_worker_device);
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_malformed_yaml);
     tcase_add_test(tc, test_required);

@@ -47,12 +47,6 @@ static void fx_setup(void)
 {
     memset(&F, 0, sizeof F);
     ck_assert_msg(model_load(&F.m, MODEL) == 0, "%s", river_err_detail());
-    ck_assert_int_eq(cpu_backend_new(&F.be, 2, CPU_SIMD_COUNT), 0);
-    base_ops = F.be->ops;
-    counting_ops = *base_ops;
-    counting_ops.kv_write = count_kv_write;
-    F.counted.ops = &counting_ops;
-    F.counted.ctx = F.be->ctx;
     /* An 8-bit river from layer 1: close to the backbone, so exits stay accurate. */
     snprintf(F.river_path, sizeof F.river_path, "%s/kjv-river-q8.safetensors", test_tmpdir());
     river_build_opts_t o = river_build_opts_default();
@@ -60,16 +54,23 @@ static void fx_setup(void)
     o.quant.method = QUANT_RTN;
     o.start_layer = 1;
     ck_assert_msg(river_build(F.m, F.river_path, &o, NULL) == 0, "%s", river_err_detail());
+    /* Quantizing reads the mapped weights on the host; the backend gets them after. */
+    test_backend_open(&F.be, 2, CPU_SIMD_COUNT, F.m);
     ck_assert_msg(river_load(&F.river, F.m, F.river_path) == 0, "%s", river_err_detail());
     for (int l = 0; l < F.m->cfg.n_layers; l++)
         F.layers[l] = river_layer(F.river, l);
+    base_ops = F.be->ops;
+    counting_ops = *base_ops;
+    counting_ops.kv_write = count_kv_write;
+    F.counted.ops = &counting_ops;
+    F.counted.ctx = F.be->ctx;
 }
 
 static void fx_teardown(void)
 {
     river_destroy(&F.river);
     remove(F.river_path);
-    cpu_backend_destroy(&F.be);
+    backend_destroy(&F.be);
     model_destroy(&F.m);
 }
 

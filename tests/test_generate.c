@@ -56,12 +56,12 @@ static void env_open(env_t *e, const char *dir, int threads)
     snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
     ck_assert_msg(model_load(&e->m, dir) == 0, "%s", river_err_detail());
     ck_assert_msg(tokenizer_load(&e->tok, tp, 0) == 0, "%s", river_err_detail());
-    ck_assert_int_eq(cpu_backend_new(&e->be, threads, CPU_SIMD_COUNT), 0);
+    test_backend_open(&e->be, threads, CPU_SIMD_COUNT, e->m);
 }
 
 static void env_close(env_t *e)
 {
-    cpu_backend_destroy(&e->be);
+    backend_destroy(&e->be);
     tokenizer_destroy(&e->tok);
     model_destroy(&e->m);
 }

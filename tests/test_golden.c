@@ -90,7 +90,7 @@ static void fixture_open_simd(fixture_t *fx, const golden_case_t *gc, int thread
         model_set_norm_eps(fx->m, gc->eps);
     e = tokenizer_load(&fx->tok, gc->tokenizer, fx->m->cfg.vocab_size);
     ck_assert_msg(e == 0, "tokenizer %s: %s", gc->tokenizer, river_err_detail());
-    ck_assert_int_eq(cpu_backend_new(&fx->be, threads, simd), 0);
+    test_backend_open(&fx->be, threads, simd, fx->m);
     ck_assert_int_eq(forward_new(&fx->fwd, fx->m, fx->be, 64), 0);
     ck_assert_int_eq(kv_pool_new(&fx->kv, fx->be, fx->m->cfg.n_layers,
                                  fx->m->cfg.n_kv_heads * fx->m->cfg.head_dim, 16, 8), 0);
@@ -122,7 +122,7 @@ static void fixture_close(fixture_t *fx)
     kv_seq_free(&fx->seq, fx->kv);
     kv_pool_destroy(&fx->kv);
     forward_destroy(&fx->fwd);
-    cpu_backend_destroy(&fx->be);
+    backend_destroy(&fx->be);
     tokenizer_destroy(&fx->tok);
     model_destroy(&fx->m);
     json_decref(fx->golden);
@@ -380,7 +380,7 @@ START_TEST(test_kjv_llamacpp)
     ck_assert_msg(model_load(&m, TEST_DATA "/kjv-12l") == 0, "%s", river_err_detail());
     ck_assert_msg(tokenizer_load(&tok, TEST_DATA "/kjv-12l/tokenizer.json", 0) == 0, "%s",
                   river_err_detail());
-    ck_assert_int_eq(cpu_backend_new(&be, 2, CPU_SIMD_COUNT), 0);
+    test_backend_open(&be, 2, CPU_SIMD_COUNT, m);
     const char *prompt = json_string_value(json_object_get(gj, "prompt"));
     int32_t want_prompt[256], want[256];
     size_t n_want_prompt, n_want;
@@ -413,7 +413,7 @@ START_TEST(test_kjv_llamacpp)
                   margin);
     gen_destroy(&g);
     free(ids);
-    cpu_backend_destroy(&be);
+    backend_destroy(&be);
     tokenizer_destroy(&tok);
     model_destroy(&m);
     json_decref(gj);

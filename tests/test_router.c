@@ -445,7 +445,7 @@ START_TEST(test_calibrate_kjv)
     ck_assert_msg(tokenizer_load(&tok, KJV "/tokenizer.json", 0) == 0, "%s",
                   river_err_detail());
     backend_t *be = NULL;
-    ck_assert_int_eq(cpu_backend_new(&be, 2, CPU_SIMD_COUNT), 0);
+    test_backend_open(&be, 2, CPU_SIMD_COUNT, m);
     size_t len;
     char *text = test_read_file(CAL_TEXT, &len);
     ck_assert_msg(text != NULL, "cannot read " CAL_TEXT);
@@ -566,7 +566,7 @@ START_TEST(test_calibrate_kjv)
     router_calib_destroy(&c);
     ck_assert_ptr_null(c);
     free(text);
-    cpu_backend_destroy(&be);
+    backend_destroy(&be);
     tokenizer_destroy(&tok);
     model_destroy(&m);
     fprintf(stderr, "calibration test: %.1f s\n", now_s() - t0);
@@ -580,7 +580,7 @@ START_TEST(test_calibrate_bad_input)
     tokenizer_t *tok = NULL;
     ck_assert_int_eq(tokenizer_load(&tok, KJV "/tokenizer.json", 0), 0);
     backend_t *be = NULL;
-    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    test_backend_open(&be, 1, CPU_SIMD_COUNT, m);
     router_calib_t *c = NULL;
     router_calib_opts_t co = {.interval = 4};
     ck_assert_int_eq(router_calib_collect(&c, m, tok, be, "\n\n  \n", 5, &co), RIVER_EINVAL);
@@ -616,7 +616,7 @@ START_TEST(test_calibrate_bad_input)
     ck_assert_int_eq(router_train(&r, c->h, ys, 4, &o, NULL), RIVER_EINVAL);
     router_release(&r);
     router_calib_destroy(&c);
-    cpu_backend_destroy(&be);
+    backend_destroy(&be);
     tokenizer_destroy(&tok);
     model_destroy(&m);
 }

@@ -1,4 +1,7 @@
 #include "tests/testutil.h"
+#include "common/err.h"
+#include "kernels/backend.h"
+#include "kernels/opaque/opaque.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,4 +100,26 @@ const char *test_bin(const char *name)
     snprintf(p, PATH_MAX, "%.3000s/bin/%s", self, name);
     ck_assert_msg(access(p, X_OK) == 0, "%s is not built", p);
     return p;
+}
+
+const char *test_device(void)
+{
+    const char *d = getenv("RIVER_TEST_DEVICE");
+    return d && !strcmp(d, "opaque") ? "opaque" : "cpu";
+}
+
+void test_backend_open(backend_t **be, int threads, cpu_simd_t simd, model_t *m)
+{
+    int e = strcmp(test_device(), "opaque") ? cpu_backend_new(be, threads, simd)
+                                            : opaque_backend_new(be, threads, simd);
+    ck_assert_msg(e == 0, "backend %s: %s", test_device(), river_err_detail());
+    if (m) {
+        e = model_place(m, *be);
+        ck_assert_msg(e == 0, "place %s: %s", m->path, river_err_detail());
+    }
+}
+
+const char *test_device_yaml(void)
+{
+    return strcmp(test_device(), "opaque") ? "" : "device: opaque\n";
 }

@@ -7,6 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/model.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
+
 #define TEST_DATA "tests/data"
 
 /* One main per test binary: runs the suite built by `suite_fn` and fails the process when
@@ -34,5 +38,15 @@ const char *test_bin(const char *name);
  * with its contents when the process that created it exits with status 0 (a failing test
  * keeps it, as does RIVER_TEST_KEEP=1). */
 const char *test_tmpdir(void);
+
+/* The device the engine suites run on: "cpu", or "opaque" when RIVER_TEST_DEVICE=opaque
+ * (make test-opaque), the backend whose memory nothing above the op interface may touch. */
+const char *test_device(void);
+/* A backend on test_device() (threads and simd apply to the CPU; the opaque backend takes
+ * threads and the best level), with m placed on it when m is not NULL. Fails the test on
+ * error. Free it with backend_destroy. */
+void test_backend_open(backend_t **be, int threads, cpu_simd_t simd, model_t *m);
+/* The worker YAML line that puts a river-worker on test_device() ("" on the CPU). */
+const char *test_device_yaml(void);
 
 #endif

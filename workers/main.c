@@ -350,10 +350,12 @@ static int worker__open(worker_t *w)
             return e;
         w->linked = true;
     }
-    wlog(WLOG_INFO, "serving %s: %d layers, context %d, %d sequences, %d rows, %d KV pages "
-         "of %d, exit policy %s%s", lc.caps.model, mc->n_layers, mc->max_seq_len,
-         w->cfg.max_seqs, w->cfg.max_batch_rows, kv_pool_total_pages(kv),
-         kv_pool_page_size(kv), exit_rule_name(w->xc.cfg.policy.rule),
+    char be_name[96];
+    wlog(WLOG_INFO, "serving %s on %s (%d threads): %d layers, context %d, %d sequences, %d "
+         "rows, %d KV pages of %d, exit policy %s%s", lc.caps.model,
+         backend_describe(w->env.be, be_name, sizeof be_name), backend_threads(w->env.be),
+         mc->n_layers, mc->max_seq_len, w->cfg.max_seqs, w->cfg.max_batch_rows,
+         kv_pool_total_pages(kv), kv_pool_page_size(kv), exit_rule_name(w->xc.cfg.policy.rule),
          w->xc.river ? " with the Exit River" : "");
     return 0;
 }
