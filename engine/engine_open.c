@@ -70,7 +70,10 @@ int engine_open(engine_env_t *env, const engine_opts_t *o)
         threads = 1;
     if ((e = backend_open(&env->be, o->device, threads)))
         goto fail;
-    if ((e = model_place(env->model, env->be)))
+    int begin = o->place_begin, end = o->place_end;
+    if (!begin && !end)
+        end = env->model->cfg.n_layers;
+    if ((e = model_place_layers(env->model, env->be, begin, end, !o->place_no_ends)))
         goto fail;
     return 0;
 fail:

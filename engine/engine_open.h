@@ -20,6 +20,9 @@ typedef struct engine_opts {
     const char *device;    /* NULL: "cpu" */
     int threads;           /* host threads; 0: one for a model that fits the caches, else
                               one per core */
+    /* Layers to place on the backend (model_place_layers); both 0: the whole model. */
+    int place_begin, place_end;
+    int place_no_ends;     /* leave the embedding, final norm and heads unplaced */
 } engine_opts_t;
 
 /* What an opened engine holds. The fields are the caller's to use, engine_close's to free. */

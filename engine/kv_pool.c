@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -18,11 +19,12 @@ struct kv_pool {
     int32_t *free_list; /* (n_pages) stack of free page ids; NULL when attached */
     int n_free;
     int n_layers;
-    /* Shared pools: K and V live in one MAP_SHARED mapping instead of backend buffers. */
-    void *map;          /* NULL for a private pool */
-    size_t map_bytes;
-    int fd;             /* the owner's memfd, -1 when attached or private */
-    int shared;         /* made by kv_pool_new_shared or kv_pool_attach */
+    /* Shared pools: K and V live in one shared buffer of the backend instead of two
+     * private ones. */
+    void *map;              /* NULL for a private pool */
+    shared_handle_t handle; /* what the owner exports (fd -1 when attached) */
+    int shared;             /* made by kv_pool_new_shared or kv_pool_attach */
+    int owner;              /* made by kv_pool_new_shared: frees the buffer */
     int attached;
 };
 
@@ -36,7 +38,6 @@ int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int pa
     if (!p)
         goto fail_alloc;
     p->be = be;
-    p->fd = -1;
     p->n_layers = n_layers;
     p->view.page_size = page_size;
     p->view.kv_dim = kv_dim;
@@ -85,13 +86,12 @@ size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages
     return n;
 }
 
-/* The parts every shared pool has: geometry, K at the start of the mapping, V after it. */
+/* The parts every shared pool has: geometry, K at the start of the shared buffer, V after
+ * it. Where the buffer lives is the backend's (ops->shared_alloc / shared_map): a memfd for
+ * host memory, a CUDA IPC handle for device memory. */
 static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
                            int page_size, int n_pages, size_t *bytes)
 {
-    if (!backend_is_host(be))
-        return river_err_set(RIVER_EUNSUPPORTED, "kv pool: shared memory needs a backend "
-                             "whose KV pages are host memory, not %s", be->ops->name);
     *bytes = kv_pool_shared_bytes(n_layers, kv_dim, page_size, n_pages);
     if (!*bytes)
         return river_err_set(RIVER_EINVAL, "kv pool: bad geometry (%d layers, kv_dim %d, "
@@ -100,8 +100,8 @@ static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_
     if (!p)
         return river_err_set(RIVER_ENOMEM, "kv pool: state");
     p->be = be;
-    p->fd = -1;
     p->shared = 1;
+    p->handle.fd = -1;
     p->n_layers = n_layers;
     p->view.page_size = page_size;
     p->view.kv_dim = kv_dim;
@@ -112,17 +112,12 @@ static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_
     return 0;
 }
 
-static int kv_pool__map(kv_pool_t *p, int fd, size_t bytes)
+static void kv_pool__set_buffer(kv_pool_t *p, void *buf, size_t bytes)
 {
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED)
-        return river_err_set(RIVER_ESYS, "kv pool: mmap of %zu shared bytes: %s", bytes,
-                             strerror(errno));
-    p->map = map;
-    p->map_bytes = bytes;
-    p->view.k = map;
-    p->view.v = (float *)map + bytes / (2 * sizeof(float));
-    return 0;
+    p->map = buf;
+    p->view.k = buf;
+    /* Pointer arithmetic only: the buffer may be device memory. */
+    p->view.v = (float *)buf + bytes / (2 * sizeof(float));
 }
 
 int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
@@ -133,25 +128,15 @@ int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
     int e = kv_pool__shared(&p, be, n_layers, kv_dim, page_size, n_pages, &bytes);
     if (e)
         return e;
-    /* Close-on-exec: the peer reopens the memory through /proc, it inherits nothing. */
-    p->fd = memfd_create("river-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (p->fd < 0) {
-        e = river_err_set(RIVER_ESYS, "kv pool: memfd_create: %s", strerror(errno));
+    void *buf = be->ops->shared_alloc(be->ctx, bytes, &p->handle);
+    if (!buf) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", river_err_detail());
+        e = river_err_set(RIVER_ESYS, "kv pool: %zu bytes of shared memory: %s", bytes, why);
         goto fail;
     }
-    if (ftruncate(p->fd, (off_t)bytes)) {
-        e = river_err_set(RIVER_ESYS, "kv pool: %zu bytes of shared memory: %s", bytes,
-                          strerror(errno));
-        goto fail;
-    }
-    /* The size is part of what both sides agree on: neither may change it later. */
-    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
-        e = river_err_set(RIVER_ESYS, "kv pool: sealing the shared memory: %s",
-                          strerror(errno));
-        goto fail;
-    }
-    if ((e = kv_pool__map(p, p->fd, bytes)))
-        goto fail;
+    p->owner = 1;
+    kv_pool__set_buffer(p, buf, bytes);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_pages);
     if (!p->free_list) {
         e = river_err_set(RIVER_ENOMEM, "kv pool: free list of %d pages", n_pages);
@@ -160,7 +145,46 @@ int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
     for (int i = 0; i < n_pages; i++)
         p->free_list[i] = n_pages - 1 - i;
     p->n_free = n_pages;
-    *fd_out = p->fd;
+    if (fd_out)
+        *fd_out = p->handle.fd;
+    *out = p;
+    return 0;
+
+fail:
+    kv_pool_destroy(&p);
+    return e;
+}
+
+const shared_handle_t *kv_pool_shared_handle(const kv_pool_t *p)
+{
+    return p->shared ? &p->handle : NULL;
+}
+
+int kv_pool_attach_handle(kv_pool_t **out, backend_t *be, const shared_handle_t *h,
+                          int n_layers, int kv_dim, int page_size, int n_pages)
+{
+    size_t bytes;
+    kv_pool_t *p;
+    int e = kv_pool__shared(&p, be, n_layers, kv_dim, page_size, n_pages, &bytes);
+    if (e)
+        return e;
+    p->attached = 1;
+    if (h->bytes != bytes) {
+        e = river_err_set(RIVER_EINVAL, "kv pool: the shared memory has %zu bytes, the "
+                          "geometry (%d layers, kv_dim %d, page %d, %d pages) needs %zu",
+                          h->bytes, n_layers, kv_dim, page_size, n_pages, bytes);
+        goto fail;
+    }
+    void *buf = be->ops->shared_map(be->ctx, h);
+    if (!buf) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", river_err_detail());
+        e = river_err_set(RIVER_EINVAL, "kv pool: %s", why);
+        goto fail;
+    }
+    p->handle = *h;
+    p->handle.fd = -1; /* the caller's descriptor: the mapping does not need it */
+    kv_pool__set_buffer(p, buf, bytes);
     *out = p;
     return 0;
 
@@ -172,38 +196,9 @@ fail:
 int kv_pool_attach(kv_pool_t **out, backend_t *be, int fd, int n_layers, int kv_dim,
                    int page_size, int n_pages)
 {
-    size_t bytes;
-    kv_pool_t *p;
-    int e = kv_pool__shared(&p, be, n_layers, kv_dim, page_size, n_pages, &bytes);
-    if (e)
-        return e;
-    p->attached = 1;
-    struct stat st;
-    /* Only a memfd has seals; anything else is not a pool. */
-    if (fcntl(fd, F_GET_SEALS) < 0) {
-        e = river_err_set(RIVER_EINVAL, "kv pool: descriptor %d is not shared memory (%s)",
-                          fd, strerror(errno));
-        goto fail;
-    }
-    if (fstat(fd, &st)) {
-        e = river_err_set(RIVER_ESYS, "kv pool: fstat of descriptor %d: %s", fd,
-                          strerror(errno));
-        goto fail;
-    }
-    if ((size_t)st.st_size != bytes) {
-        e = river_err_set(RIVER_EINVAL, "kv pool: the shared memory has %lld bytes, the "
-                          "geometry (%d layers, kv_dim %d, page %d, %d pages) needs %zu",
-                          (long long)st.st_size, n_layers, kv_dim, page_size, n_pages, bytes);
-        goto fail;
-    }
-    if ((e = kv_pool__map(p, fd, bytes)))
-        goto fail;
-    *out = p;
-    return 0;
-
-fail:
-    kv_pool_destroy(&p);
-    return e;
+    shared_handle_t h = {.kind = SHARED_MEMFD, .fd = fd,
+                         .bytes = kv_pool_shared_bytes(n_layers, kv_dim, page_size, n_pages)};
+    return kv_pool_attach_handle(out, be, &h, n_layers, kv_dim, page_size, n_pages);
 }
 
 int kv_pool_is_attached(const kv_pool_t *p) { return p->attached; }
@@ -214,15 +209,13 @@ void kv_pool_destroy(kv_pool_t **pp)
     kv_pool_t *p = *pp;
     if (!p)
         return;
-    if (p->map) {
-        /* munmap of a range this pool mapped only fails on a corrupted pool. */
-        (void)munmap(p->map, p->map_bytes);
-    } else if (!p->shared) {
+    if (p->shared) {
+        if (p->map || p->owner)
+            p->be->ops->shared_free(p->be->ctx, p->map, &p->handle, p->owner);
+    } else {
         p->be->ops->buf_free(p->be->ctx, p->view.k);
         p->be->ops->buf_free(p->be->ctx, p->view.v);
     }
-    if (p->fd >= 0)
-        close(p->fd);
     free(p->free_list);
     free(p);
     *pp = NULL;

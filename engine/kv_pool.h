@@ -18,14 +18,21 @@ int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int pa
                 int n_pages);
 void kv_pool_destroy(kv_pool_t **p);
 
-/* The pool of a split pair (DESIGN.md §1), in memory two processes map: one memfd holds
- * every K value, then every V value (f32, the CPU backend's KV type), mapped MAP_SHARED.
- * *fd_out receives its descriptor, which the pool owns (kv_pool_destroy closes it) and
- * the peer opens as /proc/<this pid>/fd/<fd> to map the same pages. The free list stays
- * private to this process: only the owner hands out pages. CPU backend only
- * (RIVER_EUNSUPPORTED otherwise); RIVER_ESYS when a system call fails. */
+/* The pool of a split pair (DESIGN.md §1), in memory two processes map: one shared buffer
+ * of the backend (ops->shared_alloc) holds every K value, then every V value. On host
+ * backends it is a sealed memfd, whose descriptor *fd_out receives (the pool owns it;
+ * kv_pool_destroy closes it) and the peer opens as /proc/<this pid>/fd/<fd>; on CUDA it is
+ * device memory exported as an IPC handle (*fd_out -1). kv_pool_shared_handle says which,
+ * for the pairing handshake. The free list stays private to this process: only the owner
+ * hands out pages. RIVER_ESYS when the backend cannot make the buffer. */
 int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
                        int n_pages, int *fd_out);
+/* What a shared pool exports (NULL for a private pool). */
+const shared_handle_t *kv_pool_shared_handle(const kv_pool_t *p);
+/* Maps another process's shared pool from its handle through this backend (for a memfd,
+ * h->fd is a descriptor of this process); otherwise as kv_pool_attach. */
+int kv_pool_attach_handle(kv_pool_t **out, backend_t *be, const shared_handle_t *h,
+                          int n_layers, int kv_dim, int page_size, int n_pages);
 /* Maps the memory of another process's shared pool from fd, which must be a memfd of
  * exactly kv_pool_shared_bytes of the geometry given (RIVER_EINVAL names what differs).
  * The mapping does not need fd afterwards; the caller closes it. An attached pool reads

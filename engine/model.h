@@ -111,6 +111,12 @@ void model_destroy(model_t **m);
  * be destroyed before the model. On failure some weights may already point at the device:
  * destroy the model. Placing a placed model again is RIVER_ESTATE. */
 int model_place(model_t *m, backend_t *be);
+/* Places the matrices of layers [begin, end) only (clamped to the model; every layer's norms
+ * and biases, which the river shares), and the embedding, final norm and
+ * LM head when ends: each half of a split pair places what it computes with, so on GPUs the
+ * deep layers occupy only the backbone's device. The other weights stay where the loader
+ * mapped them; an op given one on a device backend fails (the opaque backend says which). */
+int model_place_layers(model_t *m, backend_t *be, int begin, int end, int ends);
 
 /* Sets the RMSNorm epsilon (for llama2.c files, whose format does not record it). */
 void model_set_norm_eps(model_t *m, float eps);

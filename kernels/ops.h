@@ -105,6 +105,21 @@ typedef struct backend_info {
                           map, share (memfd) or advise them, and weights are read in place */
 } backend_info_t;
 
+/* Memory two processes on one host map together (the split pair's KV pool), as the
+ * exporting side describes it to the other. */
+typedef enum {
+    SHARED_NONE = 0,
+    SHARED_MEMFD,    /* host memory: a sealed memfd; the peer opens /proc/<pid>/fd/<fd> */
+    SHARED_CUDA_IPC, /* device memory: a cudaIpcMemHandle_t */
+} shared_kind_t;
+
+typedef struct shared_handle {
+    shared_kind_t kind;
+    size_t bytes;          /* of the whole shared buffer */
+    int fd;                /* SHARED_MEMFD: the descriptor in the exporting process */
+    unsigned char ipc[64]; /* SHARED_CUDA_IPC: the handle's bytes */
+} shared_handle_t;
+
 typedef struct ops {
     const char *name;
 
@@ -121,6 +136,16 @@ typedef struct ops {
      * on the mapped file's pages (madvise), which loses nothing; a backend that cannot
      * release memory returns RIVER_EUNSUPPORTED. */
     int (*weight_residency)(ops_ctx_t *ctx, const weight_t *w, int resident);
+    /* Shared buffers. shared_alloc makes `bytes` of zero-filled memory that another process
+     * can map, and describes it in *h (an fd it keeps open until shared_free); shared_map
+     * maps a buffer another process exported (for SHARED_MEMFD h->fd is a descriptor of this
+     * process, which the mapping does not need afterwards). Both return the buffer in the
+     * backend's address space, NULL on failure with a detail (RIVER_EUNSUPPORTED for a kind
+     * the backend cannot map, RIVER_EINVAL for a handle that does not describe `bytes`). */
+    void *(*shared_alloc)(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h);
+    void *(*shared_map)(ops_ctx_t *ctx, const shared_handle_t *h);
+    /* Unmaps either kind (h as shared_alloc filled it, or as given to shared_map). */
+    void (*shared_free)(ops_ctx_t *ctx, void *buf, const shared_handle_t *h, int owner);
     /* Frees the backend, its state and what it owns (uploaded weights included). */
     void (*destroy)(backend_t *be);
 

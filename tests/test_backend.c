@@ -191,6 +191,29 @@ START_TEST(test_place_fingerprints)
 }
 END_TEST
 
+/* Each half of a split pair places what it computes with: its layers' matrices, every
+ * layer's norms and biases (the river shares them), the ends only when asked. */
+START_TEST(test_place_layers)
+{
+    poison_setup();
+    model_t *m = NULL;
+    ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+    const void *embed = m->embed.data, *wq0 = m->layers[0].wq.data;
+    ck_assert_int_eq(model_place_layers(m, &P.be, 4, 8, 0), 0);
+    ck_assert_int_eq(P.uploads, 7 * m->cfg.n_layers + 7 * 4);
+    ck_assert_ptr_eq(m->embed.data, embed);
+    ck_assert_ptr_eq(m->layers[0].wq.data, wq0);
+    ck_assert_int_eq(((const unsigned char *)m->layers[0].attn_norm.data)[0], 0x5a);
+    ck_assert_int_eq(((const unsigned char *)m->layers[5].w_down.data)[0], 0x5a);
+    ck_assert_int_eq(((const unsigned char *)m->layers[11].ffn_norm.data)[0], 0x5a);
+    ck_assert_ptr_ne(m->layers[8].wq.data, NULL);
+    ck_assert(((const unsigned char *)m->layers[8].wq.data)[0] != 0x5a ||
+              ((const unsigned char *)m->layers[8].wq.data)[1] != 0x5a);
+    model_destroy(&m);
+    poison_teardown();
+}
+END_TEST
+
 START_TEST(test_engine_open)
 {
     engine_env_t env;
@@ -291,6 +314,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, test_device_names);
     tcase_add_test(tc, test_cpu_info);
     tcase_add_test(tc, test_place_fingerprints);
+    tcase_add_test(tc, test_place_layers);
     tcase_add_test(tc, test_engine_open);
     tcase_add_test(tc, test_opaque);
     suite_add_tcase(s, tc);

@@ -238,8 +238,11 @@ static int worker__open_engine(worker_t *w)
     if (river && !c->split_peer[0])
         return river_err_set(RIVER_ECONFIG, "role river needs split.peer, the backbone "
                              "worker's address");
+    /* A river half places the shallow layers and the ends; the deep layers are its
+     * backbone peer's (on GPUs: its device's). */
     engine_opts_t eo = {.model = c->model, .tokenizer = c->tokenizer[0] ? c->tokenizer : NULL,
-                        .want_tokenizer = 1, .device = c->device, .threads = c->threads};
+                        .want_tokenizer = 1, .device = c->device, .threads = c->threads,
+                        .place_end = river ? c->split_boundary : 0};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;
@@ -523,7 +526,10 @@ static int worker__open_backbone(worker_t *w)
     w->zctx = zmq_ctx_new();
     if (!w->zctx)
         return river_err_set(RIVER_ESYS, "zmq_ctx_new: %s", zmq_strerror(errno));
-    engine_opts_t eo = {.model = c->model, .device = c->device, .threads = c->threads};
+    /* Only the layers from the boundary on are ever computed here. */
+    engine_opts_t eo = {.model = c->model, .device = c->device, .threads = c->threads,
+                        .place_begin = c->split_boundary, .place_end = 1 << 20,
+                        .place_no_ends = 1};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;

@@ -275,6 +275,14 @@ static int pair__river_hello(pair_river_t *p, int64_t now)
     h.river_id = p->river_id;
     h.river_pid = (uint32_t)getpid();
     h.memfd = p->memfd;
+    /* The handle kind comes from the backend that made the pool: a memfd on the CPU, an IPC
+     * handle of device memory on a GPU. */
+    const shared_handle_t *sh = kv_pool_shared_handle(p->kv);
+    h.kv_kind = sh ? (uint32_t)sh->kind : SHARED_MEMFD;
+    if (sh && sh->kind == SHARED_CUDA_IPC) {
+        h.kv_ipc.data = (uint8_t *)sh->ipc;
+        h.kv_ipc.len = sizeof sh->ipc;
+    }
     h.kv = &kv;
     h.fingerprint = p->fingerprint;
     h.boundary = (uint32_t)p->cfg.boundary;
@@ -900,7 +908,12 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
         return river_err_set(RIVER_EINVAL, "heartbeat %u ms, liveness %u outside [%d, %d] "
                              "and [1, %d]", h->heartbeat_ms, h->liveness,
                              PAIR_HEARTBEAT_MIN_MS, PAIR_HEARTBEAT_MAX_MS, PAIR_LIVENESS_MAX);
-    if (h->river_pid == 0 || h->river_pid > INT_MAX || h->memfd < 0)
+    if (h->kv_kind > SHARED_CUDA_IPC)
+        return river_err_set(RIVER_EINVAL, "KV memory of unknown kind %u", h->kv_kind);
+    if (h->kv_kind == SHARED_CUDA_IPC && h->kv_ipc.len != sizeof(((shared_handle_t *)0)->ipc))
+        return river_err_set(RIVER_EINVAL, "CUDA IPC handle of %zu bytes", h->kv_ipc.len);
+    if (h->kv_kind != SHARED_CUDA_IPC &&
+        (h->river_pid == 0 || h->river_pid > INT_MAX || h->memfd < 0))
         return river_err_set(RIVER_EINVAL, "river pid %u, descriptor %d", h->river_pid,
                              h->memfd);
     return 0;
@@ -910,16 +923,24 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
 static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello *h,
                                const uint8_t *route, size_t route_len, int64_t now)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%u/fd/%d", h->river_pid, h->memfd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return river_err_set(RIVER_ESYS, "cannot open the river's KV memory %s: %s (the "
-                             "pair must run on one host as one user)", path, strerror(errno));
     const River__Pair__KvGeometry *g = h->kv;
-    int e = kv_pool_attach(&p->kv, p->be, fd, (int)g->n_layers, (int)g->kv_dim,
-                           (int)g->page_size, (int)g->n_pages);
-    close(fd);
+    shared_handle_t sh = {.kind = h->kv_kind ? (shared_kind_t)h->kv_kind : SHARED_MEMFD,
+                          .bytes = (size_t)g->bytes, .fd = -1};
+    if (sh.kind == SHARED_CUDA_IPC) {
+        memcpy(sh.ipc, h->kv_ipc.data, sizeof sh.ipc);
+    } else {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%u/fd/%d", h->river_pid, h->memfd);
+        sh.fd = open(path, O_RDWR | O_CLOEXEC);
+        if (sh.fd < 0)
+            return river_err_set(RIVER_ESYS, "cannot open the river's KV memory %s: %s (the "
+                                 "pair must run on one host as one user)", path,
+                                 strerror(errno));
+    }
+    int e = kv_pool_attach_handle(&p->kv, p->be, &sh, (int)g->n_layers, (int)g->kv_dim,
+                                  (int)g->page_size, (int)g->n_pages);
+    if (sh.fd >= 0)
+        close(sh.fd);
     if (e)
         return e;
     int dim = p->m->cfg.dim;

@@ -2,6 +2,7 @@
  * matmul lives in matmul.c, attention in attention.c, the kernels of each SIMD level in
  * kernels_*.c. */
 #include <cpuid.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/half.h"
+#include "kernels/shm.h"
 
 /* Element-wise ops on fewer elements than this run on the calling thread: below it the
  * dispatch to the pool costs more than the work it would share. */
@@ -563,6 +565,57 @@ static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
     return 0;
 }
 
+static void *cpu__shared_mmap(int fd, size_t bytes)
+{
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        river_err_set(RIVER_ESYS, "shared memory: mmap of %zu bytes: %s", bytes,
+                      strerror(errno));
+        return NULL;
+    }
+    return map;
+}
+
+static void *cpu_shared_alloc(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h)
+{
+    (void)ctx;
+    int fd;
+    if (shm_create(bytes, &fd))
+        return NULL;
+    void *map = cpu__shared_mmap(fd, bytes);
+    if (!map) {
+        close(fd);
+        return NULL;
+    }
+    memset(h, 0, sizeof *h);
+    h->kind = SHARED_MEMFD;
+    h->bytes = bytes;
+    h->fd = fd;
+    return map;
+}
+
+static void *cpu_shared_map(ops_ctx_t *ctx, const shared_handle_t *h)
+{
+    (void)ctx;
+    if (h->kind != SHARED_MEMFD) {
+        river_err_set(RIVER_EUNSUPPORTED, "cpu backend: cannot map shared memory of kind %d "
+                      "(host memory only)", (int)h->kind);
+        return NULL;
+    }
+    if (shm_check(h->fd, h->bytes))
+        return NULL;
+    return cpu__shared_mmap(h->fd, h->bytes);
+}
+
+static void cpu_shared_free(ops_ctx_t *ctx, void *buf, const shared_handle_t *h, int owner)
+{
+    (void)ctx;
+    if (buf)
+        munmap(buf, h->bytes);
+    if (owner && h->fd >= 0)
+        close(h->fd);
+}
+
 static void cpu_destroy(backend_t *be)
 {
     cpu_backend_destroy(&be);
@@ -573,6 +626,9 @@ static const ops_t cpu_ops = {
     .info = cpu_info,
     .weight_upload = cpu_weight_upload,
     .weight_residency = cpu_weight_residency,
+    .shared_alloc = cpu_shared_alloc,
+    .shared_map = cpu_shared_map,
+    .shared_free = cpu_shared_free,
     .destroy = cpu_destroy,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,

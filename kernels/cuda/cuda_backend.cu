@@ -1052,6 +1052,68 @@ static int cuda_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident
                          "device memory yet");
 }
 
+/* The split pair on two GPUs: the KV pool is device memory of the river worker's GPU, and
+ * the backbone worker opens it through a CUDA IPC handle (cudaIpcOpenMemHandle maps it into
+ * its own context, with peer access where the GPUs allow). */
+static void *cuda_shared_alloc(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h)
+{
+    if (cu_enter(ctx))
+        return NULL;
+    void *d = NULL;
+    cudaError_t ce = cudaMalloc(&d, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMemset(d, 0, bytes);
+    cudaIpcMemHandle_t ipc;
+    if (ce == cudaSuccess)
+        ce = cudaIpcGetMemHandle(&ipc, d);
+    if (ce != cudaSuccess) {
+        if (d)
+            (void)cudaFree(d);
+        cu_fail(ce, "shared alloc");
+        return NULL;
+    }
+    static_assert(sizeof ipc <= sizeof h->ipc, "shared_handle_t.ipc holds a CUDA IPC handle");
+    memset(h, 0, sizeof *h);
+    h->kind = SHARED_CUDA_IPC;
+    h->bytes = bytes;
+    h->fd = -1;
+    memcpy(h->ipc, &ipc, sizeof ipc);
+    return d;
+}
+
+static void *cuda_shared_map(ops_ctx_t *ctx, const shared_handle_t *h)
+{
+    if (h->kind != SHARED_CUDA_IPC) {
+        river_err_set(RIVER_EUNSUPPORTED, "cuda backend: cannot map shared memory of kind %d "
+                      "(CUDA IPC only)", (int)h->kind);
+        return NULL;
+    }
+    if (cu_enter(ctx))
+        return NULL;
+    cudaIpcMemHandle_t ipc;
+    memcpy(&ipc, h->ipc, sizeof ipc);
+    void *d = NULL;
+    cudaError_t ce = cudaIpcOpenMemHandle(&d, ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (ce != cudaSuccess) {
+        cu_fail(ce, "shared map");
+        return NULL;
+    }
+    return d;
+}
+
+static void cuda_shared_free(ops_ctx_t *ctx, void *buf, const shared_handle_t *h, int owner)
+{
+    (void)h;
+    if (!buf || cu_enter(ctx))
+        return;
+    /* Teardown is best effort, as in cuda_backend_destroy. */
+    if (owner)
+        (void)cudaFree(buf);
+    else
+        (void)cudaIpcCloseMemHandle(buf);
+    (void)cudaGetLastError();
+}
+
 static void cuda_destroy(backend_t *be)
 {
     cuda_backend_destroy(&be);
@@ -1065,6 +1127,9 @@ static ops_t make_cuda_ops(void)
     o.info = cuda_info;
     o.weight_upload = cuda_weight_upload;
     o.weight_residency = cuda_weight_residency;
+    o.shared_alloc = cuda_shared_alloc;
+    o.shared_map = cuda_shared_map;
+    o.shared_free = cuda_shared_free;
     o.destroy = cuda_destroy;
     o.buf_alloc = cuda_buf_alloc;
     o.buf_free = cuda_buf_free;

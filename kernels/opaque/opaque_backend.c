@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/shm.h"
 
 struct ops_ctx {
     backend_t *cpu;    /* the kernels */
@@ -296,6 +297,66 @@ static int opq_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
     return 0;
 }
 
+/* A shared buffer takes the next stretch of the arena, with the memfd mapped over the
+ * readable side, so the kernels see the peer's writes and the caller still only sees the
+ * inaccessible range. */
+static void *opq__shared_place(ops_ctx_t *ctx, int fd, size_t bytes)
+{
+    void *h = opq__alloc(ctx, bytes);
+    if (!h)
+        return NULL;
+    char *r = opq__real(ctx, h);
+    size_t len = (bytes + ctx->page - 1) / ctx->page * ctx->page;
+    if (mmap(r, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        river_err_set(RIVER_ESYS, "opaque backend: mapping %zu shared bytes: %s", bytes,
+                      strerror(errno));
+        return NULL;
+    }
+    return h;
+}
+
+static void *opq_shared_alloc(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h)
+{
+    int fd;
+    if (shm_create(bytes, &fd))
+        return NULL;
+    void *buf = opq__shared_place(ctx, fd, bytes);
+    if (!buf) {
+        close(fd);
+        return NULL;
+    }
+    memset(h, 0, sizeof *h);
+    h->kind = SHARED_MEMFD;
+    h->bytes = bytes;
+    h->fd = fd;
+    return buf;
+}
+
+static void *opq_shared_map(ops_ctx_t *ctx, const shared_handle_t *h)
+{
+    if (h->kind != SHARED_MEMFD) {
+        river_err_set(RIVER_EUNSUPPORTED, "opaque backend: cannot map shared memory of kind "
+                      "%d", (int)h->kind);
+        return NULL;
+    }
+    if (shm_check(h->fd, h->bytes))
+        return NULL;
+    return opq__shared_place(ctx, h->fd, h->bytes);
+}
+
+/* The stretch goes back to private zero pages; its addresses are not handed out again. */
+static void opq_shared_free(ops_ctx_t *ctx, void *buf, const shared_handle_t *h, int owner)
+{
+    char *r = buf ? opq__real(ctx, buf) : NULL;
+    if (r) {
+        size_t len = (h->bytes + ctx->page - 1) / ctx->page * ctx->page;
+        (void)mmap(r, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+                   MAP_NORESERVE, -1, 0);
+    }
+    if (owner && h->fd >= 0)
+        close(h->fd);
+}
+
 static void opq_destroy(backend_t *be)
 {
     opaque_backend_destroy(&be);
@@ -306,6 +367,9 @@ static const ops_t opaque_ops = {
     .info = opq_info,
     .weight_upload = opq_weight_upload,
     .weight_residency = opq_weight_residency,
+    .shared_alloc = opq_shared_alloc,
+    .shared_map = opq_shared_map,
+    .shared_free = opq_shared_free,
     .destroy = opq_destroy,
     .buf_alloc = opq_buf_alloc,
     .buf_free = opq_buf_free,
