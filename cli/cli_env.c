@@ -41,6 +41,11 @@ int cli_env_is_cpu(const cli_env_t *env)
     return env->be && !strcmp(env->be->ops->name, "cpu");
 }
 
+const char *cli_env_simd_name(const cli_env_t *env)
+{
+    return cli_env_is_cpu(env) ? cpu_simd_name(cpu_backend_simd(env->be)) : "none";
+}
+
 int cli_parse_int(const char *s, long min, long max, long *out)
 {
     char *end;

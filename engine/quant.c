@@ -392,6 +392,13 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
         return river_err_set(RIVER_ESHAPE, "quant: %lld rows", (long long)w->rows);
     int n_tasks = (int)n_tasks64;
 
+    /* The fast kernels run at the level the CPU backend would (RIVER_SIMD honoured). */
+    cpu_simd_t level = CPU_SIMD_SCALAR;
+    if (!p->portable) {
+        err = cpu_simd_selected(&level);
+        if (err)
+            return err;
+    }
     quant_task_ctx_t c = {
         .w = w,
         .out = out,
@@ -402,8 +409,7 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
                 .beta = p->hqq_beta,
                 .kappa = p->hqq_kappa,
                 .expo = p->hqq_p - 1.0f},
-        .use_avx512 = !p->portable && p->group % QUANT_LANES == 0 &&
-                      cpu_simd_detect() >= CPU_SIMD_AVX512,
+        .use_avx512 = p->group % QUANT_LANES == 0 && level >= CPU_SIMD_AVX512,
         .rows_per_task = rpt,
     };
     c.row_f32 = calloc((size_t)n_threads, sizeof *c.row_f32);

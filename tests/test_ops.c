@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
@@ -908,12 +910,65 @@ START_TEST(test_levels)
 }
 END_TEST
 
+/* What a backend asking for the best level gets with RIVER_SIMD=value, in a child process
+ * (the variable is read once per process): the level's number, or 100 + the error's
+ * distance from RIVER_EINVAL when creation fails with that detail naming `value`. */
+static int simd_env_child(const char *value)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RIVER_SIMD", value, 1);
+        backend_t *be = NULL;
+        int e = cpu_backend_new(&be, 1, CPU_SIMD_COUNT);
+        int code;
+        if (e) {
+            /* The message names what was asked for and what the processor has. */
+            const char *d = river_err_detail();
+            int named = strstr(d, value) && strstr(d, cpu_simd_name(cpu_simd_detect()));
+            code = named ? 100 + (RIVER_EINVAL - e) : 99;
+        } else {
+            code = (int)cpu_backend_simd(be);
+            cpu_backend_destroy(&be);
+        }
+        _exit(code);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+START_TEST(test_simd_env)
+{
+    for (int l = 0; l < CPU_SIMD_COUNT; l++) {
+        const char *name = cpu_simd_name((cpu_simd_t)l);
+        ck_assert_int_eq(cpu_simd_parse(name), l);
+        int got = simd_env_child(name);
+        if (l <= (int)cpu_simd_detect())
+            ck_assert_msg(got == l, "RIVER_SIMD=%s gave %d", name, got);
+        else /* a level this processor lacks */
+            ck_assert_msg(got == 100 + (RIVER_EINVAL - RIVER_EUNSUPPORTED),
+                          "RIVER_SIMD=%s gave %d", name, got);
+    }
+    ck_assert_int_eq(cpu_simd_parse("avx9"), CPU_SIMD_COUNT);
+    ck_assert_int_eq(cpu_simd_parse(NULL), CPU_SIMD_COUNT);
+    ck_assert_int_eq(simd_env_child("avx9"), 100);
+    /* An explicit level is the caller's choice and ignores the variable. */
+    backend_t *be = NULL;
+    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_SCALAR), 0);
+    ck_assert_int_eq(cpu_backend_simd(be), CPU_SIMD_SCALAR);
+    cpu_backend_destroy(&be);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_levels);
+    tcase_add_test(tc, test_simd_env);
     tcase_add_loop_test(tc, test_buffers, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_float, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_quant, 0, N_CONFIGS);

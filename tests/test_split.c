@@ -358,7 +358,7 @@ static void fr_open(fake_river_t *r, int n_pages)
     ck_assert_msg(model_load(&r->m, KJV) == 0, "%s", river_err_detail());
     ck_assert_int_eq(cpu_backend_new(&r->be, 1, CPU_SIMD_COUNT), 0);
     ck_assert_int_eq(river_fingerprint(r->m, r->fingerprint), 0);
-    snprintf(r->backend, sizeof r->backend, "cpu-%s", cpu_simd_name(cpu_simd_detect()));
+    snprintf(r->backend, sizeof r->backend, "cpu-%s", cpu_simd_name(cpu_backend_simd(r->be)));
     const model_config_t *c = &r->m->cfg;
     ck_assert_msg(kv_pool_new_shared(&r->kv, r->be, c->n_layers, c->n_kv_heads * c->head_dim,
                                      16, n_pages, &r->memfd) == 0, "%s", river_err_detail());

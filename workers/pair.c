@@ -39,9 +39,10 @@ static double pair__now_s(void)
 const char *pair_backend_name(const backend_t *be)
 {
     static char name[64];
-    /* cli_env_open gives every worker the best SIMD level the processor has; on one host
-     * both sides of a pair therefore name the same one. */
-    snprintf(name, sizeof name, "%s-%s", be->ops->name, cpu_simd_name(cpu_simd_detect()));
+    /* The level the backend runs (RIVER_SIMD or the best the processor has): on one host
+     * both sides of a pair name the same one unless they were started differently. */
+    snprintf(name, sizeof name, "%s-%s", be->ops->name,
+             cpu_simd_name(strcmp(be->ops->name, "cpu") ? cpu_simd_detect() : cpu_backend_simd(be)));
     return name;
 }
 
