@@ -15,6 +15,7 @@
 #include "engine/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define KJV TEST_DATA "/kjv-12l"
@@ -880,6 +881,41 @@ START_TEST(test_river_stories260k)
 }
 END_TEST
 
+/* stories260K's FFN has 172 inputs, which no group of 64 divides: river quant without
+ * --group picks the largest group that divides every matrix (4), says so, and the river
+ * it writes loads with that group; --group 64 named explicitly is refused, naming 4. */
+START_TEST(test_quant_group_fit)
+{
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(&m, STORIES), 0);
+    river_build_opts_t o = river_build_opts_default();
+    ck_assert_int_eq(river_group_fit(m, &o, 64), 4);
+    o.quant.bits = 8;
+    ck_assert_int_eq(river_group_fit(m, &o, 3), 2);
+    char out_path[320];
+    snprintf(out_path, sizeof out_path, "%s/fit.safetensors", test_tmpdir());
+    char *argv[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
+                    "--threads", "1", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 1, &out), 0);
+    ck_assert_msg(strstr(out, "no group of 64 divides every matrix") &&
+                  strstr(out, "using the largest that does, 4"), "river quant said: %.400s", out);
+    free(out);
+    river_t *r = NULL;
+    ck_assert_msg(river_load(&r, m, out_path) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(river_group(r), 4);
+    river_destroy(&r);
+    char *argv2[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
+                     "--group", "64", "--threads", "1", NULL};
+    remove(out_path);
+    ck_assert_int_ne(test_capture(argv2, NULL, 1, &out), 0);
+    ck_assert_msg(strstr(out, "not a multiple of the group size 64") &&
+                  strstr(out, "divides every matrix is 4"), "river quant said: %.400s", out);
+    free(out);
+    model_destroy(&m);
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
@@ -907,6 +943,7 @@ static Suite *quant_suite(void)
     tcase_add_test(rv, test_river_corrupt);
     tcase_add_test(rv, test_river_wrong_dtype);
     tcase_add_test(rv, test_river_stories260k);
+    tcase_add_test(rv, test_quant_group_fit);
     suite_add_tcase(s, rv);
     return s;
 }
