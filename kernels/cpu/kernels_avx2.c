@@ -16,6 +16,7 @@
  * take registers too). The next block is prefetched as in the AVX-512 kernels. */
 #define GEMV_R 8
 #define GEMV_N 2
+#define GEMV_NF 4 /* float weights against 4 x rows: 2 x 4 tiles */
 #define GEMV_NQ8 4 /* the Q4/Q8 tiles with 8-bit x: up to 2 x 4 */
 #define GEMM_P 16
 #define GEMM_R 6
@@ -99,31 +100,31 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
                   size_t rb, int64_t cols, int64_t pf, const dtype_t dt, const int R,
                   const int N)
 {
-    __m256 acc[GEMV_R][GEMV_N];
+    __m256 acc[GEMV_R][GEMV_NF];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= cols; k += 8) {
         if (pf)
             gemv_prefetch(w, rb, k, pf, dt, R);
-        __m256 xv[GEMV_N];
-#pragma GCC unroll 2
+        __m256 xv[GEMV_NF];
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             xv[i] = _mm256_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m256 wv = ld8(dt, w + r * rb, k);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int i = 0; i < N; i++)
                 acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++) {
             float s = hsum8(acc[r][i]);
             for (int64_t kk = k; kk < cols; kk++)
@@ -194,7 +195,15 @@ AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int n, con
 {
     size_t rb = dtype_row_bytes(dt, w->cols);
     int quant = dt == DTYPE_Q4 || dt == DTYPE_Q8;
-    for (int i = 0; i < n; i += GEMV_N) {
+    int i = 0;
+    /* Four x rows at a time for float weights: a 2 x 4 tile converts each weight vector
+     * once for four FMAs (a 4 x 2 tile, once for two), which is what small batches are
+     * bound by once the weights come from L1. */
+    if (!quant && R % 2 == 0)
+        for (; n - i >= 4; i += 4)
+            for (int h = 0; h < R; h += 2)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, i == 0 ? pf : 0, dt, 2, 4);
+    for (; i < n; i += GEMV_N) {
         int64_t p = i == 0 ? pf : 0;
         int two = n - i >= 2;
         /* Rows per tile: 8 accumulators for floats; Q4/Q8 also hold a scale and a zero per
