@@ -204,6 +204,23 @@ int cmd_bench(int argc, char **argv)
         pre[r] = (double)(b.prefill_tokens - a.prefill_tokens) / (b.prefill_s - a.prefill_s);
         dec[r] = (double)(b.decode_tokens - a.decode_tokens) / (b.decode_s - a.decode_s);
     }
+    /* The attention share of prefill: prompts alone (one token sampled, no decode step),
+     * attention's time over the forward's, summed over the runs. */
+    fwd_stats_t fa, fb;
+    forward_get_stats(gen_forward(g), &fa);
+    for (long r = 0; r < runs; r++) {
+        gen_request_t req = {.prompt = prompt, .n_prompt = (size_t)prompt_len,
+                             .max_tokens = 1, .ignore_eos = 1};
+        int seq;
+        e = gen_submit(g, &req, &seq);
+        if (!e)
+            e = gen_run_all(g);
+        if (e)
+            goto done;
+    }
+    forward_get_stats(gen_forward(g), &fb);
+    double attn_share = fb.step_s > fa.step_s ? (fb.attn_s - fa.attn_s) / (fb.step_s - fa.step_s)
+                                              : 0.0;
     double prefill_tps = bench__median(pre, (int)runs);
     double decode_tps = bench__median(dec, (int)runs);
     double bw = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3);
@@ -222,6 +239,8 @@ int cmd_bench(int argc, char **argv)
                               "prefill_tok_s", prefill_tps, "decode_tok_s", decode_tps,
                               "bytes_per_token", (json_int_t)bpt, "read_bandwidth_gbs", bw,
                               "roofline_fraction", frac);
+        if (o)
+            json_object_set_new(o, "prefill_attention_share", json_real(attn_share));
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         if (s)
             printf("%s\n", s);
@@ -233,6 +252,7 @@ int cmd_bench(int argc, char **argv)
         printf("bytes_per_token     %lld\n", (long long)bpt);
         printf("read_bandwidth_gbs  %.2f\n", bw);
         printf("roofline_fraction   %.3f\n", frac);
+        printf("prefill_attn_share  %.3f\n", attn_share);
     }
     rc = 0;
 done:
