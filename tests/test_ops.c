@@ -852,6 +852,12 @@ START_TEST(test_attention)
         { 8, 2, 64, 16, 2, { 700, 30 }, { 1, 2 }, 2 },
         /* Masked slots covering whole pages. */
         { 4, 4, 16, 1, 1, { 9 }, { 2 }, 2 },
+        /* Prefill tiles (SIMD levels): 40 rows of one sequence after 110 positions of
+         * history, so three tiles (the last partial) over three K/V blocks, GQA 4. */
+        { 8, 2, 64, 16, 1, { 150 }, { 40 }, 0 },
+        /* Two sequences prefilled from position 0 (one of them entirely in the batch), an
+         * odd head size and page size, plus a decode row of a third. */
+        { 6, 3, 20, 7, 3, { 70, 33, 12 }, { 20, 33, 1 }, 0 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         run_attention_case(&e, &cases[c]);
