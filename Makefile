@@ -337,6 +337,17 @@ build-bench: build-all
 		$(RIVER_BIN) synth --shape llama-3.2-1b --dtype bf16 --out $(SYNTH_1B)
 	$(Q)$(RIVER_BIN) bench --model $(SYNTH_1B) --threads 2
 
+# Every SIMD level this processor has, forced with RIVER_SIMD: the op tests (which loop
+# over the levels themselves), then the golden and exit suites once per level.
+# bench-simd prints the speed figures of the AVX2 and AVX-512 paths side by side.
+.PHONY: test-simd build-test-simd bench-simd build-bench-simd
+test-simd bench-simd: deps-check
+	$(Q)$(MAKE) --no-print-directory build-$@
+build-test-simd: build-all
+	$(Q)BUILD=$(BUILD) scripts/test-simd.sh
+build-bench-simd: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-simd.sh
+
 build-install: build-all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib \
 		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/river/configs

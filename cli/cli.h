@@ -34,6 +34,8 @@ void cli_env_close(cli_env_t *env);
 int cli_env_set_device(const char *name);
 /* Whether env->be keeps its buffers in host memory (the CPU backend). */
 int cli_env_is_cpu(const cli_env_t *env);
+/* The SIMD level of a CPU backend ("avx2"...), or "none" for another backend. */
+const char *cli_env_simd_name(const cli_env_t *env);
 
 /* Finds the tokenizer file that belongs to a model path; writes it to buf. */
 int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);

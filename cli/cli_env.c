@@ -29,6 +29,16 @@ int cli_env_is_cpu(const cli_env_t *env)
     return env->be && backend_is_host(env->be);
 }
 
+/* The CPU kernels' level, as the backend names its variant; a GPU runs none. */
+const char *cli_env_simd_name(const cli_env_t *env)
+{
+    static backend_info_t bi;
+    if (!env->be)
+        return "none";
+    backend_get_info(env->be, &bi);
+    return bi.threads > 0 ? bi.variant : "none";
+}
+
 int cli_parse_int(const char *s, long min, long max, long *out)
 {
     char *end;

@@ -51,16 +51,18 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     }
     if (!e) {
         if (!json)
-            printf("layer %d, %d threads: per-layer ms, and an even split of n rows\n"
+            printf("layer %d, %d threads, simd %s: per-layer ms, and an even split of n rows\n"
                    "%5s %9s %9s %7s %14s %6s\n", l,
-                   cli_env_is_cpu(env) ? cpu_backend_threads(env->be) : 0, "rows", "T_B",
+                   cli_env_is_cpu(env) ? cpu_backend_threads(env->be) : 0,
+                   cli_env_simd_name(env), "rows", "T_B",
                    "T_R", "r", "T_B+T_R(n/2)", "pays");
         for (int i = 0; i < 7; i++) {
             double split = i ? tb[i - 1] + tr[i - 1] : 0;
             int pays = i && split < tb[i];
             if (json)
-                printf("{\"rows\":%d,\"backbone_ms\":%.4f,\"river_ms\":%.4f,\"r\":%.3f,"
-                       "\"split_half_ms\":%.4f,\"split_pays\":%s}\n", ns[i], tb[i] * 1e3,
+                printf("{\"simd\":\"%s\",\"rows\":%d,\"backbone_ms\":%.4f,\"river_ms\":%.4f,"
+                       "\"r\":%.3f,\"split_half_ms\":%.4f,\"split_pays\":%s}\n",
+                       cli_env_simd_name(env), ns[i], tb[i] * 1e3,
                        tr[i] * 1e3, tr[i] / tb[i], split * 1e3, pays ? "true" : "false");
             else
                 printf("%5d %9.3f %9.3f %7.3f %14.3f %6s\n", ns[i], tb[i] * 1e3, tr[i] * 1e3,
@@ -182,8 +184,8 @@ int cmd_bench(int argc, char **argv)
     /* On a GPU the thread count only sizes the CPU bandwidth sweep below. */
     int n_threads = cli_env_is_cpu(&env) ? cpu_backend_threads(env.be) : 1;
     if (!json)
-        fprintf(stderr, "river bench: %s, %d threads, prompt %ld, gen %ld, %ld runs\n",
-                model_path, n_threads, prompt_len, gen_len, runs);
+        fprintf(stderr, "river bench: %s, %d threads, simd %s, prompt %ld, gen %ld, %ld runs\n",
+                model_path, n_threads, cli_env_simd_name(&env), prompt_len, gen_len, runs);
     /* One untimed warm-up run faults the mapped weights in. */
     for (long r = -1; r < runs; r++) {
         gen_stats_t a, b;
@@ -202,6 +204,23 @@ int cmd_bench(int argc, char **argv)
         pre[r] = (double)(b.prefill_tokens - a.prefill_tokens) / (b.prefill_s - a.prefill_s);
         dec[r] = (double)(b.decode_tokens - a.decode_tokens) / (b.decode_s - a.decode_s);
     }
+    /* The attention share of prefill: prompts alone (one token sampled, no decode step),
+     * attention's time over the forward's, summed over the runs. */
+    fwd_stats_t fa, fb;
+    forward_get_stats(gen_forward(g), &fa);
+    for (long r = 0; r < runs; r++) {
+        gen_request_t req = {.prompt = prompt, .n_prompt = (size_t)prompt_len,
+                             .max_tokens = 1, .ignore_eos = 1};
+        int seq;
+        e = gen_submit(g, &req, &seq);
+        if (!e)
+            e = gen_run_all(g);
+        if (e)
+            goto done;
+    }
+    forward_get_stats(gen_forward(g), &fb);
+    double attn_share = fb.step_s > fa.step_s ? (fb.attn_s - fa.attn_s) / (fb.step_s - fa.step_s)
+                                              : 0.0;
     double prefill_tps = bench__median(pre, (int)runs);
     double decode_tps = bench__median(dec, (int)runs);
     double bw = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3);
@@ -212,13 +231,16 @@ int cmd_bench(int argc, char **argv)
     int64_t bpt = model_bytes_per_token(env.model);
     double frac = (double)bpt * decode_tps / (bw * 1e9);
     if (json) {
-        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:f, s:f}",
+        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:f, s:f}",
                               "model", model_path, "dtype", dtype_name(cfg->dtype),
+                              "simd", cli_env_simd_name(&env),
                               "threads", n_threads, "prompt_len", (int)prompt_len,
                               "gen_len", (int)gen_len, "runs", (int)runs,
                               "prefill_tok_s", prefill_tps, "decode_tok_s", decode_tps,
                               "bytes_per_token", (json_int_t)bpt, "read_bandwidth_gbs", bw,
                               "roofline_fraction", frac);
+        if (o)
+            json_object_set_new(o, "prefill_attention_share", json_real(attn_share));
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         if (s)
             printf("%s\n", s);
@@ -230,6 +252,7 @@ int cmd_bench(int argc, char **argv)
         printf("bytes_per_token     %lld\n", (long long)bpt);
         printf("read_bandwidth_gbs  %.2f\n", bw);
         printf("roofline_fraction   %.3f\n", frac);
+        printf("prefill_attn_share  %.3f\n", attn_share);
     }
     rc = 0;
 done:

@@ -433,8 +433,10 @@ int cmd_eval(int argc, char **argv)
                        : sc.policy.rule == EXIT_RULE_FIXED  ? sc.policy.exit_layer
                                                             : 0;
         if (json) {
+            /* Entry d holds the tokens that left after d layers, as ExitStats.histogram
+             * (L + 1 entries; entry 0 is a token that ran no backbone layer). */
             json_t *h = json_array();
-            for (int d = 1; d <= L; d++)
+            for (int d = 0; d <= L; d++)
                 json_array_append_new(h, json_integer(hist[d]));
             json_t *o = json_pack(
                 "{s:s, s:s, s:s, s:f, s:f, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}",
@@ -457,6 +459,7 @@ int cmd_eval(int argc, char **argv)
             }
             if (o) {
                 json_object_set_new(o, "value", json_real(value));
+                json_object_set_new(o, "simd", json_string(cli_env_simd_name(&env)));
                 char *s = json_dumps(o, JSON_COMPACT);
                 if (s)
                     printf("%s\n", s);
@@ -468,8 +471,8 @@ int cmd_eval(int argc, char **argv)
                    exit_rule_name(sc.policy.rule), exit_kv_name(sc.policy.kv), value,
                    mean_depth, 100.0 * (double)match / (double)n_tok, kl / (double)n_tok, tok_s,
                    bb_tok_s, speedup, ideal, speedup / ideal);
-            printf("         exit histogram (depth 1..%d):", L);
-            for (int d = 1; d <= L; d++)
+            printf("         exit histogram (layers 0..%d):", L);
+            for (int d = 0; d <= L; d++)
                 printf(" %lld", (long long)hist[d]);
             printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f\n",
                    st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,

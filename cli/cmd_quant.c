@@ -106,6 +106,7 @@ int cmd_quant(int argc, char **argv)
     river_build_opts_t o = river_build_opts_default();
     const char *model_path = NULL, *out = NULL;
     long start = -1;
+    int group_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         long n;
@@ -129,6 +130,7 @@ int cmd_quant(int argc, char **argv)
                 return 2;
             }
             o.quant.group = (int)n;
+            group_set = 1;
         } else if ((v = quant_optval(argc, argv, &i, "--start", &missing))) {
             if (cli_parse_int(v, 0, INT_MAX, &start) != 0) {
                 fprintf(stderr, "river quant: --start needs a layer number, not '%s'\n", v);
@@ -181,6 +183,16 @@ int cmd_quant(int argc, char **argv)
                 m->path, m->cfg.n_layers - 1);
         rc = 2;
         goto done;
+    }
+    /* The default group size gives way to the largest one that divides every matrix (a
+     * group named with --group is kept, and refused if it does not fit). */
+    if (!group_set) {
+        int fit = river_group_fit(m, &o, o.quant.group);
+        if (fit > 0 && fit != o.quant.group) {
+            fprintf(stderr, "river quant: no group of %d divides every matrix of %s; using "
+                    "the largest that does, %d\n", o.quant.group, m->path, fit);
+            o.quant.group = fit;
+        }
     }
     char path[PATH_MAX];
     if (out) {

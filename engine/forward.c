@@ -257,8 +257,10 @@ static int forward__layer(forward_t *f, const layer_weights_t *w, int l, void *x
     FWD_TRY(o->rope(ctx, f->q, ab->pos, n, c->n_heads, &f->rope));
     FWD_TRY(o->rope(ctx, f->k, ab->pos, n, c->n_kv_heads, &f->rope));
     FWD_TRY(o->kv_write(ctx, kv, l, ab, f->k, f->v));
+    double ta = fwd__now();
     FWD_TRY(o->attention(ctx, f->att, f->q, kv, l, ab, c->n_heads, c->n_kv_heads,
                          c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
+    f->stats.attn_s += fwd__now() - ta;
     FWD_TRY(o->matmul(ctx, f->xb, f->att, &w->wo, n));
     FWD_TRY(o->add(ctx, x, f->xb, (size_t)n * (size_t)c->dim));
 

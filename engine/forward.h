@@ -108,6 +108,8 @@ int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, in
 typedef struct fwd_stats {
     double step_s;     /* wall time in forward_step */
     double decide_s;   /* of which: exit decisions (similarity, routers, aggregation) */
+    double attn_s;     /* of which: the attention op (host time: meaningful on the CPU,
+                          where ops complete before they return) */
     int64_t steps;
     int64_t layer_rows_backbone; /* rows x layers run with backbone weights */
     int64_t layer_rows_river;    /* rows x layers run with river weights */

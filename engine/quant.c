@@ -1,5 +1,6 @@
-/* RTN and HQQ weight quantization (see quant.h), with the portable kernel. The AVX-512
- * kernel is in quant_avx512.c; quant_internal.h holds what they share. */
+/* RTN and HQQ weight quantization (see quant.h), with the portable kernel. The AVX-512 and
+ * AVX2 kernels are in quant_avx512.c and quant_avx2.c; quant_internal.h holds what they
+ * share. */
 #include "engine/quant.h"
 
 #include <math.h>
@@ -250,7 +251,7 @@ static void scalar_final(const float *w, int g, const quant_gp_t *gp, uint8_t *q
     out->zsum = quant_lane_reduce(sr);
 }
 
-static int quant_groups_scalar(const quant_job_t *j, const float *w, int64_t n_groups,
+int quant_groups_scalar(const quant_job_t *j, const float *w, int64_t n_groups,
                                uint8_t *q, uint16_t *scales, uint16_t *zeros,
                                quant_stats_t *st)
 {
@@ -275,7 +276,7 @@ typedef struct quant_task_ctx {
     const weight_t *w;
     quant_matrix_t *out;
     quant_job_t job;
-    int use_avx512;
+    cpu_simd_t level; /* the kernel: scalar (portable), AVX2 or AVX-512 */
     int64_t rows_per_task;
     float **row_f32;        /* (threads) cols floats each */
     uint8_t **row_codes;    /* (threads) cols bytes each */
@@ -345,8 +346,9 @@ static void quant_task(void *arg, int task, int thread)
             return;
         }
         uint16_t *sc = out->scales + r * ng, *ze = out->zeros + r * ng;
-        int rc = c->use_avx512 ? quant_groups_avx512(&c->job, x, ng, codes, sc, ze, st)
-                               : quant_groups_scalar(&c->job, x, ng, codes, sc, ze, st);
+        int rc = c->level == CPU_SIMD_AVX512 ? quant_groups_avx512(&c->job, x, ng, codes, sc, ze, st)
+                 : c->level == CPU_SIMD_AVX2 ? quant_groups_avx2(&c->job, x, ng, codes, sc, ze, st)
+                                             : quant_groups_scalar(&c->job, x, ng, codes, sc, ze, st);
         if (rc != 0) {
             c->err[task] = RIVER_ERANGE;
             c->bad_row[task] = r;
@@ -392,6 +394,13 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
         return river_err_set(RIVER_ESHAPE, "quant: %lld rows", (long long)w->rows);
     int n_tasks = (int)n_tasks64;
 
+    /* The fast kernels run at the level the CPU backend would (RIVER_SIMD honoured). */
+    cpu_simd_t level = CPU_SIMD_SCALAR;
+    if (!p->portable) {
+        err = cpu_simd_selected(&level);
+        if (err)
+            return err;
+    }
     quant_task_ctx_t c = {
         .w = w,
         .out = out,
@@ -402,8 +411,7 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
                 .beta = p->hqq_beta,
                 .kappa = p->hqq_kappa,
                 .expo = p->hqq_p - 1.0f},
-        .use_avx512 = !p->portable && p->group % QUANT_LANES == 0 &&
-                      cpu_simd_detect() >= CPU_SIMD_AVX512,
+        .level = p->group % QUANT_LANES == 0 ? level : CPU_SIMD_SCALAR,
         .rows_per_task = rpt,
     };
     c.row_f32 = calloc((size_t)n_threads, sizeof *c.row_f32);

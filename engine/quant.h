@@ -15,8 +15,9 @@
  * first iterate is RTN's zero, so HQQ's error is never above RTN's.
  *
  * The work is deterministic: the same matrix and parameters give the same bytes for any
- * thread count, and the portable and AVX-512 kernels give identical results (they perform
- * the same float operations in the same order). */
+ * thread count, and the portable, AVX2 and AVX-512 kernels give identical results (they
+ * perform the same float operations in the same order). The SIMD kernel is the one of the
+ * level the CPU backend selects (RIVER_SIMD honoured). */
 #ifndef RIVER_ENGINE_QUANT_H
 #define RIVER_ENGINE_QUANT_H
 
@@ -45,7 +46,7 @@ typedef struct quant_params {
     float hqq_beta;        /* initial beta of the proximal solver, 10 */
     float hqq_kappa;       /* beta's growth per iteration, 1.01 */
     int hqq_iters;         /* iterations at most, 20 */
-    int portable;          /* 1: use the portable kernel even where AVX-512 is present */
+    int portable;          /* 1: use the portable kernel even where AVX2/AVX-512 is present */
 } quant_params_t;
 
 /* 4 bits, group 64, HQQ with DESIGN.md's parameters. */

@@ -191,5 +191,11 @@ static inline int quant_group_run(const quant_job_t *j, const float *w, float lo
  * or -1 - (index of the first group that does not fit an fp16 scale). */
 int quant_groups_avx512(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
                         uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
+/* The portable kernel (quant.c), for any group size. */
+int quant_groups_scalar(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
+                        uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
+/* The same with AVX2 (quant_avx2.c), for the same groups, giving the same bytes. */
+int quant_groups_avx2(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
+                      uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
 
 #endif

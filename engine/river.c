@@ -203,6 +203,26 @@ static void river_tensor_name(char *buf, size_t cap, int layer, int mat, const c
 
 /* ---- building ---- */
 
+int river_group_fit(const model_t *m, const river_build_opts_t *o, int most)
+{
+    int n_layers = m->cfg.n_layers;
+    int64_t common = o->head_bits ? m->lm_head.cols : 0;
+    for (int l = o->start_layer < 0 ? 0 : o->start_layer; l < n_layers; l++)
+        for (int i = 0; i < RIVER_N_MATRICES; i++) {
+            int64_t a = river_mat(&m->layers[l], i)->cols, b = common;
+            while (b) {
+                int64_t t = a % b;
+                a = b;
+                b = t;
+            }
+            common = a;
+        }
+    for (int g = most; g >= 1; g--)
+        if (common % g == 0 && (o->quant.bits != 4 || g % 2 == 0))
+            return g;
+    return 0;
+}
+
 /* Everything is checked before the file is created, so a bad group size fails at once
  * instead of after minutes of work. */
 static int river_build_check(const model_t *m, const river_build_opts_t *o)
@@ -222,21 +242,7 @@ static int river_build_check(const model_t *m, const river_build_opts_t *o)
         return river_err_set(RIVER_EINVAL, "%s: group %d does not divide the LM head's %lld "
                              "columns", m->path, o->quant.group, (long long)m->lm_head.cols);
     /* The largest group up to 128 that divides every matrix, to suggest one on failure. */
-    int64_t common = 0;
-    for (int l = o->start_layer; l < n_layers; l++)
-        for (int i = 0; i < RIVER_N_MATRICES; i++) {
-            int64_t a = river_mat(&m->layers[l], i)->cols, b = common;
-            while (b) {
-                int64_t t = a % b;
-                a = b;
-                b = t;
-            }
-            common = a;
-        }
-    int suggest = 1;
-    for (int g = 128; g > 1 && suggest == 1; g--)
-        if (common % g == 0)
-            suggest = g;
+    int suggest = river_group_fit(m, o, 128);
     for (int l = o->start_layer; l < n_layers; l++)
         for (int i = 0; i < RIVER_N_MATRICES; i++) {
             const weight_t *w = river_mat(&m->layers[l], i);

@@ -59,6 +59,11 @@ typedef struct river_build_opts {
 /* Default quantization (quant_params_default), start RIVER_DEFAULT_START_LAYER, all cores. */
 river_build_opts_t river_build_opts_default(void);
 
+/* The largest group size up to `most` that divides the columns of every matrix the river
+ * quantizes (layers o->start_layer.., the LM head too when o->head_bits), even for 4 bits
+ * (two codes share a byte); 0 when none does. */
+int river_group_fit(const model_t *m, const river_build_opts_t *o, int most);
+
 /* Quantizes layers start_layer.. of m and writes the river to path (through "<path>.part",
  * renamed when complete). total, when not NULL, receives the error sums of all layers.
  * Every matrix is checked (dtype, group divides its columns) before anything is written. */

@@ -1,6 +1,7 @@
 /* The exit engine: plain-engine identity for policy none and unreachable thresholds, the KV
  * integrity invariant (every slot written once, no unwritten slot ever read) under every
  * policy, and what each baseline KV strategy does by its definition. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "engine/river.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define MODEL TEST_DATA "/kjv-12l"
@@ -410,6 +412,41 @@ START_TEST(test_row_split_equals_alone)
 }
 END_TEST
 
+/* river eval's exit histogram is indexed as ExitStats.histogram: entry l counts the tokens
+ * that left the backbone after l layers (L + 1 entries), so a fixed exit after 4 layers
+ * puts every token in entry 4 and the mean exit layer agrees; the JSON names the SIMD level
+ * (the same RIVER_SIMD as this process, if any). */
+START_TEST(test_eval_histogram)
+{
+    char pfile[320];
+    snprintf(pfile, sizeof pfile, "%s/prompts.txt", test_tmpdir());
+    test_write(pfile, "In the beginning God created\nAnd the LORD spake unto Moses\n");
+    char *argv[] = {(char *)test_bin("river"), "eval", "--model", MODEL, "--river",
+                    F.river_path, "--prompts", pfile, "--policy", "fixed", "--exit-layer",
+                    "4", "--max-tokens", "6", "--threads", "1", "--output", "json", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
+    json_error_t je;
+    json_t *o = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+    ck_assert_msg(o, "river eval output: %.300s", out);
+    int L = F.m->cfg.n_layers;
+    json_t *h = json_object_get(o, "exit_histogram");
+    ck_assert_int_eq((int)json_array_size(h), L + 1);
+    json_int_t tokens = json_integer_value(json_object_get(o, "tokens"));
+    ck_assert_int_gt((int)tokens, 0);
+    for (int l = 0; l <= L; l++)
+        ck_assert_msg(json_integer_value(json_array_get(h, (size_t)l)) == (l == 4 ? tokens : 0),
+                      "histogram[%d] = %lld of %lld tokens", l,
+                      (long long)json_integer_value(json_array_get(h, (size_t)l)),
+                      (long long)tokens);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(o, "mean_exit_layer")), 4.0, 1e-9);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "simd")),
+                     cpu_simd_name(cpu_backend_simd(F.be)));
+    json_decref(o);
+    free(out);
+}
+END_TEST
+
 static Suite *exit_suite(void)
 {
     Suite *s = suite_create("exit");
@@ -425,6 +462,7 @@ static Suite *exit_suite(void)
     tcase_add_test(tc, test_mono_decreasing);
     tcase_add_test(tc, test_posthoc);
     tcase_add_test(tc, test_row_split_equals_alone);
+    tcase_add_test(tc, test_eval_histogram);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
@@ -195,12 +197,47 @@ static void tw_free(tw_t *t)
 
 /* Checks y (n, rows) = x W^T against a double-precision reference: the error may be 1e-5
  * of the sum of |w x| (a relative bound that stays meaningful under cancellation). */
+/* Whether a matmul at this level takes x as 8-bit blocks (the AVX2 decode path of Q4/Q8
+ * groups of whole 32-column blocks, up to 16 rows; kernels_avx2.c). */
+static int mm_x8(const env_t *e, const weight_t *w, int n)
+{
+    return e->level == CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) &&
+           w->group % 32 == 0 && n <= 16;
+}
+
+/* x quantized as the 8-bit path does, written here from its definition: per block of xb
+ * columns (64 where the group allows, else 32) d = max|x| / 127 and
+ * x8 = round-to-even(x * (127 / max|x|)); xd = d * x8. half_step gets each element's
+ * bound max|x| / 254 (the caller weighs it with |w|). */
+static void mm_quantize_x(const float *x, int64_t cols, int xb, float *xd, float *half_step)
+{
+    for (int64_t b = 0; b < cols; b += xb) {
+        float amax = 0.0f;
+        for (int k = 0; k < xb; k++)
+            amax = fmaxf(amax, fabsf(x[b + k]));
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int k = 0; k < xb; k++) {
+            xd[b + k] = d * nearbyintf(x[b + k] * id);
+            half_step[b + k] = amax / 254.0f;
+        }
+    }
+}
+
 static void check_matmul(env_t *e, const tw_t *t, int n)
 {
     int64_t rows = t->w.rows, cols = t->w.cols;
     float *xh = malloc((size_t)(n * cols) * sizeof(float));
+    float *xd = malloc((size_t)(n * cols) * sizeof(float));
+    float *hs = malloc((size_t)(n * cols) * sizeof(float));
     ck_assert_ptr_nonnull(xh);
+    ck_assert_ptr_nonnull(xd);
+    ck_assert_ptr_nonnull(hs);
     fill(xh, (size_t)(n * cols), -1.0f, 1.0f);
+    int x8 = mm_x8(e, &t->w, n);
+    if (x8)
+        for (int i = 0; i < n; i++)
+            mm_quantize_x(xh + i * cols, cols, t->w.group % 64 == 0 ? 64 : 32, xd + i * cols,
+                          hs + i * cols);
     float *x = dev_copy(e, xh, (size_t)(n * cols));
     float *y = e->o->buf_alloc(e->c, (size_t)(n * rows));
     ck_assert_ptr_nonnull(y);
@@ -208,21 +245,37 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     float *yh = host_copy(e, y, (size_t)(n * rows));
     for (int i = 0; i < n; i++)
         for (int64_t r = 0; r < rows; r++) {
-            double acc = 0.0, mag = 0.0;
+            double acc = 0.0, mag = 0.0, accq = 0.0, magq = 0.0, bound = 0.0;
             for (int64_t k = 0; k < cols; k++) {
-                double p = (double)t->ref[r * cols + k] * xh[i * cols + k];
+                double wk = t->ref[r * cols + k];
+                double p = wk * xh[i * cols + k];
                 acc += p;
                 mag += fabs(p);
+                if (x8) {
+                    accq += wk * xd[i * cols + k];
+                    magq += fabs(wk * xd[i * cols + k]);
+                    bound += fabs(wk) * hs[i * cols + k];
+                }
             }
-            double err = fabs(yh[i * rows + r] - acc);
-            EXPECT(err <= 1e-5 * mag + 1e-30,"matmul %s %s thr %d: (%lld x %lld) n %d: y[%d][%lld] = %.9g, "
-                             "want %.9g", cpu_simd_name((cpu_simd_t)e->level),
-                             dtype_name(t->w.dtype), e->threads, (long long)rows,
-                             (long long)cols, n, i, (long long)r, yh[i * rows + r], acc);
+            double got = yh[i * rows + r];
+            /* The 8-bit path: exact against x as it quantizes it (f32 rounding aside), and
+             * within the stated bound of the exact result. */
+            EXPECT(!x8 || fabs(got - accq) <= 1e-5 * (magq + mag) + 1e-30,
+                   "matmul %s %s x8 thr %d: (%lld x %lld) n %d: y[%d][%lld] = %.9g, want %.9g",
+                   cpu_simd_name((cpu_simd_t)e->level), dtype_name(t->w.dtype), e->threads,
+                   (long long)rows, (long long)cols, n, i, (long long)r, got, accq);
+            double tol = x8 ? bound + 1e-5 * mag : 1e-5 * mag;
+            double err = fabs(got - acc);
+            EXPECT(err <= tol + 1e-30, "matmul %s %s thr %d: (%lld x %lld) n %d: y[%d][%lld] = "
+                   "%.9g, want %.9g (tolerance %.3g)", cpu_simd_name((cpu_simd_t)e->level),
+                   dtype_name(t->w.dtype), e->threads, (long long)rows, (long long)cols, n, i,
+                   (long long)r, got, acc, tol);
         }
     e->o->buf_free(e->c, x);
     e->o->buf_free(e->c, y);
     free(xh);
+    free(xd);
+    free(hs);
     free(yh);
 }
 
@@ -258,7 +311,8 @@ START_TEST(test_matmul_quant)
     static const int64_t shapes[][3] = { { 1, 16, 16 },   { 7, 32, 16 },  { 20, 64, 32 },
                                          { 37, 384, 64 }, { 200, 384, 128 }, { 13, 96, 48 },
                                          { 9, 60, 6 },    { 5, 30, 10 },  { 11, 640, 32 },
-                                         { 5, 1024, 16 } };
+                                         { 5, 1024, 16 }, { 19, 288, 96 }, { 23, 352, 32 },
+                                         { 3, 2304, 64 },  { 9, 160, 160 } };
     static const dtype_t dts[] = { DTYPE_Q8, DTYPE_Q4 };
     for (size_t d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -798,6 +852,12 @@ START_TEST(test_attention)
         { 8, 2, 64, 16, 2, { 700, 30 }, { 1, 2 }, 2 },
         /* Masked slots covering whole pages. */
         { 4, 4, 16, 1, 1, { 9 }, { 2 }, 2 },
+        /* Prefill tiles (SIMD levels): 40 rows of one sequence after 110 positions of
+         * history, so three tiles (the last partial) over three K/V blocks, GQA 4. */
+        { 8, 2, 64, 16, 1, { 150 }, { 40 }, 0 },
+        /* Two sequences prefilled from position 0 (one of them entirely in the batch), an
+         * odd head size and page size, plus a decode row of a third. */
+        { 6, 3, 20, 7, 3, { 70, 33, 12 }, { 20, 33, 1 }, 0 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         run_attention_case(&e, &cases[c]);
@@ -908,12 +968,65 @@ START_TEST(test_levels)
 }
 END_TEST
 
+/* What a backend asking for the best level gets with RIVER_SIMD=value, in a child process
+ * (the variable is read once per process): the level's number, or 100 + the error's
+ * distance from RIVER_EINVAL when creation fails with that detail naming `value`. */
+static int simd_env_child(const char *value)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RIVER_SIMD", value, 1);
+        backend_t *be = NULL;
+        int e = cpu_backend_new(&be, 1, CPU_SIMD_COUNT);
+        int code;
+        if (e) {
+            /* The message names what was asked for and what the processor has. */
+            const char *d = river_err_detail();
+            int named = strstr(d, value) && strstr(d, cpu_simd_name(cpu_simd_detect()));
+            code = named ? 100 + (RIVER_EINVAL - e) : 99;
+        } else {
+            code = (int)cpu_backend_simd(be);
+            cpu_backend_destroy(&be);
+        }
+        _exit(code);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+START_TEST(test_simd_env)
+{
+    for (int l = 0; l < CPU_SIMD_COUNT; l++) {
+        const char *name = cpu_simd_name((cpu_simd_t)l);
+        ck_assert_int_eq(cpu_simd_parse(name), l);
+        int got = simd_env_child(name);
+        if (l <= (int)cpu_simd_detect())
+            ck_assert_msg(got == l, "RIVER_SIMD=%s gave %d", name, got);
+        else /* a level this processor lacks */
+            ck_assert_msg(got == 100 + (RIVER_EINVAL - RIVER_EUNSUPPORTED),
+                          "RIVER_SIMD=%s gave %d", name, got);
+    }
+    ck_assert_int_eq(cpu_simd_parse("avx9"), CPU_SIMD_COUNT);
+    ck_assert_int_eq(cpu_simd_parse(NULL), CPU_SIMD_COUNT);
+    ck_assert_int_eq(simd_env_child("avx9"), 100);
+    /* An explicit level is the caller's choice and ignores the variable. */
+    backend_t *be = NULL;
+    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_SCALAR), 0);
+    ck_assert_int_eq(cpu_backend_simd(be), CPU_SIMD_SCALAR);
+    cpu_backend_destroy(&be);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_levels);
+    tcase_add_test(tc, test_simd_env);
     tcase_add_loop_test(tc, test_buffers, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_float, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_quant, 0, N_CONFIGS);

@@ -11,10 +11,12 @@
 #include "common/err.h"
 #include "engine/model.h"
 #include "engine/quant.h"
+#include "engine/quant_internal.h"
 #include "engine/river.h"
 #include "engine/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"
+#include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define KJV TEST_DATA "/kjv-12l"
@@ -250,6 +252,55 @@ START_TEST(test_kernels_and_threads_agree)
             free(buf);
         }
     threadpool_destroy(&pool);
+}
+END_TEST
+
+/* The kernels of every SIMD level this processor has give the portable kernel's bytes and
+ * error sums, for RTN and HQQ, 4 and 8 bits and group sizes 16, 48, 64 and 128, on values
+ * with outliers and constant groups. */
+START_TEST(test_simd_kernels_agree)
+{
+    rng_state = 123;
+    cpu_simd_t best = cpu_simd_detect();
+    static const int groups[] = {16, 48, 64, 128};
+    enum { NG = 37 };
+    float *w = malloc(sizeof(float) * NG * 128);
+    uint8_t *q[3];
+    uint16_t sc[3][NG], ze[3][NG];
+    for (int k = 0; k < 3; k++)
+        q[k] = malloc(NG * 128);
+    ck_assert(w && q[0] && q[1] && q[2]);
+    for (int gi = 0; gi < 4; gi++)
+        for (int hqq = 0; hqq <= 1; hqq++)
+            for (int bits = 4; bits <= 8; bits += 4) {
+                int g = groups[gi];
+                for (int k = 0; k < NG * g; k++)
+                    w[k] = (float)(rng_uniform() - 0.5) * 0.05f;
+                w[3] = 0.9f; /* an outlier */
+                for (int k = 0; k < g; k++)
+                    w[2 * g + k] = 0.25f; /* a constant group */
+                quant_job_t j = {.group = g, .qmax = (1 << bits) - 1, .hqq = hqq, .iters = 20,
+                                 .beta = 10.0f, .kappa = 1.01f, .expo = 0.7f - 1.0f};
+                quant_stats_t st[3];
+                memset(st, 0, sizeof st);
+                ck_assert_int_eq(quant_groups_scalar(&j, w, NG, q[0], sc[0], ze[0], &st[0]), 0);
+                for (int lv = 1; lv < 3; lv++) {
+                    if (lv > (int)best)
+                        continue;
+                    int rc = lv == 1 ? quant_groups_avx2(&j, w, NG, q[lv], sc[lv], ze[lv], &st[lv])
+                                     : quant_groups_avx512(&j, w, NG, q[lv], sc[lv], ze[lv], &st[lv]);
+                    ck_assert_int_eq(rc, 0);
+                    ck_assert_msg(!memcmp(q[0], q[lv], (size_t)NG * g) &&
+                                  !memcmp(sc[0], sc[lv], sizeof sc[0]) &&
+                                  !memcmp(ze[0], ze[lv], sizeof ze[0]) &&
+                                  !memcmp(&st[0], &st[lv], sizeof st[0]),
+                                  "%s kernel differs from the portable one (group %d, %s, %d-bit)",
+                                  cpu_simd_name((cpu_simd_t)lv), g, hqq ? "hqq" : "rtn", bits);
+                }
+            }
+    free(w);
+    for (int k = 0; k < 3; k++)
+        free(q[k]);
 }
 END_TEST
 
@@ -880,6 +931,41 @@ START_TEST(test_river_stories260k)
 }
 END_TEST
 
+/* stories260K's FFN has 172 inputs, which no group of 64 divides: river quant without
+ * --group picks the largest group that divides every matrix (4), says so, and the river
+ * it writes loads with that group; --group 64 named explicitly is refused, naming 4. */
+START_TEST(test_quant_group_fit)
+{
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(&m, STORIES), 0);
+    river_build_opts_t o = river_build_opts_default();
+    ck_assert_int_eq(river_group_fit(m, &o, 64), 4);
+    o.quant.bits = 8;
+    ck_assert_int_eq(river_group_fit(m, &o, 3), 2);
+    char out_path[320];
+    snprintf(out_path, sizeof out_path, "%s/fit.safetensors", test_tmpdir());
+    char *argv[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
+                    "--threads", "1", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 1, &out), 0);
+    ck_assert_msg(strstr(out, "no group of 64 divides every matrix") &&
+                  strstr(out, "using the largest that does, 4"), "river quant said: %.400s", out);
+    free(out);
+    river_t *r = NULL;
+    ck_assert_msg(river_load(&r, m, out_path) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(river_group(r), 4);
+    river_destroy(&r);
+    char *argv2[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
+                     "--group", "64", "--threads", "1", NULL};
+    remove(out_path);
+    ck_assert_int_ne(test_capture(argv2, NULL, 1, &out), 0);
+    ck_assert_msg(strstr(out, "not a multiple of the group size 64") &&
+                  strstr(out, "divides every matrix is 4"), "river quant said: %.400s", out);
+    free(out);
+    model_destroy(&m);
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
@@ -887,6 +973,7 @@ static Suite *quant_suite(void)
     tcase_add_test(q, test_rtn_round_trip);
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
+    tcase_add_test(q, test_simd_kernels_agree);
     tcase_add_test(q, test_odd_shapes);
     tcase_add_test(q, test_degenerate_groups);
     tcase_add_test(q, test_bad_input);
@@ -907,6 +994,7 @@ static Suite *quant_suite(void)
     tcase_add_test(rv, test_river_corrupt);
     tcase_add_test(rv, test_river_wrong_dtype);
     tcase_add_test(rv, test_river_stories260k);
+    tcase_add_test(rv, test_quant_group_fit);
     suite_add_tcase(s, rv);
     return s;
 }

@@ -8,7 +8,16 @@
  * G = n_heads/n_kv_heads query heads that share a KV head are computed together, each K
  * and V slice loaded once for them. When a sequence is cut into chunks, each chunk yields
  * its own maximum, sum of exponentials and unnormalised output per head, and a final pass
- * merges them (the usual log-sum-exp rescaling). */
+ * merges them (the usual log-sum-exp rescaling).
+ *
+ * Prefill (consecutive rows of one sequence at consecutive positions) goes a tile of up to
+ * ATTN_TILE query rows at a time, flash-attention style: for each block of ATTN_BLOCK
+ * positions and each KV head, every row of the tile takes its scores against the block's
+ * K slice, updates its running maximum and sum of exponentials (online softmax, the output
+ * rescaled when the maximum grows) and adds the block's V slice, while both slices are in
+ * L1. Each K/V row is then read once per tile instead of once per row. The scalar level
+ * keeps the one-row path (it reproduces llama2.c's arithmetic exactly), and so do rows with
+ * validity maps. */
 #include <math.h>
 #include <string.h>
 
@@ -22,6 +31,8 @@
 #define ATTN_MIN_CHUNK 256
 /* Positions whose K (or V) rows every head goes through before the next ones. */
 #define ATTN_BLOCK 64
+/* Query rows of one sequence that share each K/V block (prefill). */
+#define ATTN_TILE 16
 
 typedef struct attn_job {
     ops_ctx_t *ctx;
@@ -35,7 +46,80 @@ typedef struct attn_job {
     int n_chunks;  /* chunks per row */
     int chunk_len; /* positions per chunk */
     float *part;   /* n_chunks > 1: per (row, chunk), n_heads * (hd + 2) floats: o, then m, l */
+    const int *tile_row; /* tiled: (n_tiles + 1) first batch row of each tile */
 } attn_job_t;
+
+/* One tile of rows r0..r1-1 of one sequence at consecutive positions (pos[r0] + i). */
+static void attn_tile_task(void *arg, int task, int thread)
+{
+    const attn_job_t *j = arg;
+    const kv_view_t *kv = j->kv;
+    const cpu_kernels_t *k = j->ctx->k;
+    int r0 = j->tile_row[task], r1 = j->tile_row[task + 1], m = r1 - r0;
+    int G = j->G, hd = j->hd, H = j->n_heads;
+    int64_t len = (int64_t)j->b->pos[r1 - 1] + 1; /* positions the last row attends to */
+    int64_t p0 = j->b->pos[r0];
+    /* Scratch: K and V row pointers of every position, the tile's outputs (m rows of
+     * H * hd), running maxima and sums (m * H each), and G * ATTN_BLOCK scores. */
+    const float **krows = (const float **)j->ctx->thread_scratch[thread].s.p;
+    const float **vrows = krows + j->chunk_len;
+    float *o = (float *)(vrows + j->chunk_len);
+    float *mx = o + (int64_t)ATTN_TILE * H * hd;
+    float *sum = mx + ATTN_TILE * H;
+    float *s = sum + ATTN_TILE * H;
+    const int32_t *pt = j->b->page_table[r0];
+    int64_t layer_off = (int64_t)j->layer * kv->layer_stride;
+    for (int64_t t = 0; t < len; t++) {
+        int64_t off = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
+                      (t % kv->page_size) * kv->kv_dim;
+        krows[t] = (const float *)kv->k + off;
+        vrows[t] = (const float *)kv->v + off;
+    }
+    memset(o, 0, (size_t)m * H * hd * sizeof(float));
+    for (int i = 0; i < m * H; i++) {
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    for (int64_t b0 = 0; b0 < len; b0 += ATTN_BLOCK) {
+        for (int h = 0; h < j->n_kv; h++) {
+            for (int i = 0; i < m; i++) {
+                /* Row i attends to positions 0..p0 + i. */
+                int64_t bn = p0 + i + 1 - b0;
+                if (bn <= 0)
+                    continue;
+                if (bn > ATTN_BLOCK)
+                    bn = ATTN_BLOCK;
+                const float *q = j->q + ((int64_t)(r0 + i) * H + (int64_t)h * G) * hd;
+                float *oi = o + ((int64_t)i * H + (int64_t)h * G) * hd;
+                k->attn_scores(s, bn, q, G, hd, krows + b0, (int64_t)h * hd, bn, j->scale);
+                for (int g = 0; g < G; g++) {
+                    float *mg = &mx[i * H + h * G + g], *lg = &sum[i * H + h * G + g];
+                    float bm = k->max(s + g * bn, bn);
+                    float nm = bm > *mg ? bm : *mg;
+                    if (nm > *mg && *lg > 0.0f) {
+                        /* The maximum grew: what was summed so far shrinks by e^(old-new). */
+                        float c = expf(*mg - nm);
+                        *lg *= c;
+                        for (int d = 0; d < hd; d++)
+                            oi[g * hd + d] *= c;
+                    }
+                    *mg = nm;
+                    *lg += k->exp_sum(s + g * bn, bn, nm);
+                }
+                k->attn_values(oi, s, bn, G, hd, vrows + b0, (int64_t)h * hd, bn);
+            }
+        }
+    }
+    /* Written only now that every q row of the tile has been read: out may be q. */
+    for (int i = 0; i < m; i++) {
+        float *dst = j->out + (int64_t)(r0 + i) * H * hd;
+        for (int hh = 0; hh < H; hh++) {
+            float inv = sum[i * H + hh] > 0.0f ? 1.0f / sum[i * H + hh] : 0.0f;
+            for (int d = 0; d < hd; d++)
+                dst[hh * hd + d] = o[((int64_t)i * H + hh) * hd + d] * inv;
+        }
+    }
+}
 
 static void attn_task(void *arg, int task, int thread)
 {
@@ -196,6 +280,42 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         int want = (4 * threads + b->n - 1) / b->n;
         int most = (int)(max_len / ATTN_MIN_CHUNK);
         j.n_chunks = want < most ? want : most;
+    }
+    /* Prefill: tiles of consecutive rows of one sequence at consecutive positions, when
+     * some tile has more than one row (the scalar level and validity maps aside). */
+    if (j.n_chunks == 1 && !b->kv_valid && ctx->k->level != CPU_SIMD_SCALAR && b->n > 1) {
+        int e = cpu_scratch_reserve(&ctx->shared2, (size_t)b->n + 1);
+        if (e)
+            return e;
+        int *tile_row = (int *)ctx->shared2.p;
+        int n_tiles = 0, multi = 0;
+        for (int i = 0; i < b->n; i++) {
+            int start = n_tiles == 0 || i - tile_row[n_tiles - 1] >= ATTN_TILE ||
+                        b->page_table[i] != b->page_table[i - 1] ||
+                        b->pos[i] != b->pos[i - 1] + 1;
+            if (start)
+                tile_row[n_tiles++] = i;
+            else
+                multi = 1;
+        }
+        tile_row[n_tiles] = b->n;
+        if (multi) {
+            j.tile_row = tile_row;
+            j.chunk_len = (int)max_len;
+            size_t ptrs = (size_t)max_len * sizeof(float *) / sizeof(float) + 1;
+            e = cpu_thread_scratch_reserve(ctx, 2 * ptrs + (size_t)ATTN_TILE * n_heads *
+                                                               (head_dim + 2) +
+                                                    (size_t)(n_heads / n_kv_heads) * ATTN_BLOCK);
+            if (e)
+                return e;
+            if (threads == 1 || n_tiles == 1) {
+                for (int t = 0; t < n_tiles; t++)
+                    attn_tile_task(&j, t, 0);
+            } else {
+                threadpool_run(ctx->pool, attn_tile_task, &j, n_tiles);
+            }
+            return 0;
+        }
     }
     j.chunk_len = (int)((max_len + j.n_chunks - 1) / j.n_chunks);
     /* Per thread: two arrays of chunk_len pointers and n_heads rows of chunk_len scores. */

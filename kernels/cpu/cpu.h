@@ -25,15 +25,25 @@ typedef enum {
 /* The best SIMD level this processor supports. */
 cpu_simd_t cpu_simd_detect(void);
 const char *cpu_simd_name(cpu_simd_t level);
+/* The level named `name` ("scalar", "avx2", "avx512"); CPU_SIMD_COUNT if none is. */
+cpu_simd_t cpu_simd_parse(const char *name);
+
+/* The level every component that asks for "the best" runs: the environment variable
+ * RIVER_SIMD (scalar|avx2|avx512) where set, else cpu_simd_detect(). The variable is read
+ * once per process. A name that is no level, or a level this processor lacks, is an error
+ * (RIVER_EINVAL / RIVER_EUNSUPPORTED) naming it and what the processor has. */
+int cpu_simd_selected(cpu_simd_t *out);
 
 /* Creates a CPU backend with n_threads workers (0: one per online core) using SIMD level
- * `simd` (capped at what the processor supports; pass CPU_SIMD_COUNT for the best).
- * On failure *out is untouched. */
+ * `simd` (capped at what the processor supports); CPU_SIMD_COUNT takes
+ * cpu_simd_selected(), whose error it returns. On failure *out is untouched. */
 int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd);
 void cpu_backend_destroy(backend_t **b);
 
 /* Threads the backend runs ops on. */
 int cpu_backend_threads(const backend_t *b);
+/* The SIMD level the backend's kernels use. */
+cpu_simd_t cpu_backend_simd(const backend_t *b);
 
 /* Measures the read bandwidth of main memory in GB/s (1e9 bytes/s): a read-only SIMD sweep
  * with n_threads threads over a buffer of `bytes` (far larger than the caches), best of

@@ -4,6 +4,7 @@
 #include <cpuid.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,52 @@ const char *cpu_simd_name(cpu_simd_t level)
         break;
     }
     return "unknown";
+}
+
+cpu_simd_t cpu_simd_parse(const char *name)
+{
+    for (int l = 0; l < CPU_SIMD_COUNT; l++)
+        if (name && !strcmp(name, cpu_simd_name((cpu_simd_t)l)))
+            return (cpu_simd_t)l;
+    return CPU_SIMD_COUNT;
+}
+
+/* RIVER_SIMD, parsed once: the level asked for (CPU_SIMD_COUNT: none) and the text, kept
+ * for the error of every later call. */
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+static cpu_simd_t simd_env_level;
+static char simd_env_text[32];
+static int simd_env_set;
+
+static void simd_env_read(void)
+{
+    const char *v = getenv("RIVER_SIMD");
+    simd_env_set = v && *v;
+    if (!simd_env_set)
+        return;
+    snprintf(simd_env_text, sizeof simd_env_text, "%s", v);
+    simd_env_level = cpu_simd_parse(v);
+}
+
+int cpu_simd_selected(cpu_simd_t *out)
+{
+    cpu_simd_t best = cpu_simd_detect();
+    if (pthread_once(&simd_once, simd_env_read) != 0)
+        return river_err_set(RIVER_ESYS, "RIVER_SIMD: pthread_once failed");
+    if (!simd_env_set) {
+        *out = best;
+        return 0;
+    }
+    if (simd_env_level == CPU_SIMD_COUNT)
+        return river_err_set(RIVER_EINVAL, "RIVER_SIMD=%s: not a level (scalar, avx2, "
+                             "avx512); this processor has up to %s", simd_env_text,
+                             cpu_simd_name(best));
+    if (simd_env_level > best)
+        return river_err_set(RIVER_EUNSUPPORTED, "RIVER_SIMD=%s: this processor lacks %s; "
+                             "it has up to %s", simd_env_text, simd_env_text,
+                             cpu_simd_name(best));
+    *out = simd_env_level;
+    return 0;
 }
 
 const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level)
@@ -533,7 +580,7 @@ static int cpu_sync(ops_ctx_t *ctx)
 static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
 {
     out->name = "cpu";
-    snprintf(out->variant, sizeof out->variant, "%s", cpu_simd_name((cpu_simd_t)ctx->simd));
+    snprintf(out->variant, sizeof out->variant, "%s", cpu_simd_name(ctx->k->level));
     out->threads = ctx->n_threads;
     out->device = -1;
     out->host_memory = 1;
@@ -660,11 +707,17 @@ int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd)
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = online > 0 ? (int)online : 1;
     }
+    int e;
+    if (simd == CPU_SIMD_COUNT) {
+        e = cpu_simd_selected(&simd);
+        if (e)
+            return e;
+    }
     cpu_simd_t best = cpu_simd_detect();
     if (simd > best)
         simd = best;
 
-    int e = RIVER_ENOMEM;
+    e = RIVER_ENOMEM;
     backend_t *b = calloc(1, sizeof *b);
     if (!b)
         goto fail;
@@ -672,7 +725,6 @@ int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd)
     if (!ctx)
         goto fail_backend;
     ctx->k = cpu_kernels_get(simd);
-    ctx->simd = (int)simd;
     ctx->n_threads = n_threads;
     ctx->thread_scratch = calloc((size_t)n_threads, sizeof *ctx->thread_scratch);
     if (!ctx->thread_scratch)
@@ -717,4 +769,9 @@ void cpu_backend_destroy(backend_t **bp)
 int cpu_backend_threads(const backend_t *b)
 {
     return b->ctx->n_threads;
+}
+
+cpu_simd_t cpu_backend_simd(const backend_t *b)
+{
+    return b->ctx->k->level;
 }

@@ -18,7 +18,6 @@ typedef struct cpu_scratch {
 
 struct ops_ctx {
     const cpu_kernels_t *k;
-    int simd;             /* cpu_simd_t the kernels k were chosen for */
     threadpool_t *pool;
     int n_threads;
     /* One scratch per thread, indexed by the thread number a task runs on; padded so two

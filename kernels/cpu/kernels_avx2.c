@@ -16,6 +16,8 @@
  * take registers too). The next block is prefetched as in the AVX-512 kernels. */
 #define GEMV_R 8
 #define GEMV_N 2
+#define GEMV_NF 4 /* float weights against 4 x rows: 2 x 4 tiles */
+#define GEMV_NQ8 4 /* the Q4/Q8 tiles with 8-bit x: up to 2 x 4 */
 #define GEMM_P 16
 #define GEMM_R 6
 
@@ -98,31 +100,31 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
                   size_t rb, int64_t cols, int64_t pf, const dtype_t dt, const int R,
                   const int N)
 {
-    __m256 acc[GEMV_R][GEMV_N];
+    __m256 acc[GEMV_R][GEMV_NF];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= cols; k += 8) {
         if (pf)
             gemv_prefetch(w, rb, k, pf, dt, R);
-        __m256 xv[GEMV_N];
-#pragma GCC unroll 2
+        __m256 xv[GEMV_NF];
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             xv[i] = _mm256_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m256 wv = ld8(dt, w + r * rb, k);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int i = 0; i < N; i++)
                 acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < N; i++) {
             float s = hsum8(acc[r][i]);
             for (int64_t kk = k; kk < cols; kk++)
@@ -193,7 +195,15 @@ AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int n, con
 {
     size_t rb = dtype_row_bytes(dt, w->cols);
     int quant = dt == DTYPE_Q4 || dt == DTYPE_Q8;
-    for (int i = 0; i < n; i += GEMV_N) {
+    int i = 0;
+    /* Four x rows at a time for float weights: a 2 x 4 tile converts each weight vector
+     * once for four FMAs (a 4 x 2 tile, once for two), which is what small batches are
+     * bound by once the weights come from L1. */
+    if (!quant && R % 2 == 0)
+        for (; n - i >= 4; i += 4)
+            for (int h = 0; h < R; h += 2)
+                gemv_tile_any(y, ldy, x, ldx, w, rb, r + h, i, i == 0 ? pf : 0, dt, 2, 4);
+    for (; i < n; i += GEMV_N) {
         int64_t p = i == 0 ? pf : 0;
         int two = n - i >= 2;
         /* Rows per tile: 8 accumulators for floats; Q4/Q8 also hold a scale and a zero per
@@ -240,11 +250,330 @@ GEMV_DEFINE(gemv_bf16, DTYPE_BF16)
 GEMV_DEFINE(gemv_q8, DTYPE_Q8)
 GEMV_DEFINE(gemv_q4, DTYPE_Q4)
 
+/* ---- decode of Q4/Q8 with 8-bit activations --------------------------------------------- */
+
+/* Q4/Q8 weights whose groups hold whole blocks of 32 columns take integer dot products:
+ * gemv_prep quantizes each row of x once per call to 8 bits in blocks of 32 columns
+ * (llama.cpp's q8_0: d = max|x| / 127, x8 = round(x * 127 / max|x|), ties to even), and
+ * a block's dot product with the codes is exact in 32-bit integers (vpmaddubsw,
+ * vpmaddwd). With w = s (q - z) per group and x^ = d x8,
+ *     y = sum_groups s * (sum_blocks d * (q . x8) - z * sum_blocks d * sum(x8)),
+ * which is W x^ exactly, zero points included (f32 rounding aside): the only
+ * approximation is x ~= x^, |x - x^| <= max|x| / 254 per element of a block, hence
+ * |y - W x| <= sum over blocks of (max|x| / 254) * sum |w| (tests/test_ops.c checks both).
+ * A block of x is 32 columns, or 64 where the groups are multiples of 64 (q8_xblock).
+ * Q8 codes (0..255) would overflow vpmaddubsw's 16-bit pair sums, so they are widened,
+ * shifted to q - 128 and multiplied with vpmaddwd (the zero shifted by 128 too).
+ *
+ * xq holds, per row of x (ldq floats): cols int8 codes (cols / 4 floats; for Q4 each
+ * block holds its even columns, then its odd ones, the order in which the nibbles come
+ * out of the bytes), then the block scales d (room for cols / 32), then per group
+ * sum d * sum(x8) (padded with zeros to a multiple of 8). */
+#define Q8_BLOCK 32
+
+static int q8_path(const weight_t *w)
+{
+    return (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) && w->group % Q8_BLOCK == 0;
+}
+
+/* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves
+ * then come out of one 32-byte load, and the 16-bit pair sums of both halves are added
+ * before widening: at most 2 * 2 * 15 * 127 = 7620), else 32. */
+static int q8_xblock(const weight_t *w)
+{
+    return w->group % 64 == 0 ? 64 : 32;
+}
+
+static int64_t avx2_gemv_prep_floats(const weight_t *w)
+{
+    if (!q8_path(w))
+        return 0;
+    int64_t ng = w->cols / w->group;
+    int64_t f = w->cols / 4 + w->cols / Q8_BLOCK + (ng + 7) / 8 * 8;
+    return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
+}
+
+static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    int64_t ldq = avx2_gemv_prep_floats(w), cols = w->cols;
+    int xb = q8_xblock(w);
+    int64_t nb = cols / xb, ng = cols / w->group, bpg = w->group / xb;
+    int q4 = w->dtype == DTYPE_Q4;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        float *qi = xq + i * ldq;
+        int8_t *x8 = (int8_t *)qi;
+        float *d = qi + cols / 4, *xs = d + cols / Q8_BLOCK;
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb0 = xi + b * xb;
+            __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 mx = _mm256_setzero_ps();
+            for (int j = 0; j < xb; j += 8)
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb0 + j)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            float amax = _mm_cvtss_f32(h);
+            float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            d[b] = amax / 127.0f;
+            __m256 iv = _mm256_set1_ps(id);
+            _Alignas(32) int8_t t[64];
+            for (int h32 = 0; h32 < xb; h32 += 32) {
+                __m256i q[4];
+                for (int j = 0; j < 4; j++)
+                    q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb0 + h32 + 8 * j), iv));
+                /* packs works within 128-bit lanes: the permute puts the 32 values back in
+                 * column order. */
+                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                               _mm256_packs_epi32(q[2], q[3]));
+                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_store_si256((__m256i *)(t + h32), p);
+            }
+            int8_t *o = x8 + b * xb;
+            int sum = 0;
+            for (int j = 0; j < xb; j++)
+                sum += t[j];
+            if (q4) {
+                for (int j = 0; j < xb / 2; j++) {
+                    o[j] = t[2 * j];
+                    o[xb / 2 + j] = t[2 * j + 1];
+                }
+            } else {
+                memcpy(o, t, (size_t)xb);
+            }
+            if (b % bpg == 0)
+                xs[b / bpg] = 0.0f;
+            xs[b / bpg] += d[b] * (float)sum;
+        }
+        for (int64_t g = ng; g < (ng + 7) / 8 * 8; g++)
+            xs[g] = 0.0f;
+    }
+}
+
+/* Eight fp16 values from p, the ones past `left` read as 0. */
+AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
+{
+    if (left >= 8)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t t[8] = { 0 };
+    memcpy(t, p, (size_t)left * sizeof *t);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t));
+}
+
+/* The 32 codes of block k (a multiple of 32) of a Q4 row as bytes: the 16 low nibbles
+ * (even columns), then the 16 high ones (odd columns). */
+AI __m256i ld32_q4(const uint8_t *row, int64_t k)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)(row + k / 2));
+    __m128i m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* The integer dot product of R weight rows with N rows of x8 over one x block of XB
+ * columns from column k, as 8 int32 lanes each. */
+AI void q8_block_dots(__m256i dot[GEMV_R][GEMV_NQ8], const uint8_t *w, size_t rb,
+                      const int8_t *x8, int64_t ldq8, int64_t k, const dtype_t dt, const int XB,
+                      const int R, const int N)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (dt == DTYPE_Q4) {
+        __m256i xv[GEMV_NQ8], xv2[GEMV_NQ8];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+            xv[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k));
+            if (XB == 64)
+                xv2[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k + 32));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            if (XB == 64) {
+                /* 32 bytes: the low nibbles are the 32 even columns, the high the odd. */
+                __m256i b = _mm256_loadu_si256((const __m256i *)(w + r * rb + k / 2));
+                __m256i m = _mm256_set1_epi8(0x0f);
+                __m256i lo = _mm256_and_si256(b, m);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    dot[r][i] = _mm256_madd_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[i]),
+                                         _mm256_maddubs_epi16(hi, xv2[i])), ones);
+            } else {
+                __m256i wq = ld32_q4(w + r * rb, k);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    dot[r][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv[i]), ones);
+            }
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            dot[r][i] = _mm256_setzero_si256();
+    for (int h = 0; h < XB; h += 32) {
+        __m256i xlo[GEMV_NQ8], xhi[GEMV_NQ8];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k + h));
+            xlo[i] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(xv));
+            xhi[i] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(xv, 1));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            /* q - 128 as int16, matching the zero shifted by 128. */
+            __m256i c = _mm256_loadu_si256((const __m256i *)(w + r * rb + k + h));
+            __m256i off = _mm256_set1_epi16(128);
+            __m256i wlo = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), off);
+            __m256i whi = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)), off);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm256_add_epi32(dot[r][i],
+                                             _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo[i]),
+                                                              _mm256_madd_epi16(whi, xhi[i])));
+        }
+    }
+}
+
+/* R weight rows (from row r0 of wt, rb bytes apart at w) against N rows of xq. */
+AI void gemv_tile_q8(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                     size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const dtype_t dt,
+                     const int XB, const int R, const int N)
+{
+    int64_t cols = wt->cols;
+    int group = wt->group;
+    int64_t ng = cols / group;
+    const int8_t *x8 = (const int8_t *)xq;
+    const float *xd = xq + cols / 4, *xs = xd + cols / Q8_BLOCK;
+    __m256 acc[GEMV_R][GEMV_NQ8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    /* The zero terms, eight groups at a time and lane by lane (acc is summed across lanes
+     * at the end anyway). */
+    for (int64_t gb = 0; gb < ng; gb += 8) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
+            __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
+            __m256 sz = _mm256_mul_ps(s, dt == DTYPE_Q8 ? _mm256_sub_ps(z, _mm256_set1_ps(128.0f)) : z);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs + i * ldq + gb), acc[r][i]);
+        }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 sc[GEMV_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            sc[r] = _mm256_set1_ps(_cvtsh_ss(wt->scales[(r0 + r) * ng + g]));
+        for (int64_t k = g * group; k < (g + 1) * group; k += XB) {
+            if (pf) {
+                /* Prefetch each line once: a line is 128 Q4 columns, 64 Q8 ones. */
+                int64_t byte = dt == DTYPE_Q4 ? k / 2 : k;
+                if ((byte & 63) < (dt == DTYPE_Q4 ? XB / 2 : XB))
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++)
+                        _mm_prefetch((const char *)(w + r * rb + byte + pf), _MM_HINT_T0);
+            }
+            __m256i dot[GEMV_R][GEMV_NQ8];
+            q8_block_dots(dot, w, rb, x8, ldq * 4, k, dt, XB, R, N);
+            int64_t b = k / XB;
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256 dv = _mm256_broadcast_ss(xd + i * ldq + b);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][i]),
+                                                _mm256_mul_ps(sc[r], dv), acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+
+AI void gemv_tile_q8x(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                      size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const dtype_t dt,
+                      const int R, const int N)
+{
+    if (wt->group % 64 == 0)
+        gemv_tile_q8(y, ldy, xq, ldq, w, rb, wt, r0, pf, dt, 64, R, N);
+    else
+        gemv_tile_q8(y, ldy, xq, ldq, w, rb, wt, r0, pf, dt, 32, R, N);
+}
+
+/* One block of R weight rows against all n rows of xq: tiles of 8 x 1, 4 x 2 or 2 x 4
+ * (at most 8 accumulators, the x codes and scales taking the other registers); the block
+ * stays in L1 between the tiles, and the first tile prefetches the next block. */
+AI void gemv_rows_q8(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                     const weight_t *w, int64_t r, int64_t pf, const dtype_t dt, const int R)
+{
+    size_t rb = dtype_row_bytes(dt, w->cols);
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
+    for (int i = 0; i < n;) {
+        int64_t p = i == 0 ? pf : 0;
+        float *yi = y + i * ldy + r;
+        const float *qi = xq + i * ldq;
+        int left = n - i;
+        if (R == 1) {
+            int nn = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            if (nn == 4)
+                gemv_tile_q8x(yi, ldy, qi, ldq, wr, rb, w, r, p, dt, 1, 4);
+            else if (nn == 2)
+                gemv_tile_q8x(yi, ldy, qi, ldq, wr, rb, w, r, p, dt, 1, 2);
+            else
+                gemv_tile_q8x(yi, ldy, qi, ldq, wr, rb, w, r, p, dt, 1, 1);
+            i += nn;
+        } else if (left >= 4) {
+            for (int h = 0; h < R; h += 2)
+                gemv_tile_q8x(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, r + h, p, dt, 2, 4);
+            i += 4;
+        } else if (left >= 2) {
+            for (int h = 0; h < R; h += 4)
+                gemv_tile_q8x(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, r + h, p, dt, 4, 2);
+            i += 2;
+        } else {
+            gemv_tile_q8x(yi, ldy, qi, ldq, wr, rb, w, r, p, dt, 8, 1);
+            i += 1;
+        }
+    }
+}
+
+#define GEMV_Q8_DEFINE(name, DT)                                                             \
+    static void name(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,            \
+                     const weight_t *w, int64_t r0, int64_t r1)                             \
+    {                                                                                       \
+        int64_t pf = (int64_t)GEMV_R * (int64_t)dtype_row_bytes(DT, w->cols);               \
+        int64_t r = r0;                                                                     \
+        for (; r + GEMV_R <= r1; r += GEMV_R)                                               \
+            gemv_rows_q8(y, ldy, xq, ldq, n, w, r, r + 2 * GEMV_R <= r1 ? pf : 0, DT,       \
+                         GEMV_R);                                                           \
+        for (; r < r1; r++)                                                                 \
+            gemv_rows_q8(y, ldy, xq, ldq, n, w, r, 0, DT, 1);                               \
+    }
+
+GEMV_Q8_DEFINE(gemv_q4_x8, DTYPE_Q4)
+GEMV_Q8_DEFINE(gemv_q8_x8, DTYPE_Q8)
+
 static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
                       int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
 {
     if (!cpu_weight_simd_ok(w)) {
         cpu_scalar_gemv(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    if (xq && w->dtype == DTYPE_Q4) {
+        gemv_q4_x8(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    if (xq && w->dtype == DTYPE_Q8) {
+        gemv_q8_x8(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
     switch (w->dtype) {
@@ -578,6 +907,8 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 const cpu_kernels_t cpu_kernels_avx2 = {
     .level = CPU_SIMD_AVX2,
     .gemv = avx2_gemv,
+    .gemv_prep_floats = avx2_gemv_prep_floats,
+    .gemv_prep = avx2_gemv_prep,
     .gemm_panel = GEMM_P,
     .gemm_pack = avx2_gemm_pack,
     .gemm_block = avx2_gemm_block,
