@@ -128,6 +128,10 @@ static void sched__done(sched_t *s, sreq_t *r, River__Client__Final__Reason reas
     f.reason = reason;
     f.usage = &usage;
     f.exit_stats = &xs;
+    /* With a prefix cache, a heartbeat first: riverd learns which pages the request left
+     * cached before it can place the client's next turn. */
+    if (gen_prefix_cache(s->g))
+        link_send_heartbeat(s->link);
     link_send_done(s->link, r->id, &f);
 }
 
@@ -564,11 +568,13 @@ bool sched_drained(const sched_t *s) { return s->draining && !s->head; }
 
 void sched_status(const sched_t *s, link_status_t *st)
 {
-    st->kv_pages_free = (uint32_t)kv_pool_free_pages(gen_kv_pool(s->g));
+    /* Cached pages nobody uses are free for a new request: the cache gives them back. */
+    const prefix_cache_t *pc = gen_prefix_cache(s->g);
+    st->kv_pages_free = (uint32_t)(kv_pool_free_pages(gen_kv_pool(s->g)) +
+                                   (pc ? prefix_cache_evictable(pc) : 0));
     st->queue_length = (uint32_t)s->n_queued;
     st->running = (uint32_t)s->n_running;
     st->draining = s->draining;
-    const prefix_cache_t *pc = gen_prefix_cache(s->g);
     st->prefix_cache_pages = pc ? (uint32_t)prefix_cache_pages(pc) : 0;
     st->n_prefix_pages = pc ? prefix_cache_summary(pc, st->prefix_pages, LINK_PREFIX_PAGES)
                             : 0;
