@@ -43,4 +43,11 @@ int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);
 /* Strict number parsing for options: fails (returns -1) on junk or out-of-range values. */
 int cli_parse_int(const char *s, long min, long max, long *out);
 int cli_parse_float(const char *s, double *out);
+/* river bench --prefix-reuse (cli/bench_prefix.c): a chat of `turns` turns whose prompt
+ * grows to `history` tokens (answers of gen_len, user messages of user_len), without and
+ * with the prefix cache; prints the time to first token of both, whether every generated
+ * id agrees, and the cache's hit rate. */
+int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int user_len,
+                       int json);
+
 #endif

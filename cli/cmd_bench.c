@@ -85,7 +85,12 @@ static void bench__usage(FILE *f)
                "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
                "--split-costs RIVER instead times one backbone and one river layer on 1..64\n"
                "rows and shows when running a batch as two groups (row aggregation) beats\n"
-               "running it whole on the backbone.\n");
+               "running it whole on the backbone.\n"
+               "--prefix-reuse [--history N] [--turns T] [--user-len U] runs a T-turn chat\n"
+               "(default 4) whose prompt grows to N tokens (default 512): a leading context,\n"
+               "then per turn the answer (G tokens, default 16) and a user message (U, default\n"
+               "32), without and with the prefix cache: ttft_cold_ms, ttft_cached_ms (mean\n"
+               "over turns 2..T), identical (every generated id agrees) and hit_rate.\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -97,11 +102,16 @@ int cmd_bench(int argc, char **argv)
         {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
         {"split-costs", required_argument, 0, 'S'},
         {"device", required_argument, 0, 1000},
+        {"prefix-reuse", no_argument, 0, 1001},
+        {"history", required_argument, 0, 1002},
+        {"turns", required_argument, 0, 1003},
+        {"user-len", required_argument, 0, 1004},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *split_river = NULL;
     long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
-    int json = 0, c, li = 0;
+    long history = 512, turns = 4, user_len = 32;
+    int json = 0, c, li = 0, prefix_reuse = 0, gen_len_set = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         long *target = NULL, lo = 1, hi = 1 << 20;
@@ -109,7 +119,11 @@ int cmd_bench(int argc, char **argv)
         case 'm': model_path = optarg; continue;
         case 'j': target = &threads; lo = 0; hi = 1024; break;
         case 'p': target = &prompt_len; break;
-        case 'g': target = &gen_len; break;
+        case 'g': target = &gen_len; gen_len_set = 1; break;
+        case 1001: prefix_reuse = 1; continue;
+        case 1002: target = &history; break;
+        case 1003: target = &turns; hi = 1000; break;
+        case 1004: target = &user_len; break;
         case 'r': target = &runs; hi = 1000; break;
         case 'b': target = &bw_mib; hi = 1 << 20; break;
         case 'o':
@@ -144,6 +158,12 @@ int cmd_bench(int argc, char **argv)
     if (e)
         return cli_fail("bench", e);
     const model_config_t *cfg = &env.model->cfg;
+    if (prefix_reuse) {
+        e = bench_prefix_reuse(&env, (int)history, (int)turns, gen_len_set ? (int)gen_len : 16,
+                               (int)user_len, json);
+        cli_env_close(&env);
+        return e ? cli_fail("bench", e) : 0;
+    }
     if (prompt_len + gen_len > cfg->max_seq_len) {
         fprintf(stderr, "river bench: prompt-len + gen-len = %ld exceeds the context of %d\n",
                 prompt_len + gen_len, cfg->max_seq_len);

@@ -459,6 +459,7 @@ static void client__on_reply(river_client_t *c, const River__Client__ClientReply
         if (m->final->usage) {
             ev.prompt_tokens = m->final->usage->prompt_tokens;
             ev.completion_tokens = m->final->usage->completion_tokens;
+            ev.cached_tokens = m->final->usage->cached_tokens;
         }
         if (m->final->exit_stats)
             ev.mean_exit_layer = m->final->exit_stats->mean_exit_layer;
@@ -647,6 +648,7 @@ static void client__collect(void *user, const river_event_t *ev)
         res->finish = ev->finish;
         res->prompt_tokens = ev->prompt_tokens;
         res->completion_tokens = ev->completion_tokens;
+        res->cached_tokens = ev->cached_tokens;
         res->mean_exit_layer = ev->mean_exit_layer;
         w->done = true;
         break;

@@ -122,6 +122,7 @@ typedef struct river_event {
     /* FINAL */
     river_finish_t finish;
     uint32_t prompt_tokens, completion_tokens;
+    uint32_t cached_tokens;      /* prompt tokens the worker's prefix cache held */
     float mean_exit_layer;
     /* ERROR */
     river_code_t code;
@@ -168,6 +169,7 @@ typedef struct river_result {
     int ok;                    /* 1: FINAL, 0: ERROR */
     river_finish_t finish;
     uint32_t prompt_tokens, completion_tokens;
+    uint32_t cached_tokens;    /* prompt tokens the worker's prefix cache held */
     float mean_exit_layer;
     river_code_t code;         /* ERROR */
     char message[512];

@@ -21,6 +21,7 @@
 static const char *const config__log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config__roles[] = {"full", "river", "backbone", NULL};
 static const char *const config__auth_modes[] = {"curve", "plain", NULL};
+static const char *const config__placements[] = {"prefix", "load", NULL};
 /* The engine's names (engine/exit.c), in the order of exit_rule_t and exit_agg_t; the
  * config test checks that they agree. */
 static const char *const config__exit_rules[] = {"none", "cosine", "router", "fixed", NULL};
@@ -70,6 +71,12 @@ static const config_key_t config__riverd_keys[] = {
        "IPv4 address the metrics port binds; 127.0.0.1 keeps it on this host."),
     RD("queue_length", CONFIG_INT, queue_length, 1, 1000000, "256",
        "Requests that may wait for a worker; one more is refused with RESOURCE_EXHAUSTED."),
+    CONFIG__ENUM(config_riverd_t, "placement", placement, config__placements, "prefix",
+                 "Where a request without a live session binding goes. prefix: to the "
+                 "worker whose prefix cache holds the longest run of its prompt's pages "
+                 "(requests that carry token ids; text prompts cannot be hashed before a "
+                 "worker tokenizes them), else as load; load: the most free sequence "
+                 "slots, then the most free KV pages."),
     CONFIG__SECTION("limits",
                     "Limits on what one request or one client may ask for. A request over a "
                     "per-request limit is refused with INVALID_ARGUMENT, one over a "
@@ -194,6 +201,17 @@ static const config_key_t config__worker_keys[] = {
     WK("kv.page_size", CONFIG_INT, kv_page_size, 1, 4096, "16", "Positions per KV page."),
     WK("kv.pages", CONFIG_INT, kv_pages, 0, 1 << 24, "0",
        "Pages in the pool; 0: enough for max_seqs full contexts."),
+    CONFIG__SECTION("prefix_cache", "Full KV pages kept after their request ends and reused "
+                                    "by requests that start with the same token ids (a "
+                                    "chat's earlier turns, a shared system prompt). Greedy "
+                                    "tokens do not change; requests with exit policy none "
+                                    "reuse only pages the full backbone wrote."),
+    WK("prefix_cache.enabled", CONFIG_BOOL, prefix_cache_enabled, 0, 0, "true",
+       "Keep and reuse prefix pages; false: every request prefills its whole prompt. Off "
+       "anyway for role river (the shared pool of a split pair)."),
+    WK("prefix_cache.pages", CONFIG_INT, prefix_cache_pages, 0, 1 << 24, "0",
+       "Most KV pages the cache may hold; 0: any the pool has (unused cached pages are "
+       "given back before a running request would be preempted)."),
     CONFIG__SECTION("exit", "Early-exit policy; a request may override rule, tau, theta "
                             "and exit_layer."),
     CONFIG__ENUM(config_worker_t, "exit.rule", exit_rule, config__exit_rules, "none",

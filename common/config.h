@@ -109,6 +109,12 @@ typedef enum {
     CONFIG_AUTH_PLAIN,     /* ZMQ's NULL mechanism: neither encryption nor authentication */
 } config_auth_mode_t;
 
+/* riverd's placement of requests that have no session binding. */
+typedef enum {
+    CONFIG_PLACEMENT_PREFIX = 0, /* the longest cached prefix, then load (the default) */
+    CONFIG_PLACEMENT_LOAD,       /* free sequence slots, then free KV pages */
+} config_placement_t;
+
 /* One entry of riverd's local_workers: workers riverd starts and restarts itself. */
 typedef struct config_local_workers {
     int count;
@@ -122,6 +128,7 @@ typedef struct config_riverd {
     int metrics_port;          /* endpoints.metrics_port, 0: off */
     char *metrics_address;     /* endpoints.metrics_address: IPv4 address the HTTP port binds */
     int queue_length;          /* requests waiting for a worker before RESOURCE_EXHAUSTED */
+    int placement;             /* config_placement_t */
     int max_prompt_tokens;     /* limits.* */
     int max_prompt_bytes;      /* text prompts, before the worker tokenizes them */
     int max_tokens;
@@ -158,6 +165,8 @@ typedef struct config_worker {
     int prefill_chunk;
     int kv_page_size;          /* kv.page_size */
     int kv_pages;              /* kv.pages, 0: enough for max_seqs full contexts */
+    bool prefix_cache_enabled; /* prefix_cache.enabled */
+    int prefix_cache_pages;    /* prefix_cache.pages, 0: the pool */
     int exit_rule;             /* exit.rule: exit_rule_t (engine/exit.h) */
     double exit_tau;
     double exit_theta;

@@ -26,6 +26,7 @@
 #include <sys/random.h>
 
 #include "common/err.h"
+#include "common/prefix_hash.h"
 #include "daemon/riverd.h"
 
 /* Longest client request_id and session_id riverd keeps. */
@@ -352,8 +353,11 @@ static void dispatch__finish_final(riverd_t *rd, request_t *req, const River__Cl
     river__client__usage__init(&u);
     if (wf) {
         f = *wf;
-        if (wf->usage)
+        if (wf->usage) {
             u = *wf->usage;
+            rd->metrics.prefix_hit_tokens += u.cached_tokens;
+            rd->metrics.prefix_query_tokens += u.prompt_tokens;
+        }
     } else {
         f.reason = reason;
     }
@@ -504,9 +508,35 @@ static int dispatch__room(const worker_t *w)
     return cap - w->assigned;
 }
 
+/* Pages of req's prompt that w's prefix cache names (Heartbeat.prefix_pages): the
+ * longest run from the start, found by hashing the token ids the way the worker names its
+ * pages. 0 for a text prompt (riverd has no tokenizer) or a worker without a cache. */
+static int dispatch__prefix_pages(const worker_t *w, const request_t *req)
+{
+    const River__Client__Generate *g = req->gen;
+    if (!w->caps.prefix_seed || !w->n_prefix_pages || !w->caps.kv_page_size ||
+        g->prompt_case != RIVER__CLIENT__GENERATE__PROMPT_TOKENS || !g->tokens)
+        return 0;
+    int best = 0;
+    uint64_t h = w->caps.prefix_seed;
+    size_t P = w->caps.kv_page_size;
+    /* The worker never reuses the last prompt token, so neither does the count. */
+    size_t n = g->tokens->n_ids ? (g->tokens->n_ids - 1) / P : 0;
+    for (size_t i = 0; i < n; i++) {
+        h = prefix_hash_page(h, g->tokens->ids + i * P, P);
+        for (int k = 0; k < w->n_prefix_pages; k++)
+            if (w->prefix_pages[k] == h) {
+                best = (int)i + 1;
+                break;
+            }
+    }
+    return best;
+}
+
 /* The worker for req, NULL when it must wait. A live session binding wins (its prefix KV
- * is there), even if that means waiting for room on it; otherwise the worker with the
- * most free sequence slots, then the most free KV pages. */
+ * is there), even if that means waiting for room on it; otherwise (placement prefix) the
+ * worker whose prefix cache holds most of the prompt's leading pages, then the worker with
+ * the most free sequence slots, then the most free KV pages. */
 static worker_t *dispatch__pick(riverd_t *rd, request_t *req)
 {
     const char *sid = req->gen->session_id;
@@ -517,6 +547,8 @@ static worker_t *dispatch__pick(riverd_t *rd, request_t *req)
         s->w = NULL;
     }
     worker_t *best = NULL, *avoided = NULL;
+    int best_pages = 0;
+    bool by_prefix = rd->cfg.placement == CONFIG_PLACEMENT_PREFIX;
     for (int i = 0; i < rd->n_table; i++) {
         worker_t *w = rd->table[i];
         if (!workers_takes_work(w) || dispatch__room(w) <= 0)
@@ -525,9 +557,15 @@ static worker_t *dispatch__pick(riverd_t *rd, request_t *req)
             avoided = w;
             continue;
         }
-        if (!best || dispatch__room(w) > dispatch__room(best) ||
-            (dispatch__room(w) == dispatch__room(best) && w->kv_pages_free > best->kv_pages_free))
+        int pages = by_prefix ? dispatch__prefix_pages(w, req) : 0;
+        if (!best || pages > best_pages ||
+            (pages == best_pages &&
+             (dispatch__room(w) > dispatch__room(best) ||
+              (dispatch__room(w) == dispatch__room(best) &&
+               w->kv_pages_free > best->kv_pages_free)))) {
             best = w;
+            best_pages = pages;
+        }
     }
     /* The worker that refused it last is still better than waiting forever. */
     if (!best)

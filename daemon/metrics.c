@@ -219,6 +219,22 @@ char *metrics_render(riverd_t *rd, size_t *len)
         metrics__printf(&b, "river_worker_tokens_total{worker=\"%s\"} %" PRIu64 "\n",
                         metrics__label(rd->table[i]->id, lab, sizeof lab), rd->table[i]->tokens);
 
+    metrics__head(&b, "river_prefix_cache_hit_tokens_total", "counter",
+                  "Prompt tokens whose K/V a worker's prefix cache held (Final.usage."
+                  "cached_tokens).");
+    metrics__printf(&b, "river_prefix_cache_hit_tokens_total %" PRIu64 "\n",
+                    m->prefix_hit_tokens);
+    metrics__head(&b, "river_prefix_cache_query_tokens_total", "counter",
+                  "Prompt tokens of finished requests, looked up in the prefix caches.");
+    metrics__printf(&b, "river_prefix_cache_query_tokens_total %" PRIu64 "\n",
+                    m->prefix_query_tokens);
+    uint64_t pc_pages = 0;
+    for (int i = 0; i < rd->n_table; i++)
+        if (rd->table[i]->state != WORKER_DEAD)
+            pc_pages += rd->table[i]->prefix_cache_pages;
+    metrics__head(&b, "river_prefix_cache_pages", "gauge",
+                  "KV pages the workers' prefix caches hold (from their heartbeats).");
+    metrics__printf(&b, "river_prefix_cache_pages %" PRIu64 "\n", pc_pages);
     metrics__head(&b, "river_tokens_generated_total", "counter",
                   "Tokens streamed to clients.");
     metrics__printf(&b, "river_tokens_generated_total %" PRIu64 "\n", m->tokens_total);

@@ -71,7 +71,11 @@ typedef struct worker_caps {
     uint32_t max_batch, max_seqs, kv_page_size, kv_pages_total, n_layers;
     uint32_t layer_begin, layer_end, max_context;
     bool has_river;
+    uint64_t prefix_seed;   /* 0: no prefix cache */
 } worker_caps_t;
+
+/* Most prefix page names riverd keeps per worker (Heartbeat.prefix_pages). */
+#define RIVERD_PREFIX_PAGES 64
 
 struct worker {
     route_t route;
@@ -96,6 +100,10 @@ struct worker {
     int assigned;
     int slot;               /* supervisor slot, -1: not started by riverd */
     uint64_t tokens;        /* tokens it generated for clients */
+    /* Its prefix cache as the last heartbeat said: pages, and names of cached pages. */
+    uint32_t prefix_cache_pages;
+    uint64_t prefix_pages[RIVERD_PREFIX_PAGES];
+    int n_prefix_pages;
 };
 
 /* The table entry of the worker at that route, NULL when none. */
@@ -218,6 +226,8 @@ typedef struct metrics {
     uint64_t ttft_buckets[12];
     double ttft_sum;
     uint64_t ttft_count;
+    /* Prefix cache, from the workers' Final.usage. */
+    uint64_t prefix_hit_tokens, prefix_query_tokens;
 } metrics_t;
 
 void metrics_on_final(riverd_t *rd, River__Client__Final__Reason reason);

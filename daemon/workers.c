@@ -212,6 +212,7 @@ static void workers__caps(worker_caps_t *c, const River__Worker__Capabilities *c
     c->layer_end = cap->layer_end;
     c->max_context = cap->max_context;
     c->has_river = cap->has_river;
+    c->prefix_seed = cap->prefix_seed;
 }
 
 static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
@@ -261,6 +262,8 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
     w->last_seen_ms = now;
     w->kv_pages_free = r->capabilities ? r->capabilities->kv_pages_free : 0;
     w->queue_length = w->running = 0;
+    w->prefix_cache_pages = 0;
+    w->n_prefix_pages = 0;
     w->reported_draining = false;
     w->reported_unavailable = false;
     w->unreachable = false;
@@ -298,6 +301,10 @@ static void workers__on_heartbeat(riverd_t *rd, const route_t *from, worker_t *w
         rd->pump |= !hb->unavailable;
     }
     w->reported_unavailable = hb->unavailable;
+    w->prefix_cache_pages = hb->prefix_cache_pages;
+    w->n_prefix_pages = 0;
+    for (size_t i = 0; i < hb->n_prefix_pages && i < RIVERD_PREFIX_PAGES; i++)
+        w->prefix_pages[w->n_prefix_pages++] = hb->prefix_pages[i];
     /* A worker may drain on its own (it got SIGTERM): take nothing new to it. */
     if (hb->draining && w->state == WORKER_READY) {
         w->state = WORKER_DRAINING;

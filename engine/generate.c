@@ -24,6 +24,9 @@ typedef struct gseq {
     int err;               /* why it ends with GEN_FINISH_ERROR (gen_event_t.err) */
     unsigned mark;         /* step number of the last batch it has rows in */
     kv_seq_t kv;
+    prefix_seq_t px;       /* provenance and names of its pages, with the prefix cache */
+    int cached_tokens;     /* gen_event_t.cached_tokens */
+    int looked_up;         /* its first prefill asked the prefix cache */
     exit_seq_t exit;
     exit_row_t row_exit;   /* the request's own thresholds, when has_row_exit */
     int has_row_exit;
@@ -41,6 +44,9 @@ struct gen {
     forward_t *fwd;
     kv_pool_t *kv;
     int owns_kv;           /* 0: cfg.kv_pool, borrowed */
+    prefix_cache_t *pc;    /* NULL: no prefix cache */
+    int pc_on;             /* new sequences use it (off under a strategy it cannot serve) */
+    int exit_on;           /* gen_set_exit gave a policy */
     gseq_t *seqs;          /* (max_seqs) slots */
     int *order;            /* (max_seqs) slots of live sequences, oldest first */
     int n_active;
@@ -111,6 +117,13 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
         if (e)
             goto fail_kv;
         g->owns_kv = 1;
+        if (c.prefix_cache) {
+            prefix_cache_config_t pcc = {.seed = c.prefix_seed,
+                                         .max_pages = c.prefix_cache_pages};
+            if ((e = prefix_cache_new(&g->pc, g->kv, &pcc)))
+                goto fail_pc;
+            g->pc_on = 1;
+        }
     }
     size_t r = (size_t)c.max_rows;
     g->seqs = calloc((size_t)c.max_seqs, sizeof *g->seqs);
@@ -146,6 +159,8 @@ fail_bufs:
     free(g->row_seq);
     free(g->tables);
     free(g->logits);
+    prefix_cache_destroy(&g->pc);
+fail_pc:
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
 fail_kv:
@@ -155,9 +170,19 @@ fail_fwd:
     return e;
 }
 
+/* Gives back the pages of s: its references to cached pages, its own pages. */
+static void gen__kv_release(gen_t *g, gseq_t *s)
+{
+    if (g->pc)
+        prefix_cache_release(g->pc, &s->kv, &s->px);
+    else
+        kv_seq_free(&s->kv, g->kv);
+}
+
 static void gen__release(gen_t *g, gseq_t *s)
 {
-    kv_seq_free(&s->kv, g->kv);
+    gen__kv_release(g, s);
+    prefix_seq_free(&s->px);
     exit_seq_free(&s->exit);
     sampler_destroy(&s->sampler);
     tok_stream_destroy(&s->stream);
@@ -187,6 +212,7 @@ void gen_destroy(gen_t **gp)
     free(g->exit_seqs);
     free(g->row_exit);
     free(g->logits);
+    prefix_cache_destroy(&g->pc);
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
     forward_destroy(&g->fwd);
@@ -288,6 +314,7 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
         s->n_generated = (int)r->n_done;
     }
     kv_seq_init(&s->kv);
+    prefix_seq_init(&s->px, g->pc);
     exit_seq_init(&s->exit);
     if (r->exit) {
         s->row_exit = *r->exit;
@@ -364,7 +391,8 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
                       .len = s->n_pending, .finish = why, .depth = depth,
                       .index = id >= 0 ? s->n_generated - 1 : s->n_generated,
-                      .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0};
+                      .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0,
+                      .cached_tokens = s->cached_tokens};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
@@ -426,7 +454,7 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     size_t emit = s->n_pending - hold;
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
                       .len = emit, .finish = GEN_RUNNING, .depth = depth,
-                      .index = s->n_generated - 1};
+                      .index = s->n_generated - 1, .cached_tokens = s->cached_tokens};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     if (hold) /* without a tokenizer pending is NULL, and memmove must not see it */
@@ -458,13 +486,43 @@ static int gen__pages_for(const gen_t *g, size_t n_pos)
     return (int)((n_pos + (size_t)g->cfg.page_size - 1) / (size_t)g->cfg.page_size);
 }
 
+/* Pages a sequence could get now: free ones and cached ones nobody references. */
+static int gen__pages_avail(const gen_t *g)
+{
+    return kv_pool_free_pages(g->kv) + (g->pc ? prefix_cache_evictable(g->pc) : 0);
+}
+
+/* Whether s must get the plain backbone's K/V: no exit policy, or its request said none. */
+static int gen__exact(const gen_t *g, const gseq_t *s)
+{
+    return !g->exit_on || g->policy.rule == EXIT_RULE_NONE ||
+           (s->has_row_exit && s->row_exit.off);
+}
+
+/* A sequence about to prefill from position 0 starts from the longest cached prefix of
+ * its ids, at most all but the last (whose logits are needed). */
+static void gen__lookup(gen_t *g, gseq_t *s)
+{
+    size_t hit = 0;
+    if (prefix_cache_acquire(g->pc, &s->kv, &s->px, s->ids, s->n_prompt, s->n_prompt - 1,
+                             gen__exact(g, s), &hit))
+        hit = 0; /* out of memory: the sequence prefills everything */
+    s->n_prefilled = hit;
+    if (!s->looked_up) {
+        s->looked_up = 1;
+        s->cached_tokens = (int)hit;
+        g->stats.prefix_query_tokens += (int64_t)s->n_prompt;
+        g->stats.prefix_hit_tokens += (int64_t)hit;
+    }
+}
+
 /* Gives every page of s back and rewinds it to prefill its prompt and all it generated
  * (the last sampled id included, so the prefill's last row samples the next token, as the
  * decode row would have). Sampler, text stream and counters stay: nothing is reported
  * twice. The exit state of the baseline strategies starts over with the KV. */
 static void gen__preempt(gen_t *g, gseq_t *s)
 {
-    kv_seq_free(&s->kv, g->kv);
+    gen__kv_release(g, s);
     exit_seq_free(&s->exit);
     exit_seq_init(&s->exit);
     s->n_prompt = s->n_ids;
@@ -482,6 +540,11 @@ static void gen__preempt(gen_t *g, gseq_t *s)
 static int gen__reserve(gen_t *g, gseq_t *s, size_t n_pos)
 {
     while (kv_seq_reserve(&s->kv, g->kv, (int)n_pos) != 0) {
+        /* Cached pages nobody uses go first: the cache never costs a running sequence
+         * its pages. */
+        int short_by = gen__pages_for(g, n_pos) - s->kv.n_pages - kv_pool_free_pages(g->kv);
+        if (g->pc && short_by > 0 && prefix_cache_evict(g->pc, short_by) > 0)
+            continue;
         if (!g->cfg.preempt) {
             s->err = river_err_set(RIVER_EFULL, "generate: no free KV page for sequence %d",
                                    s->id);
@@ -559,10 +622,12 @@ int gen_step(gen_t *g)
             if (blocked)
                 continue;
             if (s->swapped && (s->mark == g->n_steps ||
-                               gen__pages_for(g, s->n_prompt) > kv_pool_free_pages(g->kv))) {
+                               gen__pages_for(g, s->n_prompt) > gen__pages_avail(g))) {
                 blocked = 1;
                 continue;
             }
+            if (g->pc_on && s->n_prefilled == 0)
+                gen__lookup(g, s);
         }
         size_t left = s->n_prompt - s->n_prefilled;
         int chunk = (int)(left < (size_t)g->cfg.prefill_chunk ? left : (size_t)g->cfg.prefill_chunk);
@@ -622,6 +687,16 @@ int gen_step(gen_t *g)
             s->pos++;
         if (s->n_prefilled == s->n_prompt && s->pos < (int)s->n_prompt)
             s->pos = (int)s->n_prompt;
+        if (g->pc_on && g->exit_on && g->depth[r] < g->m->cfg.n_layers)
+            prefix_seq_mark_lossy(&s->px, g->pc, g->pos[r]);
+    }
+    /* Pages that are full now go to the cache before sampling can end their sequence. */
+    for (int i = 0; g->pc_on && i < g->cfg.max_seqs; i++) {
+        gseq_t *s = &g->seqs[i];
+        if (s->used && s->kv.n_pages)
+            prefix_cache_publish(g->pc, &s->kv, &s->px, s->ids,
+                                 s->n_prefilled < s->n_prompt ? s->n_prefilled
+                                                              : (size_t)s->pos);
     }
     for (int k = 0; k < n_logits; k++) {
         gseq_t *s = &g->seqs[g->row_seq[g->logit_rows[k]]];
@@ -641,11 +716,54 @@ int gen_set_exit(gen_t *g, const exit_config_t *cfg)
     g->agg = cfg ? cfg->policy.agg : EXIT_AGG_MIN;
     if (cfg)
         g->policy = cfg->policy;
+    g->exit_on = cfg != NULL;
+    /* The other strategies keep exit state per sequence that a shared page lacks. */
+    g->pc_on = g->pc && (!cfg || cfg->policy.rule == EXIT_RULE_NONE ||
+                         cfg->policy.kv == EXIT_KV_RIVER);
     return 0;
 }
 kv_pool_t *gen_kv_pool(gen_t *g) { return g->kv; }
 forward_t *gen_forward(gen_t *g) { return g->fwd; }
-void gen_get_stats(const gen_t *g, gen_stats_t *st) { *st = g->stats; }
+void gen_get_stats(const gen_t *g, gen_stats_t *st)
+{
+    *st = g->stats;
+    if (g->pc) {
+        st->prefix_evictions = prefix_cache_evictions(g->pc);
+        st->prefix_cache_pages = prefix_cache_pages(g->pc);
+    }
+}
+
+const prefix_cache_t *gen_prefix_cache(const gen_t *g) { return g->pc; }
+
+int gen_check_kv(const gen_t *g, gen_kv_acct_t *a)
+{
+    a->total = kv_pool_total_pages(g->kv);
+    a->free = kv_pool_free_pages(g->kv);
+    a->cached = g->pc ? prefix_cache_pages(g->pc) : 0;
+    const kv_seq_t **seqs = malloc((size_t)g->cfg.max_seqs * sizeof *seqs);
+    if (!seqs)
+        return river_err_set(RIVER_ENOMEM, "generate: KV check");
+    int n = 0, in_use = 0;
+    for (int i = 0; i < g->cfg.max_seqs; i++)
+        if (g->seqs[i].used) {
+            seqs[n++] = &g->seqs[i].kv;
+            in_use += g->seqs[i].kv.n_pages;
+        }
+    int e = 0;
+    if (g->pc) {
+        e = prefix_cache_check(g->pc, seqs, n, &a->in_use);
+    } else {
+        a->in_use = in_use;
+        if (a->free + a->in_use != a->total)
+            e = river_err_set(RIVER_ESTATE, "generate: %d free + %d in use != %d pages",
+                              a->free, a->in_use, a->total);
+    }
+    if (!e && kv_pool_double_frees(g->kv))
+        e = river_err_set(RIVER_ESTATE, "generate: %lld pages freed twice",
+                          (long long)kv_pool_double_frees(g->kv));
+    free(seqs);
+    return e;
+}
 
 int gen_run_all(gen_t *g)
 {

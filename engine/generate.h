@@ -14,6 +14,7 @@
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 
@@ -50,6 +51,16 @@ typedef struct gen_config {
      * the generator) and hands out its pages; its layers and kv_dim must be the model's
      * and its page size page_size, and n_pages is then ignored. */
     kv_pool_t *kv_pool;
+    /* The prefix cache (engine/prefix_cache.h): 1 keeps full KV pages after their
+     * sequence ends and lets new sequences start from the longest cached prefix of their
+     * ids. It needs a pool of the generator's own (kv_pool NULL) and, under early exit,
+     * the river strategy; it is off otherwise. Greedy tokens do not change with it (a row
+     * attends to the same K/V values either way), and a request that must be exact never
+     * reuses river-written pages. The cache gives its unreferenced pages back before any
+     * sequence is preempted. */
+    int prefix_cache;
+    int prefix_cache_pages; /* pages the cache may hold, 0: the whole pool */
+    uint64_t prefix_seed;   /* prefix_hash_seed of the model and river fingerprints */
 } gen_config_t;
 
 /* One generated token as its owner sees it. text is the newly final UTF-8 text (stop
@@ -67,6 +78,8 @@ typedef struct gen_event {
                         token would have had */
     int err;         /* GEN_FINISH_ERROR: the river_err code of the failure (RIVER_EFULL
                         when the KV pool had no page for it), else 0 */
+    int cached_tokens; /* prompt tokens whose K/V the first prefill took from the prefix
+                          cache instead of computing them */
 } gen_event_t;
 
 typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);
@@ -126,8 +139,24 @@ typedef struct gen_stats {
     int64_t prefill_tokens;
     int64_t decode_tokens; /* tokens sampled in decode-only steps */
     int64_t preemptions;   /* sequences that gave their pages back (gen_config_t.preempt) */
+    /* Prefix cache, over the first prefill of each sequence: */
+    int64_t prefix_query_tokens; /* prompt tokens looked up */
+    int64_t prefix_hit_tokens;   /* of which found cached */
+    int64_t prefix_evictions;    /* cached pages given back to the pool */
+    int prefix_cache_pages;      /* pages cached now, referenced or not */
 } gen_stats_t;
 
 void gen_get_stats(const gen_t *g, gen_stats_t *st);
+
+/* The prefix cache, NULL when it is off. */
+const prefix_cache_t *gen_prefix_cache(const gen_t *g);
+
+/* KV accounting: pages free, cached (shared or unreferenced) and held privately by
+ * running sequences; RIVER_ESTATE when they do not add up to the pool or a reference
+ * count disagrees with the page tables (prefix_cache_check). */
+typedef struct gen_kv_acct {
+    int free, cached, in_use, total;
+} gen_kv_acct_t;
+int gen_check_kv(const gen_t *g, gen_kv_acct_t *a);
 
 #endif

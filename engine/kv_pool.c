@@ -17,6 +17,7 @@ struct kv_pool {
     backend_t *be;
     kv_view_t view;
     int32_t *free_list; /* (n_pages) stack of free page ids; NULL when attached */
+    uint8_t *is_free;   /* (n_pages) 1 while the page is on the free list; NULL attached */
     int n_free;
     int n_layers;
     /* Shared pools: K and V live in one shared buffer of the backend instead of two
@@ -25,6 +26,7 @@ struct kv_pool {
     shared_handle_t handle; /* what the owner exports (fd -1 when attached) */
     int shared;             /* made by kv_pool_new_shared or kv_pool_attach */
     int owner;              /* made by kv_pool_new_shared: frees the buffer */
+    int64_t double_frees; /* kv_pool_free_page calls for a page already free */
     int attached;
 };
 
@@ -52,16 +54,20 @@ int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int pa
     if (!p->view.v)
         goto fail_v;
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_pages);
-    if (!p->free_list)
+    p->is_free = malloc((size_t)n_pages);
+    if (!p->free_list || !p->is_free)
         goto fail_list;
     /* Pages are handed out lowest id first, which keeps small runs compact. */
     for (int i = 0; i < n_pages; i++)
         p->free_list[i] = n_pages - 1 - i;
+    memset(p->is_free, 1, (size_t)n_pages);
     p->n_free = n_pages;
     *out = p;
     return 0;
 
 fail_list:
+    free(p->free_list);
+    free(p->is_free);
     be->ops->buf_free(be->ctx, p->view.v);
 fail_v:
     be->ops->buf_free(be->ctx, p->view.k);
@@ -138,12 +144,14 @@ int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
     p->owner = 1;
     kv_pool__set_buffer(p, buf, bytes);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_pages);
-    if (!p->free_list) {
+    p->is_free = malloc((size_t)n_pages);
+    if (!p->free_list || !p->is_free) {
         e = river_err_set(RIVER_ENOMEM, "kv pool: free list of %d pages", n_pages);
         goto fail;
     }
     for (int i = 0; i < n_pages; i++)
         p->free_list[i] = n_pages - 1 - i;
+    memset(p->is_free, 1, (size_t)n_pages);
     p->n_free = n_pages;
     if (fd_out)
         *fd_out = p->handle.fd;
@@ -203,6 +211,7 @@ int kv_pool_attach(kv_pool_t **out, backend_t *be, int fd, int n_layers, int kv_
 
 int kv_pool_is_attached(const kv_pool_t *p) { return p->attached; }
 int kv_pool_n_layers(const kv_pool_t *p) { return p->n_layers; }
+backend_t *kv_pool_backend(const kv_pool_t *p) { return p->be; }
 
 void kv_pool_destroy(kv_pool_t **pp)
 {
@@ -217,6 +226,7 @@ void kv_pool_destroy(kv_pool_t **pp)
         p->be->ops->buf_free(p->be->ctx, p->view.v);
     }
     free(p->free_list);
+    free(p->is_free);
     free(p);
     *pp = NULL;
 }
@@ -228,14 +238,30 @@ int kv_pool_alloc_page(kv_pool_t *p, int32_t *page)
     if (p->n_free == 0)
         return river_err_set(RIVER_EFULL, "kv pool: all %d pages in use", p->view.n_pages);
     *page = p->free_list[--p->n_free];
+    p->is_free[*page] = 0;
     return 0;
 }
 
 void kv_pool_free_page(kv_pool_t *p, int32_t page)
 {
-    if (!p->attached && page >= 0 && page < p->view.n_pages && p->n_free < p->view.n_pages)
-        p->free_list[p->n_free++] = page;
+    if (p->attached || page < 0 || page >= p->view.n_pages)
+        return;
+    /* A page freed twice would be handed to two sequences; the second free is a bug of
+     * the caller, counted so that tests see it, and otherwise ignored. */
+    if (p->is_free[page]) {
+        p->double_frees++;
+        return;
+    }
+    p->is_free[page] = 1;
+    p->free_list[p->n_free++] = page;
 }
+
+int kv_pool_page_is_free(const kv_pool_t *p, int32_t page)
+{
+    return p->is_free && page >= 0 && page < p->view.n_pages && p->is_free[page];
+}
+
+int64_t kv_pool_double_frees(const kv_pool_t *p) { return p->double_frees; }
 
 int kv_pool_free_pages(const kv_pool_t *p) { return p->n_free; }
 int kv_pool_total_pages(const kv_pool_t *p) { return p->view.n_pages; }
@@ -267,6 +293,30 @@ void kv_seq_init(kv_seq_t *s)
     s->cap = 0;
 }
 
+static int kv_seq__grow(kv_seq_t *s, int need)
+{
+    if (need <= s->cap)
+        return 0;
+    int cap = s->cap ? s->cap : 8;
+    while (cap < need)
+        cap *= 2;
+    int32_t *pages = realloc(s->pages, sizeof *pages * (size_t)cap);
+    if (!pages)
+        return river_err_set(RIVER_ENOMEM, "kv pool: page table of %d entries", cap);
+    s->pages = pages;
+    s->cap = cap;
+    return 0;
+}
+
+int kv_seq_push(kv_seq_t *s, int32_t page)
+{
+    int e = kv_seq__grow(s, s->n_pages + 1);
+    if (e)
+        return e;
+    s->pages[s->n_pages++] = page;
+    return 0;
+}
+
 int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos)
 {
     int need = (n_pos + p->view.page_size - 1) / p->view.page_size;
@@ -277,18 +327,11 @@ int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos)
     if (need - s->n_pages > p->n_free)
         return river_err_set(RIVER_EFULL, "kv pool: %d more pages needed, %d free",
                              need - s->n_pages, p->n_free);
-    if (need > s->cap) {
-        int cap = s->cap ? s->cap : 8;
-        while (cap < need)
-            cap *= 2;
-        int32_t *pages = realloc(s->pages, sizeof *pages * (size_t)cap);
-        if (!pages)
-            return river_err_set(RIVER_ENOMEM, "kv pool: page table of %d entries", cap);
-        s->pages = pages;
-        s->cap = cap;
-    }
+    int e = kv_seq__grow(s, need);
+    if (e)
+        return e;
     while (s->n_pages < need) {
-        int e = kv_pool_alloc_page(p, &s->pages[s->n_pages]);
+        e = kv_pool_alloc_page(p, &s->pages[s->n_pages]);
         if (e)
             return e; /* cannot happen: the free count was checked above */
         s->n_pages++;

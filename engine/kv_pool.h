@@ -45,10 +45,15 @@ size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages
 /* 1 for a pool made by kv_pool_attach. */
 int kv_pool_is_attached(const kv_pool_t *p);
 int kv_pool_n_layers(const kv_pool_t *p);
+backend_t *kv_pool_backend(const kv_pool_t *p);
 
 /* RIVER_EFULL when every page is in use. */
 int kv_pool_alloc_page(kv_pool_t *p, int32_t *page);
+/* Freeing a page that is already free does nothing but count (kv_pool_double_frees). */
 void kv_pool_free_page(kv_pool_t *p, int32_t page);
+/* 1 while page is on the free list. */
+int kv_pool_page_is_free(const kv_pool_t *p, int32_t page);
+int64_t kv_pool_double_frees(const kv_pool_t *p);
 int kv_pool_free_pages(const kv_pool_t *p);
 int kv_pool_total_pages(const kv_pool_t *p);
 int kv_pool_page_size(const kv_pool_t *p);
@@ -68,5 +73,7 @@ void kv_seq_init(kv_seq_t *s);
 int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos);
 /* Returns every page to the pool. */
 void kv_seq_free(kv_seq_t *s, kv_pool_t *p);
+/* Appends a page the caller already holds (a shared prefix page, a copy) to the table. */
+int kv_seq_push(kv_seq_t *s, int32_t page);
 
 #endif

@@ -252,7 +252,7 @@ typedef struct gen_out {
     /* How it ended. */
     river_event_kind_t end;
     river_finish_t finish;
-    uint32_t prompt_tokens, completion_tokens;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
     river_code_t code;
     char message[512];
 } gen_out_t;
@@ -280,6 +280,7 @@ static void ctl__on_event(void *user, const river_event_t *ev)
         o->finish = ev->finish;
         o->prompt_tokens = ev->prompt_tokens;
         o->completion_tokens = ev->completion_tokens;
+        o->cached_tokens = ev->cached_tokens;
         o->code = ev->code;
         snprintf(o->message, sizeof o->message, "%s", ev->message ? ev->message : "");
         return;
@@ -435,6 +436,7 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
             json_object_set_new(obj, "finish", json_string(river_finish_name(out.finish)));
             json_object_set_new(obj, "prompt_tokens", json_integer(out.prompt_tokens));
             json_object_set_new(obj, "completion_tokens", json_integer(out.completion_tokens));
+            json_object_set_new(obj, "cached_tokens", json_integer(out.cached_tokens));
         } else if (out.end == RIVER_EVENT_ERROR) {
             json_object_set_new(obj, "error", json_pack("{s:s, s:s}", "code",
                                                         river_code_name(out.code), "message",

@@ -160,6 +160,14 @@ River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
         if (m->kind_case == RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT) {
             w->heartbeats++;
             w->last_hb = *m->heartbeat;
+            /* The message is freed after the caller is done with it: keep a copy. */
+            size_t n = m->heartbeat->n_prefix_pages;
+            if (n > 64)
+                n = 64;
+            if (n)
+                memcpy(w->hb_prefix_pages, m->heartbeat->prefix_pages, n * sizeof(uint64_t));
+            w->last_hb.n_prefix_pages = n;
+            w->last_hb.prefix_pages = w->hb_prefix_pages;
         }
         return m;
     }

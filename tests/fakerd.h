@@ -23,7 +23,8 @@ typedef struct wk {
     int64_t last_sent_ms;
     /* What the worker's heartbeats said last, and how many came. */
     int heartbeats;
-    River__Worker__Heartbeat last_hb;
+    River__Worker__Heartbeat last_hb; /* prefix_pages point into hb_prefix_pages */
+    uint64_t hb_prefix_pages[64];
     River__Worker__Capabilities caps; /* from Ready (model string not kept) */
 } wk_t;
 

@@ -65,6 +65,34 @@ START_TEST(test_seq_reserve_and_free)
 }
 END_TEST
 
+/* A page freed twice goes on the free list once and is counted; a page pushed onto a
+ * table is the caller's (the prefix cache's shared pages). */
+START_TEST(test_double_free_and_push)
+{
+    kv_pool_t *p;
+    ck_assert_int_eq(kv_pool_new(&p, be, 2, 4, 4, 3), 0);
+    int32_t a;
+    ck_assert_int_eq(kv_pool_alloc_page(p, &a), 0);
+    ck_assert(!kv_pool_page_is_free(p, a));
+    kv_pool_free_page(p, a);
+    ck_assert(kv_pool_page_is_free(p, a));
+    kv_pool_free_page(p, a);
+    ck_assert_int_eq(kv_pool_free_pages(p), 3);
+    ck_assert_int_eq((int)kv_pool_double_frees(p), 1);
+    kv_seq_t s;
+    kv_seq_init(&s);
+    ck_assert_int_eq(kv_pool_alloc_page(p, &a), 0);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(kv_seq_push(&s, a), 0);
+    ck_assert_int_eq(s.n_pages, 20);
+    ck_assert_int_ge(s.cap, 20);
+    free(s.pages);
+    kv_pool_free_page(p, a);
+    ck_assert_int_eq((int)kv_pool_double_frees(p), 1);
+    kv_pool_destroy(&p);
+}
+END_TEST
+
 START_TEST(test_fill)
 {
     kv_pool_t *p;
@@ -100,6 +128,7 @@ static Suite *kv_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_geometry_and_accounting);
     tcase_add_test(tc, test_seq_reserve_and_free);
+    tcase_add_test(tc, test_double_free_and_push);
     tcase_add_test(tc, test_fill);
     tcase_add_test(tc, test_bad_geometry);
     suite_add_tcase(s, tc);

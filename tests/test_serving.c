@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1378,6 +1379,146 @@ START_TEST(test_metrics_http)
 }
 END_TEST
 
+
+/* ---- Prefix-aware placement ---- */
+
+#define TP_SESSIONS 4
+#define TP_TURNS 4
+#define TP_GEN 8
+
+/* A metric's value in Prometheus text, -1 when absent. */
+static double ts_metric(const char *text, const char *name)
+{
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(text, key);
+    return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+typedef struct tp_stream {
+    int32_t ids[TP_GEN];
+    size_t n;
+    int ended, ok;
+    uint32_t cached, prompt;
+} tp_stream_t;
+
+static void tp_on_event(void *user, const river_event_t *ev)
+{
+    tp_stream_t *s = user;
+    if (ev->kind == RIVER_EVENT_CHUNK) {
+        for (size_t i = 0; i < ev->n_ids && s->n < TP_GEN; i++)
+            s->ids[s->n++] = ev->ids[i];
+        return;
+    }
+    s->ended = 1;
+    s->ok = ev->kind == RIVER_EVENT_FINAL;
+    s->cached = ev->cached_tokens;
+    s->prompt = ev->prompt_tokens;
+}
+
+/* Several chats that share a system prompt, each turn resending the whole history as
+ * token ids without a session id (a stateless API), through riverd with two workers and
+ * placement `placement`. Each round sends one turn of every chat at once, the chats in a
+ * new order each round. Returns the prefix cache hit rate riverd's metrics give; ids
+ * receives every turn's completion. */
+static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_TURNS][TP_GEN])
+{
+    char extra[64];
+    snprintf(extra, sizeof extra, "placement: %s\n", placement);
+    /* The run before removed the temp directory (ts_stop). */
+    ck_assert(mkdir(test_tmpdir(), 0700) == 0 || errno == EEXIST);
+    ts_srv_t s;
+    ts_start(&s, &(ts_opts_t){.model = TEST_DATA "/stories260K/stories260K.bin", .external = 2,
+                              .extra = extra}, NULL);
+    river_client_t *c;
+    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    static int32_t hist[TP_SESSIONS][512];
+    size_t n[TP_SESSIONS];
+    uint32_t x = 99;
+    for (int k = 0; k < TP_SESSIONS; k++) {
+        hist[k][0] = 1;
+        n[k] = 1;
+    }
+    /* The system prompt all chats start with: 47 ids after BOS, three pages. */
+    for (int i = 0; i < 47; i++) {
+        x = x * 1664525u + 1013904223u;
+        for (int k = 0; k < TP_SESSIONS; k++)
+            hist[k][n[k]++] = 3 + (int32_t)((x >> 8) % 500);
+    }
+    uint32_t cached = 0, prompt = 0;
+    for (int t = 0; t < TP_TURNS; t++) {
+        int order[TP_SESSIONS];
+        for (int k = 0; k < TP_SESSIONS; k++)
+            order[k] = k;
+        for (int k = TP_SESSIONS - 1; k > 0; k--) { /* Fisher-Yates, fixed seed */
+            x = x * 1664525u + 1013904223u;
+            int j = (int)((x >> 8) % (uint32_t)(k + 1)), tmp = order[k];
+            order[k] = order[j];
+            order[j] = tmp;
+        }
+        tp_stream_t st[TP_SESSIONS];
+        memset(st, 0, sizeof st);
+        for (int i = 0; i < TP_SESSIONS; i++) {
+            int k = order[i];
+            for (int u = 0; u < 12; u++) { /* the user's message */
+                x = x * 1664525u + 1013904223u;
+                hist[k][n[k]++] = 3 + (int32_t)((x >> 8) % 500);
+            }
+            river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+            o.prompt_ids = hist[k];
+            o.n_prompt_ids = n[k];
+            o.max_tokens = TP_GEN;
+            o.ignore_eos = 1;
+            o.timeout_ms = 10000;
+            ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st[k], NULL), 0);
+        }
+        int64_t until = test_now_ms() + 20000;
+        while (river_client_in_flight(c) > 0) {
+            ck_assert_msg(test_now_ms() < until, "round %d did not end", t);
+            ck_assert_int_ge(river_client_poll(c, 200), 0);
+        }
+        for (int k = 0; k < TP_SESSIONS; k++) {
+            ck_assert(st[k].ok);
+            ck_assert_uint_eq(st[k].n, TP_GEN);
+            ck_assert_uint_le(st[k].cached, st[k].prompt - 1);
+            cached += st[k].cached;
+            prompt += st[k].prompt;
+            for (int i = 0; i < TP_GEN; i++)
+                hist[k][n[k]++] = ids[k][t][i] = st[k].ids[i];
+        }
+    }
+    river_client_destroy(&c);
+    river_admin_t *a;
+    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    char *text;
+    ck_assert_int_eq(river_admin_metrics(a, &text), 0);
+    river_admin_destroy(&a);
+    double hit = ts_metric(text, "river_prefix_cache_hit_tokens_total");
+    double query = ts_metric(text, "river_prefix_cache_query_tokens_total");
+    double pages = ts_metric(text, "river_prefix_cache_pages");
+    free(text);
+    ck_assert_msg(hit == cached && query == prompt, "metrics say %g of %g, the Finals %u of %u",
+                  hit, query, cached, prompt);
+    ck_assert_msg(pages > 0, "river_prefix_cache_pages %g", pages);
+    ts_stop(&s);
+    return query > 0 ? hit / query : 0;
+}
+
+/* Prefix-aware placement finds the worker holding a chat's history; load-only placement
+ * spreads each round over the workers by free slots, so a chat lands wherever its place
+ * in the round puts it. The completions are the same either way. */
+START_TEST(test_prefix_placement)
+{
+    static int32_t by_prefix[TP_SESSIONS][TP_TURNS][TP_GEN], by_load[TP_SESSIONS][TP_TURNS][TP_GEN];
+    double load = ts_prefix_run("load", by_load);
+    double prefix = ts_prefix_run("prefix", by_prefix);
+    printf("prefix cache hit rate through riverd, 2 workers, %d chats of %d turns: "
+           "placement load %.3f, placement prefix %.3f\n", TP_SESSIONS, TP_TURNS, load, prefix);
+    ck_assert_msg(prefix > load, "prefix placement hit rate %.3f, load %.3f", prefix, load);
+    ck_assert(!memcmp(by_prefix, by_load, sizeof by_prefix));
+}
+END_TEST
+
 static Suite *serving_suite(void)
 {
     Suite *s = suite_create("serving");
@@ -1400,6 +1541,10 @@ static Suite *serving_suite(void)
     tcase_add_test(tc, test_metrics_http);
     tcase_add_test(tc, test_concurrent_clients);
     suite_add_tcase(s, tc);
+    TCase *tp = tcase_create("prefix");
+    tcase_set_timeout(tp, 120);
+    tcase_add_test(tp, test_prefix_placement);
+    suite_add_tcase(s, tp);
     return s;
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/err.h"
 #include "common/frame.h"
+#include "common/prefix_hash.h"
 #include "engine/generate.h"
 #include "engine/river.h"
 #include "kernels/cpu/cpu.h"
@@ -65,7 +66,7 @@ typedef struct stream {
     int ended;               /* 1: Done, 2: Failed */
     int reason;              /* Final.Reason */
     int code;                /* Error.Code */
-    uint32_t prompt_tokens, completion_tokens;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
     uint32_t hist_sum, hist_n;
 } stream_t;
 
@@ -105,6 +106,7 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
             if (m->done->final->usage) {
                 st->prompt_tokens = m->done->final->usage->prompt_tokens;
                 st->completion_tokens = m->done->final->usage->completion_tokens;
+                st->cached_tokens = m->done->final->usage->cached_tokens;
             }
             if (m->done->final->exit_stats) {
                 st->hist_n = (uint32_t)m->done->final->exit_stats->n_histogram;
@@ -526,6 +528,57 @@ START_TEST(test_resume_delivered)
 }
 END_TEST
 
+/* The prefix cache through the worker: a prompt sent again reuses all but its last token
+ * (Usage.cached_tokens) and gives the same tokens; the heartbeat before its Done names
+ * the cached pages under the seed of Ready. prefix_cache.enabled false turns it off. */
+START_TEST(test_prefix_cache_usage)
+{
+    static ref_t ref;
+    ref_run(TINY, prompts[1], 20, 1, &ref);
+    for (int on = 1; on >= 0; on--) {
+        wk_t w;
+        /* Pages of 4, so that the short prompt fills some. */
+        wk_start(&w, TINY, 4,
+                 on ? "kv:\n  page_size: 4\n"
+                    : "kv:\n  page_size: 4\nprefix_cache:\n  enabled: false\n", 50, 100);
+        ck_assert(on ? w.caps.prefix_seed != 0 : w.caps.prefix_seed == 0);
+        for (int round = 0; round < 2; round++) {
+            req_t q = {.id = 20 + (uint64_t)round, .text = prompts[1], .max_tokens = 20,
+                       .ignore_eos = 1};
+            wk_submit(&w, &q);
+            stream_t st = {.id = q.id};
+            streams_collect(&w, &st, 1, 10000);
+            ck_assert_int_eq(st.ended, 1);
+            expect_same(&st, &ref, 0);
+            ck_assert_uint_eq(st.prompt_tokens, ref.n_prompt);
+            ck_assert_uint_eq(st.cached_tokens, on && round ? ref.n_prompt - 1 : 0);
+        }
+        if (on) {
+            /* The names riverd would compute from the prompt's ids. */
+            uint64_t names[8];
+            size_t n = prefix_hash_chain(w.caps.prefix_seed, ref.prompt, ref.n_prompt,
+                                         (int)w.caps.kv_page_size, names, 8);
+            ck_assert_uint_gt(n, 0);
+            ck_assert_uint_gt(w.last_hb.prefix_cache_pages, 0);
+            int found = 0;
+            for (size_t i = 0; i < w.last_hb.n_prefix_pages; i++)
+                found |= w.last_hb.prefix_pages[i] == names[n - 1];
+            ck_assert_msg(found, "the heartbeat does not name the prompt's last full page");
+            /* Once the request is gone, cached pages nobody uses count as free. */
+            int hb = w.heartbeats;
+            while (w.heartbeats == hb) {
+                River__Worker__WorkerMessage *m = wk_recv(&w, 2000);
+                ck_assert_ptr_nonnull(m);
+                frame_free((ProtobufCMessage **)&m);
+            }
+            ck_assert_uint_gt(w.last_hb.prefix_cache_pages, 0);
+            ck_assert_uint_eq(w.last_hb.kv_pages_free, w.caps.kv_pages_total);
+        }
+        wk_stop(&w);
+    }
+}
+END_TEST
+
 /* Drain: new requests are refused with UNAVAILABLE, the running one finishes, the last
  * message is a heartbeat saying draining with nothing left, and the process exits 0. */
 START_TEST(test_drain_exits_zero)
@@ -774,6 +827,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_cancel_frees_pages);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_resume_delivered);
+    tcase_add_test(tc, test_prefix_cache_usage);
     tcase_add_test(tc, test_drain_exits_zero);
     tcase_add_test(tc, test_drain_deadline);
     tcase_add_test(tc, test_sigterm_graceful);

@@ -112,6 +112,9 @@ int link_send_heartbeat(link_t *l)
     hb.running = st.running;
     hb.draining = st.draining;
     hb.unavailable = st.unavailable;
+    hb.prefix_cache_pages = st.prefix_cache_pages;
+    hb.n_prefix_pages = st.n_prefix_pages;
+    hb.prefix_pages = st.prefix_pages;
     River__Worker__WorkerMessage env = RIVER__WORKER__WORKER_MESSAGE__INIT;
     env.kind_case = RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT;
     env.heartbeat = &hb;

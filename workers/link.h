@@ -21,6 +21,9 @@
 
 #include "proto/river_worker.pb-c.h"
 
+/* Most prefix page names one heartbeat carries. */
+#define LINK_PREFIX_PAGES 64
+
 /* Version of the worker link this worker speaks (Ready.protocol). */
 #define LINK_PROTOCOL 1
 
@@ -33,6 +36,9 @@ typedef struct link_status {
     uint32_t running;      /* sequences in the engine */
     bool draining;
     bool unavailable;      /* cannot run requests for now (Heartbeat.unavailable) */
+    uint32_t prefix_cache_pages;
+    uint64_t prefix_pages[LINK_PREFIX_PAGES]; /* Heartbeat.prefix_pages */
+    size_t n_prefix_pages;
 } link_status_t;
 
 /* The worker behind the link. Every callback gets `user`. */

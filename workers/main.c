@@ -35,6 +35,7 @@
 #include "common/err.h"
 #include "common/keys.h"
 #include "engine/engine_open.h"
+#include "common/prefix_hash.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
@@ -263,7 +264,22 @@ static int worker__open_engine(worker_t *w)
      * momentarily full. */
     gen_config_t gc = {.max_rows = c->max_batch_rows, .prefill_chunk = c->prefill_chunk,
                        .page_size = c->kv_page_size, .n_pages = c->kv_pages,
-                       .max_seqs = c->max_seqs, .preempt = 1};
+                       .max_seqs = c->max_seqs, .preempt = 1,
+                       .prefix_cache = c->prefix_cache_enabled && !river,
+                       .prefix_cache_pages = c->prefix_cache_pages};
+    if (gc.prefix_cache) {
+        /* Page names carry the model and river, so riverd never takes one worker's pages
+         * for another model's (and the seed names the river a worker runs). */
+        char fp[RIVER_FINGERPRINT_LEN];
+        if ((e = river_fingerprint(w->env.model, fp)))
+            return e;
+        char rfp[64] = "";
+        if (w->xc.river)
+            snprintf(rfp, sizeof rfp, "%s/q%d/g%d/s%d", river_fingerprint_of(w->xc.river),
+                     river_bits(w->xc.river), river_group(w->xc.river),
+                     river_start_layer(w->xc.river));
+        gc.prefix_seed = prefix_hash_seed(fp, rfp);
+    }
     if (river) {
         /* The pool the backbone peer maps too; as many pages as gen_new would make. */
         const model_config_t *mc = &w->env.model->cfg;
@@ -329,6 +345,8 @@ static int worker__open(worker_t *w)
     lc.caps.layer_end = (uint32_t)(river ? w->cfg.split_boundary : mc->n_layers);
     lc.caps.has_river = w->xc.river != NULL;
     lc.caps.max_context = (uint32_t)mc->max_seq_len;
+    const prefix_cache_t *pcache = gen_prefix_cache(w->gen);
+    lc.caps.prefix_seed = pcache ? prefix_cache_seed(pcache) : 0;
     sched_config_t sc = {
         .max_queue = WORKER_QUEUE_PER_SEQ * w->cfg.max_seqs,
         .max_stop = WORKER_MAX_STOP,
@@ -378,11 +396,13 @@ static void worker__close(worker_t *w)
     }
     if (st.prefill_tokens) {
         wlog(WLOG_INFO, "engine: %lld prefill tokens at %.0f tok/s, %lld decode tokens at "
-             "%.0f tok/s, %lld preemptions", (long long)st.prefill_tokens,
+             "%.0f tok/s, %lld preemptions, prefix cache %lld of %lld prompt tokens",
+             (long long)st.prefill_tokens,
              st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0,
              (long long)st.decode_tokens,
              st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0,
-             (long long)st.preemptions);
+             (long long)st.preemptions, (long long)st.prefix_hit_tokens,
+             (long long)st.prefix_query_tokens);
     }
     sched_destroy(&w->sched);
     link_destroy(&w->link);

@@ -41,6 +41,7 @@ struct sreq {
     const char *fail_msg;
     uint64_t n_msgs;       /* Tokens messages sent in this dispatch */
     uint32_t n_new;        /* tokens generated in this dispatch */
+    uint32_t cached_tokens; /* prompt tokens the prefix cache held (Usage.cached_tokens) */
     double depth_sum;
     uint32_t *hist;        /* (n_layers + 1) exit histogram of this dispatch */
 };
@@ -118,6 +119,7 @@ static void sched__done(sched_t *s, sreq_t *r, River__Client__Final__Reason reas
     River__Client__Usage usage = RIVER__CLIENT__USAGE__INIT;
     usage.prompt_tokens = (uint32_t)r->n_prompt;
     usage.completion_tokens = (uint32_t)r->n_done + r->n_new;
+    usage.cached_tokens = r->cached_tokens;
     River__Client__ExitStats xs = RIVER__CLIENT__EXIT_STATS__INIT;
     xs.mean_exit_layer = r->n_new ? (float)(r->depth_sum / r->n_new) : 0.0f;
     xs.n_histogram = (size_t)s->m->cfg.n_layers + 1;
@@ -126,6 +128,10 @@ static void sched__done(sched_t *s, sreq_t *r, River__Client__Final__Reason reas
     f.reason = reason;
     f.usage = &usage;
     f.exit_stats = &xs;
+    /* With a prefix cache, a heartbeat first: riverd learns which pages the request left
+     * cached before it can place the client's next turn. */
+    if (gen_prefix_cache(s->g))
+        link_send_heartbeat(s->link);
     link_send_done(s->link, r->id, &f);
 }
 
@@ -162,6 +168,7 @@ static void sched__on_event(void *user, const gen_event_t *ev)
     sreq_t *r = user;
     sched_t *s = r->s;
     int32_t depth = ev->depth;
+    r->cached_tokens = (uint32_t)ev->cached_tokens;
     if (ev->id >= 0) {
         r->n_new++;
         r->depth_sum += depth;
@@ -561,10 +568,16 @@ bool sched_drained(const sched_t *s) { return s->draining && !s->head; }
 
 void sched_status(const sched_t *s, link_status_t *st)
 {
-    st->kv_pages_free = (uint32_t)kv_pool_free_pages(gen_kv_pool(s->g));
+    /* Cached pages nobody uses are free for a new request: the cache gives them back. */
+    const prefix_cache_t *pc = gen_prefix_cache(s->g);
+    st->kv_pages_free = (uint32_t)(kv_pool_free_pages(gen_kv_pool(s->g)) +
+                                   (pc ? prefix_cache_evictable(pc) : 0));
     st->queue_length = (uint32_t)s->n_queued;
     st->running = (uint32_t)s->n_running;
     st->draining = s->draining;
+    st->prefix_cache_pages = pc ? (uint32_t)prefix_cache_pages(pc) : 0;
+    st->n_prefix_pages = pc ? prefix_cache_summary(pc, st->prefix_pages, LINK_PREFIX_PAGES)
+                            : 0;
 }
 
 /* ---- Life ---- */
