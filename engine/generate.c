@@ -40,6 +40,7 @@ typedef struct gseq {
     int32_t draft[GEN_DRAFT_MAX];
     float *q;              /* (k_cap, vocab) the draft's distributions; sampling only */
     int drafted, accepted; /* draft tokens verified and accepted, whole completion */
+    int drafts;            /* verify passes with at least one draft token */
 } gseq_t;
 
 /* What a batch row does for its sequence. */
@@ -423,7 +424,7 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t
                       .len = s->n_pending, .finish = why, .depth = depth,
                       .index = id >= 0 ? s->n_generated - 1 : s->n_generated,
                       .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0,
-                      .drafted = s->drafted, .accepted = s->accepted};
+                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
@@ -486,7 +487,7 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
                       .len = emit, .finish = GEN_RUNNING, .depth = depth,
                       .index = s->n_generated - 1, .drafted = s->drafted,
-                      .accepted = s->accepted};
+                      .accepted = s->accepted, .drafts = s->drafts};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     if (hold) /* without a tokenizer pending is NULL, and memmove must not see it */
@@ -637,6 +638,7 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
     g->stats.spec_drafts += nd > 0;
     g->stats.spec_draft_tokens += nd;
     s->drafted += nd;
+    s->drafts += nd > 0;
     for (int j = 0; j <= nd; j++) {
         const float *row = lg + (size_t)j * vocab;
         int32_t tok;

@@ -69,6 +69,7 @@ typedef struct gen_event {
                         when the KV pool had no page for it), else 0 */
     int drafted;     /* lossless: draft tokens verified so far in this completion */
     int accepted;    /* lossless: of which the backbone accepted */
+    int drafts;      /* lossless: verify passes that checked at least one draft token */
 } gen_event_t;
 
 typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);

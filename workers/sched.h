@@ -33,6 +33,8 @@ typedef struct sched_config {
     int max_stop;         /* stop strings per request */
     int max_stop_bytes;   /* bytes of one stop string */
     exit_policy_t policy; /* the worker's exit policy (to tell overrides apart) */
+    int lossless;         /* requests' default mode: 1 lossless (exit.mode) */
+    int can_lossless;     /* the worker has an exit rule and a river to draft with */
 } sched_config_t;
 
 /* g, m and tok (NULL: token-id prompts only) must outlive the scheduler; messages go
