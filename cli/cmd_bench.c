@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_spec.h"
 #include "cli/cli.h"
 #include "common/err.h"
 #include "engine/generate.h"
@@ -83,7 +84,12 @@ static void bench__usage(FILE *f)
                "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
                "--split-costs RIVER instead times one backbone and one river layer on 1..64\n"
                "rows and shows when running a batch as two groups (row aggregation) beats\n"
-               "running it whole on the backbone.\n");
+               "running it whole on the backbone.\n"
+               "--spec-costs RIVER [--draft K] [--exit-layer E] instead times lossless mode's\n"
+               "steps at a context of --prompt-len positions: the plain decode step, the draft\n"
+               "step (backbone to layer E, default L/2, then the river) and verify passes of\n"
+               "k+1 rows for k = 1..K (default 8), median of --runs (at least 5), and prints\n"
+               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -94,11 +100,14 @@ int cmd_bench(int argc, char **argv)
         {"runs", required_argument, 0, 'r'},       {"bandwidth-mib", required_argument, 0, 'b'},
         {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
         {"split-costs", required_argument, 0, 'S'},
+        {"spec-costs", required_argument, 0, 'C'}, {"draft", required_argument, 0, 'D'},
+        {"exit-layer", required_argument, 0, 'E'},
         {"device", required_argument, 0, 1000},
         {0, 0, 0, 0},
     };
-    const char *model_path = NULL, *split_river = NULL;
+    const char *model_path = NULL, *split_river = NULL, *spec_river = NULL;
     long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
+    long draft = 8, exit_layer = 0;
     int json = 0, c, li = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
@@ -119,6 +128,9 @@ int cmd_bench(int argc, char **argv)
             }
             continue;
         case 'S': split_river = optarg; continue;
+        case 'C': spec_river = optarg; continue;
+        case 'D': target = &draft; hi = GEN_DRAFT_MAX; break;
+        case 'E': target = &exit_layer; hi = 1 << 16; break;
         case 1000: {
             int de = cli_env_set_device(optarg);
             if (de)
@@ -153,6 +165,12 @@ int cmd_bench(int argc, char **argv)
         cli_env_close(&env);
         return cli_fail("bench", river_err_set(RIVER_EUNSUPPORTED, "--split-costs needs "
                                                "--device cpu for now"));
+    }
+    if (spec_river) {
+        int rc2 = bench_spec_costs(&env, spec_river, (int)exit_layer, (int)draft,
+                                   (int)prompt_len, runs < 5 ? 5 : (int)runs, json);
+        cli_env_close(&env);
+        return rc2;
     }
     if (split_river) {
         int rc2 = bench__split_costs(&env, split_river, json);
