@@ -146,7 +146,8 @@ static void eval__usage(FILE *f)
             "--lossless generates every prompt with the plain backbone and in lossless mode\n"
             "(the exit path drafts, the backbone verifies) and prints per setting whether\n"
             "the ids are identical, acceptance_rate (accepted / drafted), mean_accepted (ids\n"
-            "per verify pass), tok/s of both, speed-up, and the draft and verify step times.\n");
+            "per verify pass), tok/s of both (the best of 3 alternating rounds), speed-up,\n"
+            "and the draft and verify step times.\n");
 }
 
 int cmd_eval(int argc, char **argv)

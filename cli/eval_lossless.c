@@ -8,6 +8,9 @@
 #include "common/err.h"
 #include "engine/generate.h"
 
+/* Timed rounds per setting (the best is kept). */
+#define EVAL_LL_REPEAT 3
+
 typedef struct ll_out {
     int32_t *ids; /* (cap) */
     int n, cap;
@@ -91,10 +94,9 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
             e = river_err_set(RIVER_ENOMEM, "eval: ids");
     }
     gen_stats_t bst, st;
-    /* The first pass faults the mapped weights in; the second is timed. */
-    for (int rep = 0; rep < 2 && !e; rep++)
+    /* Faults the mapped weights in, untimed. */
+    if (!e)
         e = ll__run(env, NULL, NULL, ps, n_ps, max_tokens, bb, &bst);
-    double bb_tok_s = bst.decode_s > 0 ? (double)bst.decode_tokens / bst.decode_s : 0;
     gen_spec_t spec = {.k_max = xo->draft_k ? xo->draft_k : 4,
                        .min_conf = (float)xo->draft_conf};
     if (!e && !json)
@@ -106,9 +108,28 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
         exit_config_t sc = xc->cfg;
         if (n_sweep)
             exit_opts_set_value(&sc.policy, sweep[si]);
-        /* Warm-up pass (the river's pages), then the timed one. */
-        for (int rep = 0; rep < 2 && !e; rep++)
-            e = ll__run(env, &sc, &spec, ps, n_ps, max_tokens, ll, &st);
+        /* A warm-up pass (the river's pages), then EVAL_LL_REPEAT rounds of the backbone and
+         * lossless mode one after the other, each keeping its fastest round: on a shared
+         * machine the best round is the one least disturbed, and alternating gives both
+         * the same chances. */
+        e = ll__run(env, &sc, &spec, ps, n_ps, max_tokens, ll, &st);
+        double tok_s = 0, bb_tok_s = 0;
+        gen_stats_t one;
+        for (int rep = 0; rep < EVAL_LL_REPEAT && !e; rep++) {
+            e = ll__run(env, NULL, NULL, ps, n_ps, max_tokens, bb, &one);
+            double t = one.decode_s > 0 ? (double)one.decode_tokens / one.decode_s : 0;
+            if (t > bb_tok_s) {
+                bb_tok_s = t;
+                bst = one;
+            }
+            if (!e)
+                e = ll__run(env, &sc, &spec, ps, n_ps, max_tokens, ll, &one);
+            t = one.decode_s > 0 ? (double)one.decode_tokens / one.decode_s : 0;
+            if (!e && t > tok_s) {
+                tok_s = t;
+                st = one;
+            }
+        }
         if (e)
             break;
         int identical = 1;
@@ -117,7 +138,6 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
             for (int t = 0; identical && t < bb[i].n; t++)
                 identical &= ll[i].ids[t] == bb[i].ids[t];
         }
-        double tok_s = st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0;
         double acc = st.spec_draft_tokens ? (double)st.spec_accepted_tokens /
                                                 (double)st.spec_draft_tokens : 0;
         double mean_acc = st.spec_verify_passes
