@@ -505,6 +505,7 @@ START_TEST(test_bad_combinations)
     prompt_load(&p, cases[1].golden, cases[1].slugs[0]);
     gen_t *g = gen_open(&e, 8, 2);
     out_t o;
+    memset(&o, 0, sizeof o);
     gen_request_t r = {.prompt = p.ids, .n_prompt = (size_t)p.n, .max_tokens = 4,
                        .on_token = on_token, .user = &o, .lossless = 1};
     int seq;
