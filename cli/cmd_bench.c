@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_spec.h"
 #include "cli/cli.h"
 #include "common/err.h"
 #include "engine/generate.h"
@@ -90,7 +91,13 @@ static void bench__usage(FILE *f)
                "(default 4) whose prompt grows to N tokens (default 512): a leading context,\n"
                "then per turn the answer (G tokens, default 16) and a user message (U, default\n"
                "32), without and with the prefix cache: ttft_cold_ms, ttft_cached_ms (mean\n"
-               "over turns 2..T), identical (every generated id agrees) and hit_rate.\n");
+               "over turns 2..T), identical (every generated id agrees) and hit_rate.\n"
+
+               "--spec-costs RIVER [--draft K] [--exit-layer E] instead times lossless mode's\n"
+               "steps at a context of --prompt-len positions: the plain decode step, the draft\n"
+               "step (backbone to layer E, default L/2, then the river) and verify passes of\n"
+               "k+1 rows for k = 1..K (default 8), median of --runs (at least 5), and prints\n"
+               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -101,6 +108,8 @@ int cmd_bench(int argc, char **argv)
         {"runs", required_argument, 0, 'r'},       {"bandwidth-mib", required_argument, 0, 'b'},
         {"output", required_argument, 0, 'o'},     {"help", no_argument, 0, 'h'},
         {"split-costs", required_argument, 0, 'S'},
+        {"spec-costs", required_argument, 0, 'C'}, {"draft", required_argument, 0, 'D'},
+        {"exit-layer", required_argument, 0, 'E'},
         {"device", required_argument, 0, 1000},
         {"prefix-reuse", no_argument, 0, 1001},
         {"history", required_argument, 0, 1002},
@@ -108,9 +117,10 @@ int cmd_bench(int argc, char **argv)
         {"user-len", required_argument, 0, 1004},
         {0, 0, 0, 0},
     };
-    const char *model_path = NULL, *split_river = NULL;
+    const char *model_path = NULL, *split_river = NULL, *spec_river = NULL;
     long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
     long history = 512, turns = 4, user_len = 32;
+    long draft = 8, exit_layer = 0;
     int json = 0, c, li = 0, prefix_reuse = 0, gen_len_set = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
@@ -135,6 +145,9 @@ int cmd_bench(int argc, char **argv)
             }
             continue;
         case 'S': split_river = optarg; continue;
+        case 'C': spec_river = optarg; continue;
+        case 'D': target = &draft; hi = GEN_DRAFT_MAX; break;
+        case 'E': target = &exit_layer; hi = 1 << 16; break;
         case 1000: {
             int de = cli_env_set_device(optarg);
             if (de)
@@ -175,6 +188,12 @@ int cmd_bench(int argc, char **argv)
         cli_env_close(&env);
         return cli_fail("bench", river_err_set(RIVER_EUNSUPPORTED, "--split-costs needs "
                                                "--device cpu for now"));
+    }
+    if (spec_river) {
+        int rc2 = bench_spec_costs(&env, spec_river, (int)exit_layer, (int)draft,
+                                   (int)prompt_len, runs < 5 ? 5 : (int)runs, json);
+        cli_env_close(&env);
+        return rc2;
     }
     if (split_river) {
         int rc2 = bench__split_costs(&env, split_river, json);

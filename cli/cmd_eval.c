@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/eval_lossless.h"
 #include "cli/exit_opts.h"
 #include "engine/exit_setup.h"
 #include "common/err.h"
@@ -133,6 +134,7 @@ static void eval__usage(FILE *f)
             "                  [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
             "                  [--aggregation min|row] [--max-tokens N] [--threads N]\n"
             "                  [--offload-threshold F] [--output text|json]\n"
+            "                  [--lossless [--draft K] [--draft-conf P]]\n"
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
             "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
             "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"
@@ -140,7 +142,12 @@ static void eval__usage(FILE *f)
             "r the measured river/backbone layer time, realized/ideal and peak RSS.\n"
             "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n"
             "--offload-threshold F releases backbone layers reached by fewer than F of the\n"
-            "tokens (their mapped pages) and reports resident memory before and after.\n");
+            "tokens (their mapped pages) and reports resident memory before and after.\n"
+            "--lossless generates every prompt with the plain backbone and in lossless mode\n"
+            "(the exit path drafts, the backbone verifies) and prints per setting whether\n"
+            "the ids are identical, acceptance_rate (accepted / drafted), mean_accepted (ids\n"
+            "per verify pass), tok/s of both (the best of 3 alternating rounds), speed-up,\n"
+            "and the draft and verify step times.\n");
 }
 
 int cmd_eval(int argc, char **argv)
@@ -218,8 +225,14 @@ int cmd_eval(int argc, char **argv)
 
     if (n_sweep) /* the first value stands in for the policy's own option */
         exit_opts_set_value(&xo.policy, sweep_v[0]);
+    int e = exit_opts_check_lossless(&xo);
+    if (e)
+        return cli_fail("eval", e);
+    if (xo.lossless && offload_threshold > 0)
+        return cli_fail("eval", river_err_set(RIVER_EINVAL, "--lossless and "
+                                              "--offload-threshold do not combine"));
     cli_env_t env;
-    int e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
+    e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
     if (e)
         return cli_fail("eval", e);
     const model_t *m = env.model;
@@ -273,6 +286,20 @@ int cmd_eval(int argc, char **argv)
         goto done;
     if (!n_ps) {
         e = river_err_set(RIVER_EINVAL, "%s: no prompts", prompts_path);
+        goto done;
+    }
+    if (xo.lossless) {
+        eval_ll_prompt_t *lp = malloc(sizeof *lp * (size_t)n_ps);
+        if (!lp) {
+            e = river_err_set(RIVER_ENOMEM, "prompts");
+            goto done;
+        }
+        for (int i = 0; i < n_ps; i++)
+            lp[i] = (eval_ll_prompt_t){.ids = ps[i].ids, .n_ids = ps[i].n_ids};
+        e = eval_lossless(&env, &xc, &xo, lp, n_ps, (int)max_tokens, sweep_v, n_sweep, json);
+        free(lp);
+        if (!e)
+            rc = 0;
         goto done;
     }
     int max_rows = 64;

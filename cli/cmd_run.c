@@ -79,6 +79,10 @@ static void run__usage(FILE *f)
             "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
             "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
             "                 [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
+            "                 [--lossless [--draft K] [--draft-conf P]]\n"
+            "--lossless drafts up to K tokens (default 4) on the exit path and verifies them\n"
+            "on the backbone: the ids are the backbone's (greedy: identical). --draft-conf P\n"
+            "ends a draft after a token whose probability is below P.\n"
             "Greedy decoding unless --temperature > 0. Text mode streams the completion;\n"
             "json prints {prompt_ids, ids, exit_layers, text, finish, prefill_tok_s,\n"
             "decode_tok_s}; exit_layers holds the backbone layers each token ran.\n");
@@ -171,8 +175,11 @@ int cmd_run(int argc, char **argv)
         return 2;
     }
 
+    int e = exit_opts_check_lossless(&xo);
+    if (e)
+        return cli_fail("run", e);
     cli_env_t env;
-    int e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
+    e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
     if (e)
         return cli_fail("run", e);
     int rc = 1;
@@ -193,6 +200,9 @@ int cmd_run(int argc, char **argv)
     e = gen_new(&g, env.model, env.tok, env.be, &gc);
     if (!e && xo.policy.rule != EXIT_RULE_NONE)
         e = gen_set_exit(g, &xc.cfg);
+    if (!e && xo.lossless)
+        e = gen_set_spec(g, &(gen_spec_t){.k_max = xo.draft_k ? xo.draft_k : 4,
+                                          .min_conf = (float)xo.draft_conf});
     if (e)
         goto done;
     gen_request_t req = {
@@ -200,7 +210,7 @@ int cmd_run(int argc, char **argv)
         .sampling = {.temperature = (float)temperature, .top_k = (int)top_k,
                      .top_p = (float)top_p, .seed = (uint64_t)seed},
         .stop = stop, .n_stop = n_stop, .ignore_eos = ignore_eos,
-        .on_token = run__on_token, .user = &out,
+        .on_token = run__on_token, .user = &out, .lossless = xo.lossless,
     };
     int seq;
     e = gen_submit(g, &req, &seq);
@@ -233,6 +243,11 @@ int cmd_run(int argc, char **argv)
         json_object_set_new(o, "finish", json_string(gen_finish_name(out.finish)));
         json_object_set_new(o, "prefill_tok_s", json_real(prefill_tps));
         json_object_set_new(o, "decode_tok_s", json_real(decode_tps));
+        if (xo.lossless) {
+            json_object_set_new(o, "drafted", json_integer(st.spec_draft_tokens));
+            json_object_set_new(o, "accepted", json_integer(st.spec_accepted_tokens));
+            json_object_set_new(o, "verify_passes", json_integer(st.spec_verify_passes));
+        }
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         if (s)
             printf("%s\n", s);
@@ -244,6 +259,10 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "river run: %zu prompt tokens, %zu generated (%s); prefill %.1f tok/s, "
                 "decode %.1f tok/s\n", n_ids, out.n_ids, gen_finish_name(out.finish),
                 prefill_tps, decode_tps);
+        if (xo.lossless)
+            fprintf(stderr, "river run: lossless: %lld of %lld draft tokens accepted, %lld "
+                    "verify passes\n", (long long)st.spec_accepted_tokens,
+                    (long long)st.spec_draft_tokens, (long long)st.spec_verify_passes);
     }
     rc = out.finish == GEN_FINISH_ERROR ? 1 : 0;
     if (rc)

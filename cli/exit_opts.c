@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
+#include "engine/generate.h"
 
 void exit_opts_init(exit_opts_t *xo)
 {
@@ -63,7 +64,35 @@ int exit_opts_parse(exit_opts_t *xo, int c, const char *arg)
     case EXIT_OPT_RIVER: xo->river_path = arg; return 1;
     case EXIT_OPT_ROUTERS: xo->routers_path = arg; return 1;
     case EXIT_OPT_NO_COST_MODEL: xo->policy.split_cost_model = 0; return 1;
+    case EXIT_OPT_LOSSLESS: xo->lossless = 1; return 1;
+    case EXIT_OPT_DRAFT:
+        if (cli_parse_int(arg, 1, GEN_DRAFT_MAX, &k))
+            return -1;
+        xo->draft_k = (int)k;
+        return 1;
+    case EXIT_OPT_DRAFT_CONF:
+        if (cli_parse_float(arg, &v) || v < 0 || v > 1)
+            return -1;
+        xo->draft_conf = v;
+        return 1;
     }
+    return 0;
+}
+
+int exit_opts_check_lossless(const exit_opts_t *xo)
+{
+    if (!xo->lossless) {
+        if (xo->draft_k || xo->draft_conf > 0)
+            return river_err_set(RIVER_EINVAL, "--draft and --draft-conf need --lossless");
+        return 0;
+    }
+    if (xo->policy.rule == EXIT_RULE_NONE)
+        return river_err_set(RIVER_EINVAL, "--lossless drafts on the exit path: it needs "
+                             "--policy cosine, router or fixed (and a --river)");
+    if (xo->policy.kv != EXIT_KV_RIVER)
+        return river_err_set(RIVER_EINVAL, "--lossless needs --strategy river (the draft "
+                             "must write every KV slot), not --strategy %s",
+                             exit_kv_name(xo->policy.kv));
     return 0;
 }
 

@@ -18,6 +18,9 @@ enum {
     EXIT_OPT_RIVER,
     EXIT_OPT_ROUTERS,
     EXIT_OPT_NO_COST_MODEL,
+    EXIT_OPT_LOSSLESS,
+    EXIT_OPT_DRAFT,
+    EXIT_OPT_DRAFT_CONF,
 };
 
 #define EXIT_OPTS_LONG                                                          \
@@ -29,13 +32,19 @@ enum {
         {"aggregation", required_argument, 0, EXIT_OPT_AGGREGATION},            \
         {"river", required_argument, 0, EXIT_OPT_RIVER},                        \
         {"routers", required_argument, 0, EXIT_OPT_ROUTERS},                    \
-        {"no-cost-model", no_argument, 0, EXIT_OPT_NO_COST_MODEL}
+        {"no-cost-model", no_argument, 0, EXIT_OPT_NO_COST_MODEL},              \
+        {"lossless", no_argument, 0, EXIT_OPT_LOSSLESS},                        \
+        {"draft", required_argument, 0, EXIT_OPT_DRAFT},                        \
+        {"draft-conf", required_argument, 0, EXIT_OPT_DRAFT_CONF}
 
 typedef struct exit_opts {
     exit_policy_t policy;
     int policy_given;
     const char *river_path;
     const char *routers_path;
+    int lossless;     /* --lossless: the exit path drafts, the backbone verifies */
+    int draft_k;      /* --draft K: most draft tokens per verify pass (0: default 4) */
+    double draft_conf;/* --draft-conf P: end a draft after a token below this probability */
 } exit_opts_t;
 
 /* Defaults: policy none, tau 0.9, theta 0.5, strategy river, aggregation min, the split
@@ -44,6 +53,9 @@ void exit_opts_init(exit_opts_t *xo);
 /* 1 when option c was an exit option and parsed, 0 when it is not one, -1 for a bad
  * value. */
 int exit_opts_parse(exit_opts_t *xo, int c, const char *arg);
+/* With --lossless: RIVER_EINVAL naming the problem when the policy cannot draft (no
+ * exit rule, or a KV strategy other than the river); 0 otherwise. */
+int exit_opts_check_lossless(const exit_opts_t *xo);
 /* Sets the policy's own parameter: tau (cosine), theta (router) or the exit layer (fixed). */
 void exit_opts_set_value(exit_policy_t *p, double v);
 

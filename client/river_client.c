@@ -334,8 +334,14 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     g.stop = (char **)o->stop;
     River__Client__ExitOverride x;
     river__client__exit_override__init(&x);
-    if (o->exit_policy || o->has_tau || o->has_theta || o->has_exit_layer) {
+    if (o->exit_policy || o->has_tau || o->has_theta || o->has_exit_layer || o->lossless ||
+        o->draft_tokens) {
         x.policy = (char *)(o->exit_policy ? o->exit_policy : "");
+        if (o->lossless) {
+            x.opt_lossless_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_LOSSLESS_LOSSLESS;
+            x.lossless = o->lossless > 0;
+        }
+        x.draft_tokens = o->draft_tokens;
         if (o->has_tau) {
             x.opt_tau_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_TAU_TAU;
             x.tau = o->tau;
@@ -461,8 +467,11 @@ static void client__on_reply(river_client_t *c, const River__Client__ClientReply
             ev.completion_tokens = m->final->usage->completion_tokens;
             ev.cached_tokens = m->final->usage->cached_tokens;
         }
-        if (m->final->exit_stats)
+        if (m->final->exit_stats) {
             ev.mean_exit_layer = m->final->exit_stats->mean_exit_layer;
+            ev.drafted_tokens = m->final->exit_stats->drafted_tokens;
+            ev.accepted_tokens = m->final->exit_stats->accepted_tokens;
+        }
         client__end(c, i, &ev);
         break;
     default:
@@ -650,6 +659,8 @@ static void client__collect(void *user, const river_event_t *ev)
         res->completion_tokens = ev->completion_tokens;
         res->cached_tokens = ev->cached_tokens;
         res->mean_exit_layer = ev->mean_exit_layer;
+        res->drafted_tokens = ev->drafted_tokens;
+        res->accepted_tokens = ev->accepted_tokens;
         w->done = true;
         break;
     case RIVER_EVENT_ERROR:

@@ -97,6 +97,10 @@ typedef struct river_generate_opts {
     /* The library's own limit: when riverd says nothing about the request for this long,
      * it sends Cancel and ends the request with DEADLINE_EXCEEDED. 0: wait forever. */
     uint32_t timeout_ms;
+    /* Lossless mode (the exit path drafts, the backbone verifies: the backbone's ids):
+     * 1 asks for it, -1 for the lossy mode, 0 keeps the worker's exit.mode. */
+    int lossless;
+    uint32_t draft_tokens;       /* lossless: most draft tokens per verify pass; 0: worker's */
 } river_generate_opts_t;
 
 #define RIVER_GENERATE_OPTS_INIT {.top_p = 1.0f}
@@ -127,6 +131,8 @@ typedef struct river_event {
     /* ERROR */
     river_code_t code;
     const char *message;
+    /* FINAL, lossless mode: draft tokens verified in the last dispatch, and accepted */
+    uint32_t drafted_tokens, accepted_tokens;
 } river_event_t;
 
 typedef void (*river_event_cb)(void *user, const river_event_t *ev);
@@ -174,6 +180,7 @@ typedef struct river_result {
     river_code_t code;         /* ERROR */
     char message[512];
     uint64_t chunks;
+    uint32_t drafted_tokens, accepted_tokens; /* FINAL, lossless mode */
 } river_result_t;
 
 /* Submits and polls until the request ends; cb (may be NULL) sees its events as they

@@ -26,6 +26,7 @@ static const char *const config__placements[] = {"prefix", "load", NULL};
  * config test checks that they agree. */
 static const char *const config__exit_rules[] = {"none", "cosine", "router", "fixed", NULL};
 static const char *const config__exit_aggs[] = {"min", "row", NULL};
+static const char *const config__exit_modes[] = {"lossy", "lossless", NULL};
 
 #define CONFIG__KEY(T, n, t, f, lo, hi, d, dc)                                            \
     {                                                                                     \
@@ -53,7 +54,7 @@ static const config_key_t config__local_workers_keys[] = {
 
 static const config_schema_t config__local_workers = {
     "local_workers", config__local_workers_keys, CONFIG__N(config__local_workers_keys),
-    sizeof(config_local_workers_t)};
+    sizeof(config_local_workers_t), NULL};
 
 #define RD(...) CONFIG__KEY(config_riverd_t, __VA_ARGS__)
 static const config_key_t config__riverd_keys[] = {
@@ -148,7 +149,7 @@ static const config_key_t config__riverd_keys[] = {
 
 const config_schema_t config_schema_riverd = {"riverd", config__riverd_keys,
                                               CONFIG__N(config__riverd_keys),
-                                              sizeof(config_riverd_t)};
+                                              sizeof(config_riverd_t), NULL};
 
 /* A device name as kernels/backend.h reads it; whether this build has the CUDA backend is
  * the backend's to say when the worker opens it. */
@@ -228,6 +229,13 @@ static const config_key_t config__worker_keys[] = {
                  "min",
                  "min: a decode batch exits when every row passes (the papers); row: each "
                  "row decides and the batch splits where the cost model says it pays."),
+    CONFIG__ENUM(config_worker_t, "exit.mode", exit_mode, config__exit_modes, "lossy",
+                 "Requests' default mode (a request may choose its own). lossy: tokens "
+                 "that exit take the exit path's output; lossless: the exit path drafts "
+                 "up to draft_tokens tokens and the backbone verifies them in one pass, so "
+                 "the output is the backbone's (needs a rule other than none and a river)."),
+    WK("exit.draft_tokens", CONFIG_INT, exit_draft_tokens, 1, 16, "4",
+       "Lossless mode: most draft tokens per verify pass."),
     CONFIG__SECTION("split", "The split pair: a river worker and a backbone worker that "
                              "share KV pages (role river or backbone). Both load the same "
                              "model with the same threads, which the pair checks."),
@@ -253,9 +261,22 @@ static const config_key_t config__worker_keys[] = {
 };
 #undef WK
 
+/* Lossless mode drafts on the exit path, so it needs one. */
+static const char *config__worker_check(const void *cfg, const char **key)
+{
+    const config_worker_t *w = cfg;
+    *key = "exit.mode";
+    if (w->exit_mode == CONFIG_EXIT_MODE_LOSSLESS && w->exit_rule == 0)
+        return "lossless drafts on the exit path: it needs exit.rule cosine, router or "
+               "fixed (exit.rule is none)";
+    if (w->exit_mode == CONFIG_EXIT_MODE_LOSSLESS && (!w->river || !w->river[0]))
+        return "lossless drafts on the Exit River: it needs a river file (river is empty)";
+    return NULL;
+}
+
 const config_schema_t config_schema_worker = {"worker", config__worker_keys,
                                               CONFIG__N(config__worker_keys),
-                                              sizeof(config_worker_t)};
+                                              sizeof(config_worker_t), config__worker_check};
 
 /* ---- Keys and values ---- */
 
@@ -949,6 +970,15 @@ int config_load_string(const config_schema_t *s, const char *name, const char *t
     }
     yaml_parser_set_input_string(&p.yp, (const unsigned char *)text, len);
     rc = config__document(&p, &c);
+    const char *bad_key = NULL, *why = rc >= 0 && s->check ? s->check(cfg, &bad_key) : NULL;
+    if (why) {
+        long ki = bad_key ? config__find(s, bad_key) : -1;
+        size_t line = ki >= 0 ? c.line[ki] : 0;
+        if (line)
+            rc = river_err_set(RIVER_ECONFIG, "%s:%zu: key '%s': %s", name, line, bad_key, why);
+        else
+            rc = river_err_set(RIVER_ECONFIG, "%s: key '%s': %s", name, bad_key, why);
+    }
     if (p.have_ev)
         yaml_event_delete(&p.ev);
     yaml_parser_delete(&p.yp);

@@ -64,6 +64,10 @@ struct config_schema {
     const config_key_t *keys;
     size_t n_keys;
     size_t size;      /* of the configuration struct */
+    /* Optional check of keys that only make sense together, after the whole file is read:
+     * returns NULL when cfg is fine, else a message, with *key the key at fault (its line
+     * goes into the error). */
+    const char *(*check)(const void *cfg, const char **key);
 };
 
 /* Fills cfg (a struct of s->size bytes) with the defaults. RIVER_EINVAL names a broken
@@ -172,6 +176,8 @@ typedef struct config_worker {
     double exit_theta;
     int exit_layer;
     int exit_aggregation;      /* exit.aggregation: exit_agg_t */
+    int exit_mode;             /* exit.mode: 0 lossy, 1 lossless (CONFIG_EXIT_MODE_*) */
+    int exit_draft_tokens;     /* exit.draft_tokens: most draft tokens per verify pass */
     int split_boundary;        /* split.boundary: first layer on the backbone worker */
     char *split_peer;          /* split.peer */
     int log_level;             /* config_log_level_t */
@@ -179,6 +185,8 @@ typedef struct config_worker {
     char *auth_secret_key;     /* this worker's secret certificate */
     char *auth_server_key;     /* riverd's public certificate */
 } config_worker_t;
+
+enum { CONFIG_EXIT_MODE_LOSSY = 0, CONFIG_EXIT_MODE_LOSSLESS };
 
 extern const config_schema_t config_schema_riverd; /* config_riverd_t */
 extern const config_schema_t config_schema_worker; /* config_worker_t */

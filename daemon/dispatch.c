@@ -358,6 +358,7 @@ static void dispatch__finish_final(riverd_t *rd, request_t *req, const River__Cl
             rd->metrics.prefix_hit_tokens += u.cached_tokens;
             rd->metrics.prefix_query_tokens += u.prompt_tokens;
         }
+        metrics_on_exit_stats(rd, wf->exit_stats);
     } else {
         f.reason = reason;
     }
@@ -475,6 +476,12 @@ static bool dispatch__check_exit(const config_riverd_t *c, const River__Client__
         return snprintf(why, cap, "exit.tau and exit.theta must be finite numbers"), false;
     if (x->opt_exit_layer_case && x->exit_layer < 0)
         return snprintf(why, cap, "exit.exit_layer must be >= 0"), false;
+    if (x->draft_tokens > 16)
+        return snprintf(why, cap, "exit.draft_tokens %u must be in 1..16 (0: the worker's)",
+                        x->draft_tokens), false;
+    if (x->opt_lossless_case && x->lossless && !strcmp(x->policy, "none"))
+        return snprintf(why, cap, "exit.lossless with exit.policy none: the backbone alone "
+                        "has nothing to draft with"), false;
     return true;
 }
 

@@ -45,6 +45,15 @@ void metrics_on_final(riverd_t *rd, River__Client__Final__Reason reason)
     rd->metrics.outcomes[i]++;
 }
 
+void metrics_on_exit_stats(riverd_t *rd, const River__Client__ExitStats *xs)
+{
+    if (!xs)
+        return;
+    rd->metrics.spec_drafts += xs->drafts;
+    rd->metrics.spec_draft_tokens += xs->drafted_tokens;
+    rd->metrics.spec_accepted_tokens += xs->accepted_tokens;
+}
+
 void metrics_on_error(riverd_t *rd, River__Client__Error__Code code)
 {
     unsigned c = (unsigned)code < METRICS_OUTCOMES - METRICS_OUTCOME_ERROR
@@ -175,6 +184,17 @@ char *metrics_render(riverd_t *rd, size_t *len)
         if (metrics__outcomes[i])
             metrics__printf(&b, "river_requests_total{outcome=\"%s\"} %" PRIu64 "\n",
                             metrics__outcomes[i], m->outcomes[i]);
+    metrics__head(&b, "river_spec_decode_num_drafts_total", "counter",
+                  "Lossless mode: verify passes that checked at least one draft token.");
+    metrics__printf(&b, "river_spec_decode_num_drafts_total %" PRIu64 "\n", m->spec_drafts);
+    metrics__head(&b, "river_spec_decode_num_draft_tokens_total", "counter",
+                  "Lossless mode: draft tokens the backbone verified.");
+    metrics__printf(&b, "river_spec_decode_num_draft_tokens_total %" PRIu64 "\n",
+                    m->spec_draft_tokens);
+    metrics__head(&b, "river_spec_decode_num_accepted_tokens_total", "counter",
+                  "Lossless mode: draft tokens the backbone accepted.");
+    metrics__printf(&b, "river_spec_decode_num_accepted_tokens_total %" PRIu64 "\n",
+                    m->spec_accepted_tokens);
     metrics__head(&b, "river_requests_redispatched_total", "counter",
                   "Requests moved to another worker after theirs died or gave them up.");
     metrics__printf(&b, "river_requests_redispatched_total %" PRIu64 "\n", m->redispatched);

@@ -219,6 +219,8 @@ typedef struct metrics {
     uint64_t bad_frames;
     uint64_t exit_hist[RIVERD_EXIT_HIST];
     uint64_t exit_sum, exit_count;
+    /* Lossless mode, from the workers' Final.exit_stats (vLLM's names). */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     /* Tokens per second of monotonic time, a ring of the last seconds. */
     uint64_t rate[RIVERD_RATE_WINDOW];
     int64_t rate_second[RIVERD_RATE_WINDOW];
@@ -231,6 +233,8 @@ typedef struct metrics {
 } metrics_t;
 
 void metrics_on_final(riverd_t *rd, River__Client__Final__Reason reason);
+/* Adds a worker's Final.exit_stats (lossless counts) to the totals; xs may be NULL. */
+void metrics_on_exit_stats(riverd_t *rd, const River__Client__ExitStats *xs);
 void metrics_on_error(riverd_t *rd, River__Client__Error__Code code);
 void metrics_on_tokens(riverd_t *rd, size_t n, const int32_t *exit_layers, size_t n_exit,
                        int64_t now);

@@ -1,5 +1,6 @@
 #include "engine/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -34,7 +35,19 @@ typedef struct gseq {
     tok_stream_t *stream;
     char *pending;         /* text held back because it may start a stop string */
     size_t n_pending, cap_pending;
+    /* Lossless mode: the draft of the current round, fed at positions pos.. after last. */
+    int lossless;
+    int k_cap;             /* most draft tokens per verify pass */
+    int n_draft;           /* draft ids so far this round */
+    int verifying;         /* the draft is complete: the next batch verifies it */
+    int32_t draft[GEN_DRAFT_MAX];
+    float *q;              /* (k_cap, vocab) the draft's distributions; sampling only */
+    int drafted, accepted; /* draft tokens verified and accepted, whole completion */
+    int drafts;            /* verify passes with at least one draft token */
 } gseq_t;
+
+/* What a batch row does for its sequence. */
+enum { ROW_PLAIN = 0, ROW_DRAFT, ROW_VERIFY };
 
 struct gen {
     const model_t *m;
@@ -60,6 +73,11 @@ struct gen {
     exit_seq_t **exit_seqs;
     exit_agg_t agg;
     float *logits;         /* (max_rows, vocab) host */
+    uint8_t *row_kind;     /* (max_rows) ROW_PLAIN, ROW_DRAFT or ROW_VERIFY */
+    int32_t *row_logit;    /* (max_rows) the row's index among the logit rows, or -1 */
+    float *probs;          /* (vocab) the backbone's distribution at a verified position */
+    int has_exit;          /* an exit policy is on (lossless mode drafts with it) */
+    gen_spec_t spec;
     gen_stats_t stats;
 };
 
@@ -138,8 +156,13 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->exit_seqs = malloc(r * sizeof *g->exit_seqs);
     g->row_exit = malloc(r * sizeof *g->row_exit);
     g->logits = malloc(r * (size_t)m->cfg.vocab_size * sizeof *g->logits);
+    g->row_kind = malloc(r);
+    g->row_logit = malloc(r * sizeof *g->row_logit);
+    g->probs = malloc((size_t)m->cfg.vocab_size * sizeof *g->probs);
+    g->spec = (gen_spec_t){.k_max = 4, .min_conf = 0};
     if (!g->seqs || !g->order || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq ||
-        !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->row_exit || !g->logits) {
+        !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->row_exit || !g->logits ||
+        !g->row_kind || !g->row_logit || !g->probs) {
         e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
         goto fail_bufs;
     }
@@ -159,6 +182,9 @@ fail_bufs:
     free(g->row_seq);
     free(g->tables);
     free(g->logits);
+    free(g->row_kind);
+    free(g->row_logit);
+    free(g->probs);
     prefix_cache_destroy(&g->pc);
 fail_pc:
     if (g->owns_kv)
@@ -188,6 +214,7 @@ static void gen__release(gen_t *g, gseq_t *s)
     tok_stream_destroy(&s->stream);
     free(s->ids);
     free(s->pending);
+    free(s->q);
     memset(s, 0, sizeof *s);
     g->n_active--;
 }
@@ -212,6 +239,9 @@ void gen_destroy(gen_t **gp)
     free(g->exit_seqs);
     free(g->row_exit);
     free(g->logits);
+    free(g->row_kind);
+    free(g->row_logit);
+    free(g->probs);
     prefix_cache_destroy(&g->pc);
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
@@ -281,6 +311,25 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     }
     if (r->n_stop > 0 && !g->tok)
         return river_err_set(RIVER_EINVAL, "generate: stop strings need a tokenizer");
+    int k_cap = 0;
+    if (r->lossless) {
+        if (!g->has_exit)
+            return river_err_set(RIVER_EINVAL, "generate: lossless mode drafts on the exit "
+                                 "path, and no exit policy is set");
+        if (g->policy.kv != EXIT_KV_RIVER)
+            return river_err_set(RIVER_EINVAL, "generate: lossless mode needs the river KV "
+                                 "strategy (the draft must write every KV slot), not %s",
+                                 exit_kv_name(g->policy.kv));
+        if (r->draft_k < 0 || r->draft_k > GEN_DRAFT_MAX)
+            return river_err_set(RIVER_EINVAL, "generate: draft length %d outside 1..%d",
+                                 r->draft_k, GEN_DRAFT_MAX);
+        if (g->cfg.max_rows < 2)
+            return river_err_set(RIVER_EINVAL, "generate: lossless mode needs batches of 2 "
+                                 "rows or more (max_rows %d)", g->cfg.max_rows);
+        k_cap = r->draft_k ? r->draft_k : g->spec.k_max;
+        if (k_cap > g->cfg.max_rows - 1)
+            k_cap = g->cfg.max_rows - 1;
+    }
     gseq_t *s = NULL;
     for (int i = 0; i < g->cfg.max_seqs && !s; i++)
         if (!g->seqs[i].used)
@@ -291,6 +340,15 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     int e = sampler_new(&s->sampler, &r->sampling, g->m->cfg.vocab_size);
     if (e)
         return e;
+    s->lossless = r->lossless != 0;
+    s->k_cap = k_cap;
+    if (s->lossless && !sampler_is_greedy(s->sampler)) {
+        s->q = malloc((size_t)k_cap * (size_t)g->m->cfg.vocab_size * sizeof *s->q);
+        if (!s->q) {
+            e = river_err_set(RIVER_ENOMEM, "generate: draft distributions");
+            goto fail;
+        }
+    }
     if (g->tok && (e = tok_stream_new(&s->stream, g->tok, 1)))
         goto fail;
     s->cap_ids = n_all + 64;
@@ -332,6 +390,7 @@ fail:
     sampler_destroy(&s->sampler);
     free(s->ids);
     free(s->pending);
+    free(s->q);
     memset(s, 0, sizeof *s);
     return e;
 }
@@ -392,7 +451,8 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t
                       .len = s->n_pending, .finish = why, .depth = depth,
                       .index = id >= 0 ? s->n_generated - 1 : s->n_generated,
                       .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0,
-                      .cached_tokens = s->cached_tokens};
+                      .cached_tokens = s->cached_tokens,
+                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
@@ -454,7 +514,8 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     size_t emit = s->n_pending - hold;
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
                       .len = emit, .finish = GEN_RUNNING, .depth = depth,
-                      .index = s->n_generated - 1, .cached_tokens = s->cached_tokens};
+                      .index = s->n_generated - 1, .cached_tokens = s->cached_tokens,
+                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     if (hold) /* without a tokenizer pending is NULL, and memmove must not see it */
@@ -530,6 +591,8 @@ static void gen__preempt(gen_t *g, gseq_t *s)
     s->pos = 0;
     s->swapped = 1;
     s->mark = g->n_steps; /* it does not start over in the batch that preempted it */
+    s->n_draft = 0;       /* the draft is dropped; the round starts over after prefill */
+    s->verifying = 0;
     g->stats.preemptions++;
 }
 
@@ -583,6 +646,102 @@ static exit_row_t gen__row_exit(const gen_t *g, const gseq_t *s)
                         .exit_layer = g->policy.exit_layer};
 }
 
+/* Draft tokens s may still add this round: its cap, and no more than the completion and
+ * the context leave room for (the verify pass adds one id of its own). */
+static int gen__draft_limit(const gen_t *g, const gseq_t *s)
+{
+    int lim = s->k_cap;
+    int left = s->req.max_tokens - s->n_generated - 1;
+    int room = g->m->cfg.max_seq_len - 1 - s->pos;
+    lim = left < lim ? left : lim;
+    lim = room < lim ? room : lim;
+    return lim > 0 ? lim : 0;
+}
+
+/* Takes one draft id from the draft row's logits: the argmax (greedy) or a draw from the
+ * sampler's distribution, which is kept for the rejection rule. The draft ends at its
+ * limit, at an end-of-sequence id, or after a token the draft is not confident of. */
+static void gen__draft(gen_t *g, gseq_t *s, const float *lg)
+{
+    const model_config_t *c = &g->m->cfg;
+    int32_t id;
+    float conf;
+    if (s->q) {
+        float *q = s->q + (size_t)s->n_draft * (size_t)c->vocab_size;
+        sampler_probs(s->sampler, lg, q);
+        id = sampler_pick(s->sampler, q);
+        conf = q[sampler_argmax(q, c->vocab_size)];
+    } else {
+        id = sampler_argmax(lg, c->vocab_size);
+        double sum = 0;
+        for (int i = 0; i < c->vocab_size; i++)
+            sum += exp((double)(lg[i] - lg[id]));
+        conf = (float)(1.0 / sum);
+    }
+    s->draft[s->n_draft++] = id;
+    /* gen__draft_limit counts from pos, which stays put while the draft grows. */
+    int stop = s->n_draft >= gen__draft_limit(g, s) || conf < g->spec.min_conf;
+    for (int i = 0; i < c->n_eos && !s->req.ignore_eos; i++)
+        stop |= id == c->eos_ids[i];
+    if (stop)
+        s->verifying = 1;
+}
+
+/* Verifies s's draft against the backbone's logits at its n_draft+1 verify rows (lg, one
+ * row after another): accepts a prefix, adds the backbone's next id, and rolls the
+ * rejected positions back. Returns the ids it emitted. */
+static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
+{
+    const model_config_t *c = &g->m->cfg;
+    size_t vocab = (size_t)c->vocab_size;
+    int nd = s->n_draft, base = s->pos, id = s->id, emitted = 0;
+    s->n_draft = 0;
+    s->verifying = 0;
+    g->stats.spec_verify_passes++;
+    g->stats.spec_drafts += nd > 0;
+    g->stats.spec_draft_tokens += nd;
+    s->drafted += nd;
+    s->drafts += nd > 0;
+    for (int j = 0; j <= nd; j++) {
+        const float *row = lg + (size_t)j * vocab;
+        int32_t tok;
+        int ok = 0;
+        if (!s->q) {
+            tok = sampler_argmax(row, c->vocab_size);
+            ok = j < nd && s->draft[j] == tok;
+        } else {
+            sampler_probs(s->sampler, row, g->probs);
+            if (j < nd) {
+                const float *q = s->q + (size_t)j * vocab;
+                int32_t x = s->draft[j];
+                /* Accept x with probability min(1, p(x)/q(x)); q(x) > 0 since x was drawn
+                 * from q. */
+                ok = (double)sampler_uniform(s->sampler) * q[x] < g->probs[x];
+                if (!ok)
+                    for (size_t i = 0; i < vocab; i++) {
+                        float d = g->probs[i] - q[i];
+                        g->probs[i] = d > 0 ? d : 0;
+                    }
+            }
+            tok = ok ? s->draft[j] : sampler_pick(s->sampler, g->probs);
+        }
+        s->accepted += ok;
+        g->stats.spec_accepted_tokens += ok;
+        /* The id fed at base+j has its backbone K/V now; the new id goes to base+j+1. */
+        s->pos = base + j + 1;
+        emitted++;
+        gen__accept(g, s, tok, c->n_layers);
+        if (!s->used || s->id != id)
+            return emitted; /* finished */
+        if (!ok)
+            break;
+    }
+    /* Slots past pos hold rejected draft values, rewritten before anything reads them;
+     * pages wholly past it go back. */
+    kv_seq_truncate(&s->kv, g->kv, s->pos);
+    return emitted;
+}
+
 int gen_step(gen_t *g)
 {
     int n = 0, n_logits = 0, n_prefill = 0;
@@ -591,24 +750,45 @@ int gen_step(gen_t *g)
     /* Marks are step numbers; 0 never names a step, so a fresh sequence is in no batch. */
     if (++g->n_steps == 0)
         g->n_steps = 1;
-    /* Running sequences first: one decode row each keeps their latency steady. */
+    /* Running sequences first: one decode row each keeps their latency steady (a lossless
+     * sequence: one draft row, or its k+1 verify rows). */
+    int n_draft_rows = 0, n_verify_rows = 0;
     for (int k = 0; k < n_order && n < budget; k++) {
         gseq_t *s = &g->seqs[g->order[k]];
         if (!s->used || s->n_prefilled < s->n_prompt)
             continue;
-        if (gen__reserve(g, s, (size_t)s->pos + 1))
+        int kind = ROW_PLAIN, rows = 1;
+        if (s->lossless) {
+            if (!s->verifying && s->n_draft == 0 && gen__draft_limit(g, s) == 0)
+                s->verifying = 1; /* nothing to draft: one backbone row */
+            kind = s->verifying ? ROW_VERIFY : ROW_DRAFT;
+            rows = s->verifying ? s->n_draft + 1 : 1;
+            if (rows > budget - n)
+                continue; /* the verify rows wait for a batch with room */
+        }
+        size_t need = (size_t)s->pos + (size_t)(kind == ROW_DRAFT ? s->n_draft + 1 : rows);
+        if (gen__reserve(g, s, need))
             continue;
         s->mark = g->n_steps;
-        g->tokens[n] = s->last;
-        g->pos[n] = s->pos;
-        g->tables[n] = s->kv.pages;
-        g->row_seq[n] = g->order[k];
-        /* Decode rows exit together under min aggregation, each on its own under row. */
-        g->group[n] = g->agg == EXIT_AGG_ROW ? g->cfg.max_seqs + n : -1;
-        g->exit_seqs[n] = &s->exit;
-        g->row_exit[n] = gen__row_exit(g, s);
-        g->logit_rows[n_logits++] = n;
-        n++;
+        for (int j = 0; j < rows; j++) {
+            int off = kind == ROW_DRAFT ? s->n_draft : j; /* position past pos */
+            g->tokens[n] = off == 0 ? s->last : s->draft[off - 1];
+            g->pos[n] = s->pos + off;
+            g->tables[n] = s->kv.pages;
+            g->row_seq[n] = g->order[k];
+            /* Decode rows exit together under min aggregation, each on its own under row. */
+            g->group[n] = g->agg == EXIT_AGG_ROW ? g->cfg.max_seqs + n : -1;
+            g->exit_seqs[n] = &s->exit;
+            g->row_exit[n] = gen__row_exit(g, s);
+            if (kind == ROW_VERIFY) /* the backbone verifies: it never exits */
+                g->row_exit[n] = (exit_row_t){.off = 1};
+            g->row_kind[n] = (uint8_t)kind;
+            g->row_logit[n] = n_logits;
+            g->logit_rows[n_logits++] = n;
+            n++;
+        }
+        n_draft_rows += kind == ROW_DRAFT;
+        n_verify_rows += kind == ROW_VERIFY ? rows : 0;
     }
     /* Then prompt chunks of sequences still in prefill, as far as the batch has room. A
      * preempted sequence waiting for pages blocks younger ones from starting, so that new
@@ -648,10 +828,16 @@ int gen_step(gen_t *g)
             g->group[n] = g->order[k]; /* a prompt chunk exits as one (sequence-level exit) */
             g->exit_seqs[n] = &s->exit;
             g->row_exit[n] = gen__row_exit(g, s);
+            if (s->lossless) /* the prompt's K/V and first id are the backbone's */
+                g->row_exit[n] = (exit_row_t){.off = 1};
+            g->row_kind[n] = ROW_PLAIN;
+            g->row_logit[n] = -1;
             n++;
         }
-        if ((size_t)chunk == left)
+        if ((size_t)chunk == left) {
+            g->row_logit[n - 1] = n_logits;
             g->logit_rows[n_logits++] = n - 1;
+        }
         n_prefill += chunk;
     }
     if (n == 0)
@@ -676,14 +862,21 @@ int gen_step(gen_t *g)
         g->stats.prefill_tokens += n_prefill;
     } else {
         g->stats.decode_s += dt;
-        g->stats.decode_tokens += n_logits;
+        if (n_verify_rows) {
+            g->stats.verify_s += dt;
+            g->stats.verify_steps++;
+        } else if (n_draft_rows) {
+            g->stats.draft_s += dt;
+            g->stats.draft_steps++;
+        }
     }
-    /* Advance positions before sampling, which may finish and free a sequence. */
+    /* Advance positions before sampling, which may finish and free a sequence. Lossless
+     * decode rows move their sequence's position when the draft is verified. */
     for (int r = 0; r < n; r++) {
         gseq_t *s = &g->seqs[g->row_seq[r]];
         if (s->n_prefilled < s->n_prompt)
             s->n_prefilled++;
-        else
+        else if (g->row_kind[r] == ROW_PLAIN)
             s->pos++;
         if (s->n_prefilled == s->n_prompt && s->pos < (int)s->n_prompt)
             s->pos = (int)s->n_prompt;
@@ -698,21 +891,50 @@ int gen_step(gen_t *g)
                                  s->n_prefilled < s->n_prompt ? s->n_prefilled
                                                               : (size_t)s->pos);
     }
-    for (int k = 0; k < n_logits; k++) {
-        gseq_t *s = &g->seqs[g->row_seq[g->logit_rows[k]]];
-        const float *lg = g->logits + (size_t)k * (size_t)g->m->cfg.vocab_size;
-        gen__accept(g, s, sampler_sample(s->sampler, lg), g->depth[g->logit_rows[k]]);
+    int64_t emitted = 0;
+    size_t vocab = (size_t)g->m->cfg.vocab_size;
+    for (int r = 0; r < n; r++) {
+        gseq_t *s = &g->seqs[g->row_seq[r]];
+        if (g->row_logit[r] < 0 || !s->used)
+            continue;
+        const float *lg = g->logits + (size_t)g->row_logit[r] * vocab;
+        if (g->row_kind[r] == ROW_DRAFT) {
+            gen__draft(g, s, lg);
+        } else if (g->row_kind[r] == ROW_VERIFY) {
+            /* The sequence's verify rows are consecutive, its last accepted id first. */
+            int rows = s->n_draft + 1;
+            emitted += gen__verify(g, s, lg);
+            r += rows - 1;
+        } else {
+            gen__accept(g, s, sampler_sample(s->sampler, lg), g->depth[r]);
+            emitted++;
+        }
     }
+    if (!n_prefill)
+        g->stats.decode_tokens += emitted;
     return 0;
 }
 
 int gen_active(const gen_t *g) { return g->n_active; }
+
+int gen_set_spec(gen_t *g, const gen_spec_t *spec)
+{
+    if (spec->k_max < 1 || spec->k_max > GEN_DRAFT_MAX)
+        return river_err_set(RIVER_EINVAL, "generate: draft length %d outside 1..%d",
+                             spec->k_max, GEN_DRAFT_MAX);
+    if (!(spec->min_conf >= 0 && spec->min_conf <= 1))
+        return river_err_set(RIVER_EINVAL, "generate: draft confidence %g outside [0, 1]",
+                             (double)spec->min_conf);
+    g->spec = *spec;
+    return 0;
+}
 
 int gen_set_exit(gen_t *g, const exit_config_t *cfg)
 {
     int e = forward_set_exit(g->fwd, cfg);
     if (e)
         return e;
+    g->has_exit = cfg && cfg->policy.rule != EXIT_RULE_NONE;
     g->agg = cfg ? cfg->policy.agg : EXIT_AGG_MIN;
     if (cfg)
         g->policy = cfg->policy;
@@ -722,6 +944,16 @@ int gen_set_exit(gen_t *g, const exit_config_t *cfg)
                          cfg->policy.kv == EXIT_KV_RIVER);
     return 0;
 }
+int gen_seq_kv(gen_t *g, int seq, const int32_t **pages, int *n_pos)
+{
+    gseq_t *s = gen__find(g, seq);
+    if (!s)
+        return river_err_set(RIVER_ENOTFOUND, "generate: no running sequence %d", seq);
+    *pages = s->kv.pages;
+    *n_pos = s->n_prefilled < s->n_prompt ? (int)s->n_prefilled : s->pos;
+    return 0;
+}
+
 kv_pool_t *gen_kv_pool(gen_t *g) { return g->kv; }
 forward_t *gen_forward(gen_t *g) { return g->fwd; }
 void gen_get_stats(const gen_t *g, gen_stats_t *st)

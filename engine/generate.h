@@ -80,6 +80,9 @@ typedef struct gen_event {
                         when the KV pool had no page for it), else 0 */
     int cached_tokens; /* prompt tokens whose K/V the first prefill took from the prefix
                           cache instead of computing them */
+    int drafted;     /* lossless: draft tokens verified so far in this completion */
+    int accepted;    /* lossless: of which the backbone accepted */
+    int drafts;      /* lossless: verify passes that checked at least one draft token */
 } gen_event_t;
 
 typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);
@@ -103,7 +106,33 @@ typedef struct gen_request {
      * for them before. NULL/0: a fresh completion. */
     const int32_t *done;
     size_t n_done;
+    /* Lossless mode: the sequence drafts tokens on the exit path (the generator's exit
+     * policy, which must be the river strategy) and the backbone verifies them, so the
+     * ids are the backbone's (greedy: identical; sampling: the same distribution). A
+     * resumed lossless completion with sampling does not continue the same random stream
+     * (drafting draws numbers too), only the same distribution. */
+    int lossless;
+    int draft_k;             /* lossless: most draft tokens per verify pass, 1..GEN_DRAFT_MAX;
+                                0: the generator's (gen_set_spec) */
 } gen_request_t;
+
+/* Speculative decoding with the exit path as the draft model (lossless mode). Each step a
+ * lossless sequence either puts one draft row into the batch (its exit thresholds apply)
+ * or, once its draft is complete, its last accepted id and the k draft ids as k+1 rows on
+ * the full backbone (exit off for those rows), which rewrite the draft's KV slots with
+ * backbone values. Greedy: the longest draft prefix equal to the backbone's argmax is
+ * accepted, then the backbone's own next id. Sampling: each draft id is accepted with
+ * probability min(1, p/q), else replaced by a draw from norm(max(0, p - q)) (speculative
+ * sampling), so the ids follow the backbone's distribution exactly. Positions past the
+ * accepted ones are rolled back: their slots are rewritten later, whole pages past them go
+ * back to the pool. */
+#define GEN_DRAFT_MAX 16
+
+typedef struct gen_spec {
+    int k_max;      /* draft tokens per verify pass, 1..GEN_DRAFT_MAX (capped at max_rows-1) */
+    float min_conf; /* the draft stops after a token whose top probability (softmax of the
+                       draft logits) is below this; 0: always k_max tokens */
+} gen_spec_t;
 
 typedef struct gen gen_t;
 
@@ -114,6 +143,10 @@ void gen_destroy(gen_t **g);
 
 /* Turns early exit on for every sequence (NULL: off). See forward_set_exit. */
 int gen_set_exit(gen_t *g, const exit_config_t *cfg);
+
+/* Lossless-mode defaults for requests without their own draft_k: k_max 4, min_conf 0
+ * until set. RIVER_EINVAL for values outside the ranges. */
+int gen_set_spec(gen_t *g, const gen_spec_t *spec);
 
 /* Queues a request; *seq receives its id. RIVER_EFULL when max_seqs are running,
  * RIVER_EINVAL for an empty prompt, one longer than the context (done ids included), done
@@ -130,6 +163,11 @@ int gen_active(const gen_t *g);
 /* Runs until every sequence finished. */
 int gen_run_all(gen_t *g);
 
+/* The page table of a running sequence and how many of its first positions hold final
+ * K/V (prefilled, or decoded; in lossless mode verified by the backbone). The table is
+ * valid until the next gen_step. RIVER_ENOTFOUND for a sequence not running. */
+int gen_seq_kv(gen_t *g, int seq, const int32_t **pages, int *n_pos);
+
 kv_pool_t *gen_kv_pool(gen_t *g);
 forward_t *gen_forward(gen_t *g);
 
@@ -144,6 +182,14 @@ typedef struct gen_stats {
     int64_t prefix_hit_tokens;   /* of which found cached */
     int64_t prefix_evictions;    /* cached pages given back to the pool */
     int prefix_cache_pages;      /* pages cached now, referenced or not */
+    /* Lossless mode, with vLLM's meaning: */
+    int64_t spec_drafts;          /* verify passes that checked at least one draft token */
+    int64_t spec_draft_tokens;    /* draft tokens verified */
+    int64_t spec_accepted_tokens; /* of which accepted */
+    int64_t spec_verify_passes;   /* verify passes, empty drafts included */
+    double draft_s, verify_s;     /* decode-only steps that had draft rows only / any verify
+                                     rows, seconds (the measured costs of the two steps) */
+    int64_t draft_steps, verify_steps;
 } gen_stats_t;
 
 void gen_get_stats(const gen_t *g, gen_stats_t *st);

@@ -339,6 +339,13 @@ int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos)
     return 0;
 }
 
+void kv_seq_truncate(kv_seq_t *s, kv_pool_t *p, int n_pos)
+{
+    int keep = n_pos > 0 ? (n_pos + p->view.page_size - 1) / p->view.page_size : 0;
+    while (s->n_pages > keep)
+        kv_pool_free_page(p, s->pages[--s->n_pages]);
+}
+
 void kv_seq_free(kv_seq_t *s, kv_pool_t *p)
 {
     for (int i = s->n_pages - 1; i >= 0; i--)

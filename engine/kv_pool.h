@@ -71,6 +71,9 @@ typedef struct kv_seq {
 void kv_seq_init(kv_seq_t *s);
 /* Makes room for positions 0..n_pos-1; on RIVER_EFULL the sequence keeps what it had. */
 int kv_seq_reserve(kv_seq_t *s, kv_pool_t *p, int n_pos);
+/* Gives back the pages past those positions 0..n_pos-1 need (rolled-back speculative
+ * positions); the slots of positions it keeps are untouched. */
+void kv_seq_truncate(kv_seq_t *s, kv_pool_t *p, int n_pos);
 /* Returns every page to the pool. */
 void kv_seq_free(kv_seq_t *s, kv_pool_t *p);
 /* Appends a page the caller already holds (a shared prefix page, a copy) to the table. */

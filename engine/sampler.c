@@ -90,12 +90,11 @@ static int cand__desc(const void *a, const void *b)
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
-int32_t sampler_sample(sampler_t *s, const float *logits)
+/* Fills s->cand[0..*m) with the candidates that survive temperature, top-k and top-p, as
+ * unnormalised weights summing to *sum. */
+static void sampler__filter(sampler_t *s, const float *logits, int *m_out, double *sum_out)
 {
     int n = s->vocab;
-    if (s->p.temperature <= 0)
-        return sampler_argmax(logits, n);
-
     /* Softmax of logits / T, kept as unnormalised weights. */
     float mx = logits[sampler_argmax(logits, n)];
     float inv_t = 1.0f / s->p.temperature;
@@ -142,6 +141,17 @@ int32_t sampler_sample(sampler_t *s, const float *logits)
         }
         sum = kept;
     }
+    *m_out = m;
+    *sum_out = sum;
+}
+
+int32_t sampler_sample(sampler_t *s, const float *logits)
+{
+    if (s->p.temperature <= 0)
+        return sampler_argmax(logits, s->vocab);
+    int m;
+    double sum;
+    sampler__filter(s, logits, &m, &sum);
     double r = (double)sampler__uniform(s) * sum;
     double acc = 0;
     for (int i = 0; i < m; i++) {
@@ -150,4 +160,44 @@ int32_t sampler_sample(sampler_t *s, const float *logits)
             return s->cand[i].id;
     }
     return s->cand[m - 1].id;
+}
+
+int sampler_is_greedy(const sampler_t *s) { return s->p.temperature <= 0; }
+
+void sampler_probs(sampler_t *s, const float *logits, float *probs)
+{
+    int n = s->vocab;
+    for (int i = 0; i < n; i++)
+        probs[i] = 0;
+    if (s->p.temperature <= 0) {
+        probs[sampler_argmax(logits, n)] = 1;
+        return;
+    }
+    int m;
+    double sum;
+    sampler__filter(s, logits, &m, &sum);
+    for (int i = 0; i < m; i++)
+        probs[s->cand[i].id] = (float)(s->cand[i].p / sum);
+}
+
+float sampler_uniform(sampler_t *s) { return sampler__uniform(s); }
+
+int32_t sampler_pick(sampler_t *s, const float *probs)
+{
+    double sum = 0;
+    int last = -1;
+    for (int i = 0; i < s->vocab; i++)
+        if (probs[i] > 0) {
+            sum += probs[i];
+            last = i;
+        }
+    if (last < 0)
+        return sampler_argmax(probs, s->vocab);
+    double r = (double)sampler__uniform(s) * sum, acc = 0;
+    for (int i = 0; i <= last; i++) {
+        acc += probs[i];
+        if (probs[i] > 0 && r < acc)
+            return i;
+    }
+    return last;
 }

@@ -26,6 +26,21 @@ int32_t sampler_sample(sampler_t *s, const float *logits);
  * (greedy sampling draws nothing): a resumed completion continues the stream it had. */
 void sampler_skip(sampler_t *s, uint64_t n);
 
+/* 1 when the sampler is greedy (temperature <= 0). */
+int sampler_is_greedy(const sampler_t *s);
+
+/* The distribution sampler_sample draws from, over vocab_size ids, into probs (vocab_size
+ * floats summing to 1; zero outside top-k/top-p; greedy: 1 at the argmax). Draws nothing.
+ * Speculative sampling compares the draft's and the backbone's distributions with it. */
+void sampler_probs(sampler_t *s, const float *logits, float *probs);
+
+/* One number in [0, 1) from the sampler's stream. */
+float sampler_uniform(sampler_t *s);
+
+/* Draws an id from vocab_size non-negative weights (need not sum to 1) with one number of
+ * the stream; all-zero weights give their argmax. */
+int32_t sampler_pick(sampler_t *s, const float *probs);
+
 /* The argmax with ties to the lowest id. */
 int32_t sampler_argmax(const float *logits, int n);
 

@@ -208,8 +208,13 @@ void wk_submit(wk_t *w, const req_t *q)
     g.deadline_ms = q->deadline_ms;
     g.ignore_eos = q->ignore_eos;
     River__Client__ExitOverride x = RIVER__CLIENT__EXIT_OVERRIDE__INIT;
-    if (q->exit_policy || q->exit_layer) {
+    if (q->exit_policy || q->exit_layer || q->lossless || q->draft_tokens) {
         x.policy = (char *)(q->exit_policy ? q->exit_policy : "");
+        if (q->lossless) {
+            x.opt_lossless_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_LOSSLESS_LOSSLESS;
+            x.lossless = q->lossless > 0;
+        }
+        x.draft_tokens = q->draft_tokens;
         if (q->exit_layer) {
             x.opt_exit_layer_case = RIVER__CLIENT__EXIT_OVERRIDE__OPT_EXIT_LAYER_EXIT_LAYER;
             x.exit_layer = q->exit_layer;

@@ -77,6 +77,8 @@ typedef struct req {
     int bad_count;           /* tokens_delivered disagrees with the ids sent */
     const char *exit_policy; /* per-request exit override: rule name, or NULL */
     int exit_layer;          /* per-request fixed exit layer, 0: none */
+    int lossless;            /* 1: ask for lossless mode, -1: ask for lossy, 0: the worker's */
+    uint32_t draft_tokens;   /* lossless: draft length, 0: the worker's */
 } req_t;
 
 void wk_submit(wk_t *w, const req_t *q);

@@ -350,6 +350,27 @@ START_TEST(test_worker_device)
 }
 END_TEST
 
+/* Lossless mode needs an exit rule and a river: the error names the exit.mode line. */
+START_TEST(test_lossless_needs_exit)
+{
+    const config_schema_t *wk = &config_schema_worker;
+    expect_error(wk, "model: m\nexit:\n  rule: none\n  mode: lossless\n", "cfg.yaml:4:",
+                 "exit.mode", "exit.rule cosine, router or fixed (exit.rule is none)");
+    expect_error(wk, "model: m\nexit:\n  mode: lossless\n  rule: cosine\n", "cfg.yaml:3:",
+                 "exit.mode", "it needs a river file");
+    any_config_t c;
+    ck_assert_int_eq(load(wk, "model: m\nriver: r.safetensors\nexit:\n  rule: cosine\n"
+                              "  mode: lossless\n  draft_tokens: 6\n", &c), 0);
+    ck_assert_int_eq(c.w.exit_mode, CONFIG_EXIT_MODE_LOSSLESS);
+    ck_assert_int_eq(c.w.exit_draft_tokens, 6);
+    config_free(wk, &c);
+    ck_assert_int_eq(load(wk, "model: m\n", &c), 0);
+    ck_assert_int_eq(c.w.exit_mode, CONFIG_EXIT_MODE_LOSSY);
+    ck_assert_int_eq(c.w.exit_draft_tokens, 4);
+    config_free(wk, &c);
+}
+END_TEST
+
 START_TEST(test_duplicate_key)
 {
     const config_schema_t *rd = &config_schema_riverd;
@@ -441,7 +462,7 @@ START_TEST(test_bad_schema)
         {.name = "sec.a", .type = CONFIG_INT, .offset = offsetof(tiny_t, a), .max = 9,
          .def = "1", .doc = "a"},
     };
-    static const config_schema_t s1 = {"tiny", orphan, 1, sizeof(tiny_t)};
+    static const config_schema_t s1 = {"tiny", orphan, 1, sizeof(tiny_t), NULL};
     tiny_t t;
     ck_assert_int_eq(config_defaults(&s1, &t), RIVER_EINVAL);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "not inside its section"));
@@ -450,7 +471,7 @@ START_TEST(test_bad_schema)
         {.name = "a", .type = CONFIG_INT, .offset = offsetof(tiny_t, a), .max = 9,
          .def = "10", .doc = "a"},
     };
-    static const config_schema_t s2 = {"tiny", bad_def, 1, sizeof(tiny_t)};
+    static const config_schema_t s2 = {"tiny", bad_def, 1, sizeof(tiny_t), NULL};
     ck_assert_int_eq(config_defaults(&s2, &t), RIVER_EINVAL);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "default '10'"));
 }
@@ -533,6 +554,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_files);
     tcase_add_test(tc, test_engine_names);
     tcase_add_test(tc, test_bad_schema);
+    tcase_add_test(tc, test_lossless_needs_exit);
     tcase_add_test(tc, test_fuzz);
     suite_add_tcase(s, tc);
     return s;

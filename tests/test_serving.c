@@ -92,6 +92,7 @@ typedef struct ts_opts {
     const char *extra;       /* more riverd YAML: top-level keys other than endpoints,
                                 heartbeat, local_workers */
     int no_wait;             /* do not wait for the workers */
+    const char *worker_extra;/* more worker YAML (river, exit section) */
 } ts_opts_t;
 
 typedef struct ts_srv {
@@ -175,9 +176,9 @@ static void ts_start(ts_srv_t *s, const ts_opts_t *o, const char *const *env)
     char w[2048];
     snprintf(w, sizeof w,
              "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nmax_seqs: %d\nlog_level: warn\n"
-             "auth: {mode: plain}\n",
+             "auth: {mode: plain}\n%s",
              s->workers, test_abs_path(o->model ? o->model : TS_FAST_MODEL),
-             o->max_seqs ? o->max_seqs : 16);
+             o->max_seqs ? o->max_seqs : 16, o->worker_extra ? o->worker_extra : "");
     test_write(s->wcfg, w);
     ts_write_config(s, o->extra);
     char log[400];
@@ -570,6 +571,115 @@ START_TEST(test_kill_worker_midstream)
     free(streams);
     free(jobs);
     ts_stop(&s);
+}
+END_TEST
+
+/* Lossless workers (exit.mode lossless, cosine rule, a 4-bit river) behind riverd: lossless
+ * and plain streams share their batches, one worker is killed mid-stream, and every stream
+ * completes on the other with exactly the plain backbone's ids (the re-dispatch continues a
+ * lossless completion from the delivered ids). riverd's metrics count the drafts. A bad
+ * combination on the wire is INVALID_ARGUMENT. */
+START_TEST(test_lossless_kill_worker)
+{
+    enum { N = 8, TOKENS = 150 };
+    char river_file[512], extra[900];
+    snprintf(river_file, sizeof river_file, "%s/kjv-ll.safetensors", test_tmpdir());
+    char *qv[] = {(char *)test_bin("river"), "quant", "--model", TS_SLOW_MODEL, "--start", "1",
+                  "--out", river_file, "--threads", "1", NULL};
+    char *qout;
+    ck_assert_int_eq(test_capture(qv, NULL, 0, &qout), 0);
+    free(qout);
+    snprintf(extra, sizeof extra, "river: \"%s\"\nexit:\n  rule: cosine\n  tau: 0.9\n"
+             "  aggregation: row\n  mode: lossless\n  draft_tokens: 4\n", river_file);
+    ts_expect_t want[TS_N_PROMPTS];
+    for (int p = 0; p < TS_N_PROMPTS; p++)
+        ts_expect(TS_SLOW_MODEL, ts_prompts[p], TOKENS, 1, &want[p]);
+    ts_srv_t s;
+    ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 2, .worker_extra = extra},
+             NULL);
+    ts_stream_t *streams = calloc(N, sizeof *streams);
+    ts_job_t *jobs = calloc(N, sizeof *jobs);
+    pthread_t th[N];
+    atomic_long progress = 0;
+    for (int i = 0; i < N; i++) {
+        streams[i].want = &want[i % TS_N_PROMPTS];
+        streams[i].progress = &progress;
+        river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.max_tokens = TOKENS;
+        o.ignore_eos = 1;
+        o.timeout_ms = 60000;
+        if (i % 4 == 3)
+            o.exit_policy = "none"; /* plain backbone rows in the same batches */
+        else if (i % 4 == 1)
+            o.draft_tokens = 2 + (uint32_t)i % 5;
+        jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
+    }
+    double until = test_now() + 30;
+    while (atomic_load(&progress) < N * TOKENS / 4 && test_now() < until)
+        test_sleep_ms(5);
+    long at_kill = atomic_load(&progress);
+    ck_assert_int_lt(at_kill, N * TOKENS);
+    test_kill(&s.ext[0], SIGKILL);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "stream %d", i);
+        ck_assert_msg(jobs[i].rc >= 0, "%s: %s", what, river_err_detail());
+        ts_check_complete(&streams[i], what);
+    }
+    char *out;
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
+    ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
+    long drafts = 0, drafted = 0, accepted = 0;
+    const char *p = strstr(out, "\nriver_spec_decode_num_drafts_total ");
+    ck_assert_ptr_nonnull(p);
+    sscanf(p, "\nriver_spec_decode_num_drafts_total %ld", &drafts);
+    p = strstr(out, "\nriver_spec_decode_num_draft_tokens_total ");
+    ck_assert_ptr_nonnull(p);
+    sscanf(p, "\nriver_spec_decode_num_draft_tokens_total %ld", &drafted);
+    p = strstr(out, "\nriver_spec_decode_num_accepted_tokens_total ");
+    ck_assert_ptr_nonnull(p);
+    sscanf(p, "\nriver_spec_decode_num_accepted_tokens_total %ld", &accepted);
+    free(out);
+    ck_assert_int_gt(drafts, 0);
+    ck_assert_int_ge(drafted, drafts);
+    ck_assert_int_gt(accepted, 0);
+    ck_assert_int_le(accepted, drafted);
+    printf("serving: lossless, killed a worker after %ld of %d tokens; %d streams identical "
+           "to the backbone; %ld of %ld draft tokens accepted\n", at_kill, N * TOKENS, N,
+           accepted, drafted);
+    /* Bad combinations on the wire. */
+    river_client_t *c;
+    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.prompt = ts_prompts[0];
+    o.max_tokens = 4;
+    o.timeout_ms = 10000;
+    o.exit_policy = "none";
+    o.lossless = 1;
+    river_result_t res;
+    ck_assert_int_lt(river_client_generate(c, &o, NULL, NULL, &res), 0);
+    ck_assert_int_eq(res.code, RIVER_CODE_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(res.message, "lossless"));
+    o.exit_policy = NULL;
+    o.draft_tokens = 17;
+    ck_assert_int_lt(river_client_generate(c, &o, NULL, NULL, &res), 0);
+    ck_assert_int_eq(res.code, RIVER_CODE_INVALID_ARGUMENT);
+    /* A good one reports its drafts in the result. */
+    o.draft_tokens = 0;
+    o.max_tokens = 40;
+    o.ignore_eos = 1;
+    ck_assert_int_eq(river_client_generate(c, &o, NULL, NULL, &res), 0);
+    ck_assert_uint_gt(res.drafted_tokens, 0);
+    ck_assert_uint_le(res.accepted_tokens, res.drafted_tokens);
+    river_client_destroy(&c);
+    free(streams);
+    free(jobs);
+    ts_stop(&s);
+    remove(river_file);
 }
 END_TEST
 
@@ -1533,6 +1643,7 @@ static Suite *serving_suite(void)
     tcase_add_test(tc, test_shutdown_drains);
     tcase_add_test(tc, test_no_worker_unavailable);
     tcase_add_test(tc, test_kill_worker_midstream);
+    tcase_add_test(tc, test_lossless_kill_worker);
     tcase_add_test(tc, test_drain_worker);
     tcase_add_test(tc, test_session_affinity);
     tcase_add_test(tc, test_supervision);

@@ -68,6 +68,7 @@ typedef struct stream {
     int code;                /* Error.Code */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     uint32_t hist_sum, hist_n;
+    uint32_t drafted, accepted, drafts; /* Final.exit_stats, lossless mode */
 } stream_t;
 
 /* Feeds one message to the stream it belongs to; 0 when it belongs to none. */
@@ -112,6 +113,9 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
                 st->hist_n = (uint32_t)m->done->final->exit_stats->n_histogram;
                 for (size_t k = 0; k < st->hist_n; k++)
                     st->hist_sum += m->done->final->exit_stats->histogram[k];
+                st->drafted = m->done->final->exit_stats->drafted_tokens;
+                st->accepted = m->done->final->exit_stats->accepted_tokens;
+                st->drafts = m->done->final->exit_stats->drafts;
             }
             return 1;
         }
@@ -381,6 +385,105 @@ START_TEST(test_exit_policy)
     streams_collect(&w, &sb, 1, 5000);
     ck_assert_int_eq(sb.ended, 2); /* Failed */
     ck_assert_int_eq(sb.code, RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT);
+    wk_stop(&w);
+    remove(river_file);
+}
+END_TEST
+
+/* Lossless mode through the worker: lossless requests (the worker's default and asked for,
+ * with their own draft lengths), a plain one (policy none) and a lossy one share batches,
+ * joining at different times; the lossless and plain ids are the plain backbone's, Done's
+ * exit statistics carry drafted and accepted counts. A lossless request continued from
+ * delivered ids (a re-dispatch after a worker died) goes on with the backbone's ids. A
+ * worker without an exit rule refuses lossless requests with INVALID_ARGUMENT. */
+START_TEST(test_lossless)
+{
+    char river_file[512];
+    snprintf(river_file, sizeof river_file, "%s/kjv-river-ll.safetensors", test_tmpdir());
+    model_t *m;
+    ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+    river_build_opts_t o = river_build_opts_default();
+    o.start_layer = 1;
+    o.n_threads = 1;
+    ck_assert_msg(river_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
+    model_destroy(&m);
+    static ref_t plain[3];
+    for (int i = 0; i < 3; i++)
+        ref_run_exit(KJV, NULL, prompts[i], 60, 1, &plain[i], NULL, NULL, NULL);
+    char extra[700];
+    snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: cosine\n  tau: 0.9\n"
+             "  aggregation: row\n  mode: lossless\n  draft_tokens: 4\n", river_file);
+    wk_t w;
+    wk_start(&w, KJV, 6, extra, 50, 100);
+    static stream_t st[6];
+    memset(st, 0, sizeof st);
+    req_t q[6] = {
+        {.id = 31, .text = prompts[0], .max_tokens = 60, .ignore_eos = 1},
+        {.id = 32, .text = prompts[1], .max_tokens = 60, .ignore_eos = 1,
+         .exit_policy = "none"},
+        {.id = 33, .text = prompts[2], .max_tokens = 40, .ignore_eos = 1, .lossless = -1},
+        {.id = 34, .text = prompts[1], .max_tokens = 60, .ignore_eos = 1, .lossless = 1,
+         .draft_tokens = 2},
+        {.id = 35, .text = prompts[2], .max_tokens = 25, .ignore_eos = 1, .lossless = 1,
+         .draft_tokens = 7},
+        {.id = 36, .text = prompts[2], .max_tokens = 60, .ignore_eos = 1,
+         .delivered = plain[2].ids, .n_delivered = 17},
+    };
+    for (int i = 0; i < 6; i++)
+        st[i].id = q[i].id;
+    /* Three now, three once the first tokens came back. */
+    for (int i = 0; i < 3; i++)
+        wk_submit(&w, &q[i]);
+    int64_t end = test_now_ms() + 20000;
+    while (st[0].n < 5) {
+        River__Worker__WorkerMessage *msg = wk_recv(&w, (int)(end - test_now_ms()));
+        ck_assert_ptr_nonnull(msg);
+        if (msg->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert(stream_take(st, 6, msg));
+        frame_free((ProtobufCMessage **)&msg);
+    }
+    for (int i = 3; i < 6; i++)
+        wk_submit(&w, &q[i]);
+    streams_collect(&w, st, 6, 30000);
+    static const int same_as[6] = {0, 1, -1, 1, 2, 2};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_msg(st[i].ended == 1, "request %d did not finish", i);
+        if (same_as[i] < 0)
+            continue; /* lossy */
+        ck_assert_uint_eq(st[i].n, q[i].max_tokens - q[i].n_delivered);
+        ck_assert_uint_eq(st[i].first_index, q[i].n_delivered);
+        for (size_t t = 0; t < st[i].n; t++)
+            ck_assert_msg(st[i].ids[t] == plain[same_as[i]].ids[q[i].n_delivered + t],
+                          "request %d id %zu: %d, backbone %d", i, q[i].n_delivered + t,
+                          st[i].ids[t], plain[same_as[i]].ids[q[i].n_delivered + t]);
+        if (i == 1) {
+            ck_assert_uint_eq(st[i].drafted, 0);
+            continue;
+        }
+        ck_assert_msg(st[i].drafted > 0, "request %d drafted nothing", i);
+        ck_assert_uint_le(st[i].accepted, st[i].drafted);
+        ck_assert_uint_gt(st[i].drafts, 0);
+        ck_assert_uint_le(st[i].drafts, st[i].drafted);
+    }
+    ck_assert_uint_eq(st[2].drafted, 0); /* lossy asked for */
+    /* Lossless with policy none is the request's error. */
+    req_t qb = {.id = 37, .text = prompts[0], .max_tokens = 4, .exit_policy = "none",
+                .lossless = 1};
+    wk_submit(&w, &qb);
+    stream_t sb = {.id = 37};
+    streams_collect(&w, &sb, 1, 5000);
+    ck_assert_int_eq(sb.ended, 2);
+    ck_assert_int_eq(sb.code, RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT);
+    wk_stop(&w);
+
+    /* A worker without an exit rule cannot draft. */
+    wk_start(&w, KJV, 2, NULL, 50, 100);
+    req_t qn = {.id = 38, .text = prompts[0], .max_tokens = 4, .lossless = 1};
+    wk_submit(&w, &qn);
+    stream_t sn = {.id = 38};
+    streams_collect(&w, &sn, 1, 5000);
+    ck_assert_int_eq(sn.ended, 2);
+    ck_assert_int_eq(sn.code, RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT);
     wk_stop(&w);
     remove(river_file);
 }
@@ -824,6 +927,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_serve_matches_engine);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
+    tcase_add_test(tc, test_lossless);
     tcase_add_test(tc, test_cancel_frees_pages);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_resume_delivered);

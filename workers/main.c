@@ -304,6 +304,8 @@ static int worker__open_engine(worker_t *w)
         if ((e = gen_set_exit(w->gen, &w->xc.cfg)))
             return e;
     }
+    if ((e = gen_set_spec(w->gen, &(gen_spec_t){.k_max = c->exit_draft_tokens})))
+        return e;
     return 0;
 }
 
@@ -352,6 +354,8 @@ static int worker__open(worker_t *w)
         .max_stop = WORKER_MAX_STOP,
         .max_stop_bytes = WORKER_MAX_STOP_BYTES,
         .policy = w->xc.cfg.policy,
+        .lossless = w->cfg.exit_mode == CONFIG_EXIT_MODE_LOSSLESS,
+        .can_lossless = w->xc.river != NULL && w->xc.cfg.policy.rule != EXIT_RULE_NONE,
     };
     link_handlers_t h = {
         .user = w,

@@ -34,6 +34,10 @@ struct sreq {
     int ignore_eos;
     exit_row_t exit;       /* the request's exit thresholds under the worker's rule */
     int has_exit;
+    int lossless;          /* the exit path drafts, the backbone verifies */
+    int draft_k;           /* lossless: most draft tokens per pass, 0: the worker's */
+    uint32_t drafted, accepted; /* lossless: this dispatch's draft tokens, accepted ones */
+    uint32_t drafts;       /* lossless: this dispatch's verify passes with a draft */
     int64_t deadline_ms;   /* absolute; 0: none */
     /* A cancel that is really a failure (deadline, drain, shutdown) says so here, so the
      * engine's cancel event becomes Failed instead of Done(CANCELLED). */
@@ -124,6 +128,9 @@ static void sched__done(sched_t *s, sreq_t *r, River__Client__Final__Reason reas
     xs.mean_exit_layer = r->n_new ? (float)(r->depth_sum / r->n_new) : 0.0f;
     xs.n_histogram = (size_t)s->m->cfg.n_layers + 1;
     xs.histogram = r->hist;
+    xs.drafted_tokens = r->drafted;
+    xs.accepted_tokens = r->accepted;
+    xs.drafts = r->drafts;
     River__Client__Final f = RIVER__CLIENT__FINAL__INIT;
     f.reason = reason;
     f.usage = &usage;
@@ -175,6 +182,9 @@ static void sched__on_event(void *user, const gen_event_t *ev)
         int L = s->m->cfg.n_layers;
         r->hist[depth < 0 ? 0 : depth > L ? L : depth]++;
     }
+    r->drafted = (uint32_t)ev->drafted;
+    r->accepted = (uint32_t)ev->accepted;
+    r->drafts = (uint32_t)ev->drafts;
     if (!s->quiet && (ev->id >= 0 || ev->len > 0)) {
         if (sched__text_copy(s, ev->text, ev->len) == 0)
             link_send_tokens(s->link, r->id, r->n_msgs++, (uint32_t)ev->index, &ev->id,
@@ -254,6 +264,30 @@ static int sched__override(const sched_t *s, const River__Client__ExitOverride *
         row->exit_layer = x->exit_layer;
     }
     *has = row->off || x->opt_tau_case || x->opt_theta_case || x->opt_exit_layer_case;
+    return 0;
+}
+
+/* The request's mode: its own lossless field, else the worker's exit.mode. Lossless on a
+ * worker that cannot draft, or with policy none, is the request's error. */
+static int sched__mode(const sched_t *s, const River__Client__ExitOverride *x, sreq_t *r)
+{
+    bool asked = x && x->opt_lossless_case;
+    /* A request kept on the backbone (policy none) has nothing to draft with: the
+     * worker's default does not apply to it, and asking for lossless is an error. */
+    r->lossless = asked ? x->lossless : s->cfg.lossless && !(r->has_exit && r->exit.off);
+    if (x && x->draft_tokens > GEN_DRAFT_MAX)
+        return river_err_set(RIVER_EINVAL, "exit.draft_tokens %u must be in 1..%d (0: the "
+                             "worker's)", x->draft_tokens, GEN_DRAFT_MAX);
+    r->draft_k = x ? (int)x->draft_tokens : 0;
+    if (!r->lossless)
+        return 0;
+    if (!s->cfg.can_lossless)
+        return river_err_set(RIVER_EINVAL, "exit.lossless: this worker cannot draft (it needs "
+                             "an exit rule other than none and a river; its rule is %s)",
+                             exit_rule_name(s->cfg.policy.rule));
+    if (r->has_exit && r->exit.off)
+        return river_err_set(RIVER_EINVAL, "exit.lossless with exit.policy none: the backbone "
+                             "alone has nothing to draft with");
     return 0;
 }
 
@@ -357,6 +391,8 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
     bool other_rule;
     int e = sched__override(s, gen->exit, &r->exit, &r->has_exit, &other_rule);
     if (e)
+        return e;
+    if ((e = sched__mode(s, gen->exit, r)))
         return e;
     if (other_rule)
         wlog(WLOG_DEBUG, "request %llu: exit.policy %s asked; the worker's rule %s applies "
@@ -522,6 +558,7 @@ static void sched__admit(sched_t *s)
             .exit = r->has_exit ? &r->exit : NULL,
             .on_token = sched__on_event, .user = r,
             .done = r->done, .n_done = r->n_done,
+            .lossless = r->lossless, .draft_k = r->draft_k,
         };
         int seq;
         int e = gen_submit(s->g, &req, &seq);

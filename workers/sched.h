@@ -15,7 +15,13 @@
  * Per-request exit overrides: the engine runs one exit policy per worker (gen_set_exit
  * sets it for every sequence of the forward pass), so a request's ExitOverride cannot
  * apply; the worker's configured policy serves every request, and an override that asks
- * for something else is logged. */
+ * for something else is logged.
+ *
+ * Lossless mode: a request asks with ExitOverride.lossless (absent: the worker's exit.mode)
+ * and draft_tokens; the engine drafts on the worker's exit rule and verifies on the
+ * backbone, in the same batches as the other requests. Lossless on a worker without an
+ * exit rule or river, or with policy none, fails with INVALID_ARGUMENT; Done's exit
+ * statistics carry the drafted and accepted counts of the dispatch. */
 #ifndef RIVER_WORKERS_SCHED_H
 #define RIVER_WORKERS_SCHED_H
 
@@ -33,6 +39,8 @@ typedef struct sched_config {
     int max_stop;         /* stop strings per request */
     int max_stop_bytes;   /* bytes of one stop string */
     exit_policy_t policy; /* the worker's exit policy (to tell overrides apart) */
+    int lossless;         /* requests' default mode: 1 lossless (exit.mode) */
+    int can_lossless;     /* the worker has an exit rule and a river to draft with */
 } sched_config_t;
 
 /* g, m and tok (NULL: token-id prompts only) must outlive the scheduler; messages go

@@ -281,25 +281,27 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         int most = (int)(max_len / ATTN_MIN_CHUNK);
         j.n_chunks = want < most ? want : most;
     }
-    /* Prefill: tiles of consecutive rows of one sequence at consecutive positions, when
-     * some tile has more than one row (the scalar level and validity maps aside). */
-    if (j.n_chunks == 1 && !b->kv_valid && ctx->k->level != CPU_SIMD_SCALAR && b->n > 1) {
+    /* Tiles of consecutive rows of one sequence at consecutive positions (the scalar level
+     * and validity maps aside). A decode row is a tile of one: a row's arithmetic in a tile
+     * does not depend on the tile's other rows, so a position gets the same floats whether
+     * it is prefilled, decoded or verified (lossless mode, a resumed or preempted
+     * sequence, a prefix reused from the cache). Only sequences cut into chunks across
+     * threads add their chunks in another order. */
+    if (j.n_chunks == 1 && !b->kv_valid && ctx->k->level != CPU_SIMD_SCALAR) {
         int e = cpu_scratch_reserve(&ctx->shared2, (size_t)b->n + 1);
         if (e)
             return e;
         int *tile_row = (int *)ctx->shared2.p;
-        int n_tiles = 0, multi = 0;
+        int n_tiles = 0;
         for (int i = 0; i < b->n; i++) {
             int start = n_tiles == 0 || i - tile_row[n_tiles - 1] >= ATTN_TILE ||
                         b->page_table[i] != b->page_table[i - 1] ||
                         b->pos[i] != b->pos[i - 1] + 1;
             if (start)
                 tile_row[n_tiles++] = i;
-            else
-                multi = 1;
         }
         tile_row[n_tiles] = b->n;
-        if (multi) {
+        {
             j.tile_row = tile_row;
             j.chunk_len = (int)max_len;
             size_t ptrs = (size_t)max_len * sizeof(float *) / sizeof(float) + 1;
