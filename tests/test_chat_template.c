@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "common/err.h"
 #include "engine/chat_template.h"
@@ -921,6 +922,74 @@ START_TEST(test_compile_once_render_many)
 }
 END_TEST
 
+/* ---- river chat-template ---- */
+
+/* Runs `river chat-template ARGS < ctx`; returns the exit status, *out stdout. */
+static int run_cli(const char *args, const char *ctx, char **out, char **errs)
+{
+    const char *in = test_write_tmp("ctx.json", ctx, strlen(ctx));
+    char dir[512], cmd[2048];
+    snprintf(dir, sizeof dir, "%s", in);
+    *strrchr(dir, '/') = 0;
+    snprintf(cmd, sizeof cmd, "RIVER_NOW=2024-07-26T10:30:00 %s chat-template %s < %s > %s/out 2> %s/err",
+             test_bin("river"), args, in, dir, dir);
+    int st = system(cmd);
+    ck_assert_int_ne(st, -1);
+    char path[600];
+    snprintf(path, sizeof path, "%s/out", dir);
+    size_t n;
+    *out = test_read_file(path, &n);
+    snprintf(path, sizeof path, "%s/err", dir);
+    *errs = test_read_file(path, &n);
+    ck_assert_ptr_nonnull(*out);
+    ck_assert_ptr_nonnull(*errs);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_cli)
+{
+    json_t *c = case_context("meta-llama-Llama-3.2-3B-Instruct", "tools");
+    char *ctx = json_dumps(json_object_get(c, "context"), 0), *out, *errs;
+    int rc = run_cli("--template " CT_DIR "/meta-llama-Llama-3.2-3B-Instruct.jinja", ctx, &out, &errs);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, errs);
+    /* Exactly the rendering: no newline added. */
+    ck_assert_str_eq(out, json_string_value(json_object_get(c, "expected")));
+    free(out);
+    free(errs);
+    free(ctx);
+    json_decref(c);
+    /* --model: the template and the special tokens of tokenizer_config.json. */
+    rc = run_cli("--model " TOK_DIR "/llama3",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \" Hi \"}]}", &out, &errs);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_str_eq(out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(out);
+    free(errs);
+    /* A template that raises: exit 1, the message and line on stderr, nothing on stdout. */
+    rc = run_cli("--template " CT_DIR "/google-gemma-2-2b-it.jinja",
+                 "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}]}", &out, &errs);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_str_eq(out, "");
+    ck_assert_ptr_nonnull(strstr(errs, "google-gemma-2-2b-it.jinja:1: System role not supported"));
+    free(out);
+    free(errs);
+    rc = run_cli("--model " TOK_DIR "/mistral-7b", "{}", &out, &errs);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_ptr_nonnull(strstr(errs, "no chat template"));
+    free(out);
+    free(errs);
+    rc = run_cli("--template " CT_DIR "/llama3.jinja", "[1, 2]", &out, &errs);
+    ck_assert_int_eq(rc, 1);
+    free(out);
+    free(errs);
+    rc = run_cli("", "{}", &out, &errs);
+    ck_assert_int_eq(rc, 2);
+    free(out);
+    free(errs);
+}
+END_TEST
+
 static Suite *chat_template_suite(void)
 {
     Suite *s = suite_create("chat_template");
@@ -952,6 +1021,7 @@ static Suite *chat_template_suite(void)
     tcase_add_test(tc, test_mistral_v3_tools);
     tcase_add_test(tc, test_deepseek_v3);
     tcase_add_test(tc, test_compile_once_render_many);
+    tcase_add_test(tc, test_cli);
     suite_add_tcase(s, tc);
     return s;
 }
