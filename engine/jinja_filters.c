@@ -1170,14 +1170,21 @@ static int f_format(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
             keylen = (size_t)(e - key);
             i = (size_t)(e - s->s) + 1;
         }
-        while (i < s->len && strchr("-+ #0", s->s[i]) && o < 8)
+        while (i < s->len && s->s[i] && strchr("-+ #0", s->s[i]) && o < 8)
             spec[o++] = s->s[i++];
-        while (i < s->len && s->s[i] >= '0' && s->s[i] <= '9' && o < 16)
-            spec[o++] = s->s[i++];
-        if (i < s->len && s->s[i] == '.') {
-            spec[o++] = s->s[i++];
-            while (i < s->len && s->s[i] >= '0' && s->s[i] <= '9' && o < 24)
+        /* Width and precision: at most three digits each, so printf never pads for long. */
+        for (int part = 0; part < 2; part++) {
+            if (part == 1) {
+                if (i >= s->len || s->s[i] != '.')
+                    break;
                 spec[o++] = s->s[i++];
+            }
+            int digits = 0;
+            while (i < s->len && s->s[i] >= '0' && s->s[i] <= '9') {
+                if (++digits > 3)
+                    return jr_fail(r, at, RIVER_EINVAL, "format: width or precision over 999");
+                spec[o++] = s->s[i++];
+            }
         }
         if (i >= s->len)
             return jr_fail(r, at, RIVER_EINVAL, "format: incomplete format");
@@ -2018,6 +2025,8 @@ static int f_unique(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
         if ((err = sort_key(r, at, items->v[i], attr, cs, &k)))
             return err;
         int dup = 0;
+        if ((err = jr_count(r, at, seen->n / 16)))
+            return err; /* the scan below is quadratic: it counts against the loop bound */
         for (size_t j = 0; j < seen->n && !dup; j++)
             dup = jv_equal(seen->v[j], k);
         if (dup)
@@ -2242,11 +2251,9 @@ static int g_strftime_now(jrender_t *r, const jnode_t *at, jval_t self, const ja
         return err;
     if (fmt->len > 256)
         return jr_fail(r, at, RIVER_EINVAL, "strftime_now: format too long");
-    char buf[2048];
-    buf[0] = 0;
+    /* 256 bytes of format expand to far less than this; 0 is also an empty result. */
+    char buf[16384];
     size_t n = fmt->len ? strftime(buf, sizeof buf, fmt->s, &tm) : 0;
-    if (fmt->len && n == 0 && buf[0] != 0)
-        return jr_fail(r, at, RIVER_EINVAL, "strftime_now: result too long");
     return jr_strval(r, at, buf, n, out);
 }
 

@@ -718,7 +718,8 @@ static void put_value(sbuf_t *b, jval_t v, int repr, int depth)
     case JV_LOOP: sb_puts(b, "<LoopContext>"); break;
     case JV_FUNC:
         if (v.u.fn->kind == JF_MACRO)
-            snprintf(num, sizeof num, "<Macro '%.40s'>", v.u.fn->macro->name);
+            snprintf(num, sizeof num, "<Macro '%.40s'>",
+                     v.u.fn->macro->kind == S_MACRO ? v.u.fn->macro->name : "caller");
         else
             snprintf(num, sizeof num, "<built-in function %.30s>", v.u.fn->entry->name);
         sb_puts(b, num);
