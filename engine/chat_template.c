@@ -97,30 +97,82 @@ static const char *token_text(const json_t *v)
     return NULL;
 }
 
+/* A whole text file (malloc'd), or NULL when it is missing; *err set when it is there but
+ * cannot be read. */
+static char *read_text(const char *path, int *err)
+{
+    *err = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = CHAT_TEMPLATE_MAX_SOURCE + 1;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        *err = river_err_set(RIVER_ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    size_t n = fread(buf, 1, cap, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n == cap) {
+        free(buf);
+        *err = bad ? river_err_set(RIVER_EIO, "%s: read error", path)
+                   : river_err_set(RIVER_EFULL, "%s: template over %u bytes", path,
+                                   CHAT_TEMPLATE_MAX_SOURCE);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 int chat_template_load_dir(chat_template_t **out, const char *model_dir, const char *which)
 {
     *out = NULL;
-    char path[4096];
+    char path[4096], fpath[4400];
     if (snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir) >= (int)sizeof path)
         return river_err_set(RIVER_EINVAL, "%s: path too long", model_dir);
+    const char *want = which ? which : "default";
+    if (!*want || strchr(want, '/') || want[0] == '.')
+        return river_err_set(RIVER_EINVAL, "'%s' is not a chat template name", want);
+    /* Newer checkpoints keep the template in a file of its own, which takes precedence over
+     * tokenizer_config.json's (as in transformers): chat_template.jinja for the default,
+     * additional_chat_templates/NAME.jinja for the others. */
+    if (!strcmp(want, "default"))
+        snprintf(fpath, sizeof fpath, "%s/chat_template.jinja", model_dir);
+    else
+        snprintf(fpath, sizeof fpath, "%s/additional_chat_templates/%s.jinja", model_dir, want);
+    int err;
+    char *file_src = read_text(fpath, &err);
+    if (err)
+        return err;
     json_error_t jerr;
     /* Integers as reals: model_max_length is often 1e30 written as an integer. */
     json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!cfg) {
         FILE *f = fopen(path, "rb");
-        if (!f)
+        if (f) {
+            fclose(f);
+            free(file_src);
+            return river_err_set(RIVER_EFORMAT, "%s:%d: %s", path, jerr.line, jerr.text);
+        }
+        if (!file_src)
             return river_err_set(RIVER_ENOTFOUND, "%s: no tokenizer_config.json", model_dir);
-        fclose(f);
-        return river_err_set(RIVER_EFORMAT, "%s:%d: %s", path, jerr.line, jerr.text);
+        cfg = json_object(); /* a template file without a config: no special tokens */
+        if (!cfg) {
+            free(file_src);
+            return river_err_set(RIVER_ENOMEM, "out of memory");
+        }
     }
-    int err;
     const char *src = NULL;
-    char name[4200];
+    char name[4500];
     json_t *ct = json_object_get(cfg, "chat_template");
-    const char *want = which ? which : "default";
-    if (json_is_string(ct)) {
-        if (which && strcmp(which, "default")) {
-            err = river_err_set(RIVER_ENOTFOUND, "%s: no chat template named '%s'", path, which);
+    if (file_src) {
+        src = file_src;
+        snprintf(name, sizeof name, "%s", fpath);
+    } else if (json_is_string(ct)) {
+        if (strcmp(want, "default")) {
+            err = river_err_set(RIVER_ENOTFOUND, "%s: no chat template named '%s'", path, want);
             goto done;
         }
         src = json_string_value(ct);
@@ -182,6 +234,7 @@ int chat_template_load_dir(chat_template_t **out, const char *model_dir, const c
     err = 0;
 done:
     json_decref(cfg);
+    free(file_src);
     return err;
 }
 

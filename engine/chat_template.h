@@ -18,6 +18,8 @@ int chat_template_new(chat_template_t **out, const char *name, const char *sourc
  * of {"name","template"} (which: NULL picks "default", else the named one); also reads
  * bos_token / eos_token (string or {"content": ...} object). RIVER_ENOTFOUND when the
  * model has no chat template. */
+/* (As transformers, a chat_template.jinja in model_dir replaces the default template and
+ * additional_chat_templates/NAME.jinja the named ones.) */
 int chat_template_load_dir(chat_template_t **out, const char *model_dir, const char *which);
 /* Renders with a context object (messages, tools, add_generation_prompt, bos_token,
  * eos_token, any extra keyword args). Keys missing from context: bos_token/eos_token from

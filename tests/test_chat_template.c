@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "common/err.h"
@@ -241,6 +242,30 @@ START_TEST(test_load_dir_list_form)
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "tokenizer_config.json"));
     test_write_tmp("tokenizer_config.json", "{\"chat_template\": 5}", 20);
     ck_assert_int_eq(chat_template_load_dir(&t, dir, NULL), RIVER_EFORMAT);
+    /* Template files beside the config replace its templates, as in newer checkpoints. */
+    test_write_tmp("tokenizer_config.json", "{\"eos_token\": \"E\"}", 18);
+    ck_assert_int_eq(chat_template_load_dir(&t, dir, NULL), RIVER_ENOTFOUND);
+    test_write_tmp("chat_template.jinja", "F{{ eos_token }}\n", 17);
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates/rag.jinja", dir);
+    FILE *f = fopen(sub, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("R", f);
+    fclose(f);
+    ck_assert_int_eq(chat_template_load_dir(&t, dir, NULL), 0);
+    ck_assert_int_eq(chat_template_render(t, NULL, &out, NULL), 0);
+    ck_assert_str_eq(out, "FE");
+    free(out);
+    chat_template_destroy(&t);
+    ck_assert_int_eq(chat_template_load_dir(&t, dir, "rag"), 0);
+    ck_assert_int_eq(chat_template_render(t, NULL, &out, NULL), 0);
+    ck_assert_str_eq(out, "R");
+    free(out);
+    chat_template_destroy(&t);
+    ck_assert_int_eq(chat_template_load_dir(&t, dir, "../x"), RIVER_EINVAL);
+    ck_assert_int_eq(chat_template_load_dir(&t, dir, "none"), RIVER_ENOTFOUND);
 }
 END_TEST
 
