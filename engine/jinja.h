@@ -239,6 +239,9 @@ int jr_fail(jrender_t *r, const jnode_t *at, int err, const char *fmt, ...)
 void *jr_alloc(jrender_t *r, const jnode_t *at, size_t n);
 /* Counts n loop iterations (or elements built) against JINJA_MAX_ITERS. */
 int jr_count(jrender_t *r, const jnode_t *at, size_t n);
+/* Counts work on bytes (a KiB as one iteration), so that string operations repeated in
+ * loops stay bounded too. */
+int jr_work(jrender_t *r, const jnode_t *at, size_t bytes);
 
 jstr_t *jr_str_new(jrender_t *r, const jnode_t *at, const char *s, size_t len);
 jval_t jv_str(jstr_t *s);

@@ -67,9 +67,15 @@ void *jr_alloc(jrender_t *r, const jnode_t *at, size_t n)
 int jr_count(jrender_t *r, const jnode_t *at, size_t n)
 {
     if (n > JINJA_MAX_ITERS || r->iters + n > JINJA_MAX_ITERS)
-        return jr_fail(r, at, RIVER_EFULL, "more than %u loop iterations", JINJA_MAX_ITERS);
+        return jr_fail(r, at, RIVER_EFULL, "more than %u loop iterations (or as much work)",
+                       JINJA_MAX_ITERS);
     r->iters += n;
     return 0;
+}
+
+int jr_work(jrender_t *r, const jnode_t *at, size_t bytes)
+{
+    return bytes >= 1024 ? jr_count(r, at, bytes / 1024) : 0;
 }
 
 /* ---- Scopes ---- */
@@ -261,6 +267,8 @@ int jr_iterate(jrender_t *r, const jnode_t *at, jval_t v, jlist_t **out)
     }
     case JV_STR: {
         const jstr_t *s = v.u.s;
+        if (jr_count(r, at, s->len / 16))
+            return RIVER_EFULL;
         size_t n = s->ascii ? s->len : ju_len(s->s, s->len);
         jlist_t *l = jr_list_new(r, at, n);
         if (!l)
@@ -411,7 +419,7 @@ static int do_slice(jrender_t *r, const jnode_t *at, jval_t obj, jval_t *parts, 
     int err;
     if (obj.t == JV_LIST) {
         const jlist_t *l = obj.u.l;
-        if ((err = slice_indices(r, at, parts, (int64_t)l->n, &start, &stop, &step)))
+        if ((err = jr_count(r, at, l->n / 64)) || (err = slice_indices(r, at, parts, (int64_t)l->n, &start, &stop, &step)))
             return err;
         jlist_t *o = jr_list_new(r, at, 0);
         if (!o)
@@ -426,6 +434,8 @@ static int do_slice(jrender_t *r, const jnode_t *at, jval_t obj, jval_t *parts, 
     }
     if (obj.t == JV_STR) {
         const jstr_t *s = obj.u.s;
+        if ((err = jr_work(r, at, s->len)))
+            return err;
         if (s->ascii) {
             if ((err = slice_indices(r, at, parts, (int64_t)s->len, &start, &stop, &step)))
                 return err;
@@ -724,7 +734,8 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
     int err;
     if (op == '~') {
         jstr_t *x, *y;
-        if ((err = jr_to_str(r, at, a, &x)) || (err = jr_to_str(r, at, b, &y)))
+        if ((err = jr_to_str(r, at, a, &x)) || (err = jr_to_str(r, at, b, &y)) ||
+            (err = jr_work(r, at, x->len + y->len)))
             return err;
         jstr_t *s = jr_alloc(r, at, sizeof *s + x->len + y->len + 1);
         if (!s)
@@ -745,6 +756,8 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
     if (op == '+' && a.t == JV_STR && b.t == JV_STR) {
         if (a.u.s->len + b.u.s->len > JINJA_MAX_OUTPUT)
             return jr_fail(r, at, RIVER_EFULL, "string too long");
+        if ((err = jr_work(r, at, a.u.s->len + b.u.s->len)))
+            return err;
         jstr_t *s = jr_alloc(r, at, sizeof *s + a.u.s->len + b.u.s->len + 1);
         if (!s)
             return RIVER_ENOMEM;
@@ -756,6 +769,8 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
         return 0;
     }
     if (op == '+' && a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+        if ((err = jr_count(r, at, (a.u.l->n + b.u.l->n) / 64)))
+            return err;
         jlist_t *l = jr_list_new(r, at, a.u.l->n + b.u.l->n);
         if (!l)
             return RIVER_ENOMEM;
@@ -880,6 +895,8 @@ static int contains(jrender_t *r, const jnode_t *at, jval_t needle, jval_t hay, 
     switch (hay.t) {
     case JV_UNDEF: *res = 0; return 0;
     case JV_STR:
+        if (jr_work(r, at, hay.u.s->len))
+            return RIVER_EFULL;
         if (needle.t != JV_STR)
             return jr_fail(r, at, RIVER_EINVAL, "'in <string>' requires string as left operand, not %s",
                            jv_type_name(needle));
@@ -888,6 +905,8 @@ static int contains(jrender_t *r, const jnode_t *at, jval_t needle, jval_t hay, 
         return 0;
     case JV_LIST:
         *res = 0;
+        if (jr_count(r, at, hay.u.l->n / 64))
+            return RIVER_EFULL;
         for (size_t i = 0; i < hay.u.l->n && !*res; i++)
             *res = jv_equal(needle, hay.u.l->v[i]);
         return 0;

@@ -78,6 +78,9 @@ static int tb_done(tb_t *b, jval_t *out)
 {
     if (b->err)
         return b->err;
+    int err = jr_work(b->r, b->at, b->n);
+    if (err)
+        return err;
     return jr_strval(b->r, b->at, b->p ? b->p : "", b->n, out);
 }
 
@@ -289,6 +292,8 @@ static int py_split(jrender_t *r, const jnode_t *at, const jstr_t *s, const jstr
     int err;
     if (!l)
         return RIVER_ENOMEM;
+    if ((err = jr_work(r, at, s->len)))
+        return err;
     if (sep && sep->len == 0)
         return jr_fail(r, at, RIVER_EINVAL, "empty separator");
     if (sep && !rev) {
@@ -576,6 +581,8 @@ static int substr_op(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t
     if (err)
         return err;
     const jstr_t *s = self.u.s;
+    if ((err = jr_work(r, at, s->len)))
+        return err;
     if (op == 'c') {
         int64_t c = 0;
         if (sub->len == 0) {

@@ -525,6 +525,9 @@ static int sb_done(sbuf_t *b, jstr_t **out)
 {
     if (b->err)
         return b->err;
+    int err = jr_work(b->r, b->at, b->n);
+    if (err)
+        return err;
     jstr_t *s = jr_str_new(b->r, b->at, b->p ? b->p : "", b->n);
     if (!s)
         return RIVER_ENOMEM;

@@ -693,6 +693,10 @@ START_TEST(test_bounds)
                 "{% endfor %}",
                 RIVER_EFULL, "");
     expect_fail("{{ 'x' * 100000000 }}", RIVER_EFULL, "too long");
+    /* String work repeated in a loop counts against the same bound. */
+    expect_fail("{% set s = 'x' * 10000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}"
+                "{% endfor %}",
+                RIVER_EFULL, "as much work");
     expect_fail("{% set l = [] %}{% for i in range(10) %}{% set _ = l.append(l) %}{% endfor %}{{ l }}",
                 RIVER_EFULL, "nested too deeply");
     /* Deep nesting in the source is refused while compiling, before any recursion could
