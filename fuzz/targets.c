@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "engine/chat_template.h"
 #include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/model_internal.h"
@@ -182,6 +183,50 @@ static void fuzz_tokenizer(const uint8_t *d, size_t n)
         free(ids);
     }
     tokenizer_destroy(&t);
+}
+
+/* ---- Chat templates: the input is template source, rendered with a small fixed
+ * conversation (system, user, an assistant tool call, a tool result) and one tool ---- */
+
+static const char fuzz_ct_context[] =
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+    " {\"role\": \"user\", \"content\": \"Weather in Paris? \\u00e9\\u4e2d\"},"
+    " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call12345\","
+    " \"type\": \"function\", \"function\": {\"name\": \"get_weather\","
+    " \"arguments\": {\"city\": \"Paris\"}}}]},"
+    " {\"role\": \"tool\", \"tool_call_id\": \"call12345\", \"content\": \"22C\"},"
+    " {\"role\": \"assistant\", \"content\": \"<think>ok</think>It is 22C.\"}],"
+    " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\","
+    " \"description\": \"Weather now\", \"parameters\": {\"type\": \"object\","
+    " \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City\"}},"
+    " \"required\": [\"city\"]}}}],"
+    " \"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\","
+    " \"n\": 3, \"f\": 2.5, \"flag\": false}";
+
+static void fuzz_chat_template(const uint8_t *d, size_t n)
+{
+    static json_t *ctx;
+    if (!ctx) {
+        ctx = json_loads(fuzz_ct_context, 0, NULL);
+        if (!ctx)
+            return;
+        setenv("RIVER_NOW", "2024-07-26T10:30:00", 1);
+    }
+    /* The source is a C string: it ends at the first NUL. */
+    char *src = malloc(n + 1);
+    if (!src)
+        return;
+    memcpy(src, d, n);
+    src[n] = 0;
+    chat_template_t *t = NULL;
+    if (chat_template_new(&t, "fuzz", src) == 0) {
+        char *out = NULL;
+        size_t len = 0;
+        if (chat_template_render(t, ctx, &out, &len) == 0)
+            free(out);
+        chat_template_destroy(&t);
+    }
+    free(src);
 }
 
 /* ---- YAML configuration: each input as both schemas ---- */
@@ -1039,6 +1084,7 @@ const fuzz_target_t fuzz_targets[] = {
     {"llama2c", fuzz_llama2c},
     {"hfconfig", fuzz_hfconfig},
     {"tokenizer", fuzz_tokenizer},
+    {"chat_template", fuzz_chat_template},
     {"config_yaml", fuzz_config_yaml},
     {"river", fuzz_river},
     {"router", fuzz_router},

@@ -1,0 +1,34 @@
+/* Chat templates: the Jinja2 subset that Hugging Face chat templates use, rendered byte for
+ * byte as transformers' apply_chat_template renders them (trim_blocks, lstrip_blocks,
+ * loop controls, tojson as Python's json.dumps, raise_exception, strftime_now, namespace).
+ *
+ * A template is compiled once and rendered many times; a compiled template is read-only
+ * while rendering, so several threads may render it at once. */
+#ifndef RIVER_ENGINE_CHAT_TEMPLATE_H
+#define RIVER_ENGINE_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+typedef struct chat_template chat_template_t;
+/* Compiles template source once. name appears in error messages ("<name>:LINE: ..."). */
+int chat_template_new(chat_template_t **out, const char *name, const char *source);
+/* From a model directory's tokenizer_config.json: chat_template as a string or as the list
+ * of {"name","template"} (which: NULL picks "default", else the named one); also reads
+ * bos_token / eos_token (string or {"content": ...} object). RIVER_ENOTFOUND when the
+ * model has no chat template. */
+/* (As transformers, a chat_template.jinja in model_dir replaces the default template and
+ * additional_chat_templates/NAME.jinja the named ones.) */
+int chat_template_load_dir(chat_template_t **out, const char *model_dir, const char *which);
+/* Renders with a context object (messages, tools, add_generation_prompt, bos_token,
+ * eos_token, any extra keyword args). Keys missing from context: bos_token/eos_token from
+ * the file when loaded by load_dir. *out is malloc'd, NUL-terminated, caller frees.
+ * raise_exception and runtime errors: negative river_err, river_err_set() detail naming the
+ * template and line. */
+int chat_template_render(const chat_template_t *t, const json_t *context, char **out, size_t *out_len);
+const char *chat_template_bos(const chat_template_t *t); /* "" when none */
+const char *chat_template_eos(const chat_template_t *t);
+void chat_template_destroy(chat_template_t **t);
+
+#endif
