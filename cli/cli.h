@@ -13,6 +13,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_quant(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
 
 /* Prints "river <cmd>: <message>: <detail>" for a river_err code to stderr; returns 1. */
 int cli_fail(const char *cmd, int err);

@@ -21,13 +21,14 @@ static const command_t commands[] = {
     {"quant", cmd_quant, "build the Exit River: a 4-bit copy of the later layers"},
     {"calibrate", cmd_calibrate, "train TIDE exit routers on calibration text"},
     {"eval", cmd_eval, "measure an exit policy against the full backbone"},
+    {"chat-template", cmd_chat_template, "render a chat template with a context JSON from stdin"},
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: river COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n`river COMMAND --help` describes a command's options.\n");
 }
 
