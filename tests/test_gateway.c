@@ -159,7 +159,8 @@ static void gt_start_gateway(gt_env_t *e, int i, const char *model, const char *
 }
 
 /* riverd, a worker on `model` (none when NULL) and gateway 0. */
-static void gt_start(gt_env_t *e, const char *model, const char *worker_extra)
+static void gt_start(gt_env_t *e, const char *model, const char *worker_extra,
+                     const char *gw_extra)
 {
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "%s", test_tmpdir());
@@ -198,7 +199,7 @@ static void gt_start(gt_env_t *e, const char *model, const char *worker_extra)
         ck_assert_msg(!strcmp(state, "ready"), "worker not ready (%s); see %s", state,
                       gt_path(e, "worker.log"));
     }
-    gt_start_gateway(e, 0, model ? model : GT_STORIES, "");
+    gt_start_gateway(e, 0, model ? model : GT_STORIES, gw_extra ? gw_extra : "");
 }
 
 /* Stops everything; the gateway must exit 0 on SIGTERM (it stayed up the whole test). */
@@ -411,7 +412,7 @@ static const char *gt_chat_body(int stream, int max_tokens, const char *extra)
 START_TEST(test_completions_and_chat)
 {
     gt_env_t e;
-    gt_start(&e, GT_STORIES, NULL);
+    gt_start(&e, GT_STORIES, NULL, NULL);
     int port = e.port[0], st;
     gt_health(port);
     gt_resp_t r;
@@ -537,7 +538,7 @@ typedef struct gt_bad {
 START_TEST(test_errors)
 {
     gt_env_t e;
-    gt_start(&e, GT_STORIES, NULL);
+    gt_start(&e, GT_STORIES, NULL, NULL);
     int port = e.port[0];
     static const gt_bad_t bad[] = {
         {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [", 400, NULL},
@@ -683,7 +684,7 @@ static void *gt_client_main(void *arg)
 START_TEST(test_concurrent_streams)
 {
     gt_env_t e;
-    gt_start(&e, GT_STORIES, "max_seqs: 16\n");
+    gt_start(&e, GT_STORIES, "max_seqs: 16\n", NULL);
     enum { N = 64 };
     gt_client_t cl[N];
     pthread_t th[N];
@@ -709,8 +710,9 @@ START_TEST(test_disconnect_and_deadline)
 {
     gt_env_t e;
     /* kjv-12l on one thread makes about a hundred tokens a second here: a 200-token
-     * stream runs long enough to leave it in the middle. */
-    gt_start(&e, GT_KJV, NULL);
+     * stream runs long enough to leave it in the middle. One request at a time: a second
+     * one meanwhile is over the gateway's limit. */
+    gt_start(&e, GT_KJV, NULL, "limits:\n  max_concurrent: 1\n");
     char state[32];
     uint32_t free0 = 0, total = 0, free1 = 0;
     ck_assert_int_eq(gt_worker_state(&e, state, sizeof state, &free0, &total), 1);
@@ -737,6 +739,12 @@ START_TEST(test_disconnect_and_deadline)
     }
     ck_assert_msg(free1 < total, "no KV pages in use while streaming (%u of %u free)", free1,
                   total);
+    int st;
+    json_t *o = gt_post(e.port[0], "/v1/completions",
+                        "{\"model\":\"stories\",\"prompt\":\"In\",\"max_tokens\":2}", &st);
+    ck_assert_msg(st == 429, "status %d: %s", st, json_dumps(o, 0));
+    ck_assert_str_eq(gt_str(json_object_get(o, "error"), "type"), "rate_limit_error");
+    json_decref(o);
     close(fd);
     ck_assert_msg(test_log_has(e.gw_log[0], "went away: cancelling", 5000),
                   "the gateway did not cancel; see %s", e.gw_log[0]);
@@ -749,14 +757,17 @@ START_TEST(test_disconnect_and_deadline)
     }
     ck_assert_msg(free1 == total, "KV pages not freed after the disconnect: %u of %u free",
                   free1, total);
-    gt_health(e.port[0]);
+    /* The cancelled stream no longer counts against the limit. */
+    o = gt_post(e.port[0], "/v1/completions",
+                "{\"model\":\"stories\",\"prompt\":\"In\",\"max_tokens\":2}", &st);
+    ck_assert_msg(st == 200, "status %d: %s", st, json_dumps(o, 0));
+    json_decref(o);
 
     /* A second gateway whose requests have 100 ms: whole, 504; streamed, an error chunk. */
     gt_start_gateway(&e, 1, GT_KJV, "timeouts:\n  request: 100ms\n");
     const char *whole = "{\"model\":\"stories\",\"prompt\":\"In the beginning\","
                         "\"max_tokens\":240,\"river\":{\"ignore_eos\":true}}";
-    int st;
-    json_t *o = gt_post(e.port[1], "/v1/completions", whole, &st);
+    o = gt_post(e.port[1], "/v1/completions", whole, &st);
     ck_assert_msg(st == 504, "status %d: %s", st, json_dumps(o, 0));
     ck_assert_str_eq(gt_str(json_object_get(o, "error"), "code"), "timeout");
     json_decref(o);
@@ -781,7 +792,7 @@ END_TEST
 START_TEST(test_no_worker)
 {
     gt_env_t e;
-    gt_start(&e, NULL, NULL);
+    gt_start(&e, NULL, NULL, NULL);
     /* riverd refuses once it has had no worker for heartbeat x liveness (600 ms here). */
     test_sleep_ms(1000);
     int st;
@@ -817,7 +828,7 @@ static json_t *gt_river_run(const char *model, const char *prompt, int n, int no
 START_TEST(test_same_ids_as_river_run)
 {
     gt_env_t e;
-    gt_start(&e, GT_STORIES, NULL);
+    gt_start(&e, GT_STORIES, NULL, NULL);
     int st;
     json_t *chat = gt_post(e.port[0], "/v1/chat/completions",
                            gt_chat_body(0, 24, ",\"river\":{\"prompt\":true,\"token_ids\":true}"),
