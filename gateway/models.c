@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/err.h"
 #include "common/file.h"
@@ -67,6 +68,9 @@ static int gw_models__load(gw_model_t *m, const gw_model_cfg_t *mc)
         return gw_models__load_file(m, mc);
     if (!mc->dir[0])
         return 0;
+    struct stat st;
+    if (stat(mc->dir, &st) || !S_ISDIR(st.st_mode))
+        return river_err_set(RIVER_ENOTFOUND, "dir %s is not a directory", mc->dir);
     int rc = chat_template_load_dir(&m->tmpl, mc->dir, mc->template_name[0] ? mc->template_name
                                                                             : NULL);
     if (rc == RIVER_ENOTFOUND) {
