@@ -101,6 +101,12 @@ test-openai: deps-check
 	$(Q)$(MAKE) --no-print-directory build-test-openai
 build-test-openai: build-all
 	$(Q)BUILD=$(BUILD) scripts/test-openai.sh
+# One greedy stream through the gateway + riverd against riverd alone and `river run`.
+.PHONY: bench-gateway build-bench-gateway
+bench-gateway: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-gateway
+build-bench-gateway: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-gateway.sh
 -include $(GATEWAY_OBJ:.o=.d)
 
 TEST_SRC    := $(wildcard tests/test_*.c)
