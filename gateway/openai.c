@@ -293,7 +293,7 @@ int gw_request_parse(gw_request_t *r, gw_api_t api, const char *body, size_t len
     r->temperature = default_temperature;
     r->top_p = 1.0;
     json_error_t je;
-    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    r->root = json_loadb(body, len, 0, &je); /* duplicate keys: the last wins, as in Python */
     if (!r->root)
         return gw_error_set(err, GW_ERR_INVALID, NULL,
                             "the body is not valid JSON: %s (line %d, column %d)", je.text,
