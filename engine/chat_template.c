@@ -104,7 +104,8 @@ int chat_template_load_dir(chat_template_t **out, const char *model_dir, const c
     if (snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir) >= (int)sizeof path)
         return river_err_set(RIVER_EINVAL, "%s: path too long", model_dir);
     json_error_t jerr;
-    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    /* Integers as reals: model_max_length is often 1e30 written as an integer. */
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!cfg) {
         FILE *f = fopen(path, "rb");
         if (!f)

@@ -20,7 +20,8 @@
 #define JINJA_MAX_MEMORY (256u << 20) /* bytes of values one rendering may allocate */
 #define JINJA_MAX_ITERS 1000000u      /* loop iterations, all loops of a rendering together */
 #define JINJA_MAX_CALLS 64            /* nested macro calls */
-#define JINJA_MAX_NEST 128            /* nesting of expressions and blocks in a template */
+#define JINJA_MAX_NEST 256            /* nesting of expressions and blocks in a template */
+#define JINJA_MAX_EVAL 2000           /* nested evaluation steps (C recursion) of a rendering */
 #define JINJA_MAX_DEPTH 256           /* nesting walked by repr, tojson and comparisons */
 
 /* ---- Arena ---- */
@@ -174,7 +175,6 @@ typedef enum {
     S_FILTERBLOCK, /* a: the filter chain (innermost a NULL), c: body */
     S_BREAK,
     S_CONTINUE,
-    S_DO, /* a */
 } jnode_kind_t;
 
 typedef struct jnode {

@@ -34,6 +34,7 @@ struct jrender {
     obuf_t *out;
     jscope_t *root;
     int calls;    /* nested macro calls now */
+    int depth;    /* nested eval/exec calls now */
     size_t iters; /* loop iterations so far */
     const jval_t *filter_input; /* the body of the filter block being applied */
 };
@@ -902,7 +903,20 @@ static int contains(jrender_t *r, const jnode_t *at, jval_t needle, jval_t hay, 
 
 /* ---- Expressions ---- */
 
+static int eval_node(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out);
+
+/* Bounds the C recursion of evaluation, whatever mix of nesting and macro calls. */
 static int eval(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out)
+{
+    if (r->depth >= JINJA_MAX_EVAL)
+        return jr_fail(r, nd, RIVER_EFULL, "evaluation nested more than %d deep", JINJA_MAX_EVAL);
+    r->depth++;
+    int err = eval_node(r, sc, nd, out);
+    r->depth--;
+    return err;
+}
+
+static int eval_node(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out)
 {
     int err;
     jval_t a, b;
@@ -1164,8 +1178,7 @@ static int exec_for(jrender_t *r, jscope_t *sc, const jnode_t *nd)
     if (!lp)
         return RIVER_ENOMEM;
     lp->items = items;
-    jval_t *outer = scope_find(sc, "loop");
-    lp->depth = outer && outer->t == JV_LOOP ? outer->u.loop->depth + 1 : 1;
+    lp->depth = 1; /* only recursive loops (not supported) go deeper */
     jval_t lv = {.t = JV_LOOP};
     lv.u.loop = lp;
     for (size_t i = 0; i < items->n; i++) {
@@ -1194,7 +1207,19 @@ static jfunc_t *macro_new(jrender_t *r, const jnode_t *nd, jscope_t *closure)
     return f;
 }
 
+static int exec_node(jrender_t *r, jscope_t *sc, const jnode_t *nd);
+
 static int exec(jrender_t *r, jscope_t *sc, const jnode_t *nd)
+{
+    if (r->depth >= JINJA_MAX_EVAL)
+        return jr_fail(r, nd, RIVER_EFULL, "evaluation nested more than %d deep", JINJA_MAX_EVAL);
+    r->depth++;
+    int err = exec_node(r, sc, nd);
+    r->depth--;
+    return err;
+}
+
+static int exec_node(jrender_t *r, jscope_t *sc, const jnode_t *nd)
 {
     int err;
     jval_t v;
@@ -1259,7 +1284,6 @@ static int exec(jrender_t *r, jscope_t *sc, const jnode_t *nd)
     }
     case S_BREAK: return FLOW_BREAK;
     case S_CONTINUE: return FLOW_CONTINUE;
-    case S_DO: return eval(r, sc, nd->a, &v);
     default: return jr_fail(r, nd, RIVER_ESTATE, "expression executed as a statement");
     }
 }

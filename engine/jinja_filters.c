@@ -936,7 +936,14 @@ static int f_attr(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args
     BIND("attr", "name");
     jstr_t *n;
     int err = want_str(r, at, a[0], "attr", &n);
-    return err ? err : jr_getattr(r, at, v, n->s, out);
+    if (err)
+        return err;
+    if (v.t == JV_DICT && !jinja_method_find(JV_DICT, n->s)) {
+        /* An attribute only, never an item: of a dict, only its methods. */
+        *out = jv_undef();
+        return 0;
+    }
+    return jr_getattr(r, at, v, n->s, out);
 }
 
 static int f_capitalize(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)

@@ -129,7 +129,7 @@ static int enter(parser_t *P)
 {
     if (++P->nest > JINJA_MAX_NEST)
         return p_fail(P, cur(P)->line, "template nested too deeply (more than %s levels)",
-                      "128");
+                      "256");
     return 0;
 }
 
@@ -365,9 +365,15 @@ static int parse_subscript(parser_t *P, jnode_t *obj, jnode_t **out)
 
 static int parse_postfix(parser_t *P, jnode_t *nd, jnode_t **out)
 {
-    int err;
+    int err, added = 0;
     for (;;) {
         const jtok_t *t = cur(P);
+        if (is_op(t, '.') || is_op(t, '[') || is_op(t, '(') || is_op(t, '|') || is_name(t, "is")) {
+            /* Each step wraps the node: the tree gets one deeper. */
+            if ((err = enter(P)))
+                return err;
+            added++;
+        }
         if (is_op(t, '.')) {
             next(P);
             const jtok_t *a = cur(P);
@@ -406,6 +412,7 @@ static int parse_postfix(parser_t *P, jnode_t *nd, jnode_t **out)
             break;
         }
     }
+    P->nest -= added;
     *out = nd;
     return 0;
 }
@@ -413,9 +420,15 @@ static int parse_postfix(parser_t *P, jnode_t *nd, jnode_t **out)
 /* |filter(args), "is [not] test [arg]" and calls after them. */
 static int parse_filter_expr(parser_t *P, jnode_t *nd, jnode_t **out)
 {
-    int err;
+    int err, added = 0;
     for (;;) {
         const jtok_t *t = cur(P);
+        if (is_op(t, '.') || is_op(t, '[') || is_op(t, '(') || is_op(t, '|') || is_name(t, "is")) {
+            /* Each step wraps the node: the tree gets one deeper. */
+            if ((err = enter(P)))
+                return err;
+            added++;
+        }
         if (is_op(t, '|')) {
             next(P);
             const jtok_t *f = cur(P);
@@ -486,6 +499,7 @@ static int parse_filter_expr(parser_t *P, jnode_t *nd, jnode_t **out)
             break;
         }
     }
+    P->nest -= added;
     *out = nd;
     return 0;
 }
@@ -533,57 +547,77 @@ static int binop(parser_t *P, int op, int line, jnode_t *a, jnode_t *b, jnode_t 
 
 static int parse_pow(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0; /* each operator deepens the tree by one */
     int err = parse_unary(P, 1, &l);
     while (!err && is_op(cur(P), OP_POW)) {
         int line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_unary(P, 1, &r)))
             err = binop(P, OP_POW, line, l, r, &l);
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
 
 static int parse_math2(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0; /* each operator deepens the tree by one */
     int err = parse_pow(P, &l);
     while (!err && (is_op(cur(P), '*') || is_op(cur(P), '/') || is_op(cur(P), OP_FLOORDIV) ||
                     is_op(cur(P), '%'))) {
         int op = cur(P)->op, line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_pow(P, &r)))
             err = binop(P, op, line, l, r, &l);
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
 
 static int parse_concat(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0; /* each operator deepens the tree by one */
     int err = parse_math2(P, &l);
     while (!err && is_op(cur(P), '~')) {
         int line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_math2(P, &r)))
             err = binop(P, '~', line, l, r, &l);
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
 
 static int parse_math1(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0; /* each operator deepens the tree by one */
     int err = parse_concat(P, &l);
     while (!err && (is_op(cur(P), '+') || is_op(cur(P), '-'))) {
         int op = cur(P)->op, line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_concat(P, &r)))
             err = binop(P, op, line, l, r, &l);
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
@@ -668,11 +702,15 @@ static int parse_not(parser_t *P, jnode_t **out)
 
 static int parse_and(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0;
     int err = parse_not(P, &l);
     while (!err && is_name(cur(P), "and")) {
         int line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_not(P, &r))) {
             jnode_t *nd = node_new(P, N_AND, line);
             if (!nd)
@@ -682,17 +720,22 @@ static int parse_and(parser_t *P, jnode_t **out)
             l = nd;
         }
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
 
 static int parse_or(parser_t *P, jnode_t **out)
 {
-    jnode_t *l, *r;
+    jnode_t *l = NULL, *r;
+    int added = 0;
     int err = parse_and(P, &l);
     while (!err && is_name(cur(P), "or")) {
         int line = cur(P)->line;
         next(P);
+        if ((err = enter(P)))
+            break;
+        added++;
         if (!(err = parse_and(P, &r))) {
             jnode_t *nd = node_new(P, N_OR, line);
             if (!nd)
@@ -702,6 +745,7 @@ static int parse_or(parser_t *P, jnode_t **out)
             l = nd;
         }
     }
+    P->nest -= added;
     *out = l;
     return err;
 }
@@ -1097,12 +1141,6 @@ static int parse_statement(parser_t *P, jnode_t **out)
         if (!*out)
             return p_oom(P);
         err = expect_block_end(P);
-    } else if (!strcmp(nm, "do")) {
-        *out = node_new(P, S_DO, line);
-        if (!*out)
-            return p_oom(P);
-        if (!(err = parse_tuple(P, 1, &(*out)->a)))
-            err = expect_block_end(P);
     } else {
         return p_fail(P, line, "unknown tag '%s'", nm);
     }
@@ -1121,8 +1159,12 @@ static int parse_body(parser_t *P, const char *const *ends, jnode_t **out, const
         const jtok_t *t = cur(P);
         jnode_t *nd = NULL;
         if (t->type == TK_EOF) {
-            if (ends)
-                return p_fail(P, t->line, "unexpected end of template: '%s' missing", ends[0]);
+            if (ends) {
+                size_t k = 0;
+                while (ends[k + 1])
+                    k++;
+                return p_fail(P, t->line, "unexpected end of template: '%s' missing", ends[k]);
+            }
             break;
         } else if (t->type == TK_DATA) {
             nd = node_new(P, S_DATA, t->line);

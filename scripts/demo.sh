@@ -85,7 +85,7 @@ printf '%s' "$prompt"
 echo
 
 # The OpenAI-compatible gateway: a client of riverd with its own key, on a free port, with
-# an API key of its own (stored hashed) and the ChatML template of tests/data/chat-templates
+# an API key of its own (stored hashed) and the ChatML template of tests/data/gateway
 # (the story model has none).
 api_key="sk-demo-$$"
 "$bin/river-gateway" --hash-key "$api_key" > "$tmp/api-keys"
@@ -99,7 +99,7 @@ riverd:
 models:
   - name: tinystories
     dir: "$(pwd)/$model"
-    chat_template: "$(pwd)/tests/data/chat-templates/chatml-stories.jinja"
+    chat_template: "$(pwd)/tests/data/gateway/chatml-stories.jinja"
 api_keys: api-keys
 YAML
 echo "== starting river-gateway"

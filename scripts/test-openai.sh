@@ -78,7 +78,7 @@ riverd:
 models:
   - name: stories
     dir: "$model"
-    chat_template: "$(pwd)/tests/data/chat-templates/chatml-stories.jinja"
+    chat_template: "$(pwd)/tests/data/gateway/chatml-stories.jinja"
 api_keys: api-keys
 YAML
 "$bin/riverd" --config "$tmp/riverd.yaml" 2>"$tmp/riverd.log" &

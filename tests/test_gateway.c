@@ -33,7 +33,7 @@
 
 #define GT_STORIES TEST_DATA "/tinystories-656k"
 #define GT_KJV TEST_DATA "/kjv-12l"
-#define GT_TEMPLATE TEST_DATA "/chat-templates/chatml-stories.jinja"
+#define GT_TEMPLATE TEST_DATA "/gateway/chatml-stories.jinja"
 #define GT_KEY "sk-river-test-key"
 
 /* ---- Processes ---- */
