@@ -792,8 +792,8 @@ START_TEST(test_disconnect_and_deadline)
     json_decref(o);
     gt_health(e.port[0]);
 
-    /* A second gateway whose requests have 1 s: whole, 504; streamed, an error chunk. */
-    gt_start_gateway(&e, 1, GT_KJV, "timeouts:\n  request: 1s\n");
+    /* A second gateway whose requests have 3 s: whole, 504; streamed, an error chunk. */
+    gt_start_gateway(&e, 1, GT_KJV, "timeouts:\n  request: 3s\n");
     const char *whole = "{\"model\":\"stories\",\"prompt\":\"In the beginning\","
                         "\"max_tokens\":240,\"river\":{\"ignore_eos\":true}}";
     ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
@@ -958,6 +958,15 @@ START_TEST(test_config)
     test_write(path, y);
     rc = gt_check(path, &out);
     ck_assert_msg(rc == 0 && strstr(out, "ok (1 models"), "exit %d: %s", rc, out);
+    free(out);
+    /* Real chat models' templates, from their directories' tokenizer_config.json. */
+    snprintf(y, sizeof y, "models:\n  - name: llama3\n    dir: \"%s\"\n"
+             "  - name: qwen3\n    dir: \"%s\"\n", test_abs_path(TEST_DATA "/tokenizers/llama3"),
+             test_abs_path(TEST_DATA "/tokenizers/qwen3"));
+    test_write(path, y);
+    rc = gt_check(path, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "ok (2 models") && !strstr(out, "no chat template"),
+                  "exit %d: %s", rc, out);
     free(out);
     /* The example parses: what stops it is its model directory, not on this machine. */
     rc = gt_check("configs/gateway.yaml", &out);
