@@ -28,6 +28,8 @@ endpoints:
   workers: ["ipc://$tmp/workers"]
   admin: "ipc://$tmp/admin"
   metrics_port: 0
+# A shared, busy machine may stall a process for seconds: do not call the worker dead.
+heartbeat: {interval: 1s, liveness: 30}
 log_level: warn
 auth: {mode: plain}
 YAML
@@ -58,7 +60,12 @@ done
 port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/gateway.log")
 [ -n "$port" ] || { echo "bench-gateway: the gateway did not start" >&2; exit 1; }
 url="http://127.0.0.1:$port"
-field() { sed -E "s/.*\"$1\":([0-9.e+-]+).*/\1/"; }
+# A field of a JSON line; a line without it (a failed run) stops the benchmark, shown.
+field() {
+    v=$(sed -nE "s/.*\"$1\":([0-9.e+-]+).*/\1/p")
+    [ -n "$v" ] || { echo "bench-gateway: no $1 in: $out" >&2; exit 1; }
+    echo "$v"
+}
 # Warm-up, then RUNS of each, interleaved so that a busy spell hits all three alike.
 "$bin/river" run --model "$model" --prompt "$prompt" --max-tokens 8 --ignore-eos \
     --threads "$threads" --output json > /dev/null
