@@ -273,7 +273,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
 
 build-test: build-all
-	$(Q)scripts/run-tests.sh $(TEST_BIN) $(TEST_SCRIPTS)
+	$(Q)BUILD=$(BUILD) scripts/run-tests.sh $(TEST_BIN) $(TEST_SCRIPTS)
 
 # libFuzzer: one binary per parser entry point in fuzz/targets.c, each run for FUZZ_SECONDS
 # on its seeds (fuzz/corpus/<target>/; what it finds new goes to $(BUILD)/fuzz/corpus/).
