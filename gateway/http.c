@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -467,6 +468,13 @@ static enum MHD_Result gw_http__access(void *cls, struct MHD_Connection *c, cons
         if (!cc)
             return MHD_NO;
         *con_cls = cc;
+        /* A stream is many small writes: without TCP_NODELAY each waits for the client's
+         * delayed ACK of the one before (Nagle), tens of milliseconds a token. */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        int one = 1;
+        if (ci && setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one))
+            log_debug("TCP_NODELAY: %s", strerror(errno));
         return MHD_YES;
     }
     if (*upload_size) {
