@@ -75,6 +75,40 @@ OPS_OBJ     := $(OPS_SRC:%.c=$(BUILD)/%.o)
 OPS_BIN     := $(if $(OPS_SRC),$(BUILD)/bin/riverctl)
 SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
 
+# river-gateway (gateway/): the OpenAI-compatible HTTP server, a client of riverd over the
+# client library; it shares riverd's log (daemon/log.c) and takes SHA-256 from nettle for
+# its API key file. gateway/openai.c (the request parser) is also in the fuzz binaries.
+# `make test-openai` runs the official `openai` npm package against it (scripts/
+# test-openai.sh: installed under $(BUILD)/npm at test time, never vendored); `make test`
+# runs it too, as a suite of its own (TEST_SCRIPTS).
+GATEWAY_SRC := $(wildcard gateway/*.c)
+GATEWAY_OBJ := $(GATEWAY_SRC:%.c=$(BUILD)/%.o)
+GATEWAY_BIN := $(if $(GATEWAY_SRC),$(BUILD)/bin/river-gateway)
+GATEWAY_LIBS := $(shell pkg-config --libs nettle 2>/dev/null)
+GATEWAY_FUZZ_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/openai.o $(BUILD)/gateway/errors.o)
+SERVE_BINS  += $(GATEWAY_BIN)
+TEST_SCRIPTS := scripts/test-openai.sh
+# The rules below come before `all`, which stays the default goal.
+.DEFAULT_GOAL := all
+$(GATEWAY_OBJ): | $(PROTO_GEN_H)
+$(BUILD)/bin/river-gateway: $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(LIB) \
+		$(LDLIBS) $(SERVE_LIBS) $(GATEWAY_LIBS)
+.PHONY: test-openai build-test-openai
+test-openai: deps-check
+	$(Q)$(MAKE) --no-print-directory build-test-openai
+build-test-openai: build-all
+	$(Q)BUILD=$(BUILD) scripts/test-openai.sh
+# One greedy stream through the gateway + riverd against riverd alone and `river run`.
+.PHONY: bench-gateway build-bench-gateway
+bench-gateway: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-gateway
+build-bench-gateway: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-gateway.sh
+-include $(GATEWAY_OBJ:.o=.d)
+
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
@@ -238,7 +272,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
 
 build-test: build-all
-	$(Q)scripts/run-tests.sh $(TEST_BIN)
+	$(Q)BUILD=$(BUILD) scripts/run-tests.sh $(TEST_BIN) $(TEST_SCRIPTS)
 
 # The engine suites again on the opaque backend (kernels/opaque/opaque.h): the CPU kernels
 # behind memory that nothing above the op interface may touch, so a host-side read of a
@@ -261,7 +295,8 @@ build-test-opaque: build-all
 FUZZ_SECONDS ?= 60
 # The split-pair target drives the worker's pair code (and what it calls of the link and
 # the log); the regression suite, which runs every target, links it too.
-FUZZ_WORKER_OBJ := $(BUILD)/workers/pair.o $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o
+FUZZ_WORKER_OBJ := $(BUILD)/workers/pair.o $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o \
+                   $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)

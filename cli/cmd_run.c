@@ -75,7 +75,7 @@ static void run__usage(FILE *f)
             "usage: river run --model PATH [--tokenizer PATH] --prompt TEXT [--max-tokens N]\n"
             "                 [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                 [--stop TEXT]... [--ignore-eos] [--threads N] [--device cpu|cuda]\n"
-            "                 [--output text|json]\n"
+            "                 [--output text|json] [--no-special]\n"
             "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
             "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
             "                 [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
@@ -85,7 +85,9 @@ static void run__usage(FILE *f)
             "ends a draft after a token whose probability is below P.\n"
             "Greedy decoding unless --temperature > 0. Text mode streams the completion;\n"
             "json prints {prompt_ids, ids, exit_layers, text, finish, prefill_tok_s,\n"
-            "decode_tok_s}; exit_layers holds the backbone layers each token ran.\n");
+            "decode_tok_s}; exit_layers holds the backbone layers each token ran.\n"
+            "--no-special: the prompt carries its special tokens as text (a rendered chat\n"
+            "template), so no BOS is added.\n");
 }
 
 int cmd_run(int argc, char **argv)
@@ -98,7 +100,7 @@ int cmd_run(int argc, char **argv)
         {"top-p", required_argument, 0, 'P'},     {"seed", required_argument, 0, 's'},
         {"stop", required_argument, 0, 'S'},      {"ignore-eos", no_argument, 0, 'E'},
         {"threads", required_argument, 0, 'j'},   {"output", required_argument, 0, 'o'},
-        {"device", required_argument, 0, 1000},
+        {"device", required_argument, 0, 1000},   {"no-special", no_argument, 0, 1001},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL;
@@ -106,7 +108,7 @@ int cmd_run(int argc, char **argv)
     int n_stop = 0;
     long max_tokens = 256, threads = 0, top_k = 0, seed = 0;
     double temperature = 0, top_p = 1;
-    int json = 0, ignore_eos = 0;
+    int json = 0, ignore_eos = 0, add_special = 1;
     int c, li = 0;
     exit_opts_t xo;
     exit_opts_init(&xo);
@@ -165,6 +167,7 @@ int cmd_run(int argc, char **argv)
                 return cli_fail("run", de);
             break;
         }
+        case 1001: add_special = 0; break;
         case 'h': run__usage(stdout); return 0;
         default: run__usage(stderr); return 2;
         }
@@ -193,7 +196,7 @@ int cmd_run(int argc, char **argv)
         cli_env_close(&env);
         return cli_fail("run", e);
     }
-    e = tokenizer_encode(env.tok, prompt, strlen(prompt), 1, &ids, &n_ids);
+    e = tokenizer_encode(env.tok, prompt, strlen(prompt), add_special, &ids, &n_ids);
     if (e)
         goto done;
     gen_config_t gc = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};

@@ -313,6 +313,7 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     if (o->prompt) {
         g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
         g.text = (char *)o->prompt;
+        g.text_has_special = o->text_has_special ? 1 : 0;
     } else {
         toks.n_ids = o->n_prompt_ids;
         toks.ids = (int32_t *)o->prompt_ids;

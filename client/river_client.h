@@ -73,6 +73,8 @@ const char *river_finish_name(river_finish_t f);    /* "length" */
 
 typedef struct river_generate_opts {
     const char *prompt;          /* text, tokenized by the worker; or NULL and: */
+    int text_has_special;        /* prompt carries its special tokens (BOS...) as text: the
+                                    worker adds none (a rendered chat template) */
     const int32_t *prompt_ids;   /* token ids, BOS included when the model wants one */
     size_t n_prompt_ids;
     const char *session_id;      /* same id, same worker while it lives; NULL: none */

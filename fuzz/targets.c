@@ -31,6 +31,7 @@
 #include "engine/router.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
+#include "gateway/gateway.h"
 #include "kernels/cpu/cpu.h"
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
@@ -1075,6 +1076,48 @@ static void fuzz_pair(const uint8_t *d, size_t n)
     }
 }
 
+/* ---- river-gateway's request parser ----
+ * The first byte picks the endpoint (even: chat, odd: completions), the rest is the body;
+ * a body that parses is also turned into every response and chunk the gateway builds from
+ * it, and a refusal into its error object. */
+static void fuzz_openai_request(const uint8_t *d, size_t n)
+{
+    if (n == 0)
+        return;
+    gw_request_t r;
+    gw_error_t err;
+    gw_api_t api = d[0] & 1 ? GW_API_COMPLETIONS : GW_API_CHAT;
+    if (gw_request_parse(&r, api, (const char *)d + 1, n - 1, 1.0, &err)) {
+        json_t *o = gw_error_json(&err);
+        if (!o)
+            fuzz_fail("openai_request: no error object");
+        char *text = json_dumps(o, JSON_COMPACT);
+        if (!text)
+            fuzz_fail("openai_request: error object does not serialize");
+        free(text);
+        json_decref(o);
+        gw_request_free(&r);
+        return;
+    }
+    static const int32_t ids[] = {1, 2, 3};
+    gw_piece_t p = {"text \xc3\xa9", 7, ids, ids, 3, 3};
+    gw_usage_t u = {5, 3, 1.5f};
+    json_t *o[4] = {
+        gw_chunk_json(&r, "cmpl-1", 1, &p, NULL, 0),
+        gw_chunk_json(&r, "cmpl-1", 1, NULL, "stop", api == GW_API_CHAT),
+        gw_usage_chunk_json(&r, "cmpl-1", 1, &u),
+        gw_response_json(&r, "cmpl-1", 1, &p, "length", &u, "<s>prompt"),
+    };
+    for (int i = 0; i < 4; i++) {
+        char *text = o[i] ? json_dumps(o[i], JSON_COMPACT) : NULL;
+        if (!text)
+            fuzz_fail("openai_request: a response does not serialize");
+        free(text);
+        json_decref(o[i]);
+    }
+    gw_request_free(&r);
+}
+
 const fuzz_target_t fuzz_targets[] = {
     {"frame_client_request", fuzz_frame_client_request},
     {"frame_worker_message", fuzz_frame_worker_message},
@@ -1091,6 +1134,7 @@ const fuzz_target_t fuzz_targets[] = {
     {"client_reply", fuzz_client_reply},
     {"admin_reply", fuzz_admin_reply},
     {"pair", fuzz_pair},
+    {"openai_request", fuzz_openai_request},
 };
 const size_t fuzz_n_targets = sizeof fuzz_targets / sizeof fuzz_targets[0];
 

@@ -312,7 +312,10 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
     case RIVER__CLIENT__GENERATE__PROMPT_TEXT: {
         if (!s->tok)
             return river_err_set(RIVER_EINVAL, "this worker has no tokenizer: send token ids");
-        int e = tokenizer_encode(s->tok, gen->text, strlen(gen->text), 1, &r->prompt,
+        /* A text that carries its special tokens (a rendered chat template) gets no BOS
+         * from the post-processor: it has one already. */
+        int e = tokenizer_encode(s->tok, gen->text, strlen(gen->text),
+                                 gen->text_has_special ? 0 : 1, &r->prompt,
                                  &r->n_prompt);
         if (e)
             return e;

@@ -1,0 +1,246 @@
+/* river-gateway: an OpenAI-compatible HTTP server in front of riverd.
+ *
+ * The gateway owns no model. It speaks HTTP to its clients (gateway/http.c, libmicrohttpd,
+ * one thread per connection) and riverd's client protocol to riverd (gateway/bridge.c: one
+ * thread owns the river_client_t connection, since a client connection is not
+ * thread-safe). Requests are parsed and validated by gateway/openai.c, which also builds
+ * the response and chunk JSON; chat requests are rendered with the model's chat template
+ * (gateway/models.c, engine/chat_template.h) into a prompt that carries its special tokens
+ * as text. Errors map to OpenAI's error object through one table (gateway/errors.c).
+ *
+ * The declarations below are shared by the gateway's files only. */
+#ifndef RIVER_GATEWAY_GATEWAY_H
+#define RIVER_GATEWAY_GATEWAY_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "client/river_client.h"
+#include "common/config.h"
+
+/* ---- Configuration (gateway/config.c) ---- */
+
+/* One entry of `models:`: a name clients use and where its chat template comes from. */
+typedef struct gw_model_cfg {
+    char *name;          /* the `model` field clients send */
+    char *dir;           /* model directory whose tokenizer_config.json has the template */
+    char *chat_template; /* a Jinja file that replaces the directory's template; "": none */
+    char *template_name; /* which of a list of named templates; "": the default */
+} gw_model_cfg_t;
+
+typedef struct gw_config {
+    char *listen_address;      /* listen.address: IPv4 address bound */
+    int listen_port;           /* listen.port, 0: any free port (logged) */
+    char *riverd_endpoint;     /* riverd.endpoint: riverd's client endpoint */
+    int auth_mode;             /* riverd.auth_mode: config_auth_mode_t */
+    char *secret_key;          /* riverd.secret_key: the gateway's client key */
+    char *server_key;          /* riverd.server_key: riverd's public key */
+    config_items_t models;     /* gw_model_cfg_t */
+    char *api_keys;            /* api_keys: file of SHA-256 hex digests; "": no keys */
+    int max_body_bytes;        /* limits.max_body_bytes */
+    int max_concurrent;        /* limits.max_concurrent: requests in flight */
+    int max_connections;       /* limits.max_connections: HTTP connections */
+    int64_t request_timeout_ms; /* timeouts.request: deadline given to riverd, 0: none */
+    int64_t connection_timeout_ms; /* timeouts.connection: idle HTTP connection */
+    double default_temperature; /* sampling.default_temperature: when a request has none */
+    int log_level;             /* config_log_level_t */
+} gw_config_t;
+
+extern const config_schema_t gw_config_schema; /* gw_config_t */
+
+/* ---- Errors (gateway/errors.c) ---- */
+
+typedef enum {
+    GW_ERR_INVALID = 0,    /* 400: malformed JSON, wrong type, bad value */
+    GW_ERR_AUTH,           /* 401: missing or unknown API key */
+    GW_ERR_MODEL,          /* 404: unknown model */
+    GW_ERR_NOT_FOUND,      /* 404: unknown path */
+    GW_ERR_METHOD,         /* 405 */
+    GW_ERR_TOO_LARGE,      /* 413: body over limits.max_body_bytes */
+    GW_ERR_RATE,           /* 429: over a limit (here or riverd's RESOURCE_EXHAUSTED) */
+    GW_ERR_INTERNAL,       /* 500 */
+    GW_ERR_UPSTREAM_AUTH,  /* 502: riverd refused the gateway's key */
+    GW_ERR_UNAVAILABLE,    /* 503: no worker, riverd unreachable or shutting down */
+    GW_ERR_DEADLINE,       /* 504 */
+    GW_ERR_COUNT
+} gw_err_kind_t;
+
+typedef struct gw_error {
+    gw_err_kind_t kind;
+    char message[512];
+    char param[96]; /* the request field at fault; "" when none */
+} gw_error_t;
+
+/* Fills e and returns -1, so that parsers can `return gw_error_set(...)`. */
+int gw_error_set(gw_error_t *e, gw_err_kind_t kind, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int gw_error_status(gw_err_kind_t kind);
+/* {"error":{"message","type","param","code"}}; a new reference. */
+json_t *gw_error_json(const gw_error_t *e);
+/* The kind of an error riverd (or the client library) ended a request with. */
+gw_err_kind_t gw_error_from_river(river_code_t code);
+
+/* ---- Requests and responses (gateway/openai.c) ---- */
+
+typedef enum { GW_API_CHAT = 0, GW_API_COMPLETIONS } gw_api_t;
+
+/* A validated request. Pointers into `root` stay valid while it lives. */
+typedef struct gw_request {
+    gw_api_t api;
+    json_t *root;              /* the parsed body, owned */
+    const char *model;
+    json_t *messages;          /* chat: borrowed from root, content parts flattened */
+    json_t *tools;             /* chat: borrowed, or NULL */
+    json_t *template_kwargs;   /* chat: chat_template_kwargs, borrowed, or NULL */
+    int add_generation_prompt; /* chat: default 1 */
+    const char *prompt;        /* completions: text, or NULL and prompt_ids */
+    int32_t *prompt_ids;       /* completions: owned */
+    size_t n_prompt_ids;
+    int stream, include_usage;
+    uint32_t max_tokens;       /* 0: riverd's limit */
+    double temperature, top_p;
+    int has_seed;
+    uint64_t seed;
+    const char **stop;         /* owned array of borrowed strings */
+    size_t n_stop;
+    /* The `river` extension. */
+    const char *policy;        /* NULL: the worker's */
+    int has_tau, has_theta, has_exit_layer;
+    double tau, theta;
+    int exit_layer;
+    int want_exit_layers, want_token_ids; /* report them per chunk / choice */
+    int want_prompt;           /* chat: the response carries the rendered prompt */
+    int ignore_eos;            /* keep going past EOS (benchmarks) */
+} gw_request_t;
+
+/* Parses and validates a body. Fields OpenAI defines that River cannot honour (n > 1,
+ * logprobs) are refused naming the field; unknown fields are ignored. */
+int gw_request_parse(gw_request_t *r, gw_api_t api, const char *body, size_t len,
+                     double default_temperature, gw_error_t *err);
+void gw_request_free(gw_request_t *r);
+
+/* What one chunk or the whole completion carries. */
+typedef struct gw_piece {
+    const char *text;
+    size_t text_len;
+    const int32_t *ids, *exit_layers;
+    size_t n_ids, n_exit_layers;
+} gw_piece_t;
+
+typedef struct gw_usage {
+    uint32_t prompt_tokens, completion_tokens;
+    float mean_exit_layer;
+} gw_usage_t;
+
+/* "stop" or "length" for a finish reason. */
+const char *gw_finish_reason(river_finish_t f);
+/* A streamed chunk (chat.completion.chunk or text_completion); finish NULL while it runs;
+ * role_only: chat's first chunk, the assistant role with empty content. */
+json_t *gw_chunk_json(const gw_request_t *r, const char *id, int64_t created,
+                      const gw_piece_t *p, const char *finish, int role_only);
+/* The last chunk of stream_options.include_usage: empty choices and usage. */
+json_t *gw_usage_chunk_json(const gw_request_t *r, const char *id, int64_t created,
+                            const gw_usage_t *u);
+/* The non-streaming response; prompt: the rendered chat prompt (river.prompt), or NULL. */
+json_t *gw_response_json(const gw_request_t *r, const char *id, int64_t created,
+                         const gw_piece_t *p, const char *finish, const gw_usage_t *u,
+                         const char *prompt);
+/* GET /v1/models. */
+json_t *gw_models_json(const gw_config_t *cfg, int64_t created);
+
+/* ---- Chat templates (gateway/models.c) ---- */
+
+typedef struct gw_models gw_models_t;
+/* Loads every configured model's chat template (paths already resolved). */
+int gw_models_new(gw_models_t **out, const gw_config_t *cfg);
+void gw_models_destroy(gw_models_t **m);
+/* Whether the model is served. */
+int gw_models_has(const gw_models_t *m, const char *name);
+/* Renders a chat request's prompt (malloc'd). GW error on failure. */
+int gw_models_render(const gw_models_t *m, const gw_request_t *r, char **prompt,
+                     gw_error_t *err);
+
+/* ---- API keys (gateway/apikeys.c) ---- */
+
+#define GW_KEY_HEX_LEN 64 /* SHA-256 in lower-case hex */
+
+typedef struct gw_apikeys gw_apikeys_t;
+/* Reads a key file: one SHA-256 hex digest a line, '#' comments and blank lines allowed. */
+int gw_apikeys_load(gw_apikeys_t **out, const char *path);
+void gw_apikeys_destroy(gw_apikeys_t **k);
+/* Whether key (the Bearer token) hashes to one of the file's digests. */
+int gw_apikeys_check(const gw_apikeys_t *k, const char *key);
+/* The line a key file holds for key. */
+void gw_apikeys_hash(const char *key, size_t len, char hex[GW_KEY_HEX_LEN + 1]);
+
+/* ---- Metrics (gateway/metrics.c) ---- */
+
+void gw_metrics_request(int status);
+void gw_metrics_stream_error(void);
+void gw_metrics_first_token(double seconds);
+void gw_metrics_tokens(uint32_t prompt_tokens, uint32_t completion_tokens, double decode_s);
+void gw_metrics_in_flight(int delta);
+/* Prometheus text (malloc'd). */
+char *gw_metrics_text(void);
+
+/* ---- The connection to riverd (gateway/bridge.c) ---- */
+
+/* One request on its way through riverd: shared by its HTTP connection's thread and the
+ * bridge thread, under its own lock, and freed when both let go. */
+typedef struct gw_call {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    char id[RIVER_CLIENT_ID_MAX];
+    river_generate_opts_t opts; /* points into req and prompt */
+    gw_request_t req;
+    char *prompt;               /* chat: the rendered template */
+    /* What arrived and the HTTP side has not taken yet. */
+    char *text;
+    size_t n_text, cap_text;
+    int32_t *ids, *exit_layers;
+    size_t n_ids, n_exit_layers, cap_ids, cap_exit_layers;
+    int started;                /* a chunk (or the end) arrived */
+    int done, ok;
+    river_finish_t finish;
+    gw_usage_t usage;
+    river_code_t code;
+    char message[512];
+    double t_start, t_first, t_end; /* monotonic seconds */
+} gw_call_t;
+
+typedef struct gw_bridge gw_bridge_t;
+int gw_bridge_new(gw_bridge_t **out, const gw_config_t *cfg);
+/* Fails every request in flight (UNAVAILABLE) and stops the thread; later submits fail at
+ * once. HTTP threads may still call in until gw_bridge_destroy. */
+void gw_bridge_stop(gw_bridge_t *b);
+/* Stops (when not yet) and closes the connection. */
+void gw_bridge_destroy(gw_bridge_t **b);
+/* Sends call (which must have opts and id filled) to riverd; the bridge holds a reference
+ * until the request ends. */
+int gw_bridge_submit(gw_bridge_t *b, gw_call_t *call);
+/* Asks riverd to end it (the client went away). */
+void gw_bridge_cancel(gw_bridge_t *b, gw_call_t *call);
+
+gw_call_t *gw_call_new(void);
+void gw_call_release(gw_call_t **call);
+
+/* ---- HTTP (gateway/http.c) ---- */
+
+typedef struct gw_http gw_http_t;
+typedef struct gw_ctx {
+    const gw_config_t *cfg;
+    gw_models_t *models;
+    gw_apikeys_t *keys;    /* NULL: no API keys */
+    gw_bridge_t *bridge;
+} gw_ctx_t;
+int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);
+int gw_http_port(const gw_http_t *h);
+void gw_http_stop(gw_http_t **h);
+
+double gw_now(void); /* monotonic seconds */
+
+#endif

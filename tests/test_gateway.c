@@ -1,0 +1,997 @@
+/* river-gateway end to end: real riverd, river-worker and river-gateway processes (CurveZMQ
+ * keys from `riverctl keygen`, ipc:// sockets under the test's directory, the gateway on a
+ * free TCP port it picks itself) and real HTTP over sockets.
+ *
+ * What must hold: chat and text completions, streamed (SSE framing: `data: {json}` events
+ * separated by blank lines, [DONE] last, include_usage's last chunk) and not, agree with
+ * each other; stop strings end the text; every documented error gets its status and error
+ * object and the gateway stays up; 64 concurrent streams all complete; a client that goes
+ * away mid-stream has its request cancelled and the worker's KV pages freed; a request
+ * past its deadline ends with 504 or an error chunk; no worker gives 503; the greedy ids
+ * of a chat completion are those of `river run` on the rendered prompt. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "client/river_client.h"
+#include "common/err.h"
+#include "tests/proc.h"
+#include "tests/testutil.h"
+
+#define GT_STORIES TEST_DATA "/tinystories-656k"
+#define GT_KJV TEST_DATA "/kjv-12l"
+#define GT_TEMPLATE TEST_DATA "/gateway/chatml-stories.jinja"
+#define GT_KEY "sk-river-test-key"
+
+/* ---- Processes ---- */
+
+typedef struct gt_env {
+    char dir[256];
+    char clients[320], workers[320], admin[320];
+    pid_t riverd, worker, gw[2];
+    int port[2];
+    char gw_log[2][320];
+} gt_env_t;
+
+static const char *gt_path(const gt_env_t *e, const char *rel)
+{
+    static char out[8][PATH_MAX];
+    static int k;
+    char *p = out[k++ % 8];
+    snprintf(p, PATH_MAX, "%s/%s", e->dir, rel);
+    return p;
+}
+
+static void gt_copy(const char *from, const char *to)
+{
+    size_t len;
+    char *text = test_read_file(from, &len);
+    ck_assert_msg(text, "%s", from);
+    test_write(to, text);
+    free(text);
+}
+
+static void gt_keygen(const char *dir, const char *name)
+{
+    char *argv[] = {(char *)test_bin("riverctl"), "keygen", (char *)name, "--dir",
+                    (char *)dir, NULL};
+    char *out;
+    ck_assert_msg(test_capture(argv, NULL, 1, &out) == 0, "keygen %s: %s", name, out);
+    free(out);
+}
+
+/* Keys: riverd's pair in keys/, the worker's, the gateway's and an admin's in own/, their
+ * public halves where riverd looks for them. */
+static void gt_keys(gt_env_t *e)
+{
+    gt_keygen(gt_path(e, "keys"), "riverd");
+    gt_keygen(gt_path(e, "own"), "w1");
+    gt_keygen(gt_path(e, "own"), "gw");
+    gt_keygen(gt_path(e, "own"), "a1");
+    const char *dirs[] = {"keys/clients", "keys/workers", "keys/admin"};
+    for (int i = 0; i < 3; i++)
+        ck_assert(mkdir(gt_path(e, dirs[i]), 0755) == 0 || errno == EEXIST);
+    gt_copy(gt_path(e, "own/gw.key"), gt_path(e, "keys/clients/gw.key"));
+    gt_copy(gt_path(e, "own/w1.key"), gt_path(e, "keys/workers/w1.key"));
+    gt_copy(gt_path(e, "own/a1.key"), gt_path(e, "keys/admin/a1.key"));
+    /* The API key file: the hash `river-gateway --hash-key` prints. */
+    char *argv[] = {(char *)test_bin("river-gateway"), "--hash-key", GT_KEY, NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
+    ck_assert_uint_eq(strlen(out), 65);
+    char file[256];
+    snprintf(file, sizeof file, "# test key\n%s", out);
+    test_write(gt_path(e, "api-keys.txt"), file);
+    free(out);
+}
+
+static river_keys_t gt_admin_keys(const gt_env_t *e)
+{
+    static char secret[PATH_MAX], server[PATH_MAX];
+    snprintf(secret, sizeof secret, "%s", gt_path(e, "own/a1.key_secret"));
+    snprintf(server, sizeof server, "%s", gt_path(e, "keys/riverd.key"));
+    river_keys_t k = {.secret_key = secret, .server_key = server};
+    return k;
+}
+
+/* The worker, or -1 when riverd does not answer; fills its KV page counts. */
+static int gt_worker_state(const gt_env_t *e, char *state, size_t cap, uint32_t *free_pages,
+                           uint32_t *total_pages)
+{
+    river_keys_t k = gt_admin_keys(e);
+    river_admin_t *a;
+    ck_assert_int_eq(river_admin_new_secure(&a, e->admin, 1000, &k), 0);
+    river_worker_info_t *w;
+    size_t n;
+    int rc = river_admin_workers(a, &w, &n);
+    river_admin_destroy(&a);
+    if (rc < 0)
+        return -1;
+    snprintf(state, cap, "%s", n ? w[0].state : "none");
+    if (n && free_pages) {
+        *free_pages = w[0].kv_pages_free;
+        *total_pages = w[0].kv_pages_total;
+    }
+    free(w);
+    return (int)n;
+}
+
+/* A gateway on riverd with `extra` YAML at the end (timeouts...). */
+static void gt_start_gateway(gt_env_t *e, int i, const char *model, const char *extra)
+{
+    char y[4096], name[64];
+    snprintf(y, sizeof y,
+             "listen:\n  port: 0\n"
+             "riverd:\n  endpoint: \"%s\"\n  secret_key: own/gw.key_secret\n"
+             "  server_key: keys/riverd.key\n"
+             "models:\n  - name: stories\n    dir: \"%s\"\n    chat_template: \"%s\"\n"
+             "api_keys: api-keys.txt\nlog_level: debug\n%s",
+             e->clients, test_abs_path(model), test_abs_path(GT_TEMPLATE), extra);
+    snprintf(name, sizeof name, "gateway%d.yaml", i);
+    test_write(gt_path(e, name), y);
+    char logp[320];
+    snprintf(logp, sizeof logp, "%s/gateway%d.log", e->dir, i);
+    memcpy(e->gw_log[i], logp, sizeof logp);
+    char *argv[] = {(char *)test_bin("river-gateway"), "--config", (char *)gt_path(e, name),
+                    NULL};
+    e->gw[i] = test_spawn(argv, e->gw_log[i], NULL);
+    ck_assert_msg(test_log_has(e->gw_log[i], "listening on http://127.0.0.1:", 15000),
+                  "the gateway did not start; see %s", e->gw_log[i]);
+    size_t len;
+    char *log = test_read_file(e->gw_log[i], &len);
+    const char *p = strstr(log, "listening on http://127.0.0.1:");
+    e->port[i] = atoi(p + strlen("listening on http://127.0.0.1:"));
+    free(log);
+    ck_assert_int_gt(e->port[i], 0);
+}
+
+/* riverd, a worker on `model` (none when NULL) and gateway 0. */
+static void gt_start_with(gt_env_t *e, const char *model, const char *worker_extra,
+                          const char *gw_extra, const char *heartbeat_extra)
+{
+    memset(e, 0, sizeof *e);
+    snprintf(e->dir, sizeof e->dir, "%s", test_tmpdir());
+    snprintf(e->clients, sizeof e->clients, "ipc://%s/clients.sock", e->dir);
+    snprintf(e->workers, sizeof e->workers, "ipc://%s/workers.sock", e->dir);
+    snprintf(e->admin, sizeof e->admin, "ipc://%s/admin.sock", e->dir);
+    gt_keys(e);
+    char y[4096];
+    snprintf(y, sizeof y,
+             "endpoints:\n  clients: [\"%s\"]\n  workers: [\"%s\"]\n  admin: \"%s\"\n"
+             "  metrics_port: 0\n"
+             "heartbeat:\n  interval: 200ms\n%s"
+             "limits:\n  max_requests_per_client: 256\n",
+             e->clients, e->workers, e->admin, heartbeat_extra ? heartbeat_extra : "");
+    test_write(gt_path(e, "riverd.yaml"), y);
+    char *rargv[] = {(char *)test_bin("riverd"), "--config", (char *)gt_path(e, "riverd.yaml"),
+                     NULL};
+    e->riverd = test_spawn(rargv, gt_path(e, "riverd.log"), NULL);
+    if (model) {
+        snprintf(y, sizeof y,
+                 "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\n%s"
+                 "auth:\n  secret_key: own/w1.key_secret\n  server_key: keys/riverd.key\n",
+                 e->workers, test_abs_path(model), worker_extra ? worker_extra : "");
+        test_write(gt_path(e, "worker.yaml"), y);
+        char *wargv[] = {(char *)test_bin("river-worker"), "--config",
+                         (char *)gt_path(e, "worker.yaml"), "--id", "w1", NULL};
+        e->worker = test_spawn(wargv, gt_path(e, "worker.log"), NULL);
+        char state[32] = "";
+        double until = test_now() + 30;
+        while (test_now() < until) {
+            if (gt_worker_state(e, state, sizeof state, NULL, NULL) > 0 &&
+                !strcmp(state, "ready"))
+                break;
+            test_sleep_ms(100);
+        }
+        ck_assert_msg(!strcmp(state, "ready"), "worker not ready (%s); see %s", state,
+                      gt_path(e, "worker.log"));
+    }
+    gt_start_gateway(e, 0, model ? model : GT_STORIES, gw_extra ? gw_extra : "");
+}
+
+/* riverd waits 20 heartbeats (4 s) before it calls a silent worker dead: a busy shared
+ * machine stalls processes for a second or more. */
+static void gt_start(gt_env_t *e, const char *model, const char *worker_extra,
+                     const char *gw_extra)
+{
+    gt_start_with(e, model, worker_extra, gw_extra, "  liveness: 20\n");
+}
+
+/* Stops everything; the gateway must exit 0 on SIGTERM (it stayed up the whole test). */
+static void gt_stop(gt_env_t *e)
+{
+    for (int i = 0; i < 2; i++) {
+        if (e->gw[i] <= 0)
+            continue;
+        kill(e->gw[i], SIGTERM);
+        int st = 0;
+        int ended = test_wait_exit(e->gw[i], 10000, &st);
+        if (!ended)
+            test_kill(&e->gw[i], SIGKILL);
+        ck_assert_msg(ended && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "gateway %d: status %d; see %s", i, st, e->gw_log[i]);
+        e->gw[i] = 0;
+    }
+    test_kill(&e->worker, SIGTERM);
+    test_kill(&e->riverd, SIGTERM);
+}
+
+/* ---- HTTP ---- */
+
+typedef struct gt_resp {
+    int status;
+    char *head, *body; /* NUL-terminated */
+    size_t len;
+} gt_resp_t;
+
+static void gt_resp_free(gt_resp_t *r)
+{
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int gt_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s",
+                  strerror(errno));
+    return fd;
+}
+
+/* Sends one HTTP/1.0 request (so the response ends when the connection does); key NULL:
+ * no Authorization header. Returns the socket, response unread. */
+static int gt_send(int port, const char *method, const char *path, const char *key,
+                   const char *body, size_t len)
+{
+    int fd = gt_connect(port);
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n%s%s%s\r\n",
+                     method, path, len, key ? "Authorization: Bearer " : "", key ? key : "",
+                     key ? "\r\n" : "");
+    ck_assert(send(fd, head, (size_t)n, MSG_NOSIGNAL) == n);
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = send(fd, body + off, len - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break; /* the server may answer (413) and close before taking it all */
+        off += (size_t)w;
+    }
+    return fd;
+}
+
+static void gt_read_all(int fd, gt_resp_t *r)
+{
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    for (;;) {
+        if (n + 4096 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert_ptr_nonnull(buf);
+        }
+        ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    buf[n] = '\0';
+    memset(r, 0, sizeof *r);
+    char *sep = strstr(buf, "\r\n\r\n");
+    ck_assert_msg(sep, "no HTTP header in %zu bytes: %.200s", n, buf);
+    *sep = '\0';
+    ck_assert_msg(sscanf(buf, "HTTP/1.%*d %d", &r->status) == 1, "status line: %.100s", buf);
+    r->head = strdup(buf);
+    r->len = n - (size_t)(sep + 4 - buf);
+    r->body = malloc(r->len + 1);
+    memcpy(r->body, sep + 4, r->len + 1);
+    free(buf);
+}
+
+static void gt_http(int port, const char *method, const char *path, const char *key,
+                    const char *body, gt_resp_t *r)
+{
+    int fd = gt_send(port, method, path, key, body ? body : "", body ? strlen(body) : 0);
+    gt_read_all(fd, r);
+}
+
+static json_t *gt_json(const gt_resp_t *r)
+{
+    json_error_t je;
+    json_t *o = json_loads(r->body, 0, &je);
+    ck_assert_msg(o, "status %d, not JSON (%s): %.300s", r->status, je.text, r->body);
+    return o;
+}
+
+/* POST with the test key; the parsed body; *status the HTTP status. */
+static json_t *gt_post(int port, const char *path, const char *body, int *status)
+{
+    gt_resp_t r;
+    gt_http(port, "POST", path, GT_KEY, body, &r);
+    *status = r.status;
+    json_t *o = gt_json(&r);
+    gt_resp_free(&r);
+    return o;
+}
+
+/* Checks SSE framing: events `data: ...` separated by one blank line, SSE comments
+ * allowed, `data: [DONE]` last (when done_last) and nothing after it. Returns the JSON
+ * events in order. */
+static json_t *gt_sse(const char *body, int done_last)
+{
+    json_t *events = json_array();
+    const char *p = body;
+    int saw_done = 0;
+    while (*p) {
+        const char *end = strstr(p, "\n\n");
+        ck_assert_msg(end, "event without its blank line: %.200s", p);
+        ck_assert_msg(!saw_done, "something after [DONE]: %.200s", p);
+        if (*p == ':') {
+            p = end + 2;
+            continue;
+        }
+        ck_assert_msg(!strncmp(p, "data: ", 6), "event not `data: `: %.200s", p);
+        const char *d = p + 6;
+        size_t n = (size_t)(end - d);
+        ck_assert_msg(!memchr(d, '\n', n), "multi-line event: %.200s", p);
+        if (n == 6 && !strncmp(d, "[DONE]", 6)) {
+            saw_done = 1;
+        } else {
+            json_error_t je;
+            json_t *o = json_loadb(d, n, 0, &je);
+            ck_assert_msg(o, "event not JSON (%s): %.*s", je.text, (int)n, d);
+            json_array_append_new(events, o);
+        }
+        p = end + 2;
+    }
+    ck_assert_int_eq(saw_done, done_last);
+    return events;
+}
+
+static json_t *gt_stream(int port, const char *path, const char *body, int *status)
+{
+    gt_resp_t r;
+    gt_http(port, "POST", path, GT_KEY, body, &r);
+    *status = r.status;
+    ck_assert_msg(r.status == 200, "status %d: %s", r.status, r.body);
+    ck_assert_msg(strstr(r.head, "text/event-stream"), "%s", r.head);
+    json_t *ev = gt_sse(r.body, 1);
+    gt_resp_free(&r);
+    return ev;
+}
+
+static const char *gt_str(json_t *o, const char *path)
+{
+    json_t *v = json_object_get(o, path);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static json_t *gt_choice(json_t *o)
+{
+    return json_array_get(json_object_get(o, "choices"), 0);
+}
+
+static void gt_health(int port)
+{
+    gt_resp_t r;
+    gt_http(port, "GET", "/health", NULL, NULL, &r);
+    ck_assert_msg(r.status == 200, "health: %d", r.status);
+    gt_resp_free(&r);
+}
+
+/* ---- Completions and chat ---- */
+
+static const char *gt_chat_body(int stream, int max_tokens, const char *extra)
+{
+    static char b[2048];
+    snprintf(b, sizeof b,
+             "{\"model\":\"stories\",\"messages\":[{\"role\":\"system\",\"content\":\"You tell "
+             "stories.\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Tell "
+             "me about a cat.\"}]}],\"temperature\":0,\"max_tokens\":%d,\"stream\":%s%s}",
+             max_tokens, stream ? "true,\"stream_options\":{\"include_usage\":true}" : "false",
+             extra);
+    return b;
+}
+
+START_TEST(test_completions_and_chat)
+{
+    gt_env_t e;
+    gt_start(&e, GT_STORIES, NULL, NULL);
+    int port = e.port[0], st;
+    gt_health(port);
+    gt_resp_t r;
+    gt_http(port, "GET", "/v1/models", GT_KEY, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    json_t *m = gt_json(&r);
+    ck_assert_str_eq(gt_str(json_array_get(json_object_get(m, "data"), 0), "id"), "stories");
+    json_decref(m);
+    gt_resp_free(&r);
+
+    /* Text completion, whole: 12 tokens past EOS, exit layers asked for. */
+    const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,"
+                       "\"temperature\":0,\"river\":{\"ignore_eos\":true,\"exit_layers\":true},"
+                       "\"frobnicate\":{\"unknown\":[1,2]},\"user\":\"u1\"}";
+    json_t *c = gt_post(port, "/v1/completions", body, &st);
+    ck_assert_msg(st == 200, "%s", json_dumps(c, 0));
+    ck_assert_str_eq(gt_str(c, "object"), "text_completion");
+    const char *text = gt_str(gt_choice(c), "text");
+    ck_assert_ptr_nonnull(text);
+    ck_assert_uint_gt(strlen(text), 0);
+    ck_assert_str_eq(gt_str(gt_choice(c), "finish_reason"), "length");
+    json_t *usage = json_object_get(c, "usage");
+    ck_assert_int_eq(json_integer_value(json_object_get(usage, "completion_tokens")), 12);
+    ck_assert_int_eq(json_integer_value(json_object_get(usage, "total_tokens")),
+                     12 + json_integer_value(json_object_get(usage, "prompt_tokens")));
+    json_t *el = json_object_get(json_object_get(gt_choice(c), "river"), "exit_layers");
+    ck_assert_uint_eq(json_array_size(el), 12);
+
+    /* The same streamed, with include_usage: the texts and the usage agree. */
+    char sbody[1024];
+    snprintf(sbody, sizeof sbody,
+             "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,"
+             "\"temperature\":0,\"river\":{\"ignore_eos\":true},\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}");
+    json_t *ev = gt_stream(port, "/v1/completions", sbody, &st);
+    size_t n = json_array_size(ev);
+    ck_assert_uint_ge(n, 3);
+    char joined[4096] = "";
+    for (size_t i = 0; i + 2 < n; i++) {
+        json_t *ch = gt_choice(json_array_get(ev, i));
+        ck_assert(json_is_null(json_object_get(ch, "finish_reason")));
+        ck_assert(json_is_null(json_object_get(json_array_get(ev, i), "usage")));
+        strncat(joined, gt_str(ch, "text"), sizeof joined - strlen(joined) - 1);
+    }
+    ck_assert_str_eq(joined, text);
+    ck_assert_str_eq(gt_str(gt_choice(json_array_get(ev, n - 2)), "finish_reason"), "length");
+    json_t *last = json_array_get(ev, n - 1);
+    ck_assert_uint_eq(json_array_size(json_object_get(last, "choices")), 0);
+    ck_assert(json_equal(json_object_get(last, "usage"), usage));
+    json_decref(ev);
+
+    /* A stop string from the middle of that text ends the completion before it. */
+    const char *mid = strchr(text + 3, ' ');
+    ck_assert_ptr_nonnull(mid);
+    char stop[8];
+    snprintf(stop, sizeof stop, "%.3s", mid);
+    json_t *stopj = json_string(stop);
+    char *stop_json = json_dumps(stopj, JSON_ENCODE_ANY);
+    snprintf(sbody, sizeof sbody,
+             "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,"
+             "\"temperature\":0,\"river\":{\"ignore_eos\":true},\"stop\":[%s]}",
+             stop_json);
+    json_t *cs = gt_post(port, "/v1/completions", sbody, &st);
+    ck_assert_int_eq(st, 200);
+    ck_assert_str_eq(gt_str(gt_choice(cs), "finish_reason"), "stop");
+    const char *stext = gt_str(gt_choice(cs), "text");
+    ck_assert_msg(strlen(stext) == (size_t)(strstr(text, stop) - text) &&
+                      !strncmp(stext, text, strlen(stext)),
+                  "stop '%s': '%s' against '%s'", stop, stext, text);
+    free(stop_json);
+    json_decref(stopj);
+    json_decref(cs);
+    json_decref(c);
+
+    /* Chat, whole and streamed (text parts are flattened into the template's content). */
+    json_t *chat = gt_post(port, "/v1/chat/completions", gt_chat_body(0, 16, ""), &st);
+    ck_assert_msg(st == 200, "%s", json_dumps(chat, 0));
+    ck_assert_str_eq(gt_str(chat, "object"), "chat.completion");
+    json_t *msg = json_object_get(gt_choice(chat), "message");
+    ck_assert_str_eq(gt_str(msg, "role"), "assistant");
+    const char *content = gt_str(msg, "content");
+    ck_assert_ptr_nonnull(content);
+    ev = gt_stream(port, "/v1/chat/completions", gt_chat_body(1, 16, ""), &st);
+    n = json_array_size(ev);
+    ck_assert_uint_ge(n, 3);
+    json_t *first = gt_choice(json_array_get(ev, 0));
+    ck_assert_str_eq(gt_str(json_object_get(first, "delta"), "role"), "assistant");
+    ck_assert_str_eq(gt_str(json_array_get(ev, 0), "object"), "chat.completion.chunk");
+    joined[0] = '\0';
+    for (size_t i = 1; i + 2 < n; i++) {
+        const char *d = gt_str(json_object_get(gt_choice(json_array_get(ev, i)), "delta"),
+                               "content");
+        strncat(joined, d ? d : "", sizeof joined - strlen(joined) - 1);
+    }
+    ck_assert_str_eq(joined, content);
+    ck_assert_str_eq(gt_str(gt_choice(json_array_get(ev, n - 2)), "finish_reason"),
+                     gt_str(gt_choice(chat), "finish_reason"));
+    ck_assert(json_equal(json_object_get(json_array_get(ev, n - 1), "usage"),
+                         json_object_get(chat, "usage")));
+    json_decref(ev);
+    json_decref(chat);
+
+    /* Its own metrics count what it answered. */
+    gt_http(port, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_msg(strstr(r.body, "river_gateway_requests_total{status=\"200\"} "), "%s", r.body);
+    ck_assert_msg(strstr(r.body, "river_gateway_time_to_first_token_seconds_count "), "%s",
+                  r.body);
+    ck_assert_msg(!strstr(r.body, "river_gateway_completion_tokens_total 0\n"), "%s", r.body);
+    gt_resp_free(&r);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- Errors ---- */
+
+typedef struct gt_bad {
+    const char *path, *key, *body;
+    int status;
+    const char *param; /* expected error.param; NULL: null */
+} gt_bad_t;
+
+START_TEST(test_errors)
+{
+    gt_env_t e;
+    gt_start(&e, GT_STORIES, NULL, NULL);
+    int port = e.port[0];
+    static const gt_bad_t bad[] = {
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [", 400, NULL},
+        {"/v1/chat/completions", GT_KEY, "[1, 2]", 400, NULL},
+        {"/v1/completions", GT_KEY, "{\"prompt\": \"Once\"}", 400, "model"},
+        {"/v1/completions", GT_KEY, "{\"model\": 7, \"prompt\": \"Once\"}", 400, "model"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"gpt-9\", \"prompt\": \"Once\"}", 404,
+         "model"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"max_tokens\": \"ten\"}", 400, "max_tokens"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"max_tokens\": 0}", 400, "max_tokens"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"temperature\": \"hot\"}", 400, "temperature"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"stop\": 5}", 400, "stop"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"n\": 2}", 400, "n"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"logprobs\": 3}", 400, "logprobs"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": 5}", 400, "prompt"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"stream\": \"yes\"}", 400, "stream"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"river\": {\"policy\": \"fast\"}}", 400, "river.policy"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": \"hi\"}", 400,
+         "messages"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": "
+                                         "[{\"content\": \"hi\"}]}", 400, "messages[0].role"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [{\"role\": "
+                                         "\"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+         400, "messages[0].content"},
+        {"/v1/completions", "sk-wrong", "{\"model\": \"stories\", \"prompt\": \"Once\"}", 401,
+         NULL},
+        {"/v1/completions", NULL, "{\"model\": \"stories\", \"prompt\": \"Once\"}", 401, NULL},
+        {"/v1/nothing", GT_KEY, "{}", 404, NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gt_resp_t r;
+        gt_http(port, "POST", bad[i].path, bad[i].key, bad[i].body, &r);
+        ck_assert_msg(r.status == bad[i].status, "case %zu (%s): status %d, not %d: %s", i,
+                      bad[i].body, r.status, bad[i].status, r.body);
+        json_t *o = gt_json(&r);
+        json_t *err = json_object_get(o, "error");
+        ck_assert_msg(json_is_object(err) && gt_str(err, "message") && gt_str(err, "type") &&
+                          json_object_get(err, "code"),
+                      "case %zu: %s", i, r.body);
+        json_t *param = json_object_get(err, "param");
+        if (bad[i].param)
+            ck_assert_msg(json_is_string(param) && !strcmp(json_string_value(param),
+                                                           bad[i].param),
+                          "case %zu: param %s, not %s", i, r.body, bad[i].param);
+        else
+            ck_assert_msg(json_is_null(param), "case %zu: %s", i, r.body);
+        json_decref(o);
+        gt_resp_free(&r);
+        gt_health(port);
+    }
+    /* GET on a POST path. */
+    gt_resp_t r;
+    gt_http(port, "GET", "/v1/chat/completions", GT_KEY, NULL, &r);
+    ck_assert_int_eq(r.status, 405);
+    gt_resp_free(&r);
+    /* 10 MB: read, dropped, answered 413. */
+    size_t big = 10u << 20;
+    char *huge = malloc(big + 1);
+    ck_assert_ptr_nonnull(huge);
+    memset(huge, ' ', big);
+    memcpy(huge, "{\"model\":\"stories\",\"prompt\":\"", 29);
+    huge[big - 2] = '"';
+    huge[big - 1] = '}';
+    huge[big] = '\0';
+    int fd = gt_send(port, "POST", "/v1/completions", GT_KEY, huge, big);
+    gt_read_all(fd, &r);
+    free(huge);
+    ck_assert_msg(r.status == 413, "10 MB body: %d %s", r.status, r.body);
+    json_t *o = gt_json(&r);
+    ck_assert_str_eq(gt_str(json_object_get(o, "error"), "code"), "request_too_large");
+    json_decref(o);
+    gt_resp_free(&r);
+    gt_health(port);
+    /* And it still serves. */
+    int st;
+    o = gt_post(port, "/v1/completions",
+                "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":4,\"temperature\":0}",
+                &st);
+    ck_assert_int_eq(st, 200);
+    json_decref(o);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- 64 streams at once ---- */
+
+typedef struct gt_client {
+    int port;
+    int status, done, finished, chunks;
+} gt_client_t;
+
+static void *gt_client_main(void *arg)
+{
+    gt_client_t *c = arg;
+    const char *body = "{\"model\":\"stories\",\"messages\":[{\"role\":\"user\",\"content\":"
+                       "\"A story, please.\"}],\"max_tokens\":16,\"stream\":true}";
+    /* Check assertions belong to the test's thread: this one only records. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    char req[1024];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     "Authorization: Bearer " GT_KEY "\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (buf && len + 1 < cap && (got = recv(fd, buf + len, cap - len - 1, 0)) > 0)
+        len += (size_t)got;
+    close(fd);
+    if (!buf)
+        return NULL;
+    buf[len] = '\0';
+    sscanf(buf, "HTTP/1.%*d %d", &c->status);
+    c->done = strstr(buf, "\n\ndata: [DONE]\n\n") != NULL;
+    c->finished = strstr(buf, "\"finish_reason\":\"") != NULL;
+    for (const char *p = buf; (p = strstr(p, "\ndata: {")); p++)
+        c->chunks++;
+    free(buf);
+    return NULL;
+}
+
+START_TEST(test_concurrent_streams)
+{
+    gt_env_t e;
+    gt_start(&e, GT_STORIES, "max_seqs: 16\n", NULL);
+    enum { N = 64 };
+    gt_client_t cl[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        memset(&cl[i], 0, sizeof cl[i]);
+        cl[i].port = e.port[0];
+        ck_assert_int_eq(pthread_create(&th[i], NULL, gt_client_main, &cl[i]), 0);
+    }
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ok += cl[i].status == 200 && cl[i].done && cl[i].finished && cl[i].chunks >= 2;
+    }
+    ck_assert_msg(ok == N, "%d of %d streams completed; see %s", ok, N, e.gw_log[0]);
+    gt_health(e.port[0]);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- Disconnect, deadline ---- */
+
+/* riverd's count of requests that ended with outcome (its Prometheus text), -1 when it
+ * does not answer. */
+static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
+{
+    river_keys_t k = gt_admin_keys(e);
+    river_admin_t *a;
+    ck_assert_int_eq(river_admin_new_secure(&a, e->admin, 1000, &k), 0);
+    char *text = NULL;
+    int rc = river_admin_metrics(a, &text);
+    river_admin_destroy(&a);
+    if (rc < 0)
+        return -1;
+    char key[128];
+    snprintf(key, sizeof key, "river_requests_total{outcome=\"%s\"} ", outcome);
+    const char *p = strstr(text, key);
+    long n = p ? atol(p + strlen(key)) : -1;
+    free(text);
+    return n;
+}
+
+/* Reads a stream's socket until its first chunk with text. */
+static void gt_read_first_chunk(int fd)
+{
+    char buf[8192];
+    size_t len = 0;
+    buf[0] = '\0';
+    while (len < sizeof buf - 1 && !strstr(buf, "\"text\":\"")) {
+        ssize_t got = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        ck_assert_msg(got > 0, "stream ended before its first chunk: %s", buf);
+        len += (size_t)got;
+        buf[len] = '\0';
+    }
+}
+
+START_TEST(test_disconnect_and_deadline)
+{
+    gt_env_t e;
+    /* The worker is stopped (SIGSTOP) mid-stream so that the stream is certainly running
+     * when the client leaves or the deadline passes, however fast the machine; riverd
+     * waits 20 heartbeats (4 s) before it calls a silent worker dead. One request at a
+     * time on gateway 0: a second one meanwhile is over its limit. */
+    gt_start_with(&e, GT_KJV, NULL, "limits:\n  max_concurrent: 1\n", "  liveness: 20\n");
+    char state[32];
+    uint32_t free1 = 0, total = 0;
+    const char *body = "{\"model\":\"stories\",\"prompt\":\"In the beginning\",\"max_tokens\":240,"
+                       "\"river\":{\"ignore_eos\":true},\"stream\":true}";
+    int fd = gt_send(e.port[0], "POST", "/v1/completions", GT_KEY, body, strlen(body));
+    gt_read_first_chunk(fd);
+    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    int st;
+    json_t *o = gt_post(e.port[0], "/v1/completions",
+                        "{\"model\":\"stories\",\"prompt\":\"In\",\"max_tokens\":2}", &st);
+    ck_assert_msg(st == 429, "status %d: %s", st, json_dumps(o, 0));
+    ck_assert_str_eq(gt_str(json_object_get(o, "error"), "type"), "rate_limit_error");
+    json_decref(o);
+    /* The client goes away; the gateway notices when it writes (a keep-alive comment
+     * within a second or two) and cancels the request through riverd. */
+    close(fd);
+    ck_assert_msg(test_log_has(e.gw_log[0], "went away: cancelling", 10000),
+                  "the gateway did not cancel; see %s", e.gw_log[0]);
+    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    long cancelled = 0;
+    double until = test_now() + 10;
+    while (test_now() < until) {
+        cancelled = gt_riverd_outcome(&e, "cancelled");
+        gt_worker_state(&e, state, sizeof state, &free1, &total);
+        if (cancelled == 1 && free1 == total && total > 0)
+            break;
+        test_sleep_ms(50);
+    }
+    ck_assert_msg(cancelled == 1, "riverd counted %ld cancelled requests", cancelled);
+    ck_assert_msg(free1 == total && total > 0,
+                  "KV pages not freed after the disconnect: %u of %u free", free1, total);
+    /* The cancelled stream no longer counts against the limit. */
+    o = gt_post(e.port[0], "/v1/completions",
+                "{\"model\":\"stories\",\"prompt\":\"In\",\"max_tokens\":2}", &st);
+    ck_assert_msg(st == 200, "status %d: %s", st, json_dumps(o, 0));
+    json_decref(o);
+    gt_health(e.port[0]);
+
+    /* A second gateway whose requests have 3 s: whole, 504; streamed, an error chunk. */
+    gt_start_gateway(&e, 1, GT_KJV, "timeouts:\n  request: 3s\n");
+    const char *whole = "{\"model\":\"stories\",\"prompt\":\"In the beginning\","
+                        "\"max_tokens\":240,\"river\":{\"ignore_eos\":true}}";
+    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    o = gt_post(e.port[1], "/v1/completions", whole, &st);
+    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    ck_assert_msg(st == 504, "status %d: %s", st, json_dumps(o, 0));
+    ck_assert_str_eq(gt_str(json_object_get(o, "error"), "code"), "timeout");
+    json_decref(o);
+    fd = gt_send(e.port[1], "POST", "/v1/completions", GT_KEY, body, strlen(body));
+    gt_read_first_chunk(fd);
+    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    char *rest = NULL;
+    size_t cap = 1 << 16, len = 0;
+    rest = malloc(cap);
+    ck_assert_ptr_nonnull(rest);
+    ssize_t got;
+    while ((got = recv(fd, rest + len, cap - len - 1, 0)) > 0)
+        len += (size_t)got;
+    rest[len] = '\0';
+    close(fd);
+    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    /* What came after the first chunk ends with the error event and no [DONE]. */
+    const char *tail = strstr(rest, "data: {\"error\"");
+    ck_assert_msg(tail, "no error event: %s", rest);
+    json_t *ev = gt_sse(tail, 0);
+    ck_assert_uint_eq(json_array_size(ev), 1);
+    json_t *err = json_object_get(json_array_get(ev, 0), "error");
+    ck_assert_str_eq(gt_str(err, "code"), "timeout");
+    json_decref(ev);
+    free(rest);
+    gt_health(e.port[1]);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- No worker ---- */
+
+START_TEST(test_no_worker)
+{
+    gt_env_t e;
+    gt_start_with(&e, NULL, NULL, NULL, NULL);
+    /* riverd refuses once it has had no worker for heartbeat x liveness (600 ms here). */
+    test_sleep_ms(1000);
+    int st;
+    json_t *o = gt_post(e.port[0], "/v1/completions",
+                        "{\"model\":\"stories\",\"prompt\":\"Once\"}", &st);
+    ck_assert_msg(st == 503, "status %d: %s", st, json_dumps(o, 0));
+    ck_assert_str_eq(gt_str(json_object_get(o, "error"), "type"), "server_error");
+    json_decref(o);
+    gt_health(e.port[0]);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- Same ids as river run ---- */
+
+/* river run's JSON for prompt (greedy, n tokens). */
+static json_t *gt_river_run(const char *model, const char *prompt, int n, int no_special)
+{
+    char nbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", n);
+    char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
+                    (char *)prompt, "--max-tokens", nbuf, "--threads", "1", "--output", "json",
+                    no_special ? "--no-special" : NULL, NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
+    json_error_t je;
+    json_t *o = json_loads(out, 0, &je);
+    ck_assert_msg(o, "river run: %s", out);
+    free(out);
+    return o;
+}
+
+START_TEST(test_same_ids_as_river_run)
+{
+    gt_env_t e;
+    gt_start(&e, GT_STORIES, NULL, NULL);
+    int st;
+    json_t *chat = gt_post(e.port[0], "/v1/chat/completions",
+                           gt_chat_body(0, 24, ",\"river\":{\"prompt\":true,\"token_ids\":true}"),
+                           &st);
+    ck_assert_int_eq(st, 200);
+    const char *prompt = gt_str(json_object_get(chat, "river"), "prompt");
+    ck_assert_ptr_nonnull(prompt);
+    ck_assert_msg(!strncmp(prompt, "<|start_story|><|im_start|>system\nYou tell stories.",
+                           50), "%s", prompt);
+    json_t *run = gt_river_run(GT_STORIES, prompt, 24, 1);
+    json_t *ids = json_object_get(json_object_get(gt_choice(chat), "river"), "token_ids");
+    ck_assert_msg(json_equal(ids, json_object_get(run, "ids")), "gateway %s, river run %s",
+                  json_dumps(ids, 0), json_dumps(json_object_get(run, "ids"), 0));
+    /* One BOS: the rendered prompt's, none added. */
+    json_t *pids = json_object_get(run, "prompt_ids");
+    ck_assert_int_eq(json_integer_value(json_array_get(pids, 0)), 1);
+    ck_assert_int_ne(json_integer_value(json_array_get(pids, 1)), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(chat, "usage"),
+                                                        "prompt_tokens")),
+                     (json_int_t)json_array_size(pids));
+    json_decref(run);
+    json_decref(chat);
+    /* A text completion gets BOS from the tokenizer, as river run does. */
+    json_t *c = gt_post(e.port[0], "/v1/completions",
+                        "{\"model\":\"stories\",\"prompt\":\"Tom and Lily\",\"max_tokens\":24,"
+                        "\"temperature\":0,\"river\":{\"token_ids\":true}}",
+                        &st);
+    ck_assert_int_eq(st, 200);
+    run = gt_river_run(GT_STORIES, "Tom and Lily", 24, 0);
+    ck_assert(json_equal(json_object_get(json_object_get(gt_choice(c), "river"), "token_ids"),
+                         json_object_get(run, "ids")));
+    json_decref(run);
+    json_decref(c);
+    gt_stop(&e);
+}
+END_TEST
+
+/* ---- Configuration ---- */
+
+/* river-gateway --config path --check: its exit code and output in *out. */
+static int gt_check(const char *path, char **out)
+{
+    char *argv[] = {(char *)test_bin("river-gateway"), "--config", (char *)path, "--check",
+                    NULL};
+    return test_capture(argv, NULL, 1, out);
+}
+
+START_TEST(test_config)
+{
+    char path[PATH_MAX], y[3 * PATH_MAX];
+    snprintf(path, sizeof path, "%s/gw.yaml", test_tmpdir());
+    static const struct {
+        const char *yaml, *expect;
+    } bad[] = {
+        {"listen:\n  port: lots\nmodels:\n  - name: x\n", "gw.yaml:2:9: key 'listen.port'"},
+        {"listen:\n  port: 8000\n", "'models'"},
+        {"models:\n  - name: x\n    colour: blue\n", "gw.yaml:3:5"},
+        {"models:\n  - name: x\nlimits:\n  max_body_bytes: 10\n", "limits.max_body_bytes"},
+        {"models:\n  - name: x\napi_keys: /nonexistent/keys\n", "/nonexistent/keys"},
+        {"models:\n  - name: x\n    dir: /nonexistent/model\n", "/nonexistent/model"},
+        {"models:\n  - name: x\n  - name: x\n", "listed twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        test_write(path, bad[i].yaml);
+        char *out;
+        int rc = gt_check(path, &out);
+        ck_assert_msg(rc == 78 && strstr(out, bad[i].expect), "case %zu: exit %d: %s", i, rc,
+                      out);
+        free(out);
+    }
+    /* A key file line that is not a digest is refused with its line. */
+    char keys[PATH_MAX];
+    snprintf(keys, sizeof keys, "%s/keys.txt", test_tmpdir());
+    test_write(keys, "# keys\nsk-plain-key-not-hashed\n");
+    snprintf(y, sizeof y, "models:\n  - name: x\napi_keys: %s\n", keys);
+    test_write(path, y);
+    char *out;
+    int rc = gt_check(path, &out);
+    ck_assert_msg(rc == 78 && strstr(out, "keys.txt:2"), "exit %d: %s", rc, out);
+    free(out);
+    /* A good one, with the test model's template. */
+    snprintf(y, sizeof y, "models:\n  - name: stories\n    dir: \"%s\"\n"
+             "    chat_template: \"%s\"\n", test_abs_path(GT_STORIES),
+             test_abs_path(GT_TEMPLATE));
+    test_write(path, y);
+    rc = gt_check(path, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "ok (1 models"), "exit %d: %s", rc, out);
+    free(out);
+    /* Real chat models' templates, from their directories' tokenizer_config.json. */
+    snprintf(y, sizeof y, "models:\n  - name: llama3\n    dir: \"%s\"\n"
+             "  - name: qwen3\n    dir: \"%s\"\n", test_abs_path(TEST_DATA "/tokenizers/llama3"),
+             test_abs_path(TEST_DATA "/tokenizers/qwen3"));
+    test_write(path, y);
+    rc = gt_check(path, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "ok (2 models") && !strstr(out, "no chat template"),
+                  "exit %d: %s", rc, out);
+    free(out);
+    /* The example parses: what stops it is its model directory, not on this machine. */
+    rc = gt_check("configs/gateway.yaml", &out);
+    ck_assert_msg(rc == 78 && strstr(out, "model llama-3.2-1b-instruct"), "exit %d: %s", rc,
+                  out);
+    free(out);
+}
+END_TEST
+
+static Suite *gateway_suite(void)
+{
+    Suite *s = suite_create("gateway");
+    TCase *tc = tcase_create("gateway");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_config);
+    tcase_add_test(tc, test_completions_and_chat);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_concurrent_streams);
+    tcase_add_test(tc, test_disconnect_and_deadline);
+    tcase_add_test(tc, test_no_worker);
+    tcase_add_test(tc, test_same_ids_as_river_run);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+RIVER_TEST_MAIN(gateway_suite)
