@@ -316,6 +316,7 @@ SOAK_AUTH    ?= curve
 build-soak: build-all
 	$(Q)BUILD=$(BUILD) SOAK_STREAMS=$(SOAK_STREAMS) SOAK_MINUTES=$(SOAK_MINUTES) \
 		SOAK_SECONDS=$(SOAK_SECONDS) SOAK_AUTH=$(SOAK_AUTH) SOAK_CLIENTS=$(SOAK_CLIENTS) \
+		SOAK_WRAP="$(SOAK_WRAP)" \
 		scripts/soak.sh
 
 # Decode speed against the memory roofline: stories260K on one thread, then a random-weight

@@ -2,6 +2,7 @@
  * descriptor in one zmq_poll whose timeout is the next timer; periodic work in one place
  * (router__tick). Also the frame I/O every other part goes through. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,6 +98,7 @@ int router_open(riverd_t *rd)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGUSR1);
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
         return river_err_set(RIVER_ESYS, "sigprocmask: %s", strerror(errno));
     rd->zctx = auth_open_context();
@@ -422,6 +424,12 @@ static void router__on_workers(riverd_t *rd)
             log_warn("worker frame with the wrong number of parts");
             continue;
         }
+        /* The address the worker's connection comes from, as the kernel gave it to ZMQ
+         * (an IP address for tcp://, empty for ipc://): what `riverctl workers` shows. */
+        char peer[RIVERD_PEER_MAX] = "";
+        const char *pa = zmq_msg_gets(&p, "Peer-Address");
+        if (pa)
+            snprintf(peer, sizeof peer, "%s", pa);
         ProtobufCMessage *m = NULL;
         int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &p, (size_t)rd->cfg.max_frame_bytes,
                                  &m);
@@ -433,7 +441,7 @@ static void router__on_workers(riverd_t *rd)
                      river_err_detail());
             continue;
         }
-        workers_on_message(rd, &from, (River__Worker__WorkerMessage *)m);
+        workers_on_message(rd, &from, peer, (River__Worker__WorkerMessage *)m);
     }
 }
 
@@ -476,6 +484,18 @@ static void router__on_admin(riverd_t *rd)
     }
 }
 
+/* SIGUSR1: the allocator's own account of riverd's heap (glibc's malloc_info XML: every
+ * arena, what it holds from the system and what of that is free) on stderr, the log, so
+ * that memory growth can be told apart into live allocations and fragmentation without
+ * stopping the process under a debugger. */
+static void router__malloc_info(void)
+{
+    fprintf(stderr, "riverd: malloc_info at %lld ms\n", (long long)riverd_now_ms());
+    if (malloc_info(0, stderr) != 0)
+        log_warn("malloc_info: %s", strerror(errno));
+    fflush(stderr);
+}
+
 static void router__on_signals(riverd_t *rd)
 {
     struct signalfd_siginfo si;
@@ -499,6 +519,9 @@ static void router__on_signals(riverd_t *rd)
             break;
         case SIGCHLD:
             supervise_reap(rd);
+            break;
+        case SIGUSR1:
+            router__malloc_info();
             break;
         default:
             break;
