@@ -213,6 +213,7 @@ typedef struct metrics {
     uint64_t tokens_total;
     uint64_t redispatched;
     uint64_t worker_deaths;
+    uint64_t stale_messages;  /* from dead or unknown workers, dropped */
     uint64_t bad_frames;
     uint64_t exit_hist[RIVERD_EXIT_HIST];
     uint64_t exit_sum, exit_count;
@@ -340,6 +341,7 @@ struct riverd {
     int64_t next_watchdog_ms;
     int64_t next_status_ms;
     char status[256];
+    int64_t next_trim_ms;       /* next malloc_trim (router.c) */
 };
 
 int64_t riverd_now_ms(void);

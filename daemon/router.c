@@ -24,9 +24,14 @@
 /* Messages queued to one worker: Submits and Cancels are few, so reaching this means
  * the worker stopped reading. */
 #define ROUTER_WORKER_HWM 100000
+/* Frames beyond two per allowed request that a client connection may have waiting (pings
+ * of the library, a request refused and sent again). */
+#define ROUTER_CLIENT_RCVHWM_SLACK 16
 /* Frames past max_frame_bytes up to this many times it still reach riverd and get an
  * error reply; larger ones make ZMQ drop the connection before they use the memory. */
 #define ROUTER_OVERSIZE_FACTOR 4
+/* How often riverd hands the heap pages freed since to the kernel (malloc_trim). */
+#define ROUTER_TRIM_MS 30000
 
 int64_t riverd_now_ms(void)
 {
@@ -38,7 +43,7 @@ int64_t riverd_now_ms(void)
 /* ---- Sockets ---- */
 
 static int router__socket(riverd_t *rd, void **out, const char *what, bool mandatory,
-                          int sndhwm)
+                          int sndhwm, int rcvhwm)
 {
     void *s = zmq_socket(rd->zctx, ZMQ_ROUTER);
     if (!s)
@@ -51,7 +56,8 @@ static int router__socket(riverd_t *rd, void **out, const char *what, bool manda
     if ((mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one)) ||
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        (sndhwm && zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm))) {
+        (sndhwm && zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm)) ||
+        (rcvhwm && zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm))) {
         int e = zmq_errno();
         zmq_close(s);
         return river_err_set(RIVER_ESYS, "%s socket options: %s", what, zmq_strerror(e));
@@ -110,7 +116,15 @@ int router_open(riverd_t *rd)
         goto fail;
     /* The bound on what waits for a client that does not read (limits.max_client_backlog):
      * past it a send fails with EAGAIN and dispatch.c ends that client's requests. */
-    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog);
+    /* What waits unread from one client connection is bounded by what it may ask for:
+     * a Generate and a Cancel for each request it may have (limits.max_requests_per_client)
+     * and a few more. Past it ZMQ stops reading that connection (TCP pushes back on the
+     * client) instead of queueing up to its default of 1000 frames, each of up to
+     * ROUTER_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. Sockets take
+     * it at bind, so a reload of the limit applies to connections made afterwards. */
+    int client_rcvhwm = 2 * rd->cfg.max_requests_per_client + ROUTER_CLIENT_RCVHWM_SLACK;
+    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog,
+                        client_rcvhwm);
     if (rc < 0)
         goto fail;
     rc = auth_secure_socket(rd->auth, rd->zctx, rd->clients, AUTH_ROLE_CLIENT, "client");
@@ -119,7 +133,7 @@ int router_open(riverd_t *rd)
     for (int i = 0; i < rd->cfg.clients.n; i++)
         if ((rc = router__bind(rd->clients, rd->cfg.clients.v[i], "clients", NULL, 0)) < 0)
             goto fail;
-    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM);
+    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM, 0);
     if (rc < 0)
         goto fail;
     rc = auth_secure_socket(rd->auth, rd->zctx, rd->workers, AUTH_ROLE_WORKER, "worker");
@@ -147,7 +161,7 @@ int router_open(riverd_t *rd)
             goto fail;
     }
     if (rd->cfg.admin[0]) {
-        rc = router__socket(rd, &rd->admin, "admin", false, 0);
+        rc = router__socket(rd, &rd->admin, "admin", false, 0, 0);
         if (rc < 0)
             goto fail;
         rc = auth_secure_socket(rd->auth, rd->zctx, rd->admin, AUTH_ROLE_ADMIN, "admin");
@@ -549,6 +563,15 @@ static void router__tick(riverd_t *rd, int64_t now)
     supervise_tick(rd, now);
     workers_tick(rd, now);
     dispatch_tick(rd, now);
+    /* Frames queued for a client that stalled, or from a worker faster than this loop,
+     * are freed once they move on, but glibc keeps the pages of a thread's arena (ZMQ's
+     * I/O thread allocates every frame it receives) resident unless they are at its top.
+     * Handing them back every so often keeps riverd's resident memory at what it uses
+     * rather than at the highest it ever used; it costs a walk of the free lists. */
+    if (now >= rd->next_trim_ms) {
+        malloc_trim(0);
+        rd->next_trim_ms = now + ROUTER_TRIM_MS;
+    }
     if (rd->draining) {
         if (rd->n_queued == 0 && rd->n_running == 0) {
             log_info("drain complete");
@@ -582,6 +605,7 @@ static int64_t router__next(riverd_t *rd, int64_t now)
     if (rd->watchdog_ms)
         ROUTER_MIN(rd->next_watchdog_ms);
     ROUTER_MIN(rd->next_status_ms);
+    ROUTER_MIN(rd->next_trim_ms);
     if (rd->draining)
         ROUTER_MIN(rd->drain_deadline_ms);
 #undef ROUTER_MIN

@@ -352,6 +352,7 @@ void workers_on_message(riverd_t *rd, const route_t *from, const char *peer,
         /* frame_decode only lets known kinds through; a newer peer may know more. */
         log_warn("worker message of kind %u not handled", k);
     } else if (workers__handlers[k].live && (!w || w->state == WORKER_DEAD)) {
+        rd->metrics.stale_messages++;
         workers__send_reconnect(rd, from, w, w ? "declared dead" : "unknown worker");
     } else {
         workers__handlers[k].fn(rd, from, peer, w, env);
