@@ -26,6 +26,7 @@
  *   riverd_cut     riverd's link cut: clients get UNAVAILABLE, workers come back
  *   moved          a worker restarted with the same key on another host
  *   drain_replace  riverctl drain of a worker under load, then its replacement
+ *   firewall       riverd's host firewall (deploy/MULTI-HOST.md) lets in whom it should
  *
  * netem is not available on every kernel, so loss is iptables' `statistic` match and
  * delay a small relay in the worker's namespace (a thread of this test) that holds every
@@ -163,8 +164,8 @@ static int mh_topology_make(char *why, size_t cap)
         snprintf(why, cap, "no ip command (iproute2)");
         return -1;
     }
-    if (mh_sh("command -v iptables") != 0) {
-        snprintf(why, cap, "no iptables");
+    if (mh_sh("command -v iptables && command -v nft") != 0) {
+        snprintf(why, cap, "no iptables or nft");
         return -1;
     }
     mh_sweep_stale();
@@ -195,6 +196,23 @@ static int mh_topology_make(char *why, size_t cap)
             snprintf(why, cap, "veth pair for %s failed (see %s)", ns, mh_log);
             return -1;
         }
+    }
+    /* riverd's host firewall, as deploy/MULTI-HOST.md sets it: every test runs through
+     * it, and test_firewall checks that it keeps the others out. */
+    const char *rd = mh_ns(MH_RD);
+    if (mh_sh("%s netns exec %s nft add table inet river && "
+              "%s netns exec %s nft add chain inet river input "
+              "'{ type filter hook input priority 0; policy accept; }' && "
+              "%s netns exec %s nft add rule inet river input ip saddr %s tcp dport "
+              "'{ %d, %d }' accept && "
+              "%s netns exec %s nft add rule inet river input ip saddr %s-%s tcp dport %d "
+              "accept && "
+              "%s netns exec %s nft add rule inet river input tcp dport '{ %d, %d, %d }' drop",
+              mh_ip, rd, mh_ip, rd, mh_ip, rd, mh_addr(MH_CL), MH_PORT_CLIENTS, MH_PORT_ADMIN,
+              mh_ip, rd, mh_addr(MH_W0), mh_addr(MH_W2), MH_PORT_WORKERS, mh_ip, rd,
+              MH_PORT_CLIENTS, MH_PORT_WORKERS, MH_PORT_ADMIN) != 0) {
+        snprintf(why, cap, "nft rules in a namespace failed (see %s)", mh_log);
+        return -1;
     }
     return 0;
 }
@@ -936,6 +954,51 @@ START_TEST(test_drain_replace)
 }
 END_TEST
 
+/* Whether a TCP connection from `from` to riverd's host on port is accepted within ms. */
+static int mh_can_connect(int from, int port, int ms)
+{
+    mh_enter(from);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    mh_enter(MH_CL);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    ck_assert_int_eq(inet_pton(AF_INET, mh_addr(MH_RD), &a.sin_addr), 1);
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int ok = rc == 0;
+    if (rc < 0 && errno == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t len = sizeof err;
+        ok = poll(&p, 1, ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+             err == 0;
+    }
+    close(fd);
+    return ok;
+}
+
+/* riverd's host firewall of deploy/MULTI-HOST.md (the topology sets it, every case runs
+ * through it): the client and admin ports take the clients' host only, the worker port
+ * the worker hosts only. */
+START_TEST(test_firewall)
+{
+    mh_srv_t s = {0};
+    mh_riverd_start(&s, "firewall", 200, 3, NULL);
+    double until = test_now() + 20;
+    while (!mh_can_connect(MH_CL, MH_PORT_CLIENTS, 1000) && test_now() < until)
+        test_sleep_ms(100);
+    ck_assert_msg(mh_can_connect(MH_CL, MH_PORT_CLIENTS, 2000), "clients' host refused");
+    ck_assert(mh_can_connect(MH_CL, MH_PORT_ADMIN, 2000));
+    ck_assert(mh_can_connect(MH_W0, MH_PORT_WORKERS, 2000));
+    ck_assert(mh_can_connect(MH_W2, MH_PORT_WORKERS, 2000));
+    ck_assert_msg(!mh_can_connect(MH_W0, MH_PORT_CLIENTS, 1000), "a worker host reached 5555");
+    ck_assert_msg(!mh_can_connect(MH_W1, MH_PORT_ADMIN, 1000), "a worker host reached 5557");
+    ck_assert_msg(!mh_can_connect(MH_CL, MH_PORT_WORKERS, 1000), "the clients reached 5556");
+    printf("multihost: riverd's firewall: clients and admin from %s only, workers from %s-%s "
+           "only\n", mh_addr(MH_CL), mh_addr(MH_W0), mh_addr(MH_W2));
+    mh_stop(&s);
+}
+END_TEST
+
 static Suite *multihost_suite(void)
 {
     const struct {
@@ -944,7 +1007,7 @@ static Suite *multihost_suite(void)
     } cases[] = {
         {"link_cut", test_link_cut},   {"loss_delay", test_loss_delay},
         {"riverd_cut", test_riverd_cut}, {"moved", test_moved},
-        {"drain_replace", test_drain_replace},
+        {"drain_replace", test_drain_replace}, {"firewall", test_firewall},
     };
     Suite *s = suite_create("multihost");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
