@@ -18,14 +18,15 @@ const char *const streams_prompts[STREAMS_N_PROMPTS] = {
 
 /* ---- The reference ---- */
 
-void streams_expect(const char *model, const char *prompt, int max_tokens, streams_expect_t *e)
+void streams_expect_eos(const char *model, const char *prompt, int max_tokens, int ignore_eos,
+                        streams_expect_t *e)
 {
     ck_assert_int_le(max_tokens, STREAMS_MAX_IDS);
     char n[16];
     snprintf(n, sizeof n, "%d", max_tokens);
     char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
                     (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
-                    "--ignore-eos", NULL};
+                    ignore_eos ? "--ignore-eos" : NULL, NULL};
     char *out;
     ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
     json_error_t je;
@@ -33,11 +34,21 @@ void streams_expect(const char *model, const char *prompt, int max_tokens, strea
     ck_assert_msg(o, "river run output: %.300s", out);
     json_t *ids = json_object_get(o, "ids");
     e->n = json_array_size(ids);
-    ck_assert_uint_eq(e->n, (size_t)max_tokens);
+    if (ignore_eos)
+        ck_assert_uint_eq(e->n, (size_t)max_tokens);
+    ck_assert_uint_le(e->n, STREAMS_MAX_IDS);
     for (size_t i = 0; i < e->n; i++)
         e->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+    const char *text = json_string_value(json_object_get(o, "text"));
+    snprintf(e->text, sizeof e->text, "%s", text ? text : "");
+    e->decode_tok_s = json_real_value(json_object_get(o, "decode_tok_s"));
     json_decref(o);
     free(out);
+}
+
+void streams_expect(const char *model, const char *prompt, int max_tokens, streams_expect_t *e)
+{
+    streams_expect_eos(model, prompt, max_tokens, 1, e);
 }
 
 void streams_expect_all(const char *model, int max_tokens, streams_expect_t *want)
@@ -66,6 +77,11 @@ void streams_on_event(void *user, const river_event_t *ev)
             }
             s->ids[s->n_ids++] = ev->ids[i];
         }
+        if (s->n_text + ev->text_len < sizeof s->text) {
+            memcpy(s->text + s->n_text, ev->text, ev->text_len);
+            s->n_text += ev->text_len;
+            s->text[s->n_text] = '\0';
+        }
         if (s->progress)
             atomic_fetch_add(s->progress, (long)ev->n_ids);
         return;
@@ -73,6 +89,7 @@ void streams_on_event(void *user, const river_event_t *ev)
     s->ended = 1;
     s->end = ev->kind;
     s->code = ev->code;
+    s->finish = ev->finish;
     s->completion = ev->completion_tokens;
     s->end_at = test_now();
     snprintf(s->msg, sizeof s->msg, "%s", ev->message ? ev->message : "");
@@ -98,6 +115,32 @@ int streams_check(const streams_stream_t *s, const char *what)
     ck_assert_msg(s->code != RIVER_CODE_OK && s->msg[0], "%s: an error without a code or a "
                   "message", what);
     return 0;
+}
+
+void streams_check_complete(const streams_stream_t *s, const char *what)
+{
+    ck_assert_msg(s->ended, "%s: no end", what);
+    ck_assert_msg(s->end == RIVER_EVENT_FINAL, "%s: ended with %s: %s", what,
+                  river_code_name(s->code), s->msg);
+    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
+    ck_assert_msg(s->n_ids == s->want->n, "%s: %zu tokens, expected %zu (finish %s, usage %u)",
+                  what, s->n_ids, s->want->n, river_finish_name(s->finish), s->completion);
+    for (size_t i = 0; i < s->n_ids; i++)
+        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
+                      i, s->ids[i], s->want->ids[i]);
+    ck_assert_msg(s->completion == s->n_ids, "%s: usage says %u tokens, got %zu", what,
+                  s->completion, s->n_ids);
+}
+
+void streams_check_prefix(const streams_stream_t *s, const char *what)
+{
+    ck_assert_msg(s->ended, "%s: no end (silence)", what);
+    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
+    ck_assert_msg(s->n_ids <= s->want->n, "%s: %zu tokens, more than %zu", what, s->n_ids,
+                  s->want->n);
+    for (size_t i = 0; i < s->n_ids; i++)
+        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
+                      i, s->ids[i], s->want->ids[i]);
 }
 
 /* ---- Loads ---- */

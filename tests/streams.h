@@ -17,7 +17,8 @@
 
 #include "client/river_client.h"
 
-#define STREAMS_MAX_IDS 512
+#define STREAMS_MAX_IDS 1024
+#define STREAMS_MAX_TEXT 16384
 /* How long a stream may take in any test before it counts as lost (a hang). */
 #define STREAMS_LIMIT_S 60
 
@@ -30,10 +31,15 @@ extern const char *const streams_prompts[];
 typedef struct streams_expect {
     int32_t ids[STREAMS_MAX_IDS];
     size_t n;
+    char text[STREAMS_MAX_TEXT];
+    double decode_tok_s;    /* what `river run` measured */
 } streams_expect_t;
 
 /* max_tokens tokens of `model` after `prompt`, EOS ignored. */
 void streams_expect(const char *model, const char *prompt, int max_tokens, streams_expect_t *e);
+/* The same, ending at EOS unless ignore_eos (then exactly max_tokens). */
+void streams_expect_eos(const char *model, const char *prompt, int max_tokens, int ignore_eos,
+                        streams_expect_t *e);
 /* One reference per prompt of streams_prompts; want has STREAMS_N_PROMPTS entries. */
 void streams_expect_all(const char *model, int max_tokens, streams_expect_t *want);
 
@@ -43,12 +49,15 @@ typedef struct streams_stream {
     const streams_expect_t *want;
     int32_t ids[STREAMS_MAX_IDS];
     size_t n_ids;
+    char text[STREAMS_MAX_TEXT]; /* the chunks' text, NUL-terminated, while it fits */
+    size_t n_text;
     uint64_t next_seq;
     int bad_seq;       /* chunks out of sequence: a gap or a repeat */
     int extra_end;     /* events after the end */
     int ended;
     river_event_kind_t end;
     river_code_t code;
+    river_finish_t finish;
     uint32_t completion;
     char msg[512];
     double end_at;     /* test_now() at the end */
@@ -61,6 +70,12 @@ void streams_on_event(void *user, const river_event_t *ev);
  * tokens, 0 when it ended with an explicit error after a prefix of them; a failed check
  * for anything else (no end, a gap or repeat, a wrong token, a second end). */
 int streams_check(const streams_stream_t *s, const char *what);
+/* A stream that must have completed: consecutive chunks, a Final, exactly the expected
+ * tokens and the usage counting them. */
+void streams_check_complete(const streams_stream_t *s, const char *what);
+/* Whatever happened, the stream ended explicitly and what arrived is a prefix of the
+ * expected completion, without gaps or repeats. */
+void streams_check_prefix(const streams_stream_t *s, const char *what);
 
 /* ---- A load: n streams, each on a connection and thread of its own ---- */
 
