@@ -3,8 +3,8 @@
  *
  *     river-soak [--endpoint E] [--admin E] [--streams N] [--minutes M | --seconds S]
  *                [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]
- *                [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S] [--report-every S]
- *                [--key F --server-key F]
+ *                [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S]
+ *                [--report-every S] [--key F --server-key F]
  *
  * Each stream is one request in flight at all times: when a request ends, its stream
  * submits the next at once. The streams are spread over K client connections (the client
@@ -436,8 +436,8 @@ static void soak_usage(FILE *f)
             "usage: river-soak [--endpoint E] [--admin E] [--streams N] [--minutes M | "
             "--seconds S]\n"
             "                  [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]\n"
-            "                  [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S] [--report-every S]\n"
-            "                  [--key F --server-key F]\n"
+            "                  [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S]\n"
+            "                  [--report-every S] [--key F --server-key F]\n"
             "  --endpoint E    riverd's client endpoint ($RIVER_ENDPOINT, default %s)\n"
             "  --admin E       riverd's admin endpoint ($RIVER_ADMIN, default %s)\n"
             "  --streams N     requests in flight at all times (default 200)\n"

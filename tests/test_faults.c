@@ -283,7 +283,8 @@ START_TEST(test_riverd_restart)
     test_kill(&s.pid, SIGKILL);
     while (!mine.ended && test_now() < t_kill + STREAMS_LIMIT_S)
         ck_assert_int_ge(river_client_poll(c, 100), 0);
-    int complete = streams_load_finish(&l, "riverd killed") + streams_check(&mine, "riverd killed, mine");
+    int complete =
+        streams_load_finish(&l, "riverd killed") + streams_check(&mine, "riverd killed, mine");
     double slowest = mine.end_at - t_kill;
     int unavailable = mine.end == RIVER_EVENT_ERROR && mine.code == RIVER_CODE_UNAVAILABLE;
     for (int i = 0; i < N; i++) {

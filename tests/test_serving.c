@@ -194,8 +194,9 @@ static void *ts_job_run(void *arg)
 
 /* n concurrent clients, each on its own connection and thread, prompts in turn. Returns
  * the wall time. */
-static double ts_load(const char *endpoint, int n, streams_stream_t *streams, const streams_expect_t *want,
-                      int max_tokens, int ignore_eos, atomic_long *progress)
+static double ts_load(const char *endpoint, int n, streams_stream_t *streams,
+                      const streams_expect_t *want, int max_tokens, int ignore_eos,
+                      atomic_long *progress)
 {
     ts_job_t *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
