@@ -889,6 +889,7 @@ START_TEST(test_moved)
     /* The text table too. */
     ck_assert_int_eq(mh_riverctl(&s, &out, "workers", NULL, NULL), 0);
     ck_assert_msg(strstr(out, "ADDRESS") && strstr(out, mh_addr(MH_W2)), "%s", out);
+    printf("multihost: riverctl workers after the move:\n%s", out);
     free(out);
 
     long before = mh_worker_tokens(&s, "w0");
