@@ -1042,6 +1042,11 @@ int main(void)
     if (mh_topology_make(why, sizeof why) < 0) {
         mh_topology_remove();
         printf("multihost: skipped: cannot make network namespaces: %s\n", why);
+        fflush(stdout);
+        /* An empty run, so that the runner still reads Check's count line. */
+        SRunner *none = srunner_create(suite_create("multihost"));
+        srunner_run_all(none, CK_NORMAL);
+        srunner_free(none);
         return 0;
     }
     SRunner *sr = srunner_create(multihost_suite());
