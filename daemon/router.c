@@ -115,13 +115,14 @@ int router_open(riverd_t *rd)
     if ((rc = auth_start(rd->auth, rd->zctx)) < 0)
         goto fail;
     /* The bound on what waits for a client that does not read (limits.max_client_backlog):
-     * past it a send fails with EAGAIN and dispatch.c ends that client's requests. */
-    /* What waits unread from one client connection is bounded by what it may ask for:
+     * past it a send fails with EAGAIN and dispatch.c ends that client's requests.
+     * What waits unread from one client connection is bounded by what it may ask for:
      * a Generate and a Cancel for each request it may have (limits.max_requests_per_client)
      * and a few more. Past it ZMQ stops reading that connection (TCP pushes back on the
      * client) instead of queueing up to its default of 1000 frames, each of up to
-     * ROUTER_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. Sockets take
-     * it at bind, so a reload of the limit applies to connections made afterwards. */
+     * ROUTER_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. It is set
+     * when the socket is made and a reload leaves it: it only holds back a client that
+     * outruns this loop, while dispatch.c applies the limit itself live. */
     int client_rcvhwm = 2 * rd->cfg.max_requests_per_client + ROUTER_CLIENT_RCVHWM_SLACK;
     rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog,
                         client_rcvhwm);
