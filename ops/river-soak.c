@@ -629,9 +629,10 @@ int main(int argc, char **argv)
         }
     }
 
-    printf("river-soak: %d streams on %d clients for %.0f s (warm-up %.0f s) against %s\n",
+    printf("river-soak: %d streams on %d clients for %.0f s (warm-up: %.0f s and %" PRId64
+           " requests a connection, at most %.0f s) against %s\n",
            o.streams, o.clients, (double)o.run_ms / 1000, (double)o.warmup_ms / 1000,
-           o.endpoint);
+           o.warmup_requests, (double)o.run_ms / 2000, o.endpoint);
     fflush(stdout);
     int64_t t0 = soak_now_us();
     for (int i = 0; i < o.clients; i++) {
