@@ -650,9 +650,15 @@ static void mh_stop(mh_srv_t *s)
     s->pid = 0;
 }
 
-/* Every test runs in its own process (Check's fork mode) in the clients' namespace. */
+/* Every test runs in its own process (Check's fork mode) in the clients' namespace, on a
+ * clean network whatever the one before did or left when it failed: every cable in, no
+ * packet-loss rules on any host (riverd's firewall stays: the topology set it). */
 static void mh_setup(void)
 {
+    for (int h = 0; h < MH_HOSTS; h++) {
+        mh_link(h, 1);
+        ck_assert_int_eq(mh_sh("%s netns exec %s iptables -F", mh_ip, mh_ns(h)), 0);
+    }
     mh_enter(MH_CL);
 }
 
@@ -775,6 +781,7 @@ START_TEST(test_loss_delay)
     }
     free(out);
     ck_assert_msg(dropped > 0, "no packet was dropped");
+    ck_assert_int_eq(mh_sh("%s netns exec %s iptables -F", mh_ip, ns), 0);
     mh_relay_stop(&relay);
     printf("multihost: 20%% loss and 50 ms delay each way on w0's link: %d of %d streams "
            "complete and exact in %.2f s (%.2f s on the clean link), %ld tokens over the "
