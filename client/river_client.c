@@ -916,6 +916,7 @@ int river_admin_workers(river_admin_t *a, river_worker_info_t **workers, size_t 
         const River__Admin__WorkerInfo *x = r->workers->workers[i];
         river_worker_info_t *o = &v[i];
         snprintf(o->id, sizeof o->id, "%s", x->worker_id);
+        snprintf(o->address, sizeof o->address, "%s", x->address);
         o->state = (unsigned)x->state < sizeof admin__states / sizeof admin__states[0]
                        ? admin__states[x->state]
                        : "unknown";

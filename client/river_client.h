@@ -214,6 +214,7 @@ typedef struct river_status {
 
 typedef struct river_worker_info {
     char id[128];
+    char address[64];          /* where its connection comes from (tcp: the IP); "": ipc */
     const char *state;         /* "starting", "ready", "draining", "dead", "unavailable" */
     const char *role;          /* "full", "river", "backbone" */
     char model[128];

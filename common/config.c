@@ -245,6 +245,14 @@ static const config_key_t config__worker_keys[] = {
     WK("split.peer", CONFIG_STRING, split_peer, 0, 0, "",
        "Address of the other worker of the pair (ipc:// on one host): the backbone worker "
        "binds it, the river worker connects to it."),
+    CONFIG__SECTION("reconnect", "What the worker does when riverd (or its split peer) "
+                                 "goes silent for heartbeat.liveness intervals."),
+    WK("reconnect.backoff_max", CONFIG_DURATION, reconnect_backoff_max_ms, 100, 600000, "5s",
+       "Longest wait before connecting again. The wait starts at riverd's heartbeat "
+       "interval and doubles after each failed attempt up to this; each wait is drawn at "
+       "random between half and all of it, so that workers cut off together do not "
+       "reconnect together. A worker is back at most this long (and a handshake) after "
+       "riverd is."),
     CONFIG__ENUM(config_worker_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
     CONFIG__SECTION("auth", "CurveZMQ on the link to riverd (riverd's auth section); key "

@@ -180,6 +180,7 @@ typedef struct config_worker {
     int exit_draft_tokens;     /* exit.draft_tokens: most draft tokens per verify pass */
     int split_boundary;        /* split.boundary: first layer on the backbone worker */
     char *split_peer;          /* split.peer */
+    int64_t reconnect_backoff_max_ms; /* reconnect.backoff_max */
     int log_level;             /* config_log_level_t */
     int auth_mode;             /* auth.mode: config_auth_mode_t */
     char *auth_secret_key;     /* this worker's secret certificate */

@@ -97,6 +97,7 @@ static int admin__workers(admin_ctx_t *c, const River__Admin__AdminRequest *req)
         cp->has_river = w->caps.has_river;
         cp->max_context = w->caps.max_context;
         wi->worker_id = w->id;
+        wi->address = w->peer;
         wi->role = w->role;
         wi->state = w->state == WORKER_READY && w->reported_unavailable
                         ? RIVER__ADMIN__WORKER_INFO__STATE__UNAVAILABLE

@@ -216,6 +216,10 @@ char *metrics_render(riverd_t *rd, size_t *len)
     metrics__head(&b, "river_worker_deaths_total", "counter",
                   "Workers declared dead (missed heartbeats, lost connection, exited).");
     metrics__printf(&b, "river_worker_deaths_total %" PRIu64 "\n", m->worker_deaths);
+    metrics__head(&b, "river_worker_stale_messages_total", "counter",
+                  "Messages of a worker declared dead, or of a connection riverd no longer "
+                  "knows (late tokens after a partition): dropped, answered with Reconnect.");
+    metrics__printf(&b, "river_worker_stale_messages_total %" PRIu64 "\n", m->stale_messages);
     metrics__head(&b, "river_kv_pages_free", "gauge",
                   "Free KV cache pages over live workers, as their heartbeats say.");
     metrics__printf(&b, "river_kv_pages_free %" PRIu64 "\n", workers_kv_pages_free(rd));

@@ -31,6 +31,8 @@
 #define RIVERD_VERSION "0.1.0"
 /* Worker link version riverd speaks (Ready.protocol). */
 #define RIVERD_LINK_PROTOCOL 1
+/* A peer's network address as ZMQ reports it (an IPv6 address and a scope fit). */
+#define RIVERD_PEER_MAX 64
 /* ZMQ routing ids are at most 255 bytes. */
 #define RIVERD_ROUTE_MAX 255
 /* Dispatches of one request before riverd gives up on it with UNAVAILABLE. */
@@ -80,6 +82,7 @@ typedef struct worker_caps {
 struct worker {
     route_t route;
     char id[128];           /* Ready.worker_id */
+    char peer[RIVERD_PEER_MAX]; /* address its connection comes from; "" over ipc:// */
     uint64_t serial;        /* unique per entry, never reused (pointers may be) */
     int role;               /* River__Worker__Role */
     worker_caps_t caps;
@@ -109,8 +112,10 @@ struct worker {
 /* The table entry of the worker at that route, NULL when none. */
 worker_t *workers_by_route(riverd_t *rd, const route_t *r);
 worker_t *workers_by_id(riverd_t *rd, const char *id);
-/* Handles one frame from a worker (a table of message kinds). Takes env. */
-void workers_on_message(riverd_t *rd, const route_t *from, River__Worker__WorkerMessage *env);
+/* Handles one frame from a worker (a table of message kinds). Takes env. peer: the
+ * address the frame's connection comes from ("" when ZMQ has none). */
+void workers_on_message(riverd_t *rd, const route_t *from, const char *peer,
+                        River__Worker__WorkerMessage *env);
 /* Heartbeats out, liveness in, drain deadlines, forgetting the dead. */
 void workers_tick(riverd_t *rd, int64_t now);
 int64_t workers_next_ms(riverd_t *rd, int64_t now);
@@ -216,6 +221,7 @@ typedef struct metrics {
     uint64_t tokens_total;
     uint64_t redispatched;
     uint64_t worker_deaths;
+    uint64_t stale_messages;  /* from dead or unknown workers, dropped */
     uint64_t bad_frames;
     uint64_t exit_hist[RIVERD_EXIT_HIST];
     uint64_t exit_sum, exit_count;
@@ -349,6 +355,7 @@ struct riverd {
     int64_t next_watchdog_ms;
     int64_t next_status_ms;
     char status[256];
+    int64_t next_trim_ms;       /* next malloc_trim (router.c) */
 };
 
 int64_t riverd_now_ms(void);

@@ -2,6 +2,7 @@
  * descriptor in one zmq_poll whose timeout is the next timer; periodic work in one place
  * (router__tick). Also the frame I/O every other part goes through. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,9 +24,14 @@
 /* Messages queued to one worker: Submits and Cancels are few, so reaching this means
  * the worker stopped reading. */
 #define ROUTER_WORKER_HWM 100000
+/* Frames beyond two per allowed request that a client connection may have waiting (pings
+ * of the library, a request refused and sent again). */
+#define ROUTER_CLIENT_RCVHWM_SLACK 16
 /* Frames past max_frame_bytes up to this many times it still reach riverd and get an
  * error reply; larger ones make ZMQ drop the connection before they use the memory. */
 #define ROUTER_OVERSIZE_FACTOR 4
+/* How often riverd hands the heap pages freed since to the kernel (malloc_trim). */
+#define ROUTER_TRIM_MS 30000
 
 int64_t riverd_now_ms(void)
 {
@@ -37,7 +43,7 @@ int64_t riverd_now_ms(void)
 /* ---- Sockets ---- */
 
 static int router__socket(riverd_t *rd, void **out, const char *what, bool mandatory,
-                          int sndhwm)
+                          int sndhwm, int rcvhwm)
 {
     void *s = zmq_socket(rd->zctx, ZMQ_ROUTER);
     if (!s)
@@ -50,7 +56,8 @@ static int router__socket(riverd_t *rd, void **out, const char *what, bool manda
     if ((mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one)) ||
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) ||
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        (sndhwm && zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm))) {
+        (sndhwm && zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm)) ||
+        (rcvhwm && zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm))) {
         int e = zmq_errno();
         zmq_close(s);
         return river_err_set(RIVER_ESYS, "%s socket options: %s", what, zmq_strerror(e));
@@ -97,6 +104,7 @@ int router_open(riverd_t *rd)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGUSR1);
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
         return river_err_set(RIVER_ESYS, "sigprocmask: %s", strerror(errno));
     rd->zctx = auth_open_context();
@@ -107,8 +115,17 @@ int router_open(riverd_t *rd)
     if ((rc = auth_start(rd->auth, rd->zctx)) < 0)
         goto fail;
     /* The bound on what waits for a client that does not read (limits.max_client_backlog):
-     * past it a send fails with EAGAIN and dispatch.c ends that client's requests. */
-    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog);
+     * past it a send fails with EAGAIN and dispatch.c ends that client's requests.
+     * What waits unread from one client connection is bounded by what it may ask for:
+     * a Generate and a Cancel for each request it may have (limits.max_requests_per_client)
+     * and a few more. Past it ZMQ stops reading that connection (TCP pushes back on the
+     * client) instead of queueing up to its default of 1000 frames, each of up to
+     * ROUTER_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. It is set
+     * when the socket is made and a reload leaves it: it only holds back a client that
+     * outruns this loop, while dispatch.c applies the limit itself live. */
+    int client_rcvhwm = 2 * rd->cfg.max_requests_per_client + ROUTER_CLIENT_RCVHWM_SLACK;
+    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog,
+                        client_rcvhwm);
     if (rc < 0)
         goto fail;
     rc = auth_secure_socket(rd->auth, rd->zctx, rd->clients, AUTH_ROLE_CLIENT, "client");
@@ -117,7 +134,7 @@ int router_open(riverd_t *rd)
     for (int i = 0; i < rd->cfg.clients.n; i++)
         if ((rc = router__bind(rd->clients, rd->cfg.clients.v[i], "clients", NULL, 0)) < 0)
             goto fail;
-    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM);
+    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM, 0);
     if (rc < 0)
         goto fail;
     rc = auth_secure_socket(rd->auth, rd->zctx, rd->workers, AUTH_ROLE_WORKER, "worker");
@@ -145,7 +162,7 @@ int router_open(riverd_t *rd)
             goto fail;
     }
     if (rd->cfg.admin[0]) {
-        rc = router__socket(rd, &rd->admin, "admin", false, 0);
+        rc = router__socket(rd, &rd->admin, "admin", false, 0, 0);
         if (rc < 0)
             goto fail;
         rc = auth_secure_socket(rd->auth, rd->zctx, rd->admin, AUTH_ROLE_ADMIN, "admin");
@@ -422,6 +439,12 @@ static void router__on_workers(riverd_t *rd)
             log_warn("worker frame with the wrong number of parts");
             continue;
         }
+        /* The address the worker's connection comes from, as the kernel gave it to ZMQ
+         * (an IP address for tcp://, empty for ipc://): what `riverctl workers` shows. */
+        char peer[RIVERD_PEER_MAX] = "";
+        const char *pa = zmq_msg_gets(&p, "Peer-Address");
+        if (pa)
+            snprintf(peer, sizeof peer, "%s", pa);
         ProtobufCMessage *m = NULL;
         int e = frame_decode_msg(FRAME_WORKER_MESSAGE, &p, (size_t)rd->cfg.max_frame_bytes,
                                  &m);
@@ -433,7 +456,7 @@ static void router__on_workers(riverd_t *rd)
                      river_err_detail());
             continue;
         }
-        workers_on_message(rd, &from, (River__Worker__WorkerMessage *)m);
+        workers_on_message(rd, &from, peer, (River__Worker__WorkerMessage *)m);
     }
 }
 
@@ -476,6 +499,18 @@ static void router__on_admin(riverd_t *rd)
     }
 }
 
+/* SIGUSR1: the allocator's own account of riverd's heap (glibc's malloc_info XML: every
+ * arena, what it holds from the system and what of that is free) on stderr, the log, so
+ * that memory growth can be told apart into live allocations and fragmentation without
+ * stopping the process under a debugger. */
+static void router__malloc_info(void)
+{
+    fprintf(stderr, "riverd: malloc_info at %lld ms\n", (long long)riverd_now_ms());
+    if (malloc_info(0, stderr) != 0)
+        log_warn("malloc_info: %s", strerror(errno));
+    fflush(stderr);
+}
+
 static void router__on_signals(riverd_t *rd)
 {
     struct signalfd_siginfo si;
@@ -499,6 +534,9 @@ static void router__on_signals(riverd_t *rd)
             break;
         case SIGCHLD:
             supervise_reap(rd);
+            break;
+        case SIGUSR1:
+            router__malloc_info();
             break;
         default:
             break;
@@ -526,6 +564,15 @@ static void router__tick(riverd_t *rd, int64_t now)
     supervise_tick(rd, now);
     workers_tick(rd, now);
     dispatch_tick(rd, now);
+    /* Frames queued for a client that stalled, or from a worker faster than this loop,
+     * are freed once they move on, but glibc keeps the pages of a thread's arena (ZMQ's
+     * I/O thread allocates every frame it receives) resident unless they are at its top.
+     * Handing them back every so often keeps riverd's resident memory at what it uses
+     * rather than at the highest it ever used; it costs a walk of the free lists. */
+    if (now >= rd->next_trim_ms) {
+        malloc_trim(0);
+        rd->next_trim_ms = now + ROUTER_TRIM_MS;
+    }
     if (rd->draining) {
         if (rd->n_queued == 0 && rd->n_running == 0) {
             log_info("drain complete");
@@ -559,6 +606,7 @@ static int64_t router__next(riverd_t *rd, int64_t now)
     if (rd->watchdog_ms)
         ROUTER_MIN(rd->next_watchdog_ms);
     ROUTER_MIN(rd->next_status_ms);
+    ROUTER_MIN(rd->next_trim_ms);
     if (rd->draining)
         ROUTER_MIN(rd->drain_deadline_ms);
 #undef ROUTER_MIN

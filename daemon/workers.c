@@ -194,8 +194,8 @@ int workers_drain(riverd_t *rd, worker_t *w, uint32_t deadline_ms)
 
 /* ---- Messages from workers, one handler per kind ---- */
 
-typedef void (*workers_handler_fn)(riverd_t *rd, const route_t *from, worker_t *w,
-                                   const River__Worker__WorkerMessage *m);
+typedef void (*workers_handler_fn)(riverd_t *rd, const route_t *from, const char *peer,
+                                   worker_t *w, const River__Worker__WorkerMessage *m);
 
 static void workers__caps(worker_caps_t *c, const River__Worker__Capabilities *cap)
 {
@@ -215,8 +215,8 @@ static void workers__caps(worker_caps_t *c, const River__Worker__Capabilities *c
     c->prefix_seed = cap->prefix_seed;
 }
 
-static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
-                              const River__Worker__WorkerMessage *m)
+static void workers__on_ready(riverd_t *rd, const route_t *from, const char *peer,
+                              worker_t *w, const River__Worker__WorkerMessage *m)
 {
     const River__Worker__Ready *r = m->ready;
     if (r->protocol != RIVERD_LINK_PROTOCOL) {
@@ -255,6 +255,7 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
     }
     int64_t now = riverd_now_ms();
     snprintf(w->id, sizeof w->id, "%s", id);
+    snprintf(w->peer, sizeof w->peer, "%s", peer);
     w->role = r->role;
     workers__caps(&w->caps, r->capabilities);
     w->state = WORKER_READY;
@@ -279,14 +280,14 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, worker_t *w,
     dm.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
     dm.welcome = &wel;
     router_send_worker(rd, w, &dm);
-    log_info("worker %s ready: model %s, %u sequences, %u of %u KV pages free%s", w->id,
-             w->caps.model, w->caps.max_seqs, w->kv_pages_free, w->caps.kv_pages_total,
-             w->slot >= 0 ? " (supervised)" : "");
+    log_info("worker %s ready%s%s: model %s, %u sequences, %u of %u KV pages free%s", w->id,
+             w->peer[0] ? " from " : "", w->peer, w->caps.model, w->caps.max_seqs,
+             w->kv_pages_free, w->caps.kv_pages_total, w->slot >= 0 ? " (supervised)" : "");
     rd->pump = true;
 }
 
-static void workers__on_heartbeat(riverd_t *rd, const route_t *from, worker_t *w,
-                                  const River__Worker__WorkerMessage *m)
+static void workers__on_heartbeat(riverd_t *rd, const route_t *from, const char *peer,
+                                  worker_t *w, const River__Worker__WorkerMessage *m)
 {
     const River__Worker__Heartbeat *hb = m->heartbeat;
     w->kv_pages_free = hb->kv_pages_free;
@@ -314,20 +315,20 @@ static void workers__on_heartbeat(riverd_t *rd, const route_t *from, worker_t *w
     }
 }
 
-static void workers__on_tokens(riverd_t *rd, const route_t *from, worker_t *w,
-                               const River__Worker__WorkerMessage *m)
+static void workers__on_tokens(riverd_t *rd, const route_t *from, const char *peer,
+                               worker_t *w, const River__Worker__WorkerMessage *m)
 {
     dispatch_on_tokens(rd, w, m->tokens);
 }
 
-static void workers__on_done(riverd_t *rd, const route_t *from, worker_t *w,
-                             const River__Worker__WorkerMessage *m)
+static void workers__on_done(riverd_t *rd, const route_t *from, const char *peer,
+                             worker_t *w, const River__Worker__WorkerMessage *m)
 {
     dispatch_on_done(rd, w, m->done);
 }
 
-static void workers__on_failed(riverd_t *rd, const route_t *from, worker_t *w,
-                               const River__Worker__WorkerMessage *m)
+static void workers__on_failed(riverd_t *rd, const route_t *from, const char *peer,
+                               worker_t *w, const River__Worker__WorkerMessage *m)
 {
     dispatch_on_failed(rd, w, m->failed);
 }
@@ -346,7 +347,8 @@ static const struct {
     [RIVER__WORKER__WORKER_MESSAGE__KIND_FAILED] = {workers__on_failed, true},
 };
 
-void workers_on_message(riverd_t *rd, const route_t *from, River__Worker__WorkerMessage *env)
+void workers_on_message(riverd_t *rd, const route_t *from, const char *peer,
+                        River__Worker__WorkerMessage *env)
 {
     worker_t *w = workers_by_route(rd, from);
     unsigned k = (unsigned)env->kind_case;
@@ -357,9 +359,10 @@ void workers_on_message(riverd_t *rd, const route_t *from, River__Worker__Worker
         /* frame_decode only lets known kinds through; a newer peer may know more. */
         log_warn("worker message of kind %u not handled", k);
     } else if (workers__handlers[k].live && (!w || w->state == WORKER_DEAD)) {
+        rd->metrics.stale_messages++;
         workers__send_reconnect(rd, from, w, w ? "declared dead" : "unknown worker");
     } else {
-        workers__handlers[k].fn(rd, from, w, env);
+        workers__handlers[k].fn(rd, from, peer, w, env);
     }
     ProtobufCMessage *m = &env->base;
     frame_free(&m);

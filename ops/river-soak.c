@@ -3,8 +3,8 @@
  *
  *     river-soak [--endpoint E] [--admin E] [--streams N] [--minutes M | --seconds S]
  *                [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]
- *                [--max-tokens N] [--timeout S] [--grace S] [--report-every S]
- *                [--key F --server-key F]
+ *                [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S]
+ *                [--report-every S] [--key F --server-key F]
  *
  * Each stream is one request in flight at all times: when a request ends, its stream
  * submits the next at once. The streams are spread over K client connections (the client
@@ -21,7 +21,17 @@
  * The report also gives the end-to-end latency and time to first token (p50, p99) of the
  * completed requests, tokens per second while every stream ran, and the resident memory
  * (VmRSS) of riverd and of each of its child processes (the local workers) at the end of
- * the warm-up and at the end, with the growth. */
+ * the warm-up and at the end, with the growth, and the range riverd's took after the
+ * warm-up (sampled every 5 s).
+ *
+ * The warm-up lasts --warmup seconds and until every client connection has had
+ * --warmup-requests requests end (at most half the run): riverd's memory reaches its
+ * steady state only then. Each ZMQ connection queues its messages in chunks of 256
+ * (libzmq's pipe granularity, 16 KB a chunk) and keeps a spare chunk once its queue has
+ * wrapped once, touching a chunk's pages as it goes; a connection that carries one
+ * request a second crosses its first 256 messages after four minutes and its second 256
+ * after eight, adding some 16-32 KB per connection over that time, which with hundreds of
+ * connections is megabytes and no leak. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -48,6 +58,8 @@
 /* The message the client library puts in the error it makes when riverd stays silent
  * about a request for its timeout (client/river_client.c). */
 #define SOAK_SILENT_PREFIX "no reply from riverd"
+/* How often riverd's VmRSS is sampled after the warm-up, for its range. */
+#define SOAK_RSS_EVERY_US 5000000
 
 /* ---- Options and shared state ---- */
 
@@ -56,6 +68,7 @@ typedef struct soak_opts {
     river_keys_t keys; /* CURVE keys for the client and admin connections; none: plain */
     int streams, clients, workers;
     int64_t run_ms, warmup_ms, timeout_ms, grace_ms, report_ms;
+    int64_t warmup_requests; /* per client connection, before the start memory is taken */
     uint32_t max_tokens;
     pid_t riverd_pid;
 } soak_opts_t;
@@ -112,6 +125,7 @@ typedef struct soak_client {
     int err;                  /* a library failure that ended the thread */
     char why[256];
     atomic_int finished;      /* the thread has returned its streams' state */
+    atomic_uint_fast64_t ended; /* requests of this connection that ended, any way */
 } soak_client_t;
 
 static const char *const soak_prompts[] = {
@@ -171,6 +185,7 @@ static void soak_on_event(void *user, const river_event_t *ev)
         return;
     case RIVER_EVENT_FINAL:
         st->busy = false;
+        atomic_fetch_add(&cl->ended, 1);
         if (st->bad_sequence) {
             atomic_fetch_add(&soak_counts.lost_sequence, 1);
             return;
@@ -192,6 +207,7 @@ static void soak_on_event(void *user, const river_event_t *ev)
         return;
     case RIVER_EVENT_ERROR:
         st->busy = false;
+        atomic_fetch_add(&cl->ended, 1);
         if (ev->code == RIVER_CODE_DEADLINE_EXCEEDED && ev->message &&
             !strncmp(ev->message, SOAK_SILENT_PREFIX, strlen(SOAK_SILENT_PREFIX))) {
             atomic_fetch_add(&soak_counts.lost_silent, 1);
@@ -373,6 +389,18 @@ static void soak_print_procs(const char *label, const soak_proc_t *p, int n)
     printf("\n");
 }
 
+/* The fewest requests that have ended on any one client connection. */
+static uint64_t soak_min_ended(soak_client_t *cls, int n)
+{
+    uint64_t m = UINT64_MAX;
+    for (int i = 0; i < n; i++) {
+        uint64_t k = atomic_load(&cls[i].ended);
+        if (k < m)
+            m = k;
+    }
+    return n ? m : 0;
+}
+
 /* ---- Report ---- */
 
 static int soak_cmp_double(const void *a, const void *b)
@@ -408,8 +436,8 @@ static void soak_usage(FILE *f)
             "usage: river-soak [--endpoint E] [--admin E] [--streams N] [--minutes M | "
             "--seconds S]\n"
             "                  [--clients K] [--pid RIVERD_PID] [--workers W] [--warmup S]\n"
-            "                  [--max-tokens N] [--timeout S] [--grace S] [--report-every S]\n"
-            "                  [--key F --server-key F]\n"
+            "                  [--warmup-requests N] [--max-tokens N] [--timeout S] [--grace S]\n"
+            "                  [--report-every S] [--key F --server-key F]\n"
             "  --endpoint E    riverd's client endpoint ($RIVER_ENDPOINT, default %s)\n"
             "  --admin E       riverd's admin endpoint ($RIVER_ADMIN, default %s)\n"
             "  --streams N     requests in flight at all times (default 200)\n"
@@ -419,8 +447,12 @@ static void soak_usage(FILE *f)
             "streams)\n"
             "  --pid P         riverd's pid: report its and its children's VmRSS\n"
             "  --workers W     first wait until riverd has W ready workers\n"
-            "  --warmup S      when the start memory is taken (default 30, at most a quarter "
-            "of the run)\n"
+            "  --warmup S      when the start memory is taken (default 30, at most half the "
+            "run)\n"
+            "  --warmup-requests N  ...and not before every client connection had N requests "
+            "end\n"
+            "                  (default 600: ZMQ's per-connection queues at their steady "
+            "state)\n"
             "  --max-tokens N  longest request; lengths vary from N/4 to N (default 64)\n"
             "  --timeout S     riverd silent this long about a request: lost (default 120)\n"
             "  --grace S       how long requests may run after the end (default 120)\n"
@@ -483,6 +515,7 @@ int main(int argc, char **argv)
         {"seconds", required_argument, 0, 's'},  {"clients", required_argument, 0, 'c'},
         {"pid", required_argument, 0, 'p'},      {"workers", required_argument, 0, 'w'},
         {"warmup", required_argument, 0, 'W'},   {"max-tokens", required_argument, 0, 'k'},
+        {"warmup-requests", required_argument, 0, 'R'},
         {"timeout", required_argument, 0, 't'},  {"grace", required_argument, 0, 'g'},
         {"report-every", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
         {"key", required_argument, 0, 'K'},      {"server-key", required_argument, 0, 'S'},
@@ -495,6 +528,7 @@ int main(int argc, char **argv)
         .clients = 4,
         .run_ms = 10 * 60000,
         .warmup_ms = 30000,
+        .warmup_requests = 600,
         .timeout_ms = 120000,
         .grace_ms = 120000,
         .report_ms = 60000,
@@ -520,6 +554,7 @@ int main(int argc, char **argv)
         case 'p': bad = soak_parse_int(optarg, 1, 1 << 30, &v); o.riverd_pid = (pid_t)v; break;
         case 'w': bad = soak_parse_int(optarg, 0, 1024, &v); o.workers = (int)v; break;
         case 'W': bad = soak_parse_int(optarg, 0, 1000000, &v); o.warmup_ms = v * 1000; break;
+        case 'R': bad = soak_parse_int(optarg, 0, 100000000, &v); o.warmup_requests = v; break;
         case 'k': bad = soak_parse_int(optarg, 1, 1 << 20, &v); o.max_tokens = (uint32_t)v; break;
         case 't': bad = soak_parse_int(optarg, 1, 1000000, &v); o.timeout_ms = v * 1000; break;
         case 'g': bad = soak_parse_int(optarg, 0, 1000000, &v); o.grace_ms = v * 1000; break;
@@ -553,8 +588,8 @@ int main(int argc, char **argv)
         o.clients = (o.streams + 49) / 50;
     if (o.clients > o.streams)
         o.clients = o.streams;
-    if (o.warmup_ms > o.run_ms / 4)
-        o.warmup_ms = o.run_ms / 4;
+    if (o.warmup_ms > o.run_ms / 2)
+        o.warmup_ms = o.run_ms / 2;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -594,9 +629,10 @@ int main(int argc, char **argv)
         }
     }
 
-    printf("river-soak: %d streams on %d clients for %.0f s (warm-up %.0f s) against %s\n",
+    printf("river-soak: %d streams on %d clients for %.0f s (warm-up: %.0f s and %" PRId64
+           " requests a connection, at most %.0f s) against %s\n",
            o.streams, o.clients, (double)o.run_ms / 1000, (double)o.warmup_ms / 1000,
-           o.endpoint);
+           o.warmup_requests, (double)o.run_ms / 2000, o.endpoint);
     fflush(stdout);
     int64_t t0 = soak_now_us();
     for (int i = 0; i < o.clients; i++) {
@@ -618,14 +654,30 @@ int main(int argc, char **argv)
     int64_t last_report = t0;
     int64_t t_end = t0 + o.run_ms * 1000;
     uint64_t tokens_at_end = 0;
+    /* riverd's VmRSS after the warm-up: its range, sampled every SOAK_RSS_EVERY_US. */
+    long rss_min = -1, rss_max = -1;
+    int64_t warm_at = 0, next_rss = 0;
     /* The main thread keeps time: warm-up, progress lines, the end of the run. */
     for (;;) {
         int64_t now = soak_now_us();
-        if (!warm && now >= t0 + o.warmup_ms * 1000) {
+        if (!warm && now >= t0 + o.warmup_ms * 1000 &&
+            (soak_min_ended(cls, o.clients) >= (uint64_t)o.warmup_requests ||
+             now >= t0 + o.run_ms * 1000 / 2)) {
             warm = true;
+            warm_at = now;
             n_start = soak_sample_procs(o.riverd_pid, start, SOAK_MAX_PROCS);
+            printf("warm-up: %.0f s, every connection had %" PRIu64 " requests end\n",
+                   (double)(now - t0) / 1e6, soak_min_ended(cls, o.clients));
             soak_print_procs("memory at the end of the warm-up:", start, n_start);
             fflush(stdout);
+        }
+        if (warm && o.riverd_pid > 0 && now >= next_rss) {
+            long kb = soak_read_rss(o.riverd_pid);
+            if (kb >= 0 && (rss_min < 0 || kb < rss_min))
+                rss_min = kb;
+            if (kb > rss_max)
+                rss_max = kb;
+            next_rss = now + SOAK_RSS_EVERY_US;
         }
         if (now >= t_end || soak_interrupted) {
             t_end = now;
@@ -770,6 +822,11 @@ int main(int argc, char **argv)
     }
     if (!n_start)
         printf("           (no --pid: not measured)\n");
+    else if (rss_min >= 0)
+        printf("           riverd after the warm-up (%.0f s, every %d s): min %ld kB, max %ld kB, "
+               "range %ld kB\n",
+               (double)(t_end - warm_at) / 1e6, SOAK_RSS_EVERY_US / 1000000, rss_min, rss_max,
+               rss_max - rss_min);
     bool pass = lost == 0 && thread_errors == 0;
     printf("result     %s\n", pass ? "PASS: no request lost"
                                    : lost ? "FAIL: requests lost"

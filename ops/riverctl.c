@@ -125,9 +125,9 @@ static int ctl_workers(const ctl_t *c, int argc, char **argv)
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
             json_array_append_new(
-                arr, json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, "
-                               "s:b, s:i}",
-                               "id", w[i].id, "state", w[i].state, "role", w[i].role, "model",
+                arr, json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, "
+                               "s:I, s:b, s:i}",
+                               "id", w[i].id, "address", w[i].address, "state", w[i].state, "role", w[i].role, "model",
                                w[i].model, "max_seqs", (int)w[i].max_seqs, "running",
                                (int)w[i].running, "queue_length", (int)w[i].queue_length,
                                "kv_pages_free", (int)w[i].kv_pages_free, "kv_pages_total",
@@ -137,11 +137,12 @@ static int ctl_workers(const ctl_t *c, int argc, char **argv)
                                w[i].supervised, "n_layers", (int)w[i].n_layers));
         ctl__print_json(arr);
     } else {
-        printf("%-20s %-9s %-8s %-20s %5s %7s %5s %13s %9s %s\n", "ID", "STATE", "ROLE",
-               "MODEL", "SEQS", "RUNNING", "QUEUE", "KV FREE/TOTAL", "SEEN(ms)", "SUPERVISED");
+        printf("%-20s %-15s %-9s %-8s %-20s %5s %7s %5s %13s %9s %s\n", "ID", "ADDRESS",
+               "STATE", "ROLE", "MODEL", "SEQS", "RUNNING", "QUEUE", "KV FREE/TOTAL",
+               "SEEN(ms)", "SUPERVISED");
         for (size_t i = 0; i < n; i++)
-            printf("%-20s %-9s %-8s %-20s %5u %7u %5u %6u/%-6u %9llu %s\n", w[i].id,
-                   w[i].state, w[i].role, w[i].model, w[i].max_seqs, w[i].running,
+            printf("%-20s %-15s %-9s %-8s %-20s %5u %7u %5u %6u/%-6u %9llu %s\n", w[i].id,
+                   w[i].address[0] ? w[i].address : "-", w[i].state, w[i].role, w[i].model, w[i].max_seqs, w[i].running,
                    w[i].queue_length, w[i].kv_pages_free, w[i].kv_pages_total,
                    (unsigned long long)w[i].last_seen_ms, w[i].supervised ? "yes" : "no");
     }

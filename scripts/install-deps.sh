@@ -4,7 +4,9 @@
 set -eu
 PKGS="build-essential pkg-config check libjansson-dev libpcre2-dev libutf8proc-dev \
 libzmq3-dev libczmq-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev \
-libmicrohttpd-dev libsystemd-dev nettle-dev curl"
+libmicrohttpd-dev libsystemd-dev nettle-dev curl iproute2 iptables nftables"
+# iproute2, iptables and nftables: the namespaces, links, packet loss and firewall of
+# `make test-multihost`.
 # --fuzz adds what `make fuzz` needs (clang and its libFuzzer runtime); `make test` does not.
 quiet=""
 for a in "$@"; do

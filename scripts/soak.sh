@@ -5,6 +5,9 @@
 # stopped and nothing is left running. The exit status is river-soak's: 1 when a request
 # was lost. Everything listens on ipc:// sockets in a temporary directory.
 #
+# SOAK_WRAP names a command that runs riverd in its place and execs it, keeping its pid
+# (a heap profiler's preload wrapper, for instance); the soak then measures that process.
+#
 # SOAK_AUTH=curve (the default, as riverd's own) runs with CurveZMQ keys riverctl keygen
 # makes in that directory; SOAK_AUTH=plain without. SOAK_CLIENTS sets the number of client
 # connections (river-soak's default: one per 50 streams).
@@ -101,7 +104,8 @@ log_level: warn
 $worker_auth
 YAML
 
-"$bin/riverd" --config "$tmp/riverd.yaml" &
+# shellcheck disable=SC2086
+${SOAK_WRAP:-} "$bin/riverd" --config "$tmp/riverd.yaml" &
 rd_pid=$!
 export RIVER_ENDPOINT="ipc://$tmp/clients" RIVER_ADMIN="ipc://$tmp/admin"
 # The local workers are riverd's children; their pids let cleanup check that they ended.

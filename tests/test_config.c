@@ -204,6 +204,8 @@ START_TEST(test_values)
         "split:\n"
         "  boundary: 10\n"
         "  peer: \"ipc:///tmp/river-pair\"\n"
+        "reconnect:\n"
+        "  backoff_max: 1500ms\n"
         "log_level: warn\n";
     ck_assert_msg(load(&config_schema_worker, worker, &c) == 0, "%s", river_err_detail());
     config_worker_t *w = &c.w;
@@ -222,7 +224,13 @@ START_TEST(test_values)
     ck_assert_int_eq(w->exit_aggregation, EXIT_AGG_ROW);
     ck_assert_int_eq(w->split_boundary, 10);
     ck_assert_str_eq(w->split_peer, "ipc:///tmp/river-pair");
+    ck_assert_int_eq(w->reconnect_backoff_max_ms, 1500);
     ck_assert_int_eq(w->log_level, CONFIG_LOG_WARN);
+    config_free(&config_schema_worker, &c);
+    /* The default cap, and its neighbours untouched by it. */
+    ck_assert_int_eq(load(&config_schema_worker, "log_level: debug\n", &c), 0);
+    ck_assert_int_eq(c.w.reconnect_backoff_max_ms, 5000);
+    ck_assert_int_eq(c.w.log_level, CONFIG_LOG_DEBUG);
     config_free(&config_schema_worker, &c);
 }
 END_TEST

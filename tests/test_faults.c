@@ -17,7 +17,6 @@
  *
  * Heartbeats are short (200 ms, liveness 3) so that a silent worker is declared dead in a
  * fraction of a second; RIVER_TEST_KEEP=1 keeps the logs of every process. */
-#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -30,58 +29,14 @@
 #include "client/river_client.h"
 #include "common/err.h"
 #include "tests/proc.h"
+#include "tests/streams.h"
 #include "tests/testutil.h"
 
 #define TF_FAST_MODEL TEST_DATA "/tinystories-656k" /* context 512, ~10k tokens/s */
 #define TF_SLOW_MODEL TEST_DATA "/kjv-12l"          /* context 256, 12 layers */
-#define TF_MAX_IDS 512
 #define TF_MAX_WORKERS 4
 #define TF_HEARTBEAT_MS 200
 #define TF_LIVENESS 3
-/* How long a stream may take in any test before it counts as lost (a hang). */
-#define TF_STREAM_LIMIT_S 60
-
-static const char *const tf_prompts[] = {
-    "Once upon a time",
-    "The little dog",
-    "Lily and Ben went to the park",
-    "One day, a big bear",
-};
-#define TF_N_PROMPTS ((int)(sizeof tf_prompts / sizeof tf_prompts[0]))
-
-/* ---- The reference: `river run --output json`, greedy, in-process ---- */
-
-typedef struct tf_expect {
-    int32_t ids[TF_MAX_IDS];
-    size_t n;
-} tf_expect_t;
-
-static void tf_expect(const char *model, const char *prompt, int max_tokens, tf_expect_t *e)
-{
-    char n[16];
-    snprintf(n, sizeof n, "%d", max_tokens);
-    char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
-                    (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
-                    "--ignore-eos", NULL};
-    char *out;
-    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
-    json_error_t je;
-    json_t *o = json_loads(out, 0, &je);
-    ck_assert_msg(o, "river run output: %.300s", out);
-    json_t *ids = json_object_get(o, "ids");
-    e->n = json_array_size(ids);
-    ck_assert_uint_eq(e->n, (size_t)max_tokens);
-    for (size_t i = 0; i < e->n; i++)
-        e->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
-    json_decref(o);
-    free(out);
-}
-
-static void tf_expect_all(const char *model, int max_tokens, tf_expect_t *want)
-{
-    for (int p = 0; p < TF_N_PROMPTS; p++)
-        tf_expect(model, tf_prompts[p], max_tokens, &want[p]);
-}
 
 /* ---- riverd and its workers ---- */
 
@@ -243,172 +198,6 @@ static void tf_stop(tf_srv_t *s)
     s->pid = 0;
 }
 
-/* ---- Streams ---- */
-
-typedef struct tf_stream {
-    const tf_expect_t *want;
-    int32_t ids[TF_MAX_IDS];
-    size_t n_ids;
-    uint64_t next_seq;
-    int bad_seq;       /* chunks out of sequence: a gap or a repeat */
-    int extra_end;     /* events after the end */
-    int ended;
-    river_event_kind_t end;
-    river_code_t code;
-    uint32_t completion;
-    char msg[512];
-    double end_at;     /* test_now() at the end */
-    atomic_long *progress; /* tokens seen, shared by a load */
-} tf_stream_t;
-
-static void tf_on_event(void *user, const river_event_t *ev)
-{
-    tf_stream_t *s = user;
-    if (s->ended) {
-        s->extra_end++;
-        return;
-    }
-    if (ev->kind == RIVER_EVENT_CHUNK) {
-        if (ev->seq != s->next_seq)
-            s->bad_seq++;
-        s->next_seq = ev->seq + 1;
-        for (size_t i = 0; i < ev->n_ids; i++) {
-            if (s->n_ids == TF_MAX_IDS) {
-                s->bad_seq++;
-                break;
-            }
-            s->ids[s->n_ids++] = ev->ids[i];
-        }
-        if (s->progress)
-            atomic_fetch_add(s->progress, (long)ev->n_ids);
-        return;
-    }
-    s->ended = 1;
-    s->end = ev->kind;
-    s->code = ev->code;
-    s->completion = ev->completion_tokens;
-    s->end_at = test_now();
-    snprintf(s->msg, sizeof s->msg, "%s", ev->message ? ev->message : "");
-}
-
-/* The verdict on one request: 1 when it completed exactly once with exactly the reference
- * tokens, 0 when it ended with an explicit error after a prefix of them; a failed check
- * for anything else (no end, a gap or repeat, a wrong token, a second end). */
-static int tf_check(const tf_stream_t *s, const char *what)
-{
-    ck_assert_msg(s->ended, "%s: lost: no end after %zu tokens", what, s->n_ids);
-    ck_assert_msg(!s->extra_end, "%s: %d events after its end", what, s->extra_end);
-    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
-    ck_assert_msg(s->n_ids <= s->want->n, "%s: %zu tokens, more than the %zu expected", what,
-                  s->n_ids, s->want->n);
-    for (size_t i = 0; i < s->n_ids; i++)
-        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
-                      i, s->ids[i], s->want->ids[i]);
-    if (s->end == RIVER_EVENT_FINAL) {
-        ck_assert_msg(s->n_ids == s->want->n, "%s: Final after %zu of %zu tokens", what,
-                      s->n_ids, s->want->n);
-        ck_assert_msg(s->completion == s->n_ids, "%s: usage says %u tokens, got %zu", what,
-                      s->completion, s->n_ids);
-        return 1;
-    }
-    ck_assert_msg(s->code != RIVER_CODE_OK && s->msg[0], "%s: an error without a code or a "
-                  "message", what);
-    return 0;
-}
-
-typedef struct tf_job {
-    const char *endpoint;
-    river_generate_opts_t opts;
-    tf_stream_t *st;
-    int rc;
-} tf_job_t;
-
-/* One stream on a connection of its own; gives up (and leaves the stream without an end,
- * which tf_check reports as lost) after TF_STREAM_LIMIT_S. */
-static void *tf_job_run(void *arg)
-{
-    tf_job_t *j = arg;
-    river_client_t *c;
-    j->rc = river_client_new(&c, j->endpoint);
-    if (j->rc < 0)
-        return NULL;
-    j->rc = river_client_submit(c, &j->opts, NULL, tf_on_event, j->st, NULL);
-    double until = test_now() + TF_STREAM_LIMIT_S;
-    while (j->rc >= 0 && !j->st->ended && test_now() < until)
-        j->rc = river_client_poll(c, 100);
-    river_client_destroy(&c);
-    return NULL;
-}
-
-typedef struct tf_load {
-    int n;
-    tf_stream_t *st;
-    tf_job_t *jobs;
-    pthread_t *th;
-    atomic_long progress;
-} tf_load_t;
-
-/* Starts n streams, prompts in turn, `tokens` each. timeout_ms is the client library's
- * silence limit (0: none, so that only the library's own view of the connection can end
- * a stream whose server vanished). */
-static void tf_load_start(tf_load_t *l, const char *endpoint, int n, const tf_expect_t *want,
-                          int tokens, uint32_t timeout_ms)
-{
-    memset(l, 0, sizeof *l);
-    l->n = n;
-    l->st = calloc((size_t)n, sizeof *l->st);
-    l->jobs = calloc((size_t)n, sizeof *l->jobs);
-    l->th = calloc((size_t)n, sizeof *l->th);
-    ck_assert(l->st && l->jobs && l->th);
-    for (int i = 0; i < n; i++) {
-        l->st[i].want = &want[i % TF_N_PROMPTS];
-        l->st[i].progress = &l->progress;
-        river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = tf_prompts[i % TF_N_PROMPTS];
-        o.max_tokens = (uint32_t)tokens;
-        o.ignore_eos = 1;
-        o.timeout_ms = timeout_ms;
-        l->jobs[i] = (tf_job_t){.endpoint = endpoint, .opts = o, .st = &l->st[i]};
-        ck_assert_int_eq(pthread_create(&l->th[i], NULL, tf_job_run, &l->jobs[i]), 0);
-    }
-}
-
-/* Waits until the streams together have `tokens` tokens (or 30 s). */
-static long tf_load_wait(tf_load_t *l, long tokens)
-{
-    double until = test_now() + 30;
-    while (atomic_load(&l->progress) < tokens && test_now() < until)
-        test_sleep_ms(2);
-    return atomic_load(&l->progress);
-}
-
-/* Joins the streams and checks each; returns how many completed (the rest failed
- * explicitly). */
-static int tf_load_finish(tf_load_t *l, const char *what)
-{
-    int complete = 0;
-    for (int i = 0; i < l->n; i++)
-        pthread_join(l->th[i], NULL);
-    for (int i = 0; i < l->n; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s, stream %d", what, i);
-        ck_assert_msg(l->jobs[i].rc >= 0, "%s: client library: %s", name, river_err_detail());
-        int ok = tf_check(&l->st[i], name);
-        if (!ok)
-            fprintf(stderr, "%s: %s after %zu tokens: %s\n", name,
-                    river_code_name(l->st[i].code), l->st[i].n_ids, l->st[i].msg);
-        complete += ok;
-    }
-    return complete;
-}
-
-static void tf_load_free(tf_load_t *l)
-{
-    free(l->st);
-    free(l->jobs);
-    free(l->th);
-}
-
 /* ---- Tests ---- */
 
 /* A worker stops answering mid-stream (SIGSTOP): riverd declares it dead after
@@ -419,23 +208,23 @@ static void tf_load_free(tf_load_t *l)
 START_TEST(test_sigstop_worker)
 {
     enum { N = 8, TOKENS = 160 };
-    tf_expect_t want[TF_N_PROMPTS];
-    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
     tf_srv_t s = {0};
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
     tf_wait_ready(&s, 2, 20000);
 
-    tf_load_t l;
-    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
-    long at_stop = tf_load_wait(&l, N * 16);
+    streams_load_t l;
+    streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
+    long at_stop = streams_load_wait(&l, N * 16);
     ck_assert_int_eq(kill(s.wk[0], SIGSTOP), 0);
     double dead_after = tf_wait_state(&s, "w0", "dead", 5000);
     ck_assert_msg(dead_after >= 0, "riverd did not declare the stopped worker dead");
     long at_cont = atomic_load(&l.progress);
     ck_assert_int_eq(kill(s.wk[0], SIGCONT), 0);
-    int complete = tf_load_finish(&l, "SIGSTOP");
+    int complete = streams_load_finish(&l, "SIGSTOP");
     /* One worker answered throughout, so every stream could finish there. */
     ck_assert_int_eq(complete, N);
     ck_assert_int_ge(tf_metric(&s, "river_worker_deaths_total"), 1);
@@ -443,20 +232,20 @@ START_TEST(test_sigstop_worker)
     printf("faults: SIGSTOP after %ld of %d tokens, worker dead after %.2f s, SIGCONT at %ld "
            "tokens; %d of %d streams complete and exact\n",
            at_stop, N * TOKENS, dead_after, at_cont, complete, N);
-    tf_load_free(&l);
+    streams_load_free(&l);
 
     /* The resumed worker comes back and takes work again, exactly. */
     double back = tf_wait_state(&s, "w0", "ready", 10000);
     ck_assert_msg(back >= 0, "the resumed worker did not come back");
     long before = tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}");
-    tf_load_start(&l, s.clients, 4, want, 40, 30000);
-    tf_expect_t short_want[TF_N_PROMPTS];
-    tf_expect_all(TF_SLOW_MODEL, 40, short_want);
+    streams_load_start(&l, s.clients, NULL, 4, want, 40, 30000);
+    streams_expect_t short_want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_SLOW_MODEL, 40, short_want);
     for (int i = 0; i < 4; i++)
-        l.st[i].want = &short_want[i % TF_N_PROMPTS];
-    ck_assert_int_eq(tf_load_finish(&l, "after SIGCONT"), 4);
+        l.st[i].want = &short_want[i % STREAMS_N_PROMPTS];
+    ck_assert_int_eq(streams_load_finish(&l, "after SIGCONT"), 4);
     ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}"), before);
-    tf_load_free(&l);
+    streams_load_free(&l);
     tf_stop(&s);
 }
 END_TEST
@@ -469,8 +258,8 @@ END_TEST
 START_TEST(test_riverd_restart)
 {
     enum { N = 6, TOKENS = 160 };
-    tf_expect_t want[TF_N_PROMPTS];
-    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
     tf_srv_t s = {0};
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
@@ -480,21 +269,22 @@ START_TEST(test_riverd_restart)
     /* A connection of this thread's that outlives the crash. */
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    tf_stream_t mine = {.want = &want[0]};
+    streams_stream_t mine = {.want = &want[0]};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = tf_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = TOKENS;
     o.ignore_eos = 1;
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &mine, NULL), 0);
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &mine, NULL), 0);
 
-    tf_load_t l;
-    tf_load_start(&l, s.clients, N, want, TOKENS, 0);
-    long at_kill = tf_load_wait(&l, N * 16);
+    streams_load_t l;
+    streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 0);
+    long at_kill = streams_load_wait(&l, N * 16);
     double t_kill = test_now();
     test_kill(&s.pid, SIGKILL);
-    while (!mine.ended && test_now() < t_kill + TF_STREAM_LIMIT_S)
+    while (!mine.ended && test_now() < t_kill + STREAMS_LIMIT_S)
         ck_assert_int_ge(river_client_poll(c, 100), 0);
-    int complete = tf_load_finish(&l, "riverd killed") + tf_check(&mine, "riverd killed, mine");
+    int complete =
+        streams_load_finish(&l, "riverd killed") + streams_check(&mine, "riverd killed, mine");
     double slowest = mine.end_at - t_kill;
     int unavailable = mine.end == RIVER_EVENT_ERROR && mine.code == RIVER_CODE_UNAVAILABLE;
     for (int i = 0; i < N; i++) {
@@ -510,7 +300,7 @@ START_TEST(test_riverd_restart)
      * knew within a moment. */
     ck_assert_int_ge(unavailable, 1);
     ck_assert_msg(slowest < 3.0, "a client took %.2f s to see riverd gone", slowest);
-    tf_load_free(&l);
+    streams_load_free(&l);
 
     /* Started again on the same endpoints after a while (longer than the workers' view of
      * riverd's liveness, so that they have given it up and reconnect on their own): the
@@ -520,14 +310,14 @@ START_TEST(test_riverd_restart)
     tf_riverd_start(&s, NULL);
     tf_wait_ready(&s, 2, 20000);
     double rejoin = test_now() - t_start;
-    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
-    ck_assert_int_eq(tf_load_finish(&l, "after the restart"), N);
-    tf_load_free(&l);
-    tf_stream_t again = {.want = &want[0]};
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &again, NULL), 0);
+    streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
+    ck_assert_int_eq(streams_load_finish(&l, "after the restart"), N);
+    streams_load_free(&l);
+    streams_stream_t again = {.want = &want[0]};
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &again, NULL), 0);
     while (!again.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ck_assert_int_eq(tf_check(&again, "old connection after the restart"), 1);
+    ck_assert_int_eq(streams_check(&again, "old connection after the restart"), 1);
     river_client_destroy(&c);
     printf("faults: riverd killed after %ld of %d tokens: %d of %d requests ended with "
            "UNAVAILABLE within %.2f s, %d had completed; restarted 1.5 s later, both workers "
@@ -545,8 +335,8 @@ END_TEST
 START_TEST(test_slow_client)
 {
     enum { MAX_REQS = 48, TOKENS = 440 };
-    tf_expect_t want[TF_N_PROMPTS];
-    tf_expect_all(TF_FAST_MODEL, TOKENS, want);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_FAST_MODEL, TOKENS, want);
     tf_srv_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_client_backlog: 1000\n  max_requests_per_client: 64\n");
     tf_worker_start(&s, "w0", TF_FAST_MODEL, "max_seqs: 16\n");
@@ -554,7 +344,7 @@ START_TEST(test_slow_client)
 
     river_client_t *slow;
     ck_assert_int_eq(river_client_new(&slow, s.clients), 0);
-    static tf_stream_t st[MAX_REQS];
+    static streams_stream_t st[MAX_REQS];
     memset(st, 0, sizeof st);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.max_tokens = TOKENS;
@@ -566,9 +356,9 @@ START_TEST(test_slow_client)
     double t0 = test_now();
     while (n < MAX_REQS && tf_metric(&s, "river_requests_total{outcome=\"resource_exhausted\"}")
                                == 0) {
-        st[n].want = &want[n % TF_N_PROMPTS];
-        o.prompt = tf_prompts[n % TF_N_PROMPTS];
-        ck_assert_int_eq(river_client_submit(slow, &o, NULL, tf_on_event, &st[n], NULL), 0);
+        st[n].want = &want[n % STREAMS_N_PROMPTS];
+        o.prompt = streams_prompts[n % STREAMS_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(slow, &o, NULL, streams_on_event, &st[n], NULL), 0);
         n++;
         test_sleep_ms(100);
     }
@@ -590,12 +380,12 @@ START_TEST(test_slow_client)
 
     /* Others are served meanwhile (short streams: fewer chunks than the backlog, so that
      * a reader descheduled for a moment cannot overflow it). */
-    tf_expect_t short_want[TF_N_PROMPTS];
-    tf_expect_all(TF_FAST_MODEL, 40, short_want);
-    tf_load_t l;
-    tf_load_start(&l, s.clients, 2, short_want, 40, 30000);
-    ck_assert_int_eq(tf_load_finish(&l, "beside the slow client"), 2);
-    tf_load_free(&l);
+    streams_expect_t short_want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_FAST_MODEL, 40, short_want);
+    streams_load_t l;
+    streams_load_start(&l, s.clients, NULL, 2, short_want, 40, 30000);
+    ck_assert_int_eq(streams_load_finish(&l, "beside the slow client"), 2);
+    streams_load_free(&l);
 
     /* The slow client reads at last: every request ends, explicitly. */
     until = test_now() + 30;
@@ -606,7 +396,7 @@ START_TEST(test_slow_client)
     for (int i = 0; i < n; i++) {
         char what[64];
         snprintf(what, sizeof what, "slow client, request %d", i);
-        int ok = tf_check(&st[i], what);
+        int ok = streams_check(&st[i], what);
         complete += ok;
         tokens += st[i].n_ids;
         if (!ok) {
@@ -636,8 +426,8 @@ END_TEST
 START_TEST(test_split_backbone_lost)
 {
     enum { N = 6, TOKENS = 120 };
-    tf_expect_t want[TF_N_PROMPTS];
-    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
     tf_srv_t s = {0};
     tf_riverd_start(&s, NULL);
     char peer[400], pair_yaml[600];
@@ -652,13 +442,13 @@ START_TEST(test_split_backbone_lost)
     tf_wait_ready(&s, 2, 20000);
 
     /* Streams on both the pair and the full worker; the backbone goes. */
-    tf_load_t l;
-    tf_load_start(&l, s.clients, N, want, TOKENS, 30000);
-    long at_kill = tf_load_wait(&l, N * 12);
+    streams_load_t l;
+    streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
+    long at_kill = streams_load_wait(&l, N * 12);
     ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"river\"}"), 0);
     test_kill(&s.wk[bb], SIGKILL);
-    ck_assert_int_eq(tf_load_finish(&l, "backbone killed"), N);
-    tf_load_free(&l);
+    ck_assert_int_eq(streams_load_finish(&l, "backbone killed"), N);
+    streams_load_free(&l);
     long moved = tf_metric(&s, "river_requests_redispatched_total");
     ck_assert_int_ge(moved, 1);
     /* The river worker stays, and riverd knows it cannot serve. */
@@ -668,9 +458,9 @@ START_TEST(test_split_backbone_lost)
 
     /* Meanwhile every request goes to the full worker at once: none is sent to the river
      * worker to fail there. */
-    tf_load_start(&l, s.clients, 4, want, TOKENS, 30000);
-    ck_assert_int_eq(tf_load_finish(&l, "without a backbone"), 4);
-    tf_load_free(&l);
+    streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 30000);
+    ck_assert_int_eq(streams_load_finish(&l, "without a backbone"), 4);
+    streams_load_free(&l);
     ck_assert_int_eq(tf_metric(&s, "river_requests_redispatched_total"), moved);
 
     /* A new backbone: the pair serves again, also alone. */
@@ -679,21 +469,21 @@ START_TEST(test_split_backbone_lost)
     ck_assert_msg(paired >= 0, "the river worker did not pair again");
     test_kill(&s.wk[full], SIGKILL);
     ck_assert(tf_wait_state(&s, "full", "dead", 5000) >= 0);
-    tf_load_start(&l, s.clients, 4, want, TOKENS, 30000);
-    ck_assert_int_eq(tf_load_finish(&l, "paired again"), 4);
-    tf_load_free(&l);
+    streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 30000);
+    ck_assert_int_eq(streams_load_finish(&l, "paired again"), 4);
+    streams_load_free(&l);
 
     /* The pair alone loses its backbone: explicit UNAVAILABLE, no silence. */
-    tf_load_start(&l, s.clients, 4, want, TOKENS, 0);
-    tf_load_wait(&l, 4 * 12);
+    streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 0);
+    streams_load_wait(&l, 4 * 12);
     test_kill(&s.wk[bb], SIGKILL);
-    int complete = tf_load_finish(&l, "pair alone");
+    int complete = streams_load_finish(&l, "pair alone");
     for (int i = 0; i < 4; i++)
         if (l.st[i].end == RIVER_EVENT_ERROR)
             ck_assert_msg(l.st[i].code == RIVER_CODE_UNAVAILABLE, "stream %d: %s: %s", i,
                           river_code_name(l.st[i].code), l.st[i].msg);
     ck_assert_int_lt(complete, 4);
-    tf_load_free(&l);
+    streams_load_free(&l);
     printf("faults: backbone killed after %ld of %d tokens: every stream completed exactly "
            "(%ld re-dispatched to the full worker); paired again in %.2f s; the pair alone "
            "then failed %d of 4 streams with UNAVAILABLE\n",
@@ -708,8 +498,8 @@ END_TEST
 START_TEST(test_client_limit)
 {
     enum { LIMIT = 3, TOKENS = 120 };
-    tf_expect_t want[TF_N_PROMPTS];
-    tf_expect_all(TF_SLOW_MODEL, TOKENS, want);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
     tf_srv_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n");
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
@@ -717,7 +507,7 @@ START_TEST(test_client_limit)
 
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    tf_stream_t st[LIMIT + 2];
+    streams_stream_t st[LIMIT + 2];
     memset(st, 0, sizeof st);
     char ids[LIMIT + 2][RIVER_CLIENT_ID_MAX];
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
@@ -725,9 +515,9 @@ START_TEST(test_client_limit)
     o.ignore_eos = 1;
     o.timeout_ms = 30000;
     for (int i = 0; i <= LIMIT; i++) {
-        st[i].want = &want[i % TF_N_PROMPTS];
-        o.prompt = tf_prompts[i % TF_N_PROMPTS];
-        ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &st[i], ids[i]), 0);
+        st[i].want = &want[i % STREAMS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st[i], ids[i]), 0);
     }
     while (!st[LIMIT].ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
@@ -738,10 +528,10 @@ START_TEST(test_client_limit)
     ck_assert_uint_eq(st[LIMIT].n_ids, 0);
 
     /* Another connection is its own client. */
-    tf_load_t l;
-    tf_load_start(&l, s.clients, 1, want, TOKENS, 30000);
-    ck_assert_int_eq(tf_load_finish(&l, "other client"), 1);
-    tf_load_free(&l);
+    streams_load_t l;
+    streams_load_start(&l, s.clients, NULL, 1, want, TOKENS, 30000);
+    ck_assert_int_eq(streams_load_finish(&l, "other client"), 1);
+    streams_load_free(&l);
 
     /* A cancelled request gives its slot back. */
     ck_assert_int_eq(river_client_cancel(c, ids[0]), 0);
@@ -749,13 +539,13 @@ START_TEST(test_client_limit)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     ck_assert_int_eq(st[0].end, RIVER_EVENT_FINAL);
     st[LIMIT + 1].want = &want[0];
-    o.prompt = tf_prompts[0];
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, tf_on_event, &st[LIMIT + 1], NULL), 0);
+    o.prompt = streams_prompts[0];
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st[LIMIT + 1], NULL), 0);
     while (river_client_in_flight(c) > 0)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     for (int i = 1; i < LIMIT; i++)
-        ck_assert_int_eq(tf_check(&st[i], "within the limit"), 1);
-    ck_assert_int_eq(tf_check(&st[LIMIT + 1], "after a slot was freed"), 1);
+        ck_assert_int_eq(streams_check(&st[i], "within the limit"), 1);
+    ck_assert_int_eq(streams_check(&st[LIMIT + 1], "after a slot was freed"), 1);
     river_client_destroy(&c);
     tf_stop(&s);
 }

@@ -31,53 +31,12 @@
 #include "common/err.h"
 #include "common/frame.h"
 #include "tests/proc.h"
+#include "tests/streams.h"
 #include "tests/testutil.h"
 
 #define TS_FAST_MODEL TEST_DATA "/tinystories-656k" /* ~10k tokens/s on one thread */
 #define TS_SLOW_MODEL TEST_DATA "/kjv-12l"          /* 12 layers, ~700 tokens/s, context 256 */
-#define TS_MAX_IDS 1024
 #define TS_MAX_WORKERS 4
-
-static const char *const ts_prompts[] = {
-    "Once upon a time",
-    "The little dog",
-    "Lily and Ben went to the park",
-    "One day, a big bear",
-};
-#define TS_N_PROMPTS ((int)(sizeof ts_prompts / sizeof ts_prompts[0]))
-
-/* ---- The expected completions: `river run --output json` in-process ---- */
-
-typedef struct ts_expect {
-    int32_t ids[TS_MAX_IDS];
-    size_t n;
-    char text[16384];
-    double decode_tok_s;
-} ts_expect_t;
-
-static void ts_expect(const char *model, const char *prompt, int max_tokens, int ignore_eos,
-                      ts_expect_t *e)
-{
-    char n[16];
-    snprintf(n, sizeof n, "%d", max_tokens);
-    char *argv[] = {(char *)test_bin("river"), "run", "--model", (char *)model, "--prompt",
-                    (char *)prompt, "--max-tokens", n, "--threads", "1", "--output", "json",
-                    ignore_eos ? "--ignore-eos" : NULL, NULL};
-    char *out;
-    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
-    json_error_t je;
-    json_t *o = json_loads(out, 0, &je);
-    ck_assert_msg(o, "river run output: %.300s", out);
-    json_t *ids = json_object_get(o, "ids");
-    e->n = json_array_size(ids);
-    ck_assert_uint_le(e->n, TS_MAX_IDS);
-    for (size_t i = 0; i < e->n; i++)
-        e->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
-    snprintf(e->text, sizeof e->text, "%s", json_string_value(json_object_get(o, "text")));
-    e->decode_tok_s = json_real_value(json_object_get(o, "decode_tok_s"));
-    json_decref(o);
-    free(out);
-}
 
 /* ---- riverd and its workers ---- */
 
@@ -214,82 +173,10 @@ static void ts_stop(ts_srv_t *s)
 
 /* ---- Streams ---- */
 
-typedef struct ts_stream {
-    const ts_expect_t *want;
-    int32_t ids[TS_MAX_IDS];
-    size_t n_ids;
-    char text[16384];
-    size_t n_text;
-    uint64_t next_seq;
-    int bad_seq;
-    int ended;
-    river_event_kind_t end;
-    river_code_t code;
-    river_finish_t finish;
-    uint32_t completion;
-    char msg[256];
-    atomic_long *progress; /* tokens seen, shared by a load */
-} ts_stream_t;
-
-static void ts_on_event(void *user, const river_event_t *ev)
-{
-    ts_stream_t *s = user;
-    if (ev->kind == RIVER_EVENT_CHUNK) {
-        if (ev->seq != s->next_seq)
-            s->bad_seq++;
-        s->next_seq = ev->seq + 1;
-        for (size_t i = 0; i < ev->n_ids && s->n_ids < TS_MAX_IDS; i++)
-            s->ids[s->n_ids++] = ev->ids[i];
-        if (s->n_text + ev->text_len < sizeof s->text) {
-            memcpy(s->text + s->n_text, ev->text, ev->text_len);
-            s->n_text += ev->text_len;
-            s->text[s->n_text] = '\0';
-        }
-        if (s->progress)
-            atomic_fetch_add(s->progress, (long)ev->n_ids);
-        return;
-    }
-    s->ended = 1;
-    s->end = ev->kind;
-    s->code = ev->code;
-    s->finish = ev->finish;
-    s->completion = ev->completion_tokens;
-    snprintf(s->msg, sizeof s->msg, "%s", ev->message ? ev->message : "");
-}
-
-/* A complete stream: consecutive chunks, a Final, and exactly the expected tokens. */
-static void ts_check_complete(const ts_stream_t *s, const char *what)
-{
-    ck_assert_msg(s->ended, "%s: no end", what);
-    ck_assert_msg(s->end == RIVER_EVENT_FINAL, "%s: ended with %s: %s", what,
-                  river_code_name(s->code), s->msg);
-    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
-    ck_assert_msg(s->n_ids == s->want->n, "%s: %zu tokens, expected %zu (finish %s, usage %u)",
-                  what, s->n_ids, s->want->n, river_finish_name(s->finish), s->completion);
-    for (size_t i = 0; i < s->n_ids; i++)
-        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
-                      i, s->ids[i], s->want->ids[i]);
-    ck_assert_msg(s->completion == s->n_ids, "%s: usage says %u tokens, got %zu", what,
-                  s->completion, s->n_ids);
-}
-
-/* Whatever happened, what arrived is a prefix of the expected completion, without gaps
- * or repeats, and the stream ended explicitly. */
-static void ts_check_prefix(const ts_stream_t *s, const char *what)
-{
-    ck_assert_msg(s->ended, "%s: no end (silence)", what);
-    ck_assert_msg(!s->bad_seq, "%s: chunk sequence numbers not consecutive", what);
-    ck_assert_msg(s->n_ids <= s->want->n, "%s: %zu tokens, more than %zu", what, s->n_ids,
-                  s->want->n);
-    for (size_t i = 0; i < s->n_ids; i++)
-        ck_assert_msg(s->ids[i] == s->want->ids[i], "%s: token %zu is %d, expected %d", what,
-                      i, s->ids[i], s->want->ids[i]);
-}
-
 typedef struct ts_job {
     const char *endpoint;
     river_generate_opts_t opts;
-    ts_stream_t *stream;
+    streams_stream_t *stream;
     int rc;
 } ts_job_t;
 
@@ -300,7 +187,7 @@ static void *ts_job_run(void *arg)
     j->rc = river_client_new(&c, j->endpoint);
     if (j->rc < 0)
         return NULL;
-    j->rc = river_client_submit(c, &j->opts, NULL, ts_on_event, j->stream, NULL);
+    j->rc = river_client_submit(c, &j->opts, NULL, streams_on_event, j->stream, NULL);
     while (j->rc >= 0 && !j->stream->ended)
         j->rc = river_client_poll(c, 1000);
     river_client_destroy(&c);
@@ -309,18 +196,19 @@ static void *ts_job_run(void *arg)
 
 /* n concurrent clients, each on its own connection and thread, prompts in turn. Returns
  * the wall time. */
-static double ts_load(const char *endpoint, int n, ts_stream_t *streams, const ts_expect_t *want,
-                      int max_tokens, int ignore_eos, atomic_long *progress)
+static double ts_load(const char *endpoint, int n, streams_stream_t *streams,
+                      const streams_expect_t *want, int max_tokens, int ignore_eos,
+                      atomic_long *progress)
 {
     ts_job_t *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
     double t0 = test_now();
     for (int i = 0; i < n; i++) {
         memset(&streams[i], 0, sizeof streams[i]);
-        streams[i].want = &want[i % TS_N_PROMPTS];
+        streams[i].want = &want[i % STREAMS_N_PROMPTS];
         streams[i].progress = progress;
         river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
         o.max_tokens = (uint32_t)max_tokens;
         o.ignore_eos = ignore_eos;
         o.timeout_ms = 30000;
@@ -373,25 +261,25 @@ START_TEST(test_greedy_matches_engine)
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 1}, NULL);
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    for (int p = 0; p < TS_N_PROMPTS; p++) {
-        ts_expect_t want;
-        ts_expect(TS_FAST_MODEL, ts_prompts[p], 80, 0, &want);
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++) {
+        streams_expect_t want;
+        streams_expect_eos(TS_FAST_MODEL, streams_prompts[p], 80, 0, &want);
         ck_assert_uint_gt(want.n, 0);
 
-        ts_stream_t st = {.want = &want};
+        streams_stream_t st = {.want = &want};
         river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = ts_prompts[p];
+        o.prompt = streams_prompts[p];
         o.max_tokens = 80;
         o.timeout_ms = 10000;
         river_result_t res;
-        ck_assert_msg(river_client_generate(c, &o, ts_on_event, &st, &res) == 0, "%s",
+        ck_assert_msg(river_client_generate(c, &o, streams_on_event, &st, &res) == 0, "%s",
                       river_err_detail());
-        ts_check_complete(&st, ts_prompts[p]);
+        streams_check_complete(&st, streams_prompts[p]);
         ck_assert_str_eq(st.text, want.text);
 
         /* riverctl generate --output json prints the same ids and text. */
         char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
-                        (char *)ts_prompts[p], "--max-tokens", "80", "--output", "json", NULL};
+                        (char *)streams_prompts[p], "--max-tokens", "80", "--output", "json", NULL};
         char *out;
         ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
         json_error_t je;
@@ -406,10 +294,10 @@ START_TEST(test_greedy_matches_engine)
         free(out);
     }
     /* Text mode streams the same text, then a newline. */
-    ts_expect_t want;
-    ts_expect(TS_FAST_MODEL, ts_prompts[0], 40, 0, &want);
+    streams_expect_t want;
+    streams_expect_eos(TS_FAST_MODEL, streams_prompts[0], 40, 0, &want);
     char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
-                    (char *)ts_prompts[0], "--max-tokens", "40", NULL};
+                    (char *)streams_prompts[0], "--max-tokens", "40", NULL};
     char *out;
     ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
     ck_assert_uint_eq(strlen(out), strlen(want.text) + 1);
@@ -417,18 +305,18 @@ START_TEST(test_greedy_matches_engine)
     free(out);
 
     /* One long stream: tokens/s through riverd against the engine in-process. */
-    ts_expect_t lw;
-    ts_expect(TS_FAST_MODEL, ts_prompts[0], 400, 1, &lw);
-    ts_stream_t ls = {.want = &lw};
+    streams_expect_t lw;
+    streams_expect_eos(TS_FAST_MODEL, streams_prompts[0], 400, 1, &lw);
+    streams_stream_t ls = {.want = &lw};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 400;
     o.ignore_eos = 1;
     river_result_t res;
     double t0 = test_now();
-    ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &ls, &res), 0);
+    ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &ls, &res), 0);
     double dt = test_now() - t0;
-    ts_check_complete(&ls, "long stream");
+    streams_check_complete(&ls, "long stream");
     printf("serving: one stream of %zu tokens: %.0f tokens/s through riverd, %.0f tokens/s "
            "decode in-process (river run)\n",
            ls.n_ids, (double)ls.n_ids / dt, lw.decode_tok_s);
@@ -451,18 +339,18 @@ END_TEST
 START_TEST(test_concurrent_clients)
 {
     enum { N = 64, TOKENS = 400 };
-    ts_expect_t want[TS_N_PROMPTS];
-    for (int p = 0; p < TS_N_PROMPTS; p++)
-        ts_expect(TS_FAST_MODEL, ts_prompts[p], TOKENS, 1, &want[p]);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++)
+        streams_expect_eos(TS_FAST_MODEL, streams_prompts[p], TOKENS, 1, &want[p]);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 2, .max_seqs = 32}, NULL);
-    ts_stream_t *streams = calloc(N, sizeof *streams);
+    streams_stream_t *streams = calloc(N, sizeof *streams);
     double two = ts_load(s.clients, N, streams, want, TOKENS, 1, NULL);
     long total = 0;
     for (int i = 0; i < N; i++) {
         char what[32];
         snprintf(what, sizeof what, "client %d", i);
-        ts_check_complete(&streams[i], what);
+        streams_check_complete(&streams[i], what);
         total += (long)streams[i].n_ids;
     }
     /* Both workers served. */
@@ -493,7 +381,7 @@ START_TEST(test_concurrent_clients)
     for (int i = 0; i < N; i++) {
         char what[32];
         snprintf(what, sizeof what, "client %d (one worker)", i);
-        ts_check_complete(&streams[i], what);
+        streams_check_complete(&streams[i], what);
     }
     printf("serving: %d concurrent streams of %d tokens: %.0f tokens/s over two workers, "
            "%.0f tokens/s over one\n",
@@ -509,21 +397,21 @@ END_TEST
 START_TEST(test_kill_worker_midstream)
 {
     enum { N = 24, TOKENS = 200 };
-    ts_expect_t want[TS_N_PROMPTS];
-    for (int p = 0; p < TS_N_PROMPTS; p++)
-        ts_expect(TS_SLOW_MODEL, ts_prompts[p], TOKENS, 1, &want[p]);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++)
+        streams_expect_eos(TS_SLOW_MODEL, streams_prompts[p], TOKENS, 1, &want[p]);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 2}, NULL);
 
-    ts_stream_t *streams = calloc(N, sizeof *streams);
+    streams_stream_t *streams = calloc(N, sizeof *streams);
     ts_job_t *jobs = calloc(N, sizeof *jobs);
     pthread_t th[N];
     atomic_long progress = 0;
     for (int i = 0; i < N; i++) {
-        streams[i].want = &want[i % TS_N_PROMPTS];
+        streams[i].want = &want[i % STREAMS_N_PROMPTS];
         streams[i].progress = &progress;
         river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
         o.max_tokens = TOKENS;
         o.ignore_eos = 1;
         o.timeout_ms = 30000;
@@ -544,9 +432,9 @@ START_TEST(test_kill_worker_midstream)
         char what[32];
         snprintf(what, sizeof what, "stream %d", i);
         ck_assert_msg(jobs[i].rc >= 0, "%s: %s", what, river_err_detail());
-        ts_check_prefix(&streams[i], what);
+        streams_check_prefix(&streams[i], what);
         if (streams[i].end == RIVER_EVENT_FINAL) {
-            ts_check_complete(&streams[i], what);
+            streams_check_complete(&streams[i], what);
             complete++;
         }
     }
@@ -687,31 +575,31 @@ END_TEST
  * new requests get UNAVAILABLE too (no silence). */
 START_TEST(test_no_worker_unavailable)
 {
-    ts_expect_t want;
-    ts_expect(TS_SLOW_MODEL, ts_prompts[0], 240, 1, &want);
+    streams_expect_t want;
+    streams_expect_eos(TS_SLOW_MODEL, streams_prompts[0], 240, 1, &want);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1, .liveness = 2}, NULL);
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    ts_stream_t st = {.want = &want};
+    streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 240;
     o.ignore_eos = 1;
     o.timeout_ms = 10000;
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st, NULL), 0);
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st, NULL), 0);
     while (st.n_ids < 20 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     test_kill(&s.ext[0], SIGKILL);
     while (!st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ts_check_prefix(&st, "orphaned stream");
+    streams_check_prefix(&st, "orphaned stream");
     ck_assert_int_eq(st.end, RIVER_EVENT_ERROR);
     ck_assert_int_eq(st.code, RIVER_CODE_UNAVAILABLE);
 
-    ts_stream_t st2 = {.want = &want};
+    streams_stream_t st2 = {.want = &want};
     river_result_t res;
-    ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &st2, &res), RIVER_EPROTO);
+    ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &st2, &res), RIVER_EPROTO);
     ck_assert_int_eq(res.code, RIVER_CODE_UNAVAILABLE);
     river_client_destroy(&c);
     ts_stop(&s);
@@ -722,8 +610,8 @@ END_TEST
  * heartbeat reports them through admin Workers, return to the total. */
 START_TEST(test_cancel_frees_kv)
 {
-    ts_expect_t want;
-    ts_expect(TS_SLOW_MODEL, ts_prompts[2], 240, 1, &want);
+    streams_expect_t want;
+    streams_expect_eos(TS_SLOW_MODEL, streams_prompts[2], 240, 1, &want);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1}, NULL);
     size_t nw;
@@ -736,14 +624,14 @@ START_TEST(test_cancel_frees_kv)
 
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    ts_stream_t st = {.want = &want};
+    streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[2];
+    o.prompt = streams_prompts[2];
     o.max_tokens = 240;
     o.ignore_eos = 1;
     o.timeout_ms = 10000;
     char id[RIVER_CLIENT_ID_MAX];
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st, id), 0);
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st, id), 0);
     while (st.n_ids < 10 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     /* While it runs its pages are taken, which a heartbeat (every 200 ms) reports; wait
@@ -759,7 +647,7 @@ START_TEST(test_cancel_frees_kv)
     ck_assert_int_eq(river_client_cancel(c, id), 0);
     while (!st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ts_check_prefix(&st, "cancelled stream");
+    streams_check_prefix(&st, "cancelled stream");
     ck_assert_int_eq(st.end, RIVER_EVENT_FINAL);
     ck_assert_int_eq(st.finish, RIVER_FINISH_CANCELLED);
     ck_assert_uint_lt(st.n_ids, want.n);
@@ -773,8 +661,8 @@ START_TEST(test_cancel_frees_kv)
     /* A client that goes away: riverd cannot deliver, cancels on the worker, and the pages
      * come back as well. */
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    ts_stream_t gone = {.want = &want};
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &gone, id), 0);
+    streams_stream_t gone = {.want = &want};
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &gone, id), 0);
     while (gone.n_ids < 5 && !gone.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     river_client_destroy(&c);
@@ -798,25 +686,25 @@ END_TEST
 /* A deadline that passes mid-stream ends the request with DEADLINE_EXCEEDED. */
 START_TEST(test_deadline)
 {
-    ts_expect_t want;
-    ts_expect(TS_SLOW_MODEL, ts_prompts[1], 240, 1, &want);
+    streams_expect_t want;
+    streams_expect_eos(TS_SLOW_MODEL, streams_prompts[1], 240, 1, &want);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1}, NULL);
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    ts_stream_t st = {.want = &want};
+    streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[1];
+    o.prompt = streams_prompts[1];
     o.max_tokens = 240;
     o.ignore_eos = 1;
     o.deadline_ms = 40;
     o.timeout_ms = 10000;
     river_result_t res;
     double t0 = test_now();
-    ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &st, &res), RIVER_EPROTO);
+    ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &st, &res), RIVER_EPROTO);
     double dt = test_now() - t0;
     ck_assert_int_eq(res.code, RIVER_CODE_DEADLINE_EXCEEDED);
-    ts_check_prefix(&st, "deadline stream");
+    streams_check_prefix(&st, "deadline stream");
     ck_assert_uint_lt(st.n_ids, want.n);
     ck_assert_msg(dt < 2.0, "deadline took %.3f s", dt);
 
@@ -833,29 +721,29 @@ END_TEST
  * exits 0 once nothing is left. */
 START_TEST(test_shutdown_drains)
 {
-    ts_expect_t want;
-    ts_expect(TS_SLOW_MODEL, ts_prompts[3], 200, 1, &want);
+    streams_expect_t want;
+    streams_expect_eos(TS_SLOW_MODEL, streams_prompts[3], 200, 1, &want);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1}, NULL);
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
-    ts_stream_t st = {.want = &want};
+    streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[3];
+    o.prompt = streams_prompts[3];
     o.max_tokens = 200;
     o.ignore_eos = 1;
     o.timeout_ms = 10000;
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st, NULL), 0);
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st, NULL), 0);
     while (st.n_ids < 5 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     ck_assert_int_eq(kill(s.pid, SIGTERM), 0);
     test_sleep_ms(20);
-    ts_stream_t late = {.want = &want};
+    streams_stream_t late = {.want = &want};
     o.max_tokens = 5;
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &late, NULL), 0);
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &late, NULL), 0);
     while (river_client_in_flight(c) > 0)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ts_check_complete(&st, "stream during the drain");
+    streams_check_complete(&st, "stream during the drain");
     ck_assert_int_eq(late.end, RIVER_EVENT_ERROR);
     ck_assert_int_eq(late.code, RIVER_CODE_UNAVAILABLE);
     river_client_destroy(&c);
@@ -931,16 +819,16 @@ START_TEST(test_limits_and_queue)
     ck_assert_int_eq(river_client_generate(c, &ok, NULL, NULL, &res), 0);
 
     /* One sequence runs, two wait, the fourth is refused. */
-    ts_stream_t st[4];
+    streams_stream_t st[4];
     char idv[4][RIVER_CLIENT_ID_MAX];
     memset(st, 0, sizeof st);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 200;
     o.ignore_eos = 1;
     o.timeout_ms = 10000;
     for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(river_client_submit(c, &o, NULL, ts_on_event, &st[i], idv[i]), 0);
+        ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st[i], idv[i]), 0);
     double until = test_now() + 10;
     int exhausted = -1;
     while (exhausted < 0 && test_now() < until) {
@@ -1087,13 +975,13 @@ START_TEST(test_bad_frames)
     free(prompt);
 
     /* Still up: a request completes and the daemon answers status. */
-    ts_expect_t want;
-    ts_expect(TS_FAST_MODEL, ts_prompts[3], 30, 0, &want);
-    ts_stream_t st = {.want = &want};
-    o.prompt = ts_prompts[3];
+    streams_expect_t want;
+    streams_expect_eos(TS_FAST_MODEL, streams_prompts[3], 30, 0, &want);
+    streams_stream_t st = {.want = &want};
+    o.prompt = streams_prompts[3];
     o.max_tokens = 30;
-    ck_assert_int_eq(river_client_generate(c, &o, ts_on_event, &st, &res), 0);
-    ts_check_complete(&st, "after bad frames");
+    ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &st, &res), 0);
+    streams_check_complete(&st, "after bad frames");
     river_client_destroy(&c);
     ck_assert_int_eq(ts_ready_workers(&s), 1);
     ck_assert_int_eq(waitpid(s.pid, NULL, WNOHANG), 0);
@@ -1139,20 +1027,20 @@ END_TEST
 START_TEST(test_drain_worker)
 {
     enum { N = 8, TOKENS = 150 };
-    ts_expect_t want[TS_N_PROMPTS];
-    for (int p = 0; p < TS_N_PROMPTS; p++)
-        ts_expect(TS_SLOW_MODEL, ts_prompts[p], TOKENS, 1, &want[p]);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++)
+        streams_expect_eos(TS_SLOW_MODEL, streams_prompts[p], TOKENS, 1, &want[p]);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 2}, NULL);
-    ts_stream_t *streams = calloc(N, sizeof *streams);
+    streams_stream_t *streams = calloc(N, sizeof *streams);
     ts_job_t jobs[N];
     pthread_t th[N];
     atomic_long progress = 0;
     for (int i = 0; i < N; i++) {
-        streams[i].want = &want[i % TS_N_PROMPTS];
+        streams[i].want = &want[i % STREAMS_N_PROMPTS];
         streams[i].progress = &progress;
         river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
         o.max_tokens = TOKENS;
         o.ignore_eos = 1;
         o.timeout_ms = 30000;
@@ -1171,7 +1059,7 @@ START_TEST(test_drain_worker)
     for (int i = 0; i < N; i++) {
         char what[32];
         snprintf(what, sizeof what, "stream %d", i);
-        ts_check_complete(&streams[i], what);
+        streams_check_complete(&streams[i], what);
     }
     /* The drained worker exits by itself, cleanly. */
     int st = -1;
@@ -1194,12 +1082,12 @@ START_TEST(test_drain_worker)
     free(w);
     double t = ts_load(s.clients, 4, streams, want, 20, 1, NULL);
     (void)t;
-    ts_expect_t short_want[TS_N_PROMPTS];
-    for (int p = 0; p < TS_N_PROMPTS; p++)
-        ts_expect(TS_SLOW_MODEL, ts_prompts[p], 20, 1, &short_want[p]);
+    streams_expect_t short_want[STREAMS_N_PROMPTS];
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++)
+        streams_expect_eos(TS_SLOW_MODEL, streams_prompts[p], 20, 1, &short_want[p]);
     for (int i = 0; i < 4; i++) {
-        streams[i].want = &short_want[i % TS_N_PROMPTS];
-        ts_check_complete(&streams[i], "after drain");
+        streams[i].want = &short_want[i % STREAMS_N_PROMPTS];
+        streams_check_complete(&streams[i], "after drain");
     }
     free(streams);
     ts_stop(&s);
@@ -1220,7 +1108,7 @@ START_TEST(test_session_affinity)
     o.timeout_ms = 5000;
     river_result_t res;
     for (int i = 0; i < 6; i++) {
-        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
         ck_assert_int_eq(river_client_generate(c, &o, NULL, NULL, &res), 0);
     }
     river_client_destroy(&c);
@@ -1294,7 +1182,7 @@ START_TEST(test_supervision)
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 10;
     o.timeout_ms = 5000;
     river_result_t res;
@@ -1454,7 +1342,7 @@ START_TEST(test_metrics_http)
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 12;
     o.ignore_eos = 1;
     o.timeout_ms = 5000;

@@ -20,6 +20,8 @@
 #define LINK_HEARTBEAT_MIN_MS 10
 #define LINK_HEARTBEAT_MAX_MS 3600000
 #define LINK_LIVENESS_MAX 1000
+/* The reconnection cap when the configuration gives none (reconnect.backoff_max). */
+#define LINK_BACKOFF_MAX_DEFAULT_MS 5000
 /* Handshake failures that mean riverd refuses this worker, as opposed to a connection
  * that broke: its key is not allowed, or the two ends do not speak the same mechanism. */
 #define LINK_REFUSAL_EVENTS                                                               \
@@ -34,7 +36,8 @@ struct link {
     link_handlers_t h;
     int64_t heartbeat_ms;     /* current interval: the configured one, then Welcome's */
     int liveness;
-    int64_t backoff_ms;       /* wait before the next reconnection */
+    int64_t backoff_ms;       /* wait before the next reconnection, before jitter */
+    uint64_t jitter_state;    /* xorshift state of the jitter, seeded per process */
     int64_t last_recv_ms;     /* anything heard from riverd (or the time of connecting) */
     int64_t last_beat_ms;     /* last Heartbeat sent */
     int64_t reconnect_at_ms;  /* sock == NULL: when to open a new one */
@@ -262,22 +265,35 @@ static int link__connect(link_t *l, int64_t now)
     return link__send_ready(l);
 }
 
+/* The next wait before reconnecting: the current back-off with "equal jitter" (a uniform
+ * draw between half of it and all of it, so that workers cut off at the same moment spread
+ * their attempts), and the back-off doubled for the time after, never past the cap. */
+static int64_t link__next_backoff(link_t *l)
+{
+    uint64_t x = l->jitter_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    l->jitter_state = x;
+    int64_t b = l->backoff_ms, half = b / 2;
+    int64_t wait = half + (int64_t)(x % (uint64_t)(b - half + 1));
+    l->backoff_ms = b * 2 > l->cfg.backoff_max_ms ? l->cfg.backoff_max_ms : b * 2;
+    return wait;
+}
+
 /* riverd is gone as far as this worker can tell: forget its requests, close the socket
  * and come back after the back-off. */
 static void link__disconnect(link_t *l, int64_t now, const char *why)
 {
-    wlog(WLOG_WARN, "%s; reconnecting to %s in %lld ms", why, l->endpoint,
-         (long long)l->backoff_ms);
+    int64_t wait = link__next_backoff(l);
+    wlog(WLOG_WARN, "%s; reconnecting to %s in %lld ms", why, l->endpoint, (long long)wait);
     l->h.reset(l->h.user, why);
     if (l->sock)
         zmq_close(l->sock);
     l->sock = NULL;
     link__close_monitor(l);
     l->welcomed = false;
-    l->reconnect_at_ms = now + l->backoff_ms;
-    l->backoff_ms *= 2;
-    if (l->backoff_ms > l->cfg.backoff_max_ms)
-        l->backoff_ms = l->cfg.backoff_max_ms;
+    l->reconnect_at_ms = now + wait;
 }
 
 int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_handlers_t *h)
@@ -305,8 +321,8 @@ int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_hand
     l->cfg.endpoint = l->endpoint;
     l->cfg.worker_id = l->worker_id;
     l->cfg.caps.model = l->model;
-    if (l->cfg.backoff_max_ms < cfg->heartbeat_ms)
-        l->cfg.backoff_max_ms = cfg->heartbeat_ms;
+    if (l->cfg.backoff_max_ms <= 0)
+        l->cfg.backoff_max_ms = LINK_BACKOFF_MAX_DEFAULT_MS;
     l->h = *h;
     if (cfg->curve_public && cfg->curve_secret && cfg->curve_server) {
         if (strlen(cfg->curve_public) != 40 || strlen(cfg->curve_secret) != 40 ||
@@ -323,6 +339,13 @@ int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_hand
     l->heartbeat_ms = cfg->heartbeat_ms;
     l->liveness = cfg->liveness;
     l->backoff_ms = cfg->heartbeat_ms;
+    if (l->backoff_ms > l->cfg.backoff_max_ms)
+        l->backoff_ms = l->cfg.backoff_max_ms;
+    /* The jitter needs no secrecy, only a different sequence in each worker. */
+    if (getrandom(&l->jitter_state, sizeof l->jitter_state, 0) !=
+            (ssize_t)sizeof l->jitter_state ||
+        !l->jitter_state)
+        l->jitter_state = (uint64_t)link_clock_ms() * 0x9e3779b97f4a7c15ull | 1;
     *out = l;
     return 0;
 fail:
@@ -378,7 +401,8 @@ static void link__on_welcome(link_t *l, const River__Worker__DaemonMessage *m)
     if (w->liveness >= 1 && w->liveness <= LINK_LIVENESS_MAX)
         l->liveness = (int)w->liveness;
     /* Reconnection backs off from riverd's interval: what it expects of its workers. */
-    l->backoff_ms = l->heartbeat_ms;
+    l->backoff_ms = l->heartbeat_ms < l->cfg.backoff_max_ms ? l->heartbeat_ms
+                                                            : l->cfg.backoff_max_ms;
     l->welcomed = true;
     wlog(WLOG_INFO, "welcomed by riverd: heartbeat %lld ms, liveness %d",
          (long long)l->heartbeat_ms, l->liveness);
@@ -467,7 +491,8 @@ void link_recv(link_t *l)
         }
         /* A frame, even a bad one, proves riverd alive; the back-off starts over. */
         l->last_recv_ms = link_clock_ms();
-        l->backoff_ms = l->heartbeat_ms;
+        l->backoff_ms = l->heartbeat_ms < l->cfg.backoff_max_ms ? l->heartbeat_ms
+                                                                : l->cfg.backoff_max_ms;
         int parts = 1;
         while (zmq_msg_more(&m)) {
             /* Read the rest so that the next message starts clean. */
@@ -540,7 +565,7 @@ void link_tick(link_t *l, int64_t now)
         int e = link__connect(l, now);
         if (e && !l->sock) {
             wlog(WLOG_ERROR, "reconnecting: %s", river_err_detail());
-            l->reconnect_at_ms = now + l->backoff_ms;
+            l->reconnect_at_ms = now + link__next_backoff(l);
             return;
         }
         wlog(WLOG_INFO, "reconnected to %s, Ready sent", l->endpoint);

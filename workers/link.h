@@ -62,7 +62,8 @@ typedef struct link_config {
     River__Worker__Capabilities caps;
     int64_t heartbeat_ms;   /* until riverd's Welcome names its own */
     int liveness;           /* silent intervals before riverd counts as gone */
-    int64_t backoff_max_ms; /* longest wait before reconnecting */
+    int64_t backoff_max_ms; /* longest wait before reconnecting (0: 5 s); each wait is
+                             * jittered between half and all of the back-off */
     size_t max_frame_bytes; /* largest frame accepted (0: FRAME_MAX_BYTES_DEFAULT) */
     int linger_ms;          /* how long link_destroy waits for unsent frames */
     /* CurveZMQ: this worker's public and secret keys and riverd's public key, Z85 text

@@ -51,8 +51,6 @@
 /* Heartbeats before riverd's Welcome names its own, and the riverd default liveness. */
 #define WORKER_HEARTBEAT_MS 1000
 #define WORKER_LIVENESS 3
-/* Longest wait between attempts to reach a riverd that is gone. */
-#define WORKER_BACKOFF_MAX_MS 30000
 /* How long the last frames may take to leave when the worker exits. */
 #define WORKER_LINGER_MS 2000
 /* Requests queued in the worker beyond the running ones, per sequence slot. riverd
@@ -215,7 +213,7 @@ static int worker__open_pair(worker_t *w)
         .heartbeat_ms = WORKER_HEARTBEAT_MS,
         .liveness = WORKER_LIVENESS,
         .reply_timeout_ms = WORKER_PAIR_REPLY_TIMEOUT_MS,
-        .backoff_max_ms = WORKER_BACKOFF_MAX_MS,
+        .backoff_max_ms = w->cfg.reconnect_backoff_max_ms,
     };
     int e = pair_river_new(&w->pair, w->zctx, &pc, m, w->kv, w->memfd);
     if (e)
@@ -330,7 +328,7 @@ static int worker__open(worker_t *w)
         .caps = RIVER__WORKER__CAPABILITIES__INIT,
         .heartbeat_ms = WORKER_HEARTBEAT_MS,
         .liveness = WORKER_LIVENESS,
-        .backoff_max_ms = WORKER_BACKOFF_MAX_MS,
+        .backoff_max_ms = w->cfg.reconnect_backoff_max_ms,
         .linger_ms = WORKER_LINGER_MS,
         .curve_public = w->curve ? w->keys.public_txt : NULL,
         .curve_secret = w->curve ? w->keys.secret_txt : NULL,
