@@ -43,7 +43,7 @@ static const config_key_t gw_config__model_keys[] = {
 
 static const config_schema_t gw_config__model = {"models", gw_config__model_keys,
                                                  GW_N(gw_config__model_keys),
-                                                 sizeof(gw_model_cfg_t)};
+                                                 sizeof(gw_model_cfg_t), NULL};
 
 #define GW(...) GW_KEY(gw_config_t, __VA_ARGS__)
 static const config_key_t gw_config__keys[] = {
@@ -100,4 +100,4 @@ static const config_key_t gw_config__keys[] = {
 #undef GW
 
 const config_schema_t gw_config_schema = {"gateway", gw_config__keys, GW_N(gw_config__keys),
-                                          sizeof(gw_config_t)};
+                                          sizeof(gw_config_t), NULL};

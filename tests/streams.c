@@ -147,7 +147,7 @@ void streams_check_prefix(const streams_stream_t *s, const char *what)
 
 /* One stream on a connection of its own; gives up (and leaves the stream without an end,
  * which streams_check reports as lost) after STREAMS_LIMIT_S. */
-static void *streams__job_run(void *arg)
+void *streams_job_run(void *arg)
 {
     streams_job_t *j = arg;
     river_client_t *c;
@@ -185,7 +185,7 @@ void streams_load_start(streams_load_t *l, const char *endpoint, const river_key
         o.timeout_ms = timeout_ms;
         l->jobs[i] = (streams_job_t){.endpoint = endpoint, .keys = keys, .opts = o,
                                      .st = &l->st[i]};
-        ck_assert_int_eq(pthread_create(&l->th[i], NULL, streams__job_run, &l->jobs[i]), 0);
+        ck_assert_int_eq(pthread_create(&l->th[i], NULL, streams_job_run, &l->jobs[i]), 0);
     }
 }
 

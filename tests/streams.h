@@ -88,6 +88,9 @@ typedef struct streams_job {
     char err[256];           /* the library's message when rc < 0 */
 } streams_job_t;
 
+/* Runs one job to its end on the calling thread (a pthread start routine). */
+void *streams_job_run(void *arg);
+
 typedef struct streams_load {
     int n;
     streams_stream_t *st;

@@ -479,21 +479,21 @@ START_TEST(test_lossless_kill_worker)
     free(qout);
     snprintf(extra, sizeof extra, "river: \"%s\"\nexit:\n  rule: cosine\n  tau: 0.9\n"
              "  aggregation: row\n  mode: lossless\n  draft_tokens: 4\n", river_file);
-    ts_expect_t want[TS_N_PROMPTS];
-    for (int p = 0; p < TS_N_PROMPTS; p++)
-        ts_expect(TS_SLOW_MODEL, ts_prompts[p], TOKENS, 1, &want[p]);
+    streams_expect_t want[STREAMS_N_PROMPTS];
+    for (int p = 0; p < STREAMS_N_PROMPTS; p++)
+        streams_expect_eos(TS_SLOW_MODEL, streams_prompts[p], TOKENS, 1, &want[p]);
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 2, .worker_extra = extra},
              NULL);
-    ts_stream_t *streams = calloc(N, sizeof *streams);
-    ts_job_t *jobs = calloc(N, sizeof *jobs);
+    streams_stream_t *streams = calloc(N, sizeof *streams);
+    streams_job_t *jobs = calloc(N, sizeof *jobs);
     pthread_t th[N];
     atomic_long progress = 0;
     for (int i = 0; i < N; i++) {
-        streams[i].want = &want[i % TS_N_PROMPTS];
+        streams[i].want = &want[i % STREAMS_N_PROMPTS];
         streams[i].progress = &progress;
         river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt = ts_prompts[i % TS_N_PROMPTS];
+        o.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
         o.max_tokens = TOKENS;
         o.ignore_eos = 1;
         o.timeout_ms = 60000;
@@ -501,8 +501,8 @@ START_TEST(test_lossless_kill_worker)
             o.exit_policy = "none"; /* plain backbone rows in the same batches */
         else if (i % 4 == 1)
             o.draft_tokens = 2 + (uint32_t)i % 5;
-        jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
-        ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
+        jobs[i] = (streams_job_t){.endpoint = s.clients, .opts = o, .st = &streams[i]};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, streams_job_run, &jobs[i]), 0);
     }
     double until = test_now() + 30;
     while (atomic_load(&progress) < N * TOKENS / 4 && test_now() < until)
@@ -516,7 +516,7 @@ START_TEST(test_lossless_kill_worker)
         char what[32];
         snprintf(what, sizeof what, "stream %d", i);
         ck_assert_msg(jobs[i].rc >= 0, "%s: %s", what, river_err_detail());
-        ts_check_complete(&streams[i], what);
+        streams_check_complete(&streams[i], what);
     }
     char *out;
     char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
@@ -543,7 +543,7 @@ START_TEST(test_lossless_kill_worker)
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt = ts_prompts[0];
+    o.prompt = streams_prompts[0];
     o.max_tokens = 4;
     o.timeout_ms = 10000;
     o.exit_policy = "none";
