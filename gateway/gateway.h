@@ -111,6 +111,8 @@ typedef struct gw_request {
     int has_tau, has_theta, has_exit_layer;
     double tau, theta;
     int exit_layer;
+    int lossless;              /* 1 lossless, -1 lossy, 0 the worker's exit.mode */
+    int draft_tokens;          /* lossless: most draft tokens per verify pass; 0: worker's */
     int want_exit_layers, want_token_ids; /* report them per chunk / choice */
     int want_prompt;           /* chat: the response carries the rendered prompt */
     int ignore_eos;            /* keep going past EOS (benchmarks) */

@@ -273,6 +273,8 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
     o->theta = (float)r->theta;
     o->has_exit_layer = r->has_exit_layer;
     o->exit_layer = r->exit_layer;
+    o->lossless = r->lossless;
+    o->draft_tokens = (uint32_t)r->draft_tokens;
     o->ignore_eos = r->ignore_eos;
     o->deadline_ms = (uint32_t)cfg->request_timeout_ms;
 }

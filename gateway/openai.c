@@ -239,6 +239,20 @@ static int oa__river(gw_request_t *r, gw_error_t *err)
                 err))
         return -1;
     r->exit_layer = (int)layer;
+    /* Lossless mode: the exit path drafts and the backbone verifies, so the completion is
+     * the backbone's own. */
+    json_t *ll = json_object_get(x, "lossless");
+    if (ll && !json_is_null(ll)) {
+        if (!json_is_boolean(ll))
+            return gw_error_set(err, GW_ERR_INVALID, "river.lossless",
+                                "'river.lossless' must be a boolean");
+        r->lossless = json_is_true(ll) ? 1 : -1;
+    }
+    int has_draft = 0;
+    json_int_t draft = 0;
+    if (oa__int(x, "draft_tokens", "river.draft_tokens", 1, 16, &has_draft, &draft, err))
+        return -1;
+    r->draft_tokens = (int)draft;
     static const struct {
         const char *key, *param;
         size_t offset;

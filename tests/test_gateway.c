@@ -572,6 +572,11 @@ START_TEST(test_errors)
                                     "\"stream\": \"yes\"}", 400, "stream"},
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
                                     "\"river\": {\"policy\": \"fast\"}}", 400, "river.policy"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"river\": {\"lossless\": \"yes\"}}", 400, "river.lossless"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"river\": {\"lossless\": true, \"draft_tokens\": 99}}", 400,
+         "river.draft_tokens"},
         {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": \"hi\"}", 400,
          "messages"},
         {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": "
