@@ -277,14 +277,18 @@ START_TEST(test_opaque)
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+        /* The default action, so that a sanitizer's handler does not turn the fault into
+         * an ordinary exit (where one insists, it still exits non-zero). */
+        signal(SIGSEGV, SIG_DFL);
         volatile float x = ((volatile float *)buf)[1];
         (void)x;
         _exit(0);
     }
     int st = 0;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "a host read of an opaque "
-                  "buffer did not fault (status %#x)", st);
+    ck_assert_msg((WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV) ||
+                  (WIFEXITED(st) && WEXITSTATUS(st) != 0), "a host read of an opaque buffer "
+                  "did not fault (status %#x)", st);
 
     /* Host memory where the backend's is expected, and a weight never placed, are refused. */
     ck_assert_int_eq(o->add(be->ctx, host, buf, 8), RIVER_EDEVICE);
