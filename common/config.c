@@ -28,23 +28,8 @@ static const char *const config__exit_rules[] = {"none", "cosine", "router", "fi
 static const char *const config__exit_aggs[] = {"min", "row", NULL};
 static const char *const config__exit_modes[] = {"lossy", "lossless", NULL};
 
-#define CONFIG__KEY(T, n, t, f, lo, hi, d, dc)                                            \
-    {                                                                                     \
-        .name = (n), .type = (t), .offset = offsetof(T, f), .min = (lo), .max = (hi),     \
-        .def = (d), .doc = (dc)                                                           \
-    }
-#define CONFIG__ENUM(T, n, f, ch, d, dc)                                                  \
-    {                                                                                     \
-        .name = (n), .type = CONFIG_ENUM, .offset = offsetof(T, f), .def = (d),           \
-        .doc = (dc), .choices = (ch)                                                      \
-    }
-#define CONFIG__SECTION(n, dc)                                                            \
-    {                                                                                     \
-        .name = (n), .type = CONFIG_SECTION, .doc = (dc)                                  \
-    }
-#define CONFIG__N(a) (sizeof(a) / sizeof((a)[0]))
 
-#define LW(...) CONFIG__KEY(config_local_workers_t, __VA_ARGS__)
+#define LW(...) CONFIG_KEY(config_local_workers_t, __VA_ARGS__)
 static const config_key_t config__local_workers_keys[] = {
     LW("count", CONFIG_INT, count, 1, 256, "1", "Workers to run with this configuration."),
     LW("config", CONFIG_STRING, config, 0, 0, NULL,
@@ -53,12 +38,12 @@ static const config_key_t config__local_workers_keys[] = {
 #undef LW
 
 static const config_schema_t config__local_workers = {
-    "local_workers", config__local_workers_keys, CONFIG__N(config__local_workers_keys),
+    "local_workers", config__local_workers_keys, CONFIG_N(config__local_workers_keys),
     sizeof(config_local_workers_t), NULL};
 
-#define RD(...) CONFIG__KEY(config_riverd_t, __VA_ARGS__)
+#define RD(...) CONFIG_KEY(config_riverd_t, __VA_ARGS__)
 static const config_key_t config__riverd_keys[] = {
-    CONFIG__SECTION("endpoints", "Where riverd listens. ZMQ addresses: tcp://host:port, "
+    CONFIG_SECTION_KEY("endpoints", "Where riverd listens. ZMQ addresses: tcp://host:port, "
                                  "ipc:///path or inproc://name."),
     RD("endpoints.clients", CONFIG_LIST, clients, 1, 16, "tcp://*:5555",
        "Addresses bound for clients (the client API)."),
@@ -72,13 +57,13 @@ static const config_key_t config__riverd_keys[] = {
        "IPv4 address the metrics port binds; 127.0.0.1 keeps it on this host."),
     RD("queue_length", CONFIG_INT, queue_length, 1, 1000000, "256",
        "Requests that may wait for a worker; one more is refused with RESOURCE_EXHAUSTED."),
-    CONFIG__ENUM(config_riverd_t, "placement", placement, config__placements, "prefix",
+    CONFIG_ENUM_KEY(config_riverd_t, "placement", placement, config__placements, "prefix",
                  "Where a request without a live session binding goes. prefix: to the "
                  "worker whose prefix cache holds the longest run of its prompt's pages "
                  "(requests that carry token ids; text prompts cannot be hashed before a "
                  "worker tokenizes them), else as load; load: the most free sequence "
                  "slots, then the most free KV pages."),
-    CONFIG__SECTION("limits",
+    CONFIG_SECTION_KEY("limits",
                     "Limits on what one request or one client may ask for. A request over a "
                     "per-request limit is refused with INVALID_ARGUMENT, one over a "
                     "per-client limit with RESOURCE_EXHAUSTED; the error names the key."),
@@ -106,7 +91,7 @@ static const config_key_t config__riverd_keys[] = {
        "their workers and end with RESOURCE_EXHAUSTED, which the client reads after the "
        "tokens it was sent. At least 256: one pass of riverd's loop may forward that many "
        "chunks to one client."),
-    CONFIG__SECTION("heartbeat", "Heartbeats between riverd and its workers, both ways."),
+    CONFIG_SECTION_KEY("heartbeat", "Heartbeats between riverd and its workers, both ways."),
     RD("heartbeat.interval", CONFIG_DURATION, heartbeat_ms, 10, 60000, "1s",
        "Time between heartbeats; workers take it from riverd."),
     RD("heartbeat.liveness", CONFIG_INT, heartbeat_liveness, 1, 100, "3",
@@ -124,14 +109,14 @@ static const config_key_t config__riverd_keys[] = {
      .doc = "Workers riverd starts, and restarts when they die. Empty: workers are started "
             "elsewhere (systemd, other hosts) and connect on their own.",
      .sub = &config__local_workers},
-    CONFIG__ENUM(config_riverd_t, "log_level", log_level, config__log_levels, "info",
+    CONFIG_ENUM_KEY(config_riverd_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
-    CONFIG__SECTION("auth",
+    CONFIG_SECTION_KEY("auth",
                     "CurveZMQ on every endpoint: traffic is encrypted and a peer whose key is "
                     "not allowed is refused (and logged). Keys are files of `riverctl "
                     "keygen`; relative paths are relative to this file's directory. riverd "
                     "reads the keys at start: adding or removing one takes a restart."),
-    CONFIG__ENUM(config_riverd_t, "auth.mode", auth_mode, config__auth_modes, "curve",
+    CONFIG_ENUM_KEY(config_riverd_t, "auth.mode", auth_mode, config__auth_modes, "curve",
                  "curve, or plain: no encryption and no authentication (ZMQ's NULL "
                  "mechanism), for a network nobody else can reach; riverd warns at start."),
     RD("auth.secret_key", CONFIG_STRING, auth_secret_key, 0, 0, "keys/riverd.key_secret",
@@ -148,7 +133,7 @@ static const config_key_t config__riverd_keys[] = {
 #undef RD
 
 const config_schema_t config_schema_riverd = {"riverd", config__riverd_keys,
-                                              CONFIG__N(config__riverd_keys),
+                                              CONFIG_N(config__riverd_keys),
                                               sizeof(config_riverd_t), NULL};
 
 /* A device name as kernels/backend.h reads it; whether this build has the CUDA backend is
@@ -165,13 +150,13 @@ static int config__check_device(const char *v)
     return strlen(v + 5) > 3;
 }
 
-#define WK(...) CONFIG__KEY(config_worker_t, __VA_ARGS__)
+#define WK(...) CONFIG_KEY(config_worker_t, __VA_ARGS__)
 static const config_key_t config__worker_keys[] = {
     WK("riverd", CONFIG_STRING, riverd, 0, 0, "tcp://127.0.0.1:5556",
        "riverd's worker endpoint, which this worker connects to."),
     WK("id", CONFIG_STRING, id, 0, 0, "",
        "Name of this worker in riverd's table and logs; empty: host name and process id."),
-    CONFIG__ENUM(config_worker_t, "role", role, config__roles, "full",
+    CONFIG_ENUM_KEY(config_worker_t, "role", role, config__roles, "full",
                  "full runs the whole model; river and backbone are the two halves of a "
                  "split pair (see split)."),
     WK("model", CONFIG_STRING, model, 0, 0, "",
@@ -198,11 +183,11 @@ static const config_key_t config__worker_keys[] = {
     WK("prefill_chunk", CONFIG_INT, prefill_chunk, 1, 65536, "256",
        "Prompt tokens one sequence may put into one batch, so that a long prompt does not "
        "stall the others."),
-    CONFIG__SECTION("kv", "The paged KV cache."),
+    CONFIG_SECTION_KEY("kv", "The paged KV cache."),
     WK("kv.page_size", CONFIG_INT, kv_page_size, 1, 4096, "16", "Positions per KV page."),
     WK("kv.pages", CONFIG_INT, kv_pages, 0, 1 << 24, "0",
        "Pages in the pool; 0: enough for max_seqs full contexts."),
-    CONFIG__SECTION("prefix_cache", "Full KV pages kept after their request ends and reused "
+    CONFIG_SECTION_KEY("prefix_cache", "Full KV pages kept after their request ends and reused "
                                     "by requests that start with the same token ids (a "
                                     "chat's earlier turns, a shared system prompt). Greedy "
                                     "tokens do not change; requests with exit policy none "
@@ -213,9 +198,9 @@ static const config_key_t config__worker_keys[] = {
     WK("prefix_cache.pages", CONFIG_INT, prefix_cache_pages, 0, 1 << 24, "0",
        "Most KV pages the cache may hold; 0: any the pool has (unused cached pages are "
        "given back before a running request would be preempted)."),
-    CONFIG__SECTION("exit", "Early-exit policy; a request may override rule, tau, theta "
+    CONFIG_SECTION_KEY("exit", "Early-exit policy; a request may override rule, tau, theta "
                             "and exit_layer."),
-    CONFIG__ENUM(config_worker_t, "exit.rule", exit_rule, config__exit_rules, "none",
+    CONFIG_ENUM_KEY(config_worker_t, "exit.rule", exit_rule, config__exit_rules, "none",
                  "none: the full backbone; cosine: River-LLM's similarity rule (tau); "
                  "router: TIDE's routers (theta); fixed: every token exits after "
                  "exit_layer layers."),
@@ -225,18 +210,18 @@ static const config_key_t config__worker_keys[] = {
        "Router rule: a token exits when its router's probability > theta."),
     WK("exit.exit_layer", CONFIG_INT, exit_layer, 0, 4096, "0",
        "Fixed rule: backbone layers every token runs."),
-    CONFIG__ENUM(config_worker_t, "exit.aggregation", exit_aggregation, config__exit_aggs,
+    CONFIG_ENUM_KEY(config_worker_t, "exit.aggregation", exit_aggregation, config__exit_aggs,
                  "min",
                  "min: a decode batch exits when every row passes (the papers); row: each "
                  "row decides and the batch splits where the cost model says it pays."),
-    CONFIG__ENUM(config_worker_t, "exit.mode", exit_mode, config__exit_modes, "lossy",
+    CONFIG_ENUM_KEY(config_worker_t, "exit.mode", exit_mode, config__exit_modes, "lossy",
                  "Requests' default mode (a request may choose its own). lossy: tokens "
                  "that exit take the exit path's output; lossless: the exit path drafts "
                  "up to draft_tokens tokens and the backbone verifies them in one pass, so "
                  "the output is the backbone's (needs a rule other than none and a river)."),
     WK("exit.draft_tokens", CONFIG_INT, exit_draft_tokens, 1, 16, "4",
        "Lossless mode: most draft tokens per verify pass."),
-    CONFIG__SECTION("split", "The split pair: a river worker and a backbone worker that "
+    CONFIG_SECTION_KEY("split", "The split pair: a river worker and a backbone worker that "
                              "share KV pages (role river or backbone). Both load the same "
                              "model with the same threads, which the pair checks."),
     WK("split.boundary", CONFIG_INT, split_boundary, 0, 4096, "0",
@@ -245,7 +230,7 @@ static const config_key_t config__worker_keys[] = {
     WK("split.peer", CONFIG_STRING, split_peer, 0, 0, "",
        "Address of the other worker of the pair (ipc:// on one host): the backbone worker "
        "binds it, the river worker connects to it."),
-    CONFIG__SECTION("reconnect", "What the worker does when riverd (or its split peer) "
+    CONFIG_SECTION_KEY("reconnect", "What the worker does when riverd (or its split peer) "
                                  "goes silent for heartbeat.liveness intervals."),
     WK("reconnect.backoff_max", CONFIG_DURATION, reconnect_backoff_max_ms, 100, 600000, "5s",
        "Longest wait before connecting again. The wait starts at riverd's heartbeat "
@@ -253,11 +238,11 @@ static const config_key_t config__worker_keys[] = {
        "random between half and all of it, so that workers cut off together do not "
        "reconnect together. A worker is back at most this long (and a handshake) after "
        "riverd is."),
-    CONFIG__ENUM(config_worker_t, "log_level", log_level, config__log_levels, "info",
+    CONFIG_ENUM_KEY(config_worker_t, "log_level", log_level, config__log_levels, "info",
                  "Least severe messages logged: error, warn, info or debug."),
-    CONFIG__SECTION("auth", "CurveZMQ on the link to riverd (riverd's auth section); key "
+    CONFIG_SECTION_KEY("auth", "CurveZMQ on the link to riverd (riverd's auth section); key "
                             "paths are relative to this file's directory."),
-    CONFIG__ENUM(config_worker_t, "auth.mode", auth_mode, config__auth_modes, "curve",
+    CONFIG_ENUM_KEY(config_worker_t, "auth.mode", auth_mode, config__auth_modes, "curve",
                  "curve, or plain: no encryption and no authentication, for a riverd whose "
                  "auth.mode is plain."),
     WK("auth.secret_key", CONFIG_STRING, auth_secret_key, 0, 0, "keys/worker.key_secret",
@@ -283,7 +268,7 @@ static const char *config__worker_check(const void *cfg, const char **key)
 }
 
 const config_schema_t config_schema_worker = {"worker", config__worker_keys,
-                                              CONFIG__N(config__worker_keys),
+                                              CONFIG_N(config__worker_keys),
                                               sizeof(config_worker_t), config__worker_check};
 
 /* ---- Keys and values ---- */
@@ -333,7 +318,7 @@ static void config__fmt_duration(char *buf, size_t cap, int64_t ms)
         const char *unit;
         int64_t ms;
     } units[] = {{"h", 3600000}, {"m", 60000}, {"s", 1000}};
-    for (size_t i = 0; i < CONFIG__N(units); i++) {
+    for (size_t i = 0; i < CONFIG_N(units); i++) {
         if (ms != 0 && ms % units[i].ms == 0) {
             snprintf(buf, cap, "%lld%s", (long long)(ms / units[i].ms), units[i].unit);
             return;
@@ -410,7 +395,7 @@ static bool config__parse_duration(const char *s, int64_t *ms)
     double x = strtod(s, &end);
     if (errno || end == s || !isfinite(x))
         return false;
-    for (size_t i = 0; i < CONFIG__N(units); i++) {
+    for (size_t i = 0; i < CONFIG_N(units); i++) {
         if (strcmp(end, units[i].unit) == 0) {
             double v = x * units[i].ms;
             if (v > 9.0e15)
@@ -452,7 +437,7 @@ static int config__convert(const config_key_t *k, const char *v, void *dst)
     case CONFIG_BOOL: {
         static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no",
                                                                                 "off"};
-        for (size_t i = 0; i < CONFIG__N(yes); i++) {
+        for (size_t i = 0; i < CONFIG_N(yes); i++) {
             if (strcasecmp(v, yes[i]) == 0) {
                 *(bool *)dst = true;
                 return 0;

@@ -70,6 +70,24 @@ struct config_schema {
     const char *(*check)(const void *cfg, const char **key);
 };
 
+/* Entries of a schema's key table, for every program that has one (riverd, river-worker,
+ * river-gateway): a key of struct T's field f, an enum key, a section, and a table's size. */
+#define CONFIG_KEY(T, n, t, f, lo, hi, d, dc)                                            \
+    {                                                                                     \
+        .name = (n), .type = (t), .offset = offsetof(T, f), .min = (lo), .max = (hi),     \
+        .def = (d), .doc = (dc)                                                           \
+    }
+#define CONFIG_ENUM_KEY(T, n, f, ch, d, dc)                                                  \
+    {                                                                                     \
+        .name = (n), .type = CONFIG_ENUM, .offset = offsetof(T, f), .def = (d),           \
+        .doc = (dc), .choices = (ch)                                                      \
+    }
+#define CONFIG_SECTION_KEY(n, dc)                                                            \
+    {                                                                                     \
+        .name = (n), .type = CONFIG_SECTION, .doc = (dc)                                  \
+    }
+#define CONFIG_N(a) (sizeof(a) / sizeof((a)[0]))
+
 /* Fills cfg (a struct of s->size bytes) with the defaults. RIVER_EINVAL names a broken
  * schema (a default that does not parse, a key outside its section...). */
 int config_defaults(const config_schema_t *s, void *cfg);

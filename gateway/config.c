@@ -8,23 +8,9 @@
 static const char *const gw_config__log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const gw_config__auth_modes[] = {"curve", "plain", NULL};
 
-#define GW_KEY(T, n, t, f, lo, hi, d, dc)                                                 \
-    {                                                                                     \
-        .name = (n), .type = (t), .offset = offsetof(T, f), .min = (lo), .max = (hi),     \
-        .def = (d), .doc = (dc)                                                           \
-    }
-#define GW_ENUM(n, f, ch, d, dc)                                                          \
-    {                                                                                     \
-        .name = (n), .type = CONFIG_ENUM, .offset = offsetof(gw_config_t, f), .def = (d), \
-        .doc = (dc), .choices = (ch)                                                      \
-    }
-#define GW_SECTION(n, dc)                                                                 \
-    {                                                                                     \
-        .name = (n), .type = CONFIG_SECTION, .doc = (dc)                                  \
-    }
-#define GW_N(a) (sizeof(a) / sizeof((a)[0]))
+#define GW_ENUM(...) CONFIG_ENUM_KEY(gw_config_t, __VA_ARGS__)
 
-#define MD(...) GW_KEY(gw_model_cfg_t, __VA_ARGS__)
+#define MD(...) CONFIG_KEY(gw_model_cfg_t, __VA_ARGS__)
 static const config_key_t gw_config__model_keys[] = {
     MD("name", CONFIG_STRING, name, 0, 0, NULL,
        "The name clients give as `model` (required); GET /v1/models lists it."),
@@ -42,18 +28,18 @@ static const config_key_t gw_config__model_keys[] = {
 #undef MD
 
 static const config_schema_t gw_config__model = {"models", gw_config__model_keys,
-                                                 GW_N(gw_config__model_keys),
+                                                 CONFIG_N(gw_config__model_keys),
                                                  sizeof(gw_model_cfg_t), NULL};
 
-#define GW(...) GW_KEY(gw_config_t, __VA_ARGS__)
+#define GW(...) CONFIG_KEY(gw_config_t, __VA_ARGS__)
 static const config_key_t gw_config__keys[] = {
-    GW_SECTION("listen", "The HTTP listener. TLS is a reverse proxy's job (nginx, caddy): "
+    CONFIG_SECTION_KEY("listen", "The HTTP listener. TLS is a reverse proxy's job (nginx, caddy): "
                          "bind to loopback behind one."),
     GW("listen.address", CONFIG_STRING, listen_address, 0, 0, "127.0.0.1",
        "IPv4 address to bind; 0.0.0.0 for every interface."),
     GW("listen.port", CONFIG_INT, listen_port, 0, 65535, "8000",
        "TCP port; 0 picks a free one, which the log's `listening on` line names."),
-    GW_SECTION("riverd", "The riverd this gateway is a client of; key paths are relative "
+    CONFIG_SECTION_KEY("riverd", "The riverd this gateway is a client of; key paths are relative "
                          "to this file's directory."),
     GW("riverd.endpoint", CONFIG_STRING, riverd_endpoint, 0, 0, "tcp://127.0.0.1:5555",
        "riverd's client endpoint (endpoints.clients in riverd.yaml)."),
@@ -77,7 +63,7 @@ static const config_key_t gw_config__keys[] = {
        "File of allowed API keys as SHA-256 hex digests, one a line (`river-gateway "
        "--hash-key` prints the line for a key); requests must send `Authorization: Bearer "
        "KEY`. Empty: no keys asked for."),
-    GW_SECTION("limits", "What one request or everyone may hold."),
+    CONFIG_SECTION_KEY("limits", "What one request or everyone may hold."),
     GW("limits.max_body_bytes", CONFIG_INT, max_body_bytes, 1024, 1 << 30, "1048576",
        "Largest request body; a larger one is answered 413."),
     GW("limits.max_concurrent", CONFIG_INT, max_concurrent, 1, 100000, "256",
@@ -85,13 +71,13 @@ static const config_key_t gw_config__keys[] = {
        "limits.max_requests_per_client counts them all as one client's."),
     GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "512",
        "HTTP connections at once (one thread each)."),
-    GW_SECTION("timeouts", "Time limits."),
+    CONFIG_SECTION_KEY("timeouts", "Time limits."),
     GW("timeouts.request", CONFIG_DURATION, request_timeout_ms, 0, 86400000, "10m",
        "Deadline of one generation, given to riverd; past it the request ends with 504 "
        "(or an error chunk once streaming began). 0: none."),
     GW("timeouts.connection", CONFIG_DURATION, connection_timeout_ms, 1000, 86400000, "5m",
        "An HTTP connection idle this long is closed."),
-    GW_SECTION("sampling", "Defaults for what a request leaves out."),
+    CONFIG_SECTION_KEY("sampling", "Defaults for what a request leaves out."),
     GW("sampling.default_temperature", CONFIG_FLOAT, default_temperature, 0, 2, "1.0",
        "Temperature of a request without one; OpenAI's default is 1 (0: greedy)."),
     GW_ENUM("log_level", log_level, gw_config__log_levels, "info",
@@ -99,5 +85,5 @@ static const config_key_t gw_config__keys[] = {
 };
 #undef GW
 
-const config_schema_t gw_config_schema = {"gateway", gw_config__keys, GW_N(gw_config__keys),
+const config_schema_t gw_config_schema = {"gateway", gw_config__keys, CONFIG_N(gw_config__keys),
                                           sizeof(gw_config_t), NULL};
