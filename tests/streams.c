@@ -224,3 +224,48 @@ void streams_load_free(streams_load_t *l)
     l->jobs = NULL;
     l->th = NULL;
 }
+
+static river_admin_t *streams__admin(const char *admin, const river_keys_t *keys)
+{
+    river_admin_t *a;
+    int e = keys ? river_admin_new_secure(&a, admin, 2000, keys)
+                 : river_admin_new(&a, admin, 2000);
+    ck_assert_msg(e == 0, "admin %s: %s", admin, river_err_detail());
+    return a;
+}
+
+void streams_wait_ready(const char *admin, const river_keys_t *keys, int n, int ms,
+                        const char *dir)
+{
+    double until = test_now() + ms / 1000.0;
+    uint32_t ready = 0;
+    while (test_now() < until) {
+        river_admin_t *a = streams__admin(admin, keys);
+        river_status_t st;
+        int rc = river_admin_status(a, &st);
+        river_admin_destroy(&a);
+        ready = rc == 0 ? st.workers_ready : 0;
+        if (ready == (uint32_t)n)
+            return;
+        test_sleep_ms(20);
+    }
+    ck_assert_msg(0, "%u of %d workers ready after %d ms; see the logs in %s", ready, n, ms,
+                  dir);
+}
+
+long streams_metric(const char *admin, const river_keys_t *keys, const char *name)
+{
+    river_admin_t *a = streams__admin(admin, keys);
+    char *text;
+    ck_assert_int_eq(river_admin_metrics(a, &text), 0);
+    river_admin_destroy(&a);
+    char pat[256];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(text, pat);
+    long v = -1;
+    if (p)
+        sscanf(p + strlen(pat), "%ld", &v);
+    free(text);
+    ck_assert_msg(v >= 0, "no metric %s", name);
+    return v;
+}

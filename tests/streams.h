@@ -88,6 +88,16 @@ typedef struct streams_job {
     char err[256];           /* the library's message when rc < 0 */
 } streams_job_t;
 
+/* ---- riverd's admin endpoint (keys NULL: plain) ---- */
+
+/* Waits until riverd counts n ready workers; fails the test after ms, naming dir (where the
+ * logs are). */
+void streams_wait_ready(const char *admin, const river_keys_t *keys, int n, int ms,
+                        const char *dir);
+/* A counter of riverd's metrics: the value on the line that starts with `name `. Fails the
+ * test when there is none. */
+long streams_metric(const char *admin, const river_keys_t *keys, const char *name);
+
 /* Runs one job to its end on the calling thread (a pthread start routine). */
 void *streams_job_run(void *arg);
 

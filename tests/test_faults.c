@@ -142,41 +142,7 @@ static double tf_wait_state(const tf_srv_t *s, const char *id, const char *state
     return -1;
 }
 
-static void tf_wait_ready(const tf_srv_t *s, int n, int ms)
-{
-    double until = test_now() + ms / 1000.0;
-    uint32_t ready = 0;
-    while (test_now() < until) {
-        river_admin_t *a = tf_admin(s);
-        river_status_t st;
-        int rc = river_admin_status(a, &st);
-        river_admin_destroy(&a);
-        ready = rc == 0 ? st.workers_ready : 0;
-        if (ready == (uint32_t)n)
-            return;
-        test_sleep_ms(20);
-    }
-    ck_assert_msg(0, "%u of %d workers ready after %d ms; see the logs in %s", ready, n, ms,
-                  s->dir);
-}
 
-/* A counter of riverd's metrics: the value on the line that starts with `name `. */
-static long tf_metric(const tf_srv_t *s, const char *name)
-{
-    river_admin_t *a = tf_admin(s);
-    char *text;
-    ck_assert_int_eq(river_admin_metrics(a, &text), 0);
-    river_admin_destroy(&a);
-    char pat[256];
-    snprintf(pat, sizeof pat, "\n%s ", name);
-    const char *p = strstr(text, pat);
-    long v = -1;
-    if (p)
-        sscanf(p + strlen(pat), "%ld", &v);
-    free(text);
-    ck_assert_msg(v >= 0, "no metric %s", name);
-    return v;
-}
 
 static void tf_stop(tf_srv_t *s)
 {
@@ -214,7 +180,7 @@ START_TEST(test_sigstop_worker)
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
-    tf_wait_ready(&s, 2, 20000);
+    streams_wait_ready(s.admin, NULL, 2, 20000, s.dir);
 
     streams_load_t l;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
@@ -227,8 +193,8 @@ START_TEST(test_sigstop_worker)
     int complete = streams_load_finish(&l, "SIGSTOP");
     /* One worker answered throughout, so every stream could finish there. */
     ck_assert_int_eq(complete, N);
-    ck_assert_int_ge(tf_metric(&s, "river_worker_deaths_total"), 1);
-    ck_assert_int_ge(tf_metric(&s, "river_requests_redispatched_total"), 1);
+    ck_assert_int_ge(streams_metric(s.admin, NULL, "river_worker_deaths_total"), 1);
+    ck_assert_int_ge(streams_metric(s.admin, NULL, "river_requests_redispatched_total"), 1);
     printf("faults: SIGSTOP after %ld of %d tokens, worker dead after %.2f s, SIGCONT at %ld "
            "tokens; %d of %d streams complete and exact\n",
            at_stop, N * TOKENS, dead_after, at_cont, complete, N);
@@ -237,14 +203,14 @@ START_TEST(test_sigstop_worker)
     /* The resumed worker comes back and takes work again, exactly. */
     double back = tf_wait_state(&s, "w0", "ready", 10000);
     ck_assert_msg(back >= 0, "the resumed worker did not come back");
-    long before = tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}");
+    long before = streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"w0\"}");
     streams_load_start(&l, s.clients, NULL, 4, want, 40, 30000);
     streams_expect_t short_want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, 40, short_want);
     for (int i = 0; i < 4; i++)
         l.st[i].want = &short_want[i % STREAMS_N_PROMPTS];
     ck_assert_int_eq(streams_load_finish(&l, "after SIGCONT"), 4);
-    ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"w0\"}"), before);
+    ck_assert_int_gt(streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"w0\"}"), before);
     streams_load_free(&l);
     tf_stop(&s);
 }
@@ -264,7 +230,7 @@ START_TEST(test_riverd_restart)
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
-    tf_wait_ready(&s, 2, 20000);
+    streams_wait_ready(s.admin, NULL, 2, 20000, s.dir);
 
     /* A connection of this thread's that outlives the crash. */
     river_client_t *c;
@@ -308,7 +274,7 @@ START_TEST(test_riverd_restart)
     test_sleep_ms(1500);
     double t_start = test_now();
     tf_riverd_start(&s, NULL);
-    tf_wait_ready(&s, 2, 20000);
+    streams_wait_ready(s.admin, NULL, 2, 20000, s.dir);
     double rejoin = test_now() - t_start;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "after the restart"), N);
@@ -340,7 +306,7 @@ START_TEST(test_slow_client)
     tf_srv_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_client_backlog: 1000\n  max_requests_per_client: 64\n");
     tf_worker_start(&s, "w0", TF_FAST_MODEL, "max_seqs: 16\n");
-    tf_wait_ready(&s, 1, 20000);
+    streams_wait_ready(s.admin, NULL, 1, 20000, s.dir);
 
     river_client_t *slow;
     ck_assert_int_eq(river_client_new(&slow, s.clients), 0);
@@ -354,7 +320,7 @@ START_TEST(test_slow_client)
      * depends on the socket buffers of the system. */
     int n = 0;
     double t0 = test_now();
-    while (n < MAX_REQS && tf_metric(&s, "river_requests_total{outcome=\"resource_exhausted\"}")
+    while (n < MAX_REQS && streams_metric(s.admin, NULL, "river_requests_total{outcome=\"resource_exhausted\"}")
                                == 0) {
         st[n].want = &want[n % STREAMS_N_PROMPTS];
         o.prompt = streams_prompts[n % STREAMS_N_PROMPTS];
@@ -407,7 +373,7 @@ START_TEST(test_slow_client)
         }
     }
     ck_assert_int_ge(exhausted, 1);
-    ck_assert_int_eq(tf_metric(&s, "river_requests_total{outcome=\"resource_exhausted\"}"),
+    ck_assert_int_eq(streams_metric(s.admin, NULL, "river_requests_total{outcome=\"resource_exhausted\"}"),
                      exhausted);
     river_client_destroy(&slow);
     printf("faults: a client that did not read: %d requests, its queue overflowed after "
@@ -439,17 +405,17 @@ START_TEST(test_split_backbone_lost)
     int bb = tf_worker_start(&s, "backbone", TF_SLOW_MODEL, bb_yaml);
     int rv = tf_worker_start(&s, "river", TF_SLOW_MODEL, river_yaml);
     int full = tf_worker_start(&s, "full", TF_SLOW_MODEL, NULL);
-    tf_wait_ready(&s, 2, 20000);
+    streams_wait_ready(s.admin, NULL, 2, 20000, s.dir);
 
     /* Streams on both the pair and the full worker; the backbone goes. */
     streams_load_t l;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
     long at_kill = streams_load_wait(&l, N * 12);
-    ck_assert_int_gt(tf_metric(&s, "river_worker_tokens_total{worker=\"river\"}"), 0);
+    ck_assert_int_gt(streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"river\"}"), 0);
     test_kill(&s.wk[bb], SIGKILL);
     ck_assert_int_eq(streams_load_finish(&l, "backbone killed"), N);
     streams_load_free(&l);
-    long moved = tf_metric(&s, "river_requests_redispatched_total");
+    long moved = streams_metric(s.admin, NULL, "river_requests_redispatched_total");
     ck_assert_int_ge(moved, 1);
     /* The river worker stays, and riverd knows it cannot serve. */
     ck_assert_int_eq(waitpid(s.wk[rv], NULL, WNOHANG), 0);
@@ -461,7 +427,7 @@ START_TEST(test_split_backbone_lost)
     streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "without a backbone"), 4);
     streams_load_free(&l);
-    ck_assert_int_eq(tf_metric(&s, "river_requests_redispatched_total"), moved);
+    ck_assert_int_eq(streams_metric(s.admin, NULL, "river_requests_redispatched_total"), moved);
 
     /* A new backbone: the pair serves again, also alone. */
     tf_worker_restart(&s, bb);
@@ -503,7 +469,7 @@ START_TEST(test_client_limit)
     tf_srv_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n");
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
-    tf_wait_ready(&s, 1, 20000);
+    streams_wait_ready(s.admin, NULL, 1, 20000, s.dir);
 
     river_client_t *c;
     ck_assert_int_eq(river_client_new(&c, s.clients), 0);

@@ -579,38 +579,13 @@ static double mh_wait_state(const mh_srv_t *s, const char *id, const char *state
 
 static void mh_wait_ready(const mh_srv_t *s, int n, int ms)
 {
-    double until = test_now() + ms / 1000.0;
-    uint32_t ready = 0;
-    while (test_now() < until) {
-        river_admin_t *a = mh_admin(s);
-        river_status_t st;
-        int rc = river_admin_status(a, &st);
-        river_admin_destroy(&a);
-        ready = rc == 0 ? st.workers_ready : 0;
-        if (ready == (uint32_t)n)
-            return;
-        test_sleep_ms(50);
-    }
-    ck_assert_msg(0, "%u of %d workers ready after %d ms; see the logs in %s", ready, n, ms,
-                  s->dir);
+    streams_wait_ready(s->admin, &s->client_keys, n, ms, s->dir);
 }
 
 /* A counter of riverd's metrics: the value on the line that starts with `name `. */
 static long mh_metric(const mh_srv_t *s, const char *name)
 {
-    river_admin_t *a = mh_admin(s);
-    char *text;
-    ck_assert_int_eq(river_admin_metrics(a, &text), 0);
-    river_admin_destroy(&a);
-    char pat[256];
-    snprintf(pat, sizeof pat, "\n%s ", name);
-    const char *p = strstr(text, pat);
-    long v = -1;
-    if (p)
-        sscanf(p + strlen(pat), "%ld", &v);
-    free(text);
-    ck_assert_msg(v >= 0, "no metric %s", name);
-    return v;
+    return streams_metric(s->admin, &s->client_keys, name);
 }
 
 static long mh_worker_tokens(const mh_srv_t *s, const char *id)
