@@ -134,7 +134,7 @@ static void eval__usage(FILE *f)
             "                  [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
             "                  [--aggregation min|row] [--max-tokens N] [--threads N]\n"
             "                  [--offload-threshold F] [--output text|json]\n"
-            "                  [--lossless [--draft K] [--draft-conf P]]\n"
+            "                  [--lossless [--draft K] [--draft-conf P] [--no-reuse]]\n"
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
             "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
             "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"

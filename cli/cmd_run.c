@@ -79,7 +79,7 @@ static void run__usage(FILE *f)
             "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
             "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
             "                 [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
-            "                 [--lossless [--draft K] [--draft-conf P]]\n"
+            "                 [--lossless [--draft K] [--draft-conf P] [--no-reuse]]\n"
             "--lossless drafts up to K tokens (default 4) on the exit path and verifies them\n"
             "on the backbone: the ids are the backbone's (greedy: identical). --draft-conf P\n"
             "ends a draft after a token whose probability is below P.\n"
@@ -205,7 +205,8 @@ int cmd_run(int argc, char **argv)
         e = gen_set_exit(g, &xc.cfg);
     if (!e && xo.lossless)
         e = gen_set_spec(g, &(gen_spec_t){.k_max = xo.draft_k ? xo.draft_k : 4,
-                                          .min_conf = (float)xo.draft_conf});
+                                          .min_conf = (float)xo.draft_conf,
+                                          .no_reuse = xo.no_reuse});
     if (e)
         goto done;
     gen_request_t req = {

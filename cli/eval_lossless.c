@@ -98,7 +98,7 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
     if (!e)
         e = ll__run(env, NULL, NULL, ps, n_ps, max_tokens, bb, &bst);
     gen_spec_t spec = {.k_max = xo->draft_k ? xo->draft_k : 4,
-                       .min_conf = (float)xo->draft_conf};
+                       .min_conf = (float)xo->draft_conf, .no_reuse = xo->no_reuse};
     if (!e && !json)
         printf("%-8s %8s %5s %9s %8s %9s %9s %9s %8s %10s %10s\n", "policy", "value", "k",
                "identical", "accept", "mean_acc", "tok/s", "bb tok/s", "speedup", "draft_ms",

@@ -70,6 +70,7 @@ int exit_opts_parse(exit_opts_t *xo, int c, const char *arg)
             return -1;
         xo->draft_k = (int)k;
         return 1;
+    case EXIT_OPT_NO_REUSE: xo->no_reuse = 1; return 1;
     case EXIT_OPT_DRAFT_CONF:
         if (cli_parse_float(arg, &v) || v < 0 || v > 1)
             return -1;
@@ -82,8 +83,9 @@ int exit_opts_parse(exit_opts_t *xo, int c, const char *arg)
 int exit_opts_check_lossless(const exit_opts_t *xo)
 {
     if (!xo->lossless) {
-        if (xo->draft_k || xo->draft_conf > 0)
-            return river_err_set(RIVER_EINVAL, "--draft and --draft-conf need --lossless");
+        if (xo->draft_k || xo->draft_conf > 0 || xo->no_reuse)
+            return river_err_set(RIVER_EINVAL, "--draft, --draft-conf and --no-reuse need "
+                                 "--lossless");
         return 0;
     }
     if (xo->policy.rule == EXIT_RULE_NONE)

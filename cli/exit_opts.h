@@ -21,6 +21,7 @@ enum {
     EXIT_OPT_LOSSLESS,
     EXIT_OPT_DRAFT,
     EXIT_OPT_DRAFT_CONF,
+    EXIT_OPT_NO_REUSE,
 };
 
 #define EXIT_OPTS_LONG                                                          \
@@ -35,7 +36,8 @@ enum {
         {"no-cost-model", no_argument, 0, EXIT_OPT_NO_COST_MODEL},              \
         {"lossless", no_argument, 0, EXIT_OPT_LOSSLESS},                        \
         {"draft", required_argument, 0, EXIT_OPT_DRAFT},                        \
-        {"draft-conf", required_argument, 0, EXIT_OPT_DRAFT_CONF}
+        {"draft-conf", required_argument, 0, EXIT_OPT_DRAFT_CONF},              \
+        {"no-reuse", no_argument, 0, EXIT_OPT_NO_REUSE}
 
 typedef struct exit_opts {
     exit_policy_t policy;
@@ -45,6 +47,7 @@ typedef struct exit_opts {
     int lossless;     /* --lossless: the exit path drafts, the backbone verifies */
     int draft_k;      /* --draft K: most draft tokens per verify pass (0: default 4) */
     double draft_conf;/* --draft-conf P: end a draft after a token below this probability */
+    int no_reuse;     /* --no-reuse: verification runs every layer (gen_spec_t.no_reuse) */
 } exit_opts_t;
 
 /* Defaults: policy none, tau 0.9, theta 0.5, strategy river, aggregation min, the split

@@ -219,8 +219,10 @@ static const config_key_t config__worker_keys[] = {
                  "that exit take the exit path's output; lossless: the exit path drafts "
                  "up to draft_tokens tokens and the backbone verifies them in one pass, so "
                  "the output is the backbone's (needs a rule other than none and a river)."),
-    WK("exit.draft_tokens", CONFIG_INT, exit_draft_tokens, 1, 16, "4",
-       "Lossless mode: most draft tokens per verify pass."),
+    WK("exit.draft_tokens", CONFIG_INT, exit_draft_tokens, 0, 16, "0",
+       "Lossless mode: most draft tokens per verify pass; 0: where exit.mode is lossless, "
+       "the count the cost model predicts fastest, from step times measured at start-up "
+       "and the acceptance rate seen while serving (elsewhere 4)."),
     CONFIG_SECTION_KEY("split", "The split pair: a river worker and a backbone worker that "
                              "share KV pages (role river or backbone). Both load the same "
                              "model with the same threads, which the pair checks."),

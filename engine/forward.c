@@ -492,8 +492,10 @@ static int forward__update_pending(forward_t *f, int n, int n_ext, const int32_t
 /* Whether row r computes layer l in full (propagation rows only write K/V). */
 static int forward__row_active(const forward_t *f, int r, int l, int n)
 {
+    if (l < f->start[r]) /* a resumed row, or a pending row, not there yet */
+        return 0;
     if (r >= n) /* a pending row runs while the row that drives it still runs */
-        return l >= f->start[r] && f->state[f->driver[r]] != ROW_STOPPED &&
+        return f->state[f->driver[r]] != ROW_STOPPED &&
                f->state[f->driver[r]] != ROW_PROPAGATE;
     return f->state[r] != ROW_STOPPED && f->state[r] != ROW_PROPAGATE;
 }
@@ -542,17 +544,18 @@ static int forward__decide(forward_t *f, int l, int n, int n_ext)
         break;
     }
     for (int r = 0; r < n; r++)
-        if (f->rx[r].off)
+        if (f->rx[r].off || l < f->start[r])
             f->pass[r] = 0;
     if (p->kv == EXIT_KV_MONO)
         for (int r = 0; r < n; r++)
-            if (f->seq[r] && f->seq[r]->last_depth > 0 && l + 1 >= f->seq[r]->last_depth)
+            if (f->seq[r] && f->seq[r]->last_depth > 0 && l + 1 >= f->seq[r]->last_depth &&
+                l >= f->start[r])
                 f->pass[r] = 1;
     /* A group exits only when every row of it that is still on the backbone passes. */
     for (int r = 0; r < n; r++) {
         /* A row that asked never to exit stays on the backbone without holding its group
          * back. */
-        if (f->state[r] != ROW_BACKBONE || f->pass[r] || f->rx[r].off)
+        if (f->state[r] != ROW_BACKBONE || f->pass[r] || f->rx[r].off || l < f->start[r])
             continue;
         for (int q = 0; q < n; q++)
             if (f->group[q] == f->group[r])
@@ -662,6 +665,25 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
     return 0;
 }
 
+/* After layer l (-1: the embedding) copies to the host the residual stream of the rows
+ * whose save point this is: their save layer, or the layer they left the backbone at when
+ * that comes first. */
+static int forward__save(forward_t *f, const fwd_batch_t *b, int l)
+{
+    if (!b->save_layer)
+        return 0;
+    size_t dim = (size_t)f->m->cfg.dim;
+    for (int r = 0; r < b->n; r++) {
+        int at = b->save_layer[r];
+        if (at < 0)
+            continue;
+        if ((l + 1 == at && f->depth[r] >= at) || (l + 1 < at && f->depth[r] == l + 1))
+            FWD_TRY(f->be->ops->to_host(f->be->ctx, b->saved_hidden + (size_t)r * dim, f->x,
+                                        (size_t)r * dim, dim));
+    }
+    return 0;
+}
+
 /* Logits of the requested rows: final norm and LM head. Rows that finished on the river
  * use the river's quantized head when it has one, so an exited token reads no
  * full-precision weight; the others use the backbone's. */
@@ -719,6 +741,16 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
             return river_err_set(RIVER_ERANGE, "forward: position %d outside context %d",
                                  b->pos[i], c->max_seq_len);
     }
+    for (int i = 0; b->start_layer && i < n; i++) {
+        if (b->start_layer[i] < 0 || b->start_layer[i] > L)
+            return river_err_set(RIVER_ERANGE, "forward: start layer %d outside 0..%d",
+                                 b->start_layer[i], L);
+        if (b->start_layer[i] > 0 && !b->start_hidden)
+            return river_err_set(RIVER_EINVAL, "forward: row %d starts at layer %d without "
+                                 "its residual stream", i, b->start_layer[i]);
+    }
+    if (b->save_layer && !b->saved_hidden)
+        return river_err_set(RIVER_EINVAL, "forward: save layers without a buffer");
     for (int i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n)
             return river_err_set(RIVER_ERANGE, "forward: logit row %d of %d",
@@ -737,7 +769,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
         f->seq[r] = b->exit_seq ? b->exit_seq[r] : NULL;
         f->state[r] = ROW_BACKBONE;
         f->depth[r] = L;
-        f->start[r] = 0;
+        f->start[r] = b->start_layer ? b->start_layer[r] : 0;
         f->driver[r] = -1;
         f->group[r] = b->group ? b->group[r] : f->ex.policy.agg == EXIT_AGG_ROW ? r : 0;
         f->rx[r] = b->row_exit ? b->row_exit[r]
@@ -745,14 +777,29 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
                                               .exit_layer = f->ex.policy.exit_layer};
     }
     FWD_TRY(o->embed(ctx, f->x, &m->embed, b->tokens, n));
+    for (int r = 0; b->start_layer && r < n; r++)
+        if (f->start[r] > 0)
+            FWD_TRY(o->from_host(ctx, f->x, (size_t)r * (size_t)c->dim,
+                                 b->start_hidden + (size_t)r * (size_t)c->dim,
+                                 (size_t)c->dim));
+    FWD_TRY(forward__save(f, b, -1));
     if (!f->has_exit) {
         attn_batch_t ab = {.n = n, .pos = f->pos, .page_table = f->tables};
         for (int l = 0; l < L; l++) {
+            int m_rows = 0;
+            for (int r = 0; r < n; r++)
+                if (l >= f->start[r])
+                    f->idx[m_rows++] = r;
+            if (m_rows == 0)
+                continue;
             if (f->has_remote && l >= f->remote.boundary)
-                FWD_TRY(forward__remote_group(f, l, f->iota, n, n));
+                FWD_TRY(forward__remote_group(f, l, f->idx, m_rows, n));
+            else if (m_rows < n)
+                FWD_TRY(forward__group(f, &m->layers[l], l, f->idx, m_rows, n, 0, view, 0));
             else
                 FWD_TRY(forward__layer(f, &m->layers[l], l, f->x, view, &ab));
-            f->stats.layer_rows_backbone += n;
+            f->stats.layer_rows_backbone += m_rows;
+            FWD_TRY(forward__save(f, b, l));
             if (f->hook) {
                 FWD_TRY(o->to_host(ctx, f->host_hidden, f->x, 0, (size_t)n * (size_t)c->dim));
                 f->hook(f->hook_user, l, f->host_hidden, n, c->dim);
@@ -779,6 +826,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
             FWD_TRY(forward__decide(f, l, n, n_ext));
             FWD_TRY(forward__apply_exits(f, l, n));
             f->stats.decide_s += fwd__now() - td;
+            FWD_TRY(forward__save(f, b, l));
         }
         if (kvs == EXIT_KV_RECOMPUTE)
             FWD_TRY(forward__update_pending(f, n, n_ext, f->reached));

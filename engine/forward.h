@@ -29,6 +29,18 @@ typedef struct fwd_batch {
     int32_t *depth;             /* (n) out: backbone layers each row ran before it exited
                                    (n_layers when it never did) */
     const exit_row_t *row_exit; /* (n) per-row thresholds, or NULL: the policy's */
+    /* Rows that resume part-way, all optional: lossless verification restarts each drafted
+     * position where its draft left the exact backbone (LayerSkip's reuse). A row that
+     * starts at layer s > 0 runs layers s..n_layers-1 only; its K/V below s must already
+     * be in the pool (its draft wrote them), which is what makes the result bit-identical
+     * to running it from layer 0 with the same kernels. */
+    const int32_t *start_layer; /* (n) first layer each row runs, 0..n_layers; NULL: 0 */
+    const float *start_hidden;  /* (n, dim) host: the residual stream entering
+                                   start_layer[r]; read only for rows with a start > 0 */
+    const int32_t *save_layer;  /* (n) layer whose input each row's residual stream is
+                                   saved at, capped at the row's exit (depth); -1: none */
+    float *saved_hidden;        /* (n, dim) host out: the stream entering layer
+                                   min(save_layer[r], depth[r]) of rows with save_layer >= 0 */
 } fwd_batch_t;
 
 /* Called after every layer with the residual stream of all rows, copied to the host:

@@ -38,10 +38,16 @@ typedef struct gseq {
     /* Lossless mode: the draft of the current round, fed at positions pos.. after last. */
     int lossless;
     int k_cap;             /* most draft tokens per verify pass */
+    int k_fixed;           /* the request chose k_cap: the generator's pick does not apply */
     int n_draft;           /* draft ids so far this round */
     int verifying;         /* the draft is complete: the next batch verifies it */
     int32_t draft[GEN_DRAFT_MAX];
     float *q;              /* (k_cap, vocab) the draft's distributions; sampling only */
+    /* Draft row j computed the exact backbone up to layer reuse[j] (the least exit layer
+     * of rows 0..j: above a row's exit, later rows attend to river K/V); its residual
+     * stream there is h row j, where the verify pass resumes it. */
+    float *h;              /* (k_cap, dim) */
+    int32_t reuse[GEN_DRAFT_MAX];
     int drafted, accepted; /* draft tokens verified and accepted, whole completion */
     int drafts;            /* verify passes with at least one draft token */
 } gseq_t;
@@ -76,8 +82,14 @@ struct gen {
     uint8_t *row_kind;     /* (max_rows) ROW_PLAIN, ROW_DRAFT or ROW_VERIFY */
     int32_t *row_logit;    /* (max_rows) the row's index among the logit rows, or -1 */
     float *probs;          /* (vocab) the backbone's distribution at a verified position */
+    int32_t *start_layer;  /* (max_rows) where each row resumes (verify rows) */
+    int32_t *save_layer;   /* (max_rows) where each row's stream is kept (draft rows) */
+    float *start_hidden;   /* (max_rows, dim) host */
+    float *saved_hidden;   /* (max_rows, dim) host */
     int has_exit;          /* an exit policy is on (lossless mode drafts with it) */
     gen_spec_t spec;
+    spec_costs_t costs;    /* spec.costs copied (spec.costs points here) */
+    int k_now;             /* the draft length rounds use now: spec.k_max, or the pick */
     gen_stats_t stats;
 };
 
@@ -159,10 +171,16 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->row_kind = malloc(r);
     g->row_logit = malloc(r * sizeof *g->row_logit);
     g->probs = malloc((size_t)m->cfg.vocab_size * sizeof *g->probs);
+    g->start_layer = malloc(r * sizeof *g->start_layer);
+    g->save_layer = malloc(r * sizeof *g->save_layer);
+    g->start_hidden = malloc(r * (size_t)m->cfg.dim * sizeof *g->start_hidden);
+    g->saved_hidden = malloc(r * (size_t)m->cfg.dim * sizeof *g->saved_hidden);
     g->spec = (gen_spec_t){.k_max = 4, .min_conf = 0};
+    g->k_now = g->spec.k_max;
     if (!g->seqs || !g->order || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq ||
         !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->row_exit || !g->logits ||
-        !g->row_kind || !g->row_logit || !g->probs) {
+        !g->row_kind || !g->row_logit || !g->probs || !g->start_layer || !g->save_layer ||
+        !g->start_hidden || !g->saved_hidden) {
         e = river_err_set(RIVER_ENOMEM, "generate: batch of %d rows", c.max_rows);
         goto fail_bufs;
     }
@@ -185,6 +203,10 @@ fail_bufs:
     free(g->row_kind);
     free(g->row_logit);
     free(g->probs);
+    free(g->start_layer);
+    free(g->save_layer);
+    free(g->start_hidden);
+    free(g->saved_hidden);
     prefix_cache_destroy(&g->pc);
 fail_pc:
     if (g->owns_kv)
@@ -215,6 +237,7 @@ static void gen__release(gen_t *g, gseq_t *s)
     free(s->ids);
     free(s->pending);
     free(s->q);
+    free(s->h);
     memset(s, 0, sizeof *s);
     g->n_active--;
 }
@@ -242,6 +265,10 @@ void gen_destroy(gen_t **gp)
     free(g->row_kind);
     free(g->row_logit);
     free(g->probs);
+    free(g->start_layer);
+    free(g->save_layer);
+    free(g->start_hidden);
+    free(g->saved_hidden);
     prefix_cache_destroy(&g->pc);
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
@@ -342,6 +369,14 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
         return e;
     s->lossless = r->lossless != 0;
     s->k_cap = k_cap;
+    s->k_fixed = r->draft_k != 0;
+    if (s->lossless) {
+        s->h = malloc((size_t)k_cap * (size_t)g->m->cfg.dim * sizeof *s->h);
+        if (!s->h) {
+            e = river_err_set(RIVER_ENOMEM, "generate: draft residual streams");
+            goto fail;
+        }
+    }
     if (s->lossless && !sampler_is_greedy(s->sampler)) {
         s->q = malloc((size_t)k_cap * (size_t)g->m->cfg.vocab_size * sizeof *s->q);
         if (!s->q) {
@@ -391,6 +426,7 @@ fail:
     free(s->ids);
     free(s->pending);
     free(s->q);
+    free(s->h);
     memset(s, 0, sizeof *s);
     return e;
 }
@@ -646,11 +682,29 @@ static exit_row_t gen__row_exit(const gen_t *g, const gseq_t *s)
                         .exit_layer = g->policy.exit_layer};
 }
 
+/* The draft length the cost model predicts fastest now: measured step times, the
+ * acceptance rate seen so far, the draft step time seen in serving. */
+static void gen__spec_pick(gen_t *g)
+{
+    if (!g->spec.costs)
+        return;
+    const gen_stats_t *st = &g->stats;
+    double alpha = st->spec_draft_tokens >= 16
+                       ? (double)st->spec_accepted_tokens / (double)st->spec_draft_tokens
+                       : 0.9;
+    double t_draft = st->draft_steps >= 8 ? st->draft_s / (double)st->draft_steps
+                                          : g->costs.t_draft;
+    int k_max = g->costs.k_max < g->spec.k_max ? g->costs.k_max : g->spec.k_max;
+    g->k_now = spec_pick_k(alpha, k_max, g->costs.t_plain, t_draft, g->costs.t_verify, NULL);
+}
+
 /* Draft tokens s may still add this round: its cap, and no more than the completion and
  * the context leave room for (the verify pass adds one id of its own). */
 static int gen__draft_limit(const gen_t *g, const gseq_t *s)
 {
     int lim = s->k_cap;
+    if (!s->k_fixed && g->k_now < lim)
+        lim = g->k_now;
     int left = s->req.max_tokens - s->n_generated - 1;
     int room = g->m->cfg.max_seq_len - 1 - s->pos;
     lim = left < lim ? left : lim;
@@ -739,6 +793,7 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
     /* Slots past pos hold rejected draft values, rewritten before anything reads them;
      * pages wholly past it go back. */
     kv_seq_truncate(&s->kv, g->kv, s->pos);
+    gen__spec_pick(g);
     return emitted;
 }
 
@@ -753,6 +808,8 @@ int gen_step(gen_t *g)
     /* Running sequences first: one decode row each keeps their latency steady (a lossless
      * sequence: one draft row, or its k+1 verify rows). */
     int n_draft_rows = 0, n_verify_rows = 0;
+    int L = g->m->cfg.n_layers;
+    size_t dim = (size_t)g->m->cfg.dim;
     for (int k = 0; k < n_order && n < budget; k++) {
         gseq_t *s = &g->seqs[g->order[k]];
         if (!s->used || s->n_prefilled < s->n_prompt)
@@ -783,6 +840,15 @@ int gen_step(gen_t *g)
             if (kind == ROW_VERIFY) /* the backbone verifies: it never exits */
                 g->row_exit[n] = (exit_row_t){.off = 1};
             g->row_kind[n] = (uint8_t)kind;
+            g->start_layer[n] = 0;
+            g->save_layer[n] = -1;
+            if (kind == ROW_DRAFT) /* keep the stream where this row stops being exact */
+                g->save_layer[n] = s->n_draft == 0 ? L : s->reuse[s->n_draft - 1];
+            if (kind == ROW_VERIFY && j < s->n_draft && !g->spec.no_reuse) {
+                g->start_layer[n] = s->reuse[j];
+                memcpy(g->start_hidden + (size_t)n * dim, s->h + (size_t)j * dim,
+                       dim * sizeof *s->h);
+            }
             g->row_logit[n] = n_logits;
             g->logit_rows[n_logits++] = n;
             n++;
@@ -831,6 +897,8 @@ int gen_step(gen_t *g)
             if (s->lossless) /* the prompt's K/V and first id are the backbone's */
                 g->row_exit[n] = (exit_row_t){.off = 1};
             g->row_kind[n] = ROW_PLAIN;
+            g->start_layer[n] = 0;
+            g->save_layer[n] = -1;
             g->row_logit[n] = -1;
             n++;
         }
@@ -846,7 +914,9 @@ int gen_step(gen_t *g)
     double t0 = gen__now();
     fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
                      .n_logits = n_logits, .logit_rows = g->logit_rows, .group = g->group,
-                     .exit_seq = g->exit_seqs, .depth = g->depth, .row_exit = g->row_exit};
+                     .exit_seq = g->exit_seqs, .depth = g->depth, .row_exit = g->row_exit,
+                     .start_layer = g->start_layer, .start_hidden = g->start_hidden,
+                     .save_layer = g->save_layer, .saved_hidden = g->saved_hidden};
     int e = forward_step(g->fwd, g->kv, &b, g->logits);
     double dt = gen__now() - t0;
     if (e) {
@@ -899,6 +969,11 @@ int gen_step(gen_t *g)
             continue;
         const float *lg = g->logits + (size_t)g->row_logit[r] * vocab;
         if (g->row_kind[r] == ROW_DRAFT) {
+            int j = s->n_draft;
+            int at = g->depth[r] < g->save_layer[r] ? g->depth[r] : g->save_layer[r];
+            s->reuse[j] = at;
+            memcpy(s->h + (size_t)j * dim, g->saved_hidden + (size_t)r * dim,
+                   dim * sizeof *s->h);
             gen__draft(g, s, lg);
         } else if (g->row_kind[r] == ROW_VERIFY) {
             /* The sequence's verify rows are consecutive, its last accepted id first. */
@@ -926,6 +1001,15 @@ int gen_set_spec(gen_t *g, const gen_spec_t *spec)
         return river_err_set(RIVER_EINVAL, "generate: draft confidence %g outside [0, 1]",
                              (double)spec->min_conf);
     g->spec = *spec;
+    g->k_now = spec->k_max;
+    if (spec->costs) {
+        if (spec->costs->k_max < 1 || spec->costs->k_max > SPEC_K_MAX)
+            return river_err_set(RIVER_EINVAL, "generate: costs measured up to k %d",
+                                 spec->costs->k_max);
+        g->costs = *spec->costs;
+        g->spec.costs = &g->costs;
+        gen__spec_pick(g);
+    }
     return 0;
 }
 
@@ -959,6 +1043,7 @@ forward_t *gen_forward(gen_t *g) { return g->fwd; }
 void gen_get_stats(const gen_t *g, gen_stats_t *st)
 {
     *st = g->stats;
+    st->spec_k = g->k_now;
     if (g->pc) {
         st->prefix_evictions = prefix_cache_evictions(g->pc);
         st->prefix_cache_pages = prefix_cache_pages(g->pc);

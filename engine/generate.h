@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "engine/spec_cost.h"
 #include "engine/tokenizer.h"
 
 typedef enum {
@@ -126,12 +127,22 @@ typedef struct gen_request {
  * sampling), so the ids follow the backbone's distribution exactly. Positions past the
  * accepted ones are rolled back: their slots are rewritten later, whole pages past them go
  * back to the pool. */
-#define GEN_DRAFT_MAX 16
+#define GEN_DRAFT_MAX SPEC_K_MAX
 
 typedef struct gen_spec {
     int k_max;      /* draft tokens per verify pass, 1..GEN_DRAFT_MAX (capped at max_rows-1) */
     float min_conf; /* the draft stops after a token whose top probability (softmax of the
                        draft logits) is below this; 0: always k_max tokens */
+    /* Measured step times (spec_costs_measure), copied; NULL: every sequence drafts up to
+     * k_max. With them the generator picks the draft length that the cost model predicts
+     * fastest (spec_pick_k, at most k_max and costs->k_max), at the acceptance rate seen so
+     * far (0.9 until 16 draft tokens were verified) and the draft step time measured in
+     * serving once there are 8 draft steps, and picks again after every verify pass.
+     * Requests with their own draft_k keep it. */
+    const spec_costs_t *costs;
+    int no_reuse;   /* 1: verification runs every layer instead of resuming each drafted
+                       position where its draft left the exact backbone (for comparison:
+                       the output is the same) */
 } gen_spec_t;
 
 typedef struct gen gen_t;
@@ -187,6 +198,7 @@ typedef struct gen_stats {
     int64_t spec_draft_tokens;    /* draft tokens verified */
     int64_t spec_accepted_tokens; /* of which accepted */
     int64_t spec_verify_passes;   /* verify passes, empty drafts included */
+    int spec_k;                   /* the draft length new rounds use now (gen_spec_t) */
     double draft_s, verify_s;     /* decode-only steps that had draft rows only / any verify
                                      rows, seconds (the measured costs of the two steps) */
     int64_t draft_steps, verify_steps;

@@ -5,6 +5,21 @@
 #ifndef RIVER_ENGINE_SPEC_COST_H
 #define RIVER_ENGINE_SPEC_COST_H
 
+#include "engine/exit.h"
+#include "engine/forward.h"
+#include "engine/kv_pool.h"
+
+/* The longest draft the cost model considers (GEN_DRAFT_MAX). */
+#define SPEC_K_MAX 16
+
+/* Measured step times of one sequence in lossless mode. */
+typedef struct spec_costs {
+    int k_max;                      /* entries 1..k_max of t_verify are measured */
+    double t_plain;                 /* seconds: a backbone decode step of one row */
+    double t_draft;                 /* seconds: a draft step of one row (exit path) */
+    double t_verify[SPEC_K_MAX + 1];/* seconds: a verify pass of k+1 rows, at index k */
+} spec_costs_t;
+
 /* Ids one verify pass emits on average when each draft token is accepted independently
  * with probability alpha and the draft has k tokens: (1 - alpha^(k+1)) / (1 - alpha). */
 double spec_expected_tokens(double alpha, int k);
@@ -17,5 +32,13 @@ double spec_speedup(double alpha, int k, double t_plain, double t_draft, double 
  * of k+1 rows (entries 1..k_max are read). *best receives that speed-up when not NULL. */
 int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
                 const double *t_verify, double *best);
+
+/* Times the steps on forward f (over model m): `runs` steps each (median, 1..64), at positions ctx.. of a scratch
+ * sequence in kv (pages reserved and given back here), the draft step under exit config
+ * `draft`. f needs k_max + 1 rows. Leaves f's exit turned off (the caller sets its own
+ * afterwards). On failure *out is unspecified. */
+int spec_costs_measure(forward_t *f, const model_t *m, kv_pool_t *kv,
+                       const exit_config_t *draft, int k_max, int ctx, int runs,
+                       spec_costs_t *out);
 
 #endif

@@ -478,7 +478,7 @@ START_TEST(test_lossless_kill_worker)
     ck_assert_int_eq(test_capture(qv, NULL, 0, &qout), 0);
     free(qout);
     snprintf(extra, sizeof extra, "river: \"%s\"\nexit:\n  rule: cosine\n  tau: 0.9\n"
-             "  aggregation: row\n  mode: lossless\n  draft_tokens: 4\n", river_file);
+             "  aggregation: row\n  mode: lossless\n  draft_tokens: 0\n", river_file);
     streams_expect_t want[STREAMS_N_PROMPTS];
     for (int p = 0; p < STREAMS_N_PROMPTS; p++)
         streams_expect_eos(TS_SLOW_MODEL, streams_prompts[p], TOKENS, 1, &want[p]);

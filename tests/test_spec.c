@@ -497,6 +497,171 @@ END_TEST
 
 /* Lossless without an exit policy, or with a strategy other than the river, is an error
  * naming the cause; so is a draft length out of range. */
+/* The forward's resume points: a batch run from layer 0 that keeps each row's residual
+ * stream entering layer s (or its exit, if earlier), then the same rows run again from
+ * there, give the same logits bit for bit as the whole run (the K/V below s are the
+ * first run's, as in a verify pass after its draft). */
+START_TEST(test_forward_resume)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", "resume");
+    const model_config_t *c = &e.m->cfg;
+    int L = c->n_layers;
+    enum { N = 5 };
+    forward_t *f;
+    ck_assert_int_eq(forward_new(&f, e.m, e.be, 8), 0);
+    kv_pool_t *kv;
+    ck_assert_int_eq(kv_pool_new(&kv, e.be, L, c->n_kv_heads * c->head_dim, 16, 4), 0);
+    kv_seq_t sq;
+    kv_seq_init(&sq);
+    ck_assert_int_eq(kv_seq_reserve(&sq, kv, N), 0);
+    int32_t tok[N] = {5, 17, 99, 3, 250}, pos[N], rows[N], save[N] = {3, 0, L, 7, 1};
+    int32_t depth[N], start[N];
+    const int32_t *tab[N];
+    for (int i = 0; i < N; i++) {
+        pos[i] = i;
+        rows[i] = i;
+        tab[i] = sq.pages;
+    }
+    size_t dim = (size_t)c->dim, vocab = (size_t)c->vocab_size;
+    float *h = malloc(sizeof *h * N * dim), *l1 = malloc(sizeof *l1 * N * vocab),
+          *l2 = malloc(sizeof *l2 * N * vocab);
+    fwd_batch_t b = {.n = N, .tokens = tok, .pos = pos, .page_table = tab, .n_logits = N,
+                     .logit_rows = rows, .depth = depth, .save_layer = save,
+                     .saved_hidden = h};
+    ck_assert_msg(forward_step(f, kv, &b, l1) == 0, "%s", river_err_detail());
+    for (int i = 0; i < N; i++)
+        start[i] = save[i] < depth[i] ? save[i] : depth[i];
+    fwd_batch_t b2 = {.n = N, .tokens = tok, .pos = pos, .page_table = tab, .n_logits = N,
+                      .logit_rows = rows, .start_layer = start, .start_hidden = h};
+    fwd_stats_t st0, st1;
+    forward_get_stats(f, &st0);
+    ck_assert_msg(forward_step(f, kv, &b2, l2) == 0, "%s", river_err_detail());
+    forward_get_stats(f, &st1);
+    ck_assert_mem_eq(l1, l2, sizeof *l1 * N * vocab);
+    int64_t want = 0;
+    for (int i = 0; i < N; i++)
+        want += L - start[i];
+    ck_assert_int_eq(st1.layer_rows_backbone - st0.layer_rows_backbone, want);
+    /* A start without its residual stream, or outside the layers, is refused. */
+    b2.start_hidden = NULL;
+    ck_assert_int_eq(forward_step(f, kv, &b2, l2), RIVER_EINVAL);
+    b2.start_hidden = h;
+    start[2] = L + 1;
+    ck_assert_int_eq(forward_step(f, kv, &b2, l2), RIVER_ERANGE);
+    free(h);
+    free(l1);
+    free(l2);
+    kv_seq_free(&sq, kv);
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+    env_close(&e);
+}
+END_TEST
+
+/* Runs the three kjv-12l prompts lossless in one generator with spec sp; ids into got. */
+static void run_lossless(env_t *e, const prompt_t *ps, const gen_spec_t *sp, out_t *got,
+                         gen_stats_t *st, fwd_stats_t *fs)
+{
+    gen_t *g = gen_open(e, 32, MAX_PROMPTS);
+    gen_policy(g, e, EXIT_RULE_COSINE, 0.9f, EXIT_AGG_ROW);
+    ck_assert_msg(gen_set_spec(g, sp) == 0, "%s", river_err_detail());
+    for (int i = 0; i < MAX_PROMPTS; i++) {
+        memset(&got[i], 0, sizeof got[i]);
+        gen_request_t r = {.prompt = ps[i].ids, .n_prompt = (size_t)ps[i].n,
+                           .max_tokens = max_tokens_for(e, &ps[i]), .ignore_eos = 1,
+                           .on_token = on_token, .user = &got[i], .lossless = 1};
+        int seq;
+        ck_assert_msg(gen_submit(g, &r, &seq) == 0, "%s", river_err_detail());
+    }
+    ck_assert_int_eq(gen_run_all(g), 0);
+    gen_get_stats(g, st);
+    forward_get_stats(gen_forward(g), fs);
+    gen_destroy(&g);
+}
+
+/* Verification resumes each drafted position where its draft left the exact backbone:
+ * the same ids as verifying from layer 0 (and as the backbone), with fewer backbone
+ * layer-rows run. */
+START_TEST(test_verify_reuses_draft)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", "reuse");
+    prompt_t ps[MAX_PROMPTS];
+    out_t want[MAX_PROMPTS], a[MAX_PROMPTS], b[MAX_PROMPTS];
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
+    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    gen_stats_t sa, sb;
+    fwd_stats_t fa, fb;
+    run_lossless(&e, ps, &(gen_spec_t){.k_max = 4}, a, &sa, &fa);
+    run_lossless(&e, ps, &(gen_spec_t){.k_max = 4, .no_reuse = 1}, b, &sb, &fb);
+    for (int i = 0; i < MAX_PROMPTS; i++) {
+        assert_same(&want[i], &a[i], "reuse");
+        assert_same(&want[i], &b[i], "no reuse");
+    }
+    ck_assert_int_eq(sa.spec_draft_tokens, sb.spec_draft_tokens);
+    ck_assert_int_eq(sa.spec_accepted_tokens, sb.spec_accepted_tokens);
+    /* Each drafted token saves at least the river's first layer (its exits are >= 1). */
+    ck_assert_msg(fa.layer_rows_backbone + sa.spec_draft_tokens <= fb.layer_rows_backbone,
+                  "backbone layer-rows: %lld with reuse, %lld without, %lld draft tokens",
+                  (long long)fa.layer_rows_backbone, (long long)fb.layer_rows_backbone,
+                  (long long)sa.spec_draft_tokens);
+    env_close(&e);
+}
+END_TEST
+
+/* The cost model picks the draft length: verify passes that cost 1 + 2k plain steps make
+ * one draft token per pass the fastest, flat ones the longest draft allowed; the ids are
+ * the backbone's either way. */
+START_TEST(test_cost_model_picks_k)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", "pick");
+    prompt_t ps[MAX_PROMPTS];
+    out_t want[MAX_PROMPTS], got[MAX_PROMPTS];
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
+    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    spec_costs_t steep = {.k_max = 8, .t_plain = 1, .t_draft = 0.2}, flat = steep;
+    for (int k = 1; k <= 8; k++) {
+        steep.t_verify[k] = 1 + 2 * k;
+        flat.t_verify[k] = 1;
+    }
+    flat.t_draft = 0.01;
+    gen_stats_t st;
+    fwd_stats_t fs;
+    run_lossless(&e, ps, &(gen_spec_t){.k_max = 8, .costs = &steep}, got, &st, &fs);
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        assert_same(&want[i], &got[i], "steep verify costs");
+    ck_assert_int_eq(st.spec_k, 1);
+    ck_assert_int_le(st.spec_draft_tokens, st.spec_verify_passes);
+    run_lossless(&e, ps, &(gen_spec_t){.k_max = 8, .costs = &flat}, got, &st, &fs);
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        assert_same(&want[i], &got[i], "flat verify costs");
+    ck_assert_int_ge(st.spec_k, 4);
+    ck_assert_int_gt(st.spec_draft_tokens, 2 * st.spec_verify_passes);
+    /* Costs measured on this model: every time positive, and the forward's exit left off. */
+    forward_t *f;
+    ck_assert_int_eq(forward_new(&f, e.m, e.be, 8), 0);
+    kv_pool_t *kv;
+    const model_config_t *c = &e.m->cfg;
+    ck_assert_int_eq(kv_pool_new(&kv, e.be, c->n_layers, c->n_kv_heads * c->head_dim, 16, 8), 0);
+    spec_costs_t m;
+    ck_assert_msg(spec_costs_measure(f, e.m, kv, &e.xs.cfg, 6, 32, 3, &m) == 0, "%s",
+                  river_err_detail());
+    ck_assert_int_eq(m.k_max, 6);
+    ck_assert(m.t_plain > 0 && m.t_draft > 0);
+    for (int k = 1; k <= 6; k++)
+        ck_assert(m.t_verify[k] > 0);
+    ck_assert_int_eq(kv_pool_free_pages(kv), 8);
+    ck_assert_int_eq(spec_costs_measure(f, e.m, kv, &e.xs.cfg, 8, 32, 3, &m), RIVER_EINVAL);
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(test_bad_combinations)
 {
     env_t e;
@@ -540,6 +705,9 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_kv_bit_identical);
     tcase_add_test(tc, test_sampling_distribution);
     tcase_add_test(tc, test_bad_combinations);
+    tcase_add_test(tc, test_forward_resume);
+    tcase_add_test(tc, test_verify_reuses_draft);
+    tcase_add_test(tc, test_cost_model_picks_k);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -228,6 +228,39 @@ static int worker__open_pair(worker_t *w)
 }
 
 /* Loads the model, its tokenizer, the river and routers, and builds the engine. */
+/* Lossless mode's draft length: exit.draft_tokens, or with 0 the cost model's pick from
+ * step times measured here at start-up (a few dozen forward steps), refined as requests
+ * are served (gen_spec_t.costs). Measured only where lossless is the worker's default
+ * mode of a whole-model worker (the river half of a split pair would time its peer's
+ * layers before the pair is up); elsewhere lossless requests draft up to 4 tokens. */
+static int worker__open_spec(worker_t *w)
+{
+    const config_worker_t *c = &w->cfg;
+    gen_spec_t spec = {.k_max = c->exit_draft_tokens ? c->exit_draft_tokens : 4};
+    spec_costs_t costs;
+    if (!c->exit_draft_tokens && c->exit_mode == CONFIG_EXIT_MODE_LOSSLESS && w->xc.river &&
+        c->role == CONFIG_ROLE_FULL) {
+        const model_config_t *mc = &w->env.model->cfg;
+        int k_max = c->max_batch_rows - 1 < 8 ? c->max_batch_rows - 1 : 8;
+        int ctx = mc->max_seq_len / 4 < 64 ? mc->max_seq_len / 4 : 64;
+        int e = spec_costs_measure(gen_forward(w->gen), w->env.model, gen_kv_pool(w->gen),
+                                   &w->xc.cfg, k_max, ctx, 5, &costs);
+        if (e)
+            return e;
+        /* The measurement left the forward's exit off. */
+        if ((e = gen_set_exit(w->gen, &w->xc.cfg)))
+            return e;
+        spec.k_max = k_max;
+        spec.costs = &costs;
+        wlog(WLOG_INFO, "lossless: plain step %.3f ms, draft step %.3f ms, verify of 2 rows "
+             "%.3f ms, of %d rows %.3f ms: drafting %d at acceptance 0.9 to start", costs.t_plain * 1e3,
+             costs.t_draft * 1e3, costs.t_verify[1] * 1e3, k_max + 1,
+             costs.t_verify[k_max] * 1e3,
+             spec_pick_k(0.9, k_max, costs.t_plain, costs.t_draft, costs.t_verify, NULL));
+    }
+    return gen_set_spec(w->gen, &spec);
+}
+
 static int worker__open_engine(worker_t *w)
 {
     const config_worker_t *c = &w->cfg;
@@ -302,9 +335,7 @@ static int worker__open_engine(worker_t *w)
         if ((e = gen_set_exit(w->gen, &w->xc.cfg)))
             return e;
     }
-    if ((e = gen_set_spec(w->gen, &(gen_spec_t){.k_max = c->exit_draft_tokens})))
-        return e;
-    return 0;
+    return worker__open_spec(w);
 }
 
 static int worker__open(worker_t *w)
