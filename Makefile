@@ -43,7 +43,7 @@ PROTO_OBJ   := $(PROTO_GEN_C:.c=.o)
 
 # SIMD kernels are compiled per file with their own target flags and picked at run time.
 SIMD_AVX2   := -mavx2 -mfma -mf16c
-SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c -mavx2
+SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2
 
 LIB_SRC     := $(wildcard common/*.c engine/*.c kernels/*.c kernels/cpu/*.c kernels/opaque/*.c)
 LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o)

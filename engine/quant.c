@@ -501,10 +501,11 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
         }
         return 0;
     }
+    case DTYPE_Q4X8: /* the CPU backend's own layout: placed weights are read by the ops */
     case DTYPE_COUNT:
         break;
     }
-    return river_err_set(RIVER_EDTYPE, "quant: unknown dtype %d", (int)w->dtype);
+    return river_err_set(RIVER_EDTYPE, "quant: cannot read %s weights", dtype_name(w->dtype));
 }
 
 int quant_error(const weight_t *ref, const weight_t *q, double p, quant_error_t *out)

@@ -11,6 +11,7 @@ size_t dtype_size(dtype_t dt)
         return 2;
     case DTYPE_Q4:
     case DTYPE_Q8:
+    case DTYPE_Q4X8:
     case DTYPE_COUNT:
         break;
     }
@@ -27,6 +28,7 @@ size_t dtype_row_bytes(dtype_t dt, int64_t cols)
     case DTYPE_BF16:
         return (size_t)cols * dtype_size(dt);
     case DTYPE_Q4:
+    case DTYPE_Q4X8:
         /* Two codes per byte; an odd last code still takes a whole byte. */
         return (size_t)(cols + 1) / 2;
     case DTYPE_Q8:
@@ -50,6 +52,8 @@ const char *dtype_name(dtype_t dt)
         return "q4";
     case DTYPE_Q8:
         return "q8";
+    case DTYPE_Q4X8:
+        return "q4x8";
     case DTYPE_COUNT:
         break;
     }

@@ -24,6 +24,8 @@ typedef enum {
     DTYPE_BF16,
     DTYPE_Q4, /* 4-bit affine groups: data is (rows, cols/2) bytes, low nibble first */
     DTYPE_Q8, /* 8-bit affine groups: data is (rows, cols) bytes */
+    DTYPE_Q4X8, /* Q4 with its codes repacked by the CPU backend for its integer kernels
+                   (kernels/cpu/q4x8.h); same size, scales and zeros as Q4; never in a file */
     DTYPE_COUNT
 } dtype_t;
 

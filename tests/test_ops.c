@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/q4x8.h"
 #include "kernels/half.h"
 #include "tests/testutil.h"
 
@@ -201,6 +202,8 @@ static void tw_free(tw_t *t)
  * groups of whole 32-column blocks, up to 16 rows; kernels_avx2.c). */
 static int mm_x8(const env_t *e, const weight_t *w, int n)
 {
+    if (w->dtype == DTYPE_Q4X8) /* both SIMD levels, blocks of 32 */
+        return e->level >= CPU_SIMD_AVX2 && n <= 16;
     return e->level == CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) &&
            w->group % 32 == 0 && n <= 16;
 }
@@ -236,8 +239,9 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     int x8 = mm_x8(e, &t->w, n);
     if (x8)
         for (int i = 0; i < n; i++)
-            mm_quantize_x(xh + i * cols, cols, t->w.group % 64 == 0 ? 64 : 32, xd + i * cols,
-                          hs + i * cols);
+            mm_quantize_x(xh + i * cols, cols,
+                          t->w.dtype != DTYPE_Q4X8 && t->w.group % 64 == 0 ? 64 : 32,
+                          xd + i * cols, hs + i * cols);
     float *x = dev_copy(e, xh, (size_t)(n * cols));
     float *y = e->o->buf_alloc(e->c, (size_t)(n * rows));
     ck_assert_ptr_nonnull(y);
@@ -322,6 +326,64 @@ START_TEST(test_matmul_quant)
                 check_matmul(&e, &t, mm_ns[k]);
             tw_free(&t);
         }
+    env_close(&e);
+}
+END_TEST
+
+/* Q4X8, the CPU backend's repacked Q4 (kernels/cpu/q4x8.h): every level reads it (the
+ * scalar one through its generic path, which makes it the reference of the layout), the
+ * SIMD levels repack eligible weights when they are placed, and the results meet the same
+ * bounds as Q4. */
+START_TEST(test_matmul_q4x8)
+{
+    env_t e;
+    if (!env_open(&e, _i))
+        return;
+    static const int64_t shapes[][3] = { { 8, 256, 32 },  { 37, 512, 64 }, { 13, 768, 128 },
+                                         { 9, 1024, 256 }, { 5, 2048, 512 }, { 19, 256, 64 },
+                                         { 1, 512, 32 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        tw_t t;
+        tw_make(&t, DTYPE_Q4, shapes[s][0], shapes[s][1], (int)shapes[s][2]);
+        ck_assert(cpu_q4x8_eligible(&t.w));
+        size_t bytes = dtype_row_bytes(DTYPE_Q4, t.w.cols) * (size_t)t.w.rows;
+        uint8_t *packed = malloc(bytes);
+        ck_assert_ptr_nonnull(packed);
+        cpu_q4x8_repack(&t.w, packed);
+        /* The layout: column k is where cpu_q4x8_byte says. */
+        for (int64_t r = 0; r < t.w.rows; r++)
+            for (int64_t k = 0; k < t.w.cols; k++) {
+                const uint8_t *src = (const uint8_t *)t.data + r * (int64_t)(bytes / t.w.rows);
+                unsigned q = (k & 1) ? src[k / 2] >> 4 : src[k / 2] & 15;
+                int high;
+                uint8_t b = packed[r * (int64_t)(bytes / t.w.rows) + cpu_q4x8_byte(k, &high)];
+                ck_assert_uint_eq(high ? b >> 4 : b & 15, q);
+            }
+        tw_t p = t;
+        p.w.data = packed;
+        p.w.dtype = DTYPE_Q4X8;
+        for (size_t k = 0; k < sizeof mm_ns / sizeof mm_ns[0]; k++)
+            check_matmul(&e, &p, mm_ns[k]);
+        /* Placement repacks where the level has the kernel. */
+        weight_t up = t.w;
+        ck_assert_int_eq(e.o->weight_upload(e.c, &up), 0);
+        ck_assert_int_eq(up.dtype, e.level >= CPU_SIMD_AVX2 ? DTYPE_Q4X8 : DTYPE_Q4);
+        if (up.dtype == DTYPE_Q4X8)
+            ck_assert_mem_eq(up.data, packed, bytes);
+        free(packed);
+        tw_free(&t);
+    }
+    /* Not eligible: columns that are no multiple of 256, or a group of 96. */
+    tw_t t;
+    tw_make(&t, DTYPE_Q4, 4, 384, 64);
+    ck_assert(!cpu_q4x8_eligible(&t.w));
+    weight_t up = t.w;
+    ck_assert_int_eq(e.o->weight_upload(e.c, &up), 0);
+    ck_assert_int_eq(up.dtype, DTYPE_Q4);
+    tw_free(&t);
+    tw_make(&t, DTYPE_Q4, 4, 768, 96);
+    ck_assert(!cpu_q4x8_eligible(&t.w));
+    tw_free(&t);
     env_close(&e);
 }
 END_TEST
@@ -1030,6 +1092,7 @@ static Suite *ops_suite(void)
     tcase_add_loop_test(tc, test_buffers, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_float, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_quant, 0, N_CONFIGS);
+    tcase_add_loop_test(tc, test_matmul_q4x8, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_errors, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_embed, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_rmsnorm, 0, N_CONFIGS);

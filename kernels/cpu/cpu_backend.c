@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/q4x8.h"
 #include "kernels/half.h"
 #include "kernels/shm.h"
 
@@ -148,7 +149,12 @@ int cpu_weight_check(const weight_t *w, const char *what)
     if (w->rows <= 0 || w->cols <= 0)
         return river_err_set(RIVER_ESHAPE, "cpu %s: shape (%lld, %lld)", what,
                              (long long)w->rows, (long long)w->cols);
-    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) {
+    if (w->dtype == DTYPE_Q4X8 && !cpu_q4x8_eligible(&(weight_t){.dtype = DTYPE_Q4,
+                                                                 .data = w->data, .cols = w->cols,
+                                                                 .group = w->group}))
+        return river_err_set(RIVER_EFORMAT, "cpu %s: q4x8 weight with group %d over %lld "
+                             "columns", what, w->group, (long long)w->cols);
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q4X8) {
         if (!w->scales || !w->zeros || w->group <= 0 || w->cols % w->group != 0 ||
             (w->dtype == DTYPE_Q4 && w->group % 2 != 0))
             return river_err_set(RIVER_EFORMAT, "cpu %s: %s weight with group %d over %lld "
@@ -586,11 +592,42 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
     out->host_memory = 1;
 }
 
-/* The mapped checkpoint is host memory the kernels read in place. */
+/* The mapped checkpoint is host memory the kernels read in place, except for Q4 codes
+ * when this level's integer kernels want them in Q4X8 (q4x8.h): those are repacked into
+ * memory the backend owns. The file's pages are left alone (w->data may be memory the
+ * caller owns); unread, they are the first the kernel reclaims. */
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
-    (void)ctx;
-    (void)w;
+    if (!ctx->k->q4x8 || !cpu_q4x8_eligible(w))
+        return 0;
+    for (struct cpu_owned *o = ctx->owned; o; o = o->next)
+        if (o->p == w->data)
+            return 0; /* repacked already: a view shared by two weights (a tied head) */
+    size_t bytes = dtype_row_bytes(DTYPE_Q4, w->cols) * (size_t)w->rows;
+    struct cpu_owned *o = malloc(sizeof *o);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!o || p == MAP_FAILED) {
+        free(o);
+        if (p != MAP_FAILED)
+            munmap(p, bytes);
+        return river_err_set(RIVER_ENOMEM, "cpu upload: %zu bytes for a repacked weight",
+                             bytes);
+    }
+    cpu_q4x8_repack(w, p);
+    o->p = p;
+    o->bytes = bytes;
+    o->next = ctx->owned;
+    ctx->owned = o;
+    w->data = p;
+    w->dtype = DTYPE_Q4X8;
+    return 0;
+}
+
+static int cpu__owns(const ops_ctx_t *ctx, const void *p)
+{
+    for (const struct cpu_owned *o = ctx->owned; o; o = o->next)
+        if ((const char *)p >= (const char *)o->p && (const char *)p < (const char *)o->p + o->bytes)
+            return 1;
     return 0;
 }
 
@@ -599,8 +636,8 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
  * file when read. */
 static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
 {
-    (void)ctx;
-    if (!w->data)
+    /* The backend's own copies are anonymous memory: advice to drop them would zero them. */
+    if (!w->data || cpu__owns(ctx, w->data))
         return 0;
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -756,6 +793,12 @@ void cpu_backend_destroy(backend_t **bp)
     backend_t *b = *bp;
     ops_ctx_t *ctx = b->ctx;
     threadpool_destroy(&ctx->pool);
+    while (ctx->owned) {
+        struct cpu_owned *o = ctx->owned;
+        ctx->owned = o->next;
+        munmap(o->p, o->bytes);
+        free(o);
+    }
     for (int t = 0; t < ctx->n_threads; t++)
         free(ctx->thread_scratch[t].s.p);
     free(ctx->thread_scratch);

@@ -28,6 +28,13 @@ struct ops_ctx {
     } *thread_scratch;
     cpu_scratch_t shared; /* written by the calling thread before a run, read by the tasks */
     cpu_scratch_t shared2;
+    /* Weight copies the backend made at placement (repacked Q4X8 codes), freed at
+     * destroy. */
+    struct cpu_owned {
+        void *p;
+        size_t bytes;
+        struct cpu_owned *next;
+    } *owned;
 };
 
 /* Makes room for n floats (contents not kept); 0 or RIVER_ENOMEM. */

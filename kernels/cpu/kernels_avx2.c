@@ -284,8 +284,28 @@ static int q8_xblock(const weight_t *w)
     return w->group % 64 == 0 ? 64 : 32;
 }
 
+/* Eight fp16 values from p, the ones past `left` read as 0. */
+AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
+{
+    if (left >= 8)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t t[8] = { 0 };
+    memcpy(t, p, (size_t)left * sizeof *t);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t));
+}
+
+#define Q4X8_FN(name) avx2_q4x8_##name
+#define Q4X8_VNNI 0
+#define Q4X8_WIDE 0
+#include "kernels/cpu/q4x8_x86.h"
+#undef Q4X8_FN
+#undef Q4X8_VNNI
+#undef Q4X8_WIDE
+
 static int64_t avx2_gemv_prep_floats(const weight_t *w)
 {
+    if (w->dtype == DTYPE_Q4X8)
+        return avx2_q4x8_prep_floats(w);
     if (!q8_path(w))
         return 0;
     int64_t ng = w->cols / w->group;
@@ -295,6 +315,10 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
 
 static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
+    if (w->dtype == DTYPE_Q4X8) {
+        avx2_q4x8_prep(xq, x, ldx, n, w);
+        return;
+    }
     int64_t ldq = avx2_gemv_prep_floats(w), cols = w->cols;
     int xb = q8_xblock(w);
     int64_t nb = cols / xb, ng = cols / w->group, bpg = w->group / xb;
@@ -350,15 +374,6 @@ static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const 
     }
 }
 
-/* Eight fp16 values from p, the ones past `left` read as 0. */
-AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
-{
-    if (left >= 8)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    uint16_t t[8] = { 0 };
-    memcpy(t, p, (size_t)left * sizeof *t);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t));
-}
 
 /* The 32 codes of block k (a multiple of 32) of a Q4 row as bytes: the 16 low nibbles
  * (even columns), then the 16 high ones (odd columns). */
@@ -572,6 +587,10 @@ static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const 
         gemv_q4_x8(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
+    if (xq && w->dtype == DTYPE_Q4X8) {
+        avx2_q4x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
     if (xq && w->dtype == DTYPE_Q8) {
         gemv_q8_x8(y, ldy, xq, ldq, n, w, r0, r1);
         return;
@@ -599,6 +618,10 @@ static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const 
 
 static void avx2_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r1)
 {
+    if (w->dtype == DTYPE_Q4X8) {
+        avx2_q4x8_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
     if (!cpu_weight_simd_ok(w)) {
         cpu_scalar_rows_to_f32(dst, w, r0, r1);
         return;
@@ -906,6 +929,7 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 
 const cpu_kernels_t cpu_kernels_avx2 = {
     .level = CPU_SIMD_AVX2,
+    .q4x8 = 1,
     .gemv = avx2_gemv,
     .gemv_prep_floats = avx2_gemv_prep_floats,
     .gemv_prep = avx2_gemv_prep,

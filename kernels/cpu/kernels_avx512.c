@@ -320,8 +320,54 @@ static int q_factored(const weight_t *w)
            (w->dtype == DTYPE_Q4 && w->group % 32 == 0);
 }
 
+/* ---- Q4X8: 256-bit integer kernels, with vpdpbusd where the processor has AVX-512 VNNI --- */
+
+AI float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Eight fp16 values from p, the ones past `left` read as 0. */
+AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
+{
+    __mmask8 m = left >= 8 ? (__mmask8)0xff : (__mmask8)((1u << left) - 1);
+    return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p));
+}
+
+#define Q4X8_FN(name) avx512_q4x8_##name
+#define Q4X8_VNNI 0
+#define Q4X8_WIDE 1
+#include "kernels/cpu/q4x8_x86.h"
+#undef Q4X8_FN
+#undef Q4X8_VNNI
+#undef Q4X8_WIDE
+#define Q4X8_FN(name) avx512_q4x8v_##name
+#define Q4X8_VNNI 1
+#define Q4X8_WIDE 1
+#include "kernels/cpu/q4x8_x86.h"
+#undef Q4X8_FN
+#undef Q4X8_VNNI
+#undef Q4X8_WIDE
+
+/* Whether vpdpbusd may run: read once (the answer does not change). */
+static int avx512_has_vnni(void)
+{
+    static int known, has;
+    if (!known) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512vnni");
+        known = 1;
+    }
+    return has;
+}
+
 static int64_t avx512_gemv_prep_floats(const weight_t *w)
 {
+    if (w->dtype == DTYPE_Q4X8)
+        return avx512_q4x8_prep_floats(w);
     if (!q_factored(w))
         return 0;
     int64_t ng = w->cols / w->group;
@@ -330,6 +376,10 @@ static int64_t avx512_gemv_prep_floats(const weight_t *w)
 
 static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
+    if (w->dtype == DTYPE_Q4X8) {
+        avx512_q4x8_prep(xq, x, ldx, n, w);
+        return;
+    }
     int64_t ldq = avx512_gemv_prep_floats(w), cols = w->cols;
     int64_t ng = cols / w->group;
     for (int i = 0; i < n; i++) {
@@ -442,6 +492,15 @@ static void avx512_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, cons
         cpu_scalar_gemv(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
         return;
     }
+    if (w->dtype == DTYPE_Q4X8) {
+        if (!xq)
+            cpu_scalar_gemv(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        else if (avx512_has_vnni())
+            avx512_q4x8v_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        else
+            avx512_q4x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
     switch (w->dtype) {
     case DTYPE_F32:
         gemv_f32(y, ldy, x, ldx, NULL, 0, n, w, r0, r1);
@@ -467,6 +526,10 @@ static void avx512_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, cons
 
 static void avx512_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r1)
 {
+    if (w->dtype == DTYPE_Q4X8) {
+        avx512_q4x8_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
     if (!cpu_weight_simd_ok(w)) {
         cpu_scalar_rows_to_f32(dst, w, r0, r1);
         return;
@@ -878,6 +941,7 @@ static uint64_t avx512_read_sum(const void *buf, size_t bytes)
 
 const cpu_kernels_t cpu_kernels_avx512 = {
     .level = CPU_SIMD_AVX512,
+    .q4x8 = 1,
     .gemv = avx512_gemv,
     .gemv_prep_floats = avx512_gemv_prep_floats,
     .gemv_prep = avx512_gemv_prep,

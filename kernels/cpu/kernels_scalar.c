@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
 
@@ -12,6 +13,11 @@ static inline unsigned scalar_code(dtype_t dt, const uint8_t *q, int64_t k)
 {
     if (dt == DTYPE_Q8)
         return q[k];
+    if (dt == DTYPE_Q4X8) {
+        int high;
+        uint8_t b = q[cpu_q4x8_byte(k, &high)];
+        return high ? (unsigned)(b >> 4) : (unsigned)(b & 0x0f);
+    }
     uint8_t b = q[k >> 1];
     return (k & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0f);
 }
@@ -40,7 +46,8 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
             break;
         }
         case DTYPE_Q4:
-        case DTYPE_Q8: {
+        case DTYPE_Q8:
+        case DTYPE_Q4X8: {
             int64_t ng = cols / w->group;
             const uint16_t *sc = w->scales + r * ng;
             const uint16_t *ze = w->zeros + r * ng;

@@ -1,0 +1,46 @@
+/* Internal to the CPU backend: Q4X8, the layout the CPU backend repacks 4-bit weights into
+ * at placement (cpu_weight_upload) for its integer kernels.
+ *
+ * Why: the integer dot product of a Q4 block with 8-bit activations ends in one int32
+ * vector whose lanes all belong to that block, which must be converted to f32 and scaled
+ * by the block's two scales (weight group, activation block) before the next block: three
+ * float operations for every 64 multiply-adds, as many as the integer work, and at 4 to 16
+ * rows of activations the kernel is bound by them. In Q4X8 each lane of the vector belongs
+ * to a different block instead: one conversion and one scaling serve eight blocks (256
+ * columns), and the kernel is bound by the integer dot products alone.
+ *
+ * Layout, per row: the columns in sets of 256, each set eight blocks of 32 columns, stored
+ * as 4 vectors of 32 bytes (128 bytes, the same size as Q4). In vector p (0..3), the four
+ * bytes of lane j (0..7), byte t (0..3), hold block j's columns 8p+t (low nibble) and
+ * 8p+4+t (high nibble). So the low nibbles of vector p are, lane by lane, four consecutive
+ * columns of each block, and the high nibbles the next four. Scales and zeros stay as Q4
+ * has them: (rows, cols/group) fp16.
+ *
+ * Which weights: Q4 with cols a multiple of 256 and a group of 32, 64, 128 or a multiple
+ * of 256 (a set then spans whole groups in the same pattern every set). */
+#ifndef RIVER_KERNELS_CPU_Q4X8_H
+#define RIVER_KERNELS_CPU_Q4X8_H
+
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+#define Q4X8_SET 256       /* columns per set */
+#define Q4X8_SET_BYTES 128 /* bytes per set */
+
+/* Whether a Q4 weight can take the layout. */
+int cpu_q4x8_eligible(const weight_t *w);
+
+/* Writes w's codes (Q4, eligible) in the Q4X8 layout to dst (rows * cols / 2 bytes). */
+void cpu_q4x8_repack(const weight_t *w, uint8_t *dst);
+
+/* Byte of a Q4X8 row that holds column k, and whether k is its high nibble. */
+static inline int64_t cpu_q4x8_byte(int64_t k, int *high)
+{
+    int64_t c = k % Q4X8_SET;
+    int64_t j = c / 32, o = c % 32;
+    *high = (int)((o % 8) / 4);
+    return k / Q4X8_SET * Q4X8_SET_BYTES + (o / 8) * 32 + j * 4 + o % 4;
+}
+
+#endif

@@ -1,0 +1,275 @@
+/* The Q4X8 decode kernel (layout: q4x8.h) in 256-bit integer code, included by
+ * kernels_avx2.c and kernels_avx512.c, which compile it with their own flags. Before
+ * including, define Q4X8_FN(name) (the names it defines), Q4X8_WIDE (see Q4X8_FN(rows)) and Q4X8_VNNI (1: the
+ * multiply-adds are vpdpbusd, which needs AVX-512 VNNI with VL; 0: vpmaddubsw + vpmaddwd).
+ * The includer provides AI, hsum8 and ld8_f16_tail.
+ *
+ * x is quantized once per call (Q4X8_FN(prep)): per block of 32 columns d = max|x| / 127
+ * and x8 = round(x / d), stored in the order the weight lanes want; then the block scales
+ * and, per weight group, the sum of the dequantized x (for the zero points:
+ * sum_k (q_k - z) s x_k = s sum_k q_k x_k - s z sum_k x_k).
+ *
+ * xq row (ldq floats): x8 as cols bytes (per set of 256 columns, 8 vectors of 32 bytes:
+ * vector 2p+h, lane j, byte t = x8 of column 32j + 8p + 4h + t of the set), then cols/32
+ * block scales d, then the cols/group group sums (zero padded to a multiple of 8). */
+
+#include "kernels/cpu/q4x8.h"
+
+__attribute__((unused)) static int64_t Q4X8_FN(prep_floats)(const weight_t *w)
+{
+    int64_t ng = w->cols / w->group;
+    int64_t f = w->cols / 4 + w->cols / 32 + (ng + 7) / 8 * 8;
+    return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
+}
+
+__attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    int64_t ldq = Q4X8_FN(prep_floats)(w), cols = w->cols;
+    int64_t nb = cols / 32, ng = cols / w->group;
+    int bpg = w->group / 32; /* blocks per group; the group is a multiple of 32 */
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        float *qi = xq + i * ldq;
+        int8_t *x8 = (int8_t *)qi;
+        float *d = qi + cols / 4, *xs = d + nb;
+        for (int64_t g = 0; g < (ng + 7) / 8 * 8; g++)
+            xs[g] = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = xi + b * 32;
+            __m256 sign = _mm256_set1_ps(-0.0f), mx = _mm256_setzero_ps();
+            for (int j = 0; j < 32; j += 8)
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            float amax = _mm_cvtss_f32(h);
+            __m256 iv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            d[b] = amax / 127.0f;
+            __m256i q[4];
+            for (int j = 0; j < 4; j++)
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), iv));
+            /* packs works within 128-bit lanes: the permute puts the 32 values back in
+             * column order. */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _Alignas(32) int8_t t[32];
+            _mm256_store_si256((__m256i *)t, p);
+            /* Column o of block j goes to vector o/4 (= 2p+h), lane j, byte o%4: the eight
+             * groups of four columns of the block land four bytes apart in eight vectors. */
+            int8_t *set = x8 + b / 8 * Q4X8_SET;
+            int j = (int)(b % 8), sum = 0;
+            for (int o = 0; o < 32; o += 4) {
+                memcpy(set + (o / 4) * 32 + j * 4, t + o, 4);
+                sum += t[o] + t[o + 1] + t[o + 2] + t[o + 3];
+            }
+            xs[b / bpg] += d[b] * (float)sum;
+        }
+    }
+}
+
+/* The multiply-add of 32 codes (u8, one per byte) with 32 x8 values into 8 int32 lanes:
+ * lane j gains the sum of its four products. Without VNNI the pair sums stay 16-bit in s16
+ * (|pair| <= 2 * 15 * 127 = 3810, eight of them per set <= 30480) and widen once a set. */
+#if Q4X8_VNNI
+#define Q4X8_MADD(acc, w8, x8v) (acc) = _mm256_dpbusd_epi32((acc), (w8), (x8v))
+#else
+#define Q4X8_MADD(acc, w8, x8v) (acc) = _mm256_add_epi16((acc), _mm256_maddubs_epi16((w8), (x8v)))
+#endif
+
+/* R weight rows (from row r0 of wt, rb bytes apart at w) against N rows of xq. */
+AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                      size_t rb, const weight_t *wt, int64_t r0, int64_t pf, const int R,
+                      const int N)
+{
+    int64_t cols = wt->cols;
+    int group = wt->group;
+    int64_t ng = cols / group, nsets = cols / Q4X8_SET;
+    const int8_t *x8 = (const int8_t *)xq;
+    const int64_t ldq8 = ldq * 4;
+    const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    /* The zero terms, eight groups at a time, lane by lane (acc is summed across lanes at
+     * the end anyway). */
+    for (int64_t gb = 0; gb < ng; gb += 8) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
+            __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
+            __m256 sz = _mm256_mul_ps(s, z);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs + i * ldq + gb), acc[r][i]);
+        }
+    }
+    /* Lane j of a set is block j: its group is (set * 256 + 32 j) / group. */
+    const int gps = group <= Q4X8_SET ? Q4X8_SET / group : 1; /* groups a set starts */
+    const __m256i gidx = group <= Q4X8_SET
+                             ? _mm256_setr_epi32(0, 32 / group, 64 / group, 96 / group,
+                                                 128 / group, 160 / group, 192 / group,
+                                                 224 / group)
+                             : _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#if !Q4X8_VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+    for (int64_t s = 0; s < nsets; s++) {
+        __m256i dot[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm256_setzero_si256();
+        const uint8_t *ws = w + s * Q4X8_SET_BYTES;
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                _mm_prefetch((const char *)(ws + r * rb + pf), _MM_HINT_T0);
+                _mm_prefetch((const char *)(ws + r * rb + pf + 64), _MM_HINT_T0);
+            }
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            __m256i xlo[4], xhi[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                const int8_t *xv = x8 + i * ldq8 + s * Q4X8_SET + p * 64;
+                xlo[i] = _mm256_load_si256((const __m256i *)xv);
+                xhi[i] = _mm256_load_si256((const __m256i *)(xv + 32));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i b = _mm256_loadu_si256((const __m256i *)(ws + r * rb + p * 32));
+                __m256i lo = _mm256_and_si256(b, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    Q4X8_MADD(dot[r][i], lo, xlo[i]);
+                    Q4X8_MADD(dot[r][i], hi, xhi[i]);
+                }
+            }
+        }
+        int64_t g0 = s * Q4X8_SET / group;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            /* Eight scales from the set's first group: lanes past its own groups are read
+             * (the next row's, harmless) except at the very end of the array. */
+            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
+            __m256 sc = ld8_f16_tail(wt->scales + off, left < gps ? left : 8);
+            sc = _mm256_permutevar8x32_ps(sc, gidx);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256 dv = _mm256_loadu_ps(xd + i * ldq + s * 8);
+#if Q4X8_VNNI
+                __m256i d32 = dot[r][i];
+#else
+                __m256i d32 = _mm256_madd_epi16(dot[r][i], ones);
+#endif
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_mul_ps(sc, dv),
+                                            acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+
+/* One block of 8 weight rows (or one row, R == 1) against all n rows of xq: tiles of 4 x 1
+ * at one row, 2 x 2 at two or more, or 2 x 4 from four rows where the registers allow
+ * (Q4X8_WIDE: AVX-512 has 32 vector registers, AVX2 16, and a 2 x 4 tile keeps 8 dot
+ * products, 8 accumulators and 8 x vectors). The block stays in L1 between the tiles; the
+ * first tile prefetches the next block. */
+AI void Q4X8_FN(rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                      const weight_t *w, int64_t r, int64_t pf, const int R)
+{
+    size_t rb = dtype_row_bytes(DTYPE_Q4X8, w->cols);
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
+    for (int i = 0; i < n;) {
+        int64_t p = i == 0 ? pf : 0;
+        float *yi = y + i * ldy + r;
+        const float *qi = xq + i * ldq;
+        int left = n - i;
+        if (R == 1) {
+            int nn = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            if (nn == 4)
+                Q4X8_FN(tile)(yi, ldy, qi, ldq, wr, rb, w, r, p, 1, 4);
+            else if (nn == 2)
+                Q4X8_FN(tile)(yi, ldy, qi, ldq, wr, rb, w, r, p, 1, 2);
+            else
+                Q4X8_FN(tile)(yi, ldy, qi, ldq, wr, rb, w, r, p, 1, 1);
+            i += nn;
+        } else if (left >= 4 && Q4X8_WIDE) {
+            for (int h = 0; h < R; h += 2)
+                Q4X8_FN(tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, r + h, p, 2, 4);
+            i += 4;
+        } else if (left >= 2) {
+            for (int h = 0; h < R; h += 2)
+                Q4X8_FN(tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, r + h, p, 2, 2);
+            i += 2;
+        } else {
+            for (int h = 0; h < R; h += 4)
+                Q4X8_FN(tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, r + h, p, 4, 1);
+            i += 1;
+        }
+    }
+}
+
+static void Q4X8_FN(gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                          const weight_t *w, int64_t r0, int64_t r1)
+{
+    int64_t pf = 8 * (int64_t)dtype_row_bytes(DTYPE_Q4X8, w->cols);
+    int64_t r = r0;
+    for (; r + 8 <= r1; r += 8)
+        Q4X8_FN(rows)(y, ldy, xq, ldq, n, w, r, r + 16 <= r1 ? pf : 0, 8);
+    for (; r < r1; r++)
+        Q4X8_FN(rows)(y, ldy, xq, ldq, n, w, r, 0, 1);
+}
+
+#undef Q4X8_MADD
+
+/* dst[(r - r0) * cols + k] = W[r][k] as f32, for the prefill path: per set and vector p,
+ * the low and high nibbles of lane j are columns 8p..8p+3 and 8p+4..8p+7 of block j, so
+ * interleaving the two at 4-byte granularity gives each block's eight columns in order. */
+__attribute__((unused)) static void Q4X8_FN(rows_to_f32)(float *dst, const weight_t *w,
+                                                          int64_t r0, int64_t r1)
+{
+    int64_t cols = w->cols, ng = cols / w->group;
+    size_t rb = dtype_row_bytes(DTYPE_Q4X8, cols);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    /* Where block j's 8 bytes land in the two unpacked vectors (16 bytes per 128-bit half). */
+    static const int at[8] = {0, 8, 32, 40, 16, 24, 48, 56};
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *d = dst + (r - r0) * cols;
+        for (int64_t s = 0; s < cols / Q4X8_SET; s++) {
+            __m256 sc[8], ze[8];
+            for (int j = 0; j < 8; j++) {
+                int64_t g = (s * Q4X8_SET + 32 * j) / w->group;
+                sc[j] = _mm256_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
+                ze[j] = _mm256_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
+            }
+            for (int p = 0; p < 4; p++) {
+                __m256i b = _mm256_loadu_si256(
+                    (const __m256i *)(row + s * Q4X8_SET_BYTES + p * 32));
+                __m256i lo = _mm256_and_si256(b, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+                _Alignas(32) uint8_t t[64];
+                _mm256_store_si256((__m256i *)t, _mm256_unpacklo_epi32(lo, hi));
+                _mm256_store_si256((__m256i *)(t + 32), _mm256_unpackhi_epi32(lo, hi));
+                for (int j = 0; j < 8; j++) {
+                    __m256 q = _mm256_cvtepi32_ps(
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + at[j]))));
+                    _mm256_storeu_ps(d + s * Q4X8_SET + 32 * j + 8 * p,
+                                     _mm256_mul_ps(_mm256_sub_ps(q, ze[j]), sc[j]));
+                }
+            }
+        }
+    }
+}
