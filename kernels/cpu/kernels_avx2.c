@@ -296,11 +296,9 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 
 #define Q4X8_FN(name) avx2_q4x8_##name
 #define Q4X8_VNNI 0
-#define Q4X8_WIDE 0
 #include "kernels/cpu/q4x8_x86.h"
 #undef Q4X8_FN
 #undef Q4X8_VNNI
-#undef Q4X8_WIDE
 
 static int64_t avx2_gemv_prep_floats(const weight_t *w)
 {

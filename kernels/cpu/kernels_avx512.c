@@ -339,18 +339,14 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 
 #define Q4X8_FN(name) avx512_q4x8_##name
 #define Q4X8_VNNI 0
-#define Q4X8_WIDE 1
 #include "kernels/cpu/q4x8_x86.h"
 #undef Q4X8_FN
 #undef Q4X8_VNNI
-#undef Q4X8_WIDE
 #define Q4X8_FN(name) avx512_q4x8v_##name
 #define Q4X8_VNNI 1
-#define Q4X8_WIDE 1
 #include "kernels/cpu/q4x8_x86.h"
 #undef Q4X8_FN
 #undef Q4X8_VNNI
-#undef Q4X8_WIDE
 
 /* Whether vpdpbusd may run: read once (the answer does not change). */
 static int avx512_has_vnni(void)
