@@ -21,13 +21,7 @@
 #define GEMM_P 16
 #define GEMM_R 6
 
-AI float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "kernels/cpu/x86_hsum.h"
 
 /* A lane mask of the first `left` (0..8) lanes, for maskload/maskstore. */
 AI __m256i mask8(int64_t left)

@@ -322,13 +322,7 @@ static int q_factored(const weight_t *w)
 
 /* ---- Q4X8: 256-bit integer kernels, with vpdpbusd where the processor has AVX-512 VNNI --- */
 
-AI float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "kernels/cpu/x86_hsum.h"
 
 /* Eight fp16 values from p, the ones past `left` read as 0. */
 AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
