@@ -12,7 +12,10 @@
  *   with another backend (its weight_t now point at this GPU's memory).
  * - All work is queued on one stream of the backend; ops that return host data (to_host,
  *   cosine) wait for it. Host inputs of an op (positions, page tables, indices, inv_freq)
- *   are copied to the device within the call, so the caller may reuse them at once.
+ *   are packed and matched against a few upload slots (pinned staging, one asynchronous
+ *   copy on a miss): the inputs of a step are uploaded once per step and row group, the
+ *   RoPE frequencies once. The match is on content, so the caller may change or reuse its
+ *   arrays at once. Scratch memory grows geometrically and is kept.
  * - matmul: F32/F16/BF16 weights take a bandwidth-bound GEMV kernel for n <= 8 rows and
  *   cuBLAS (GemmEx, f32 compute; x converted to the weight's 16-bit type) above; Q4/Q8
  *   weights always take a dequantize-in-register GEMV kernel, 8 rows per pass.

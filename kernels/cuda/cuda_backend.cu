@@ -20,17 +20,39 @@ extern "C" {
 
 /* ---- state ------------------------------------------------------------------------------ */
 
+/* Host inputs of the ops (positions, packed page tables, kv_valid bytes, token ids, row
+ * indices, RoPE frequencies) reach the device through a few upload slots. A slot keeps a
+ * pinned copy of the bytes it last uploaded and their device copy; an op whose input bytes
+ * equal a slot's reuses its device copy, so the inputs of one step are uploaded once per
+ * step (once per row group), not once per op and layer, and the RoPE frequencies once per
+ * backend. The match is on content, never on a host pointer, so a caller that changes an
+ * array in place can never be handed a stale copy. */
+#define STAGE_SLOTS 16
+
+struct stage_slot {
+    void *host;        /* pinned (cudaHostAlloc) copy of the bytes last uploaded */
+    void *dev;         /* their device copy */
+    size_t cap;        /* bytes of host and dev */
+    size_t bytes;      /* bytes uploaded; 0: empty */
+    cudaEvent_t done;  /* recorded after the upload: host may be rewritten once it fired */
+    uint64_t used;     /* ctx->tick at the last use, for least-recently-used replacement */
+};
+
 struct ops_ctx {
     int device;
+    int n_sm;          /* multiprocessors of the device, for grid sizing */
     cudaStream_t stream;
     cublasHandle_t blas;
-    /* Device scratch for an op's host inputs and converted activations; grown on demand.
-     * Reuse across ops is safe: everything runs in stream order. */
+    /* Device scratch for converted activations and partial results; grows geometrically
+     * and is kept. Reuse across ops is safe: everything runs in stream order. */
     void *scratch;
     size_t scratch_cap;
-    /* Host staging for inputs packed before one copy (attention, kv_write). */
+    /* Pageable host memory where an op packs its inputs before the upload slots see them. */
     void *host;
     size_t host_cap;
+    stage_slot stage[STAGE_SLOTS];
+    uint64_t tick;
+    uint64_t uploads;  /* slot uploads so far (misses), for tests and benchmarks */
     /* Device allocations holding uploaded weights, freed at destroy. */
     void **owned;
     size_t n_owned, cap_owned;
@@ -75,11 +97,21 @@ static int cu_enter(ops_ctx_t *ctx)
     return 0;
 }
 
+/* Geometric growth: a run of growing batches reallocates a handful of times, never once
+ * per op. */
+static size_t grow_cap(size_t cap, size_t bytes)
+{
+    size_t c = cap ? cap : 4096;
+    while (c < bytes)
+        c *= 2;
+    return c;
+}
+
 static int scratch_reserve(ops_ctx_t *ctx, size_t bytes)
 {
     if (bytes <= ctx->scratch_cap)
         return 0;
-    size_t cap = bytes + bytes / 2 + 256;
+    size_t cap = grow_cap(ctx->scratch_cap, bytes);
     /* cudaFree waits for the queued work that may still read the old area. */
     if (ctx->scratch)
         CU_TRY(cudaFree(ctx->scratch), "free scratch");
@@ -94,7 +126,7 @@ static int host_reserve(ops_ctx_t *ctx, size_t bytes)
 {
     if (bytes <= ctx->host_cap)
         return 0;
-    size_t cap = bytes + bytes / 2 + 256;
+    size_t cap = grow_cap(ctx->host_cap, bytes);
     void *p = realloc(ctx->host, cap);
     if (!p)
         return river_err_set(RIVER_ENOMEM, "cuda: host staging of %zu bytes", cap);
@@ -103,16 +135,69 @@ static int host_reserve(ops_ctx_t *ctx, size_t bytes)
     return 0;
 }
 
-/* Copies `bytes` of host memory to the start of the device scratch (reserved by the
- * caller). From pageable memory the call returns once the data is staged, so the
- * caller's array may change right after. */
-static int scratch_put(ops_ctx_t *ctx, size_t off, const void *src, size_t bytes)
+/* Makes `bytes` of host memory at src readable on the device at *dev, in stream order:
+ * from a slot that already holds these bytes, else through the least recently used slot's
+ * pinned buffer with one asynchronous copy. src may change as soon as this returns. */
+static int stage_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev)
 {
-    if (bytes)
-        CU_TRY(cudaMemcpyAsync((char *)ctx->scratch + off, src, bytes, cudaMemcpyHostToDevice,
-                               ctx->stream),
-               "copy inputs");
+    *dev = NULL;
+    if (!bytes)
+        return 0;
+    ctx->tick++;
+    stage_slot *sl = &ctx->stage[0];
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        stage_slot *c = &ctx->stage[i];
+        if (c->bytes == bytes && memcmp(c->host, src, bytes) == 0) {
+            c->used = ctx->tick;
+            *dev = c->dev;
+            return 0;
+        }
+        if (c->used < sl->used)
+            sl = c;
+    }
+    /* The slot is rewritten below: until then it must never match. */
+    sl->bytes = 0;
+    if (!sl->done)
+        CU_TRY(cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming), "stage event");
+    else
+        CU_TRY(cudaEventSynchronize(sl->done), "stage wait");
+    if (bytes > sl->cap) {
+        /* cudaFree waits for kernels that may still read the old device copy. */
+        if (sl->host)
+            CU_TRY(cudaFreeHost(sl->host), "stage free");
+        sl->host = NULL;
+        if (sl->dev)
+            CU_TRY(cudaFree(sl->dev), "stage free");
+        sl->dev = NULL;
+        sl->cap = 0;
+        size_t cap = grow_cap(0, bytes);
+        CU_TRY(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault), "stage pinned");
+        CU_TRY(cudaMalloc(&sl->dev, cap), "stage device");
+        sl->cap = cap;
+    }
+    memcpy(sl->host, src, bytes);
+    CU_TRY(cudaMemcpyAsync(sl->dev, sl->host, bytes, cudaMemcpyHostToDevice, ctx->stream),
+           "copy inputs");
+    CU_TRY(cudaEventRecord(sl->done, ctx->stream), "stage record");
+    sl->bytes = bytes;
+    sl->used = ctx->tick;
+    ctx->uploads++;
+    *dev = sl->dev;
     return 0;
+}
+
+static void stage_release(ops_ctx_t *ctx)
+{
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        stage_slot *sl = &ctx->stage[i];
+        if (sl->host)
+            (void)cudaFreeHost(sl->host);
+        if (sl->dev)
+            (void)cudaFree(sl->dev);
+        if (sl->done)
+            (void)cudaEventDestroy(sl->done);
+        memset(sl, 0, sizeof *sl);
+    }
 }
 
 static size_t align256(size_t n)
@@ -311,12 +396,12 @@ static int cuda_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const in
                                  "%lld", (int)tokens[i], (long long)table->rows);
     if (n == 0)
         return 0;
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, 0, tokens, (size_t)n * sizeof(int32_t))))
+    const void *dtok;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, tokens, (size_t)n * sizeof(int32_t), &dtok)))
         return e;
     dim3 grid(blocks_for(table->cols, 256) < 64 ? blocks_for(table->cols, 256) : 64, n);
     k_embed<<<grid, 256, 0, ctx->stream>>>((float *)out, to_dweight(table),
-                                           (const int32_t *)ctx->scratch, n);
+                                           (const int32_t *)dtok, n);
     CU_LAUNCHED("embed");
     return 0;
 }
@@ -455,15 +540,14 @@ static int cuda_rope(ops_ctx_t *ctx, void *x, const int32_t *pos, int n, int n_h
     if (n == 0)
         return 0;
     int half = rope->rot_dim / 2;
-    size_t pos_bytes = align256((size_t)n * sizeof(int32_t));
     int e;
-    if ((e = cu_enter(ctx)) ||
-        (e = scratch_reserve(ctx, pos_bytes + (size_t)half * sizeof(float))) ||
-        (e = scratch_put(ctx, 0, pos, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, pos_bytes, rope->inv_freq, (size_t)half * sizeof(float))))
+    /* Both inputs hit the upload slots after the first layer of a step (the frequencies
+     * after the first call of the backend). */
+    const void *dpos, *dfreq;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, pos, (size_t)n * sizeof(int32_t), &dpos)) ||
+        (e = stage_put(ctx, rope->inv_freq, (size_t)half * sizeof(float), &dfreq)))
         return e;
-    k_rope<<<n, 256, 0, ctx->stream>>>((float *)x, (const int32_t *)ctx->scratch,
-                                       (const float *)((char *)ctx->scratch + pos_bytes),
+    k_rope<<<n, 256, 0, ctx->stream>>>((float *)x, (const int32_t *)dpos, (const float *)dfreq,
                                        n_heads, rope->head_dim, half, (int)rope->layout,
                                        rope->attn_factor);
     CU_LAUNCHED("rope");
@@ -708,31 +792,128 @@ static int cuda_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w
 
 /* ---- kv_write --------------------------------------------------------------------------- */
 
-/* Row blockIdx.x goes to element offset off[row] of K and V. */
-__global__ void k_kv_write(float *K, float *V, const int64_t *off, const float *k,
-                           const float *v, int kv_dim)
+/* Per row, as packed on the host: position and where its page table starts in the packed
+ * page ids. */
+struct attn_row {
+    int32_t pos;
+    int32_t pt_off;
+};
+
+/* The device copies of a batch's packed rows and page tables. kv_write and attention of
+ * one layer, and every layer of a step, pack the same bytes, so after the first op of a
+ * step they come from an upload slot without a copy. */
+typedef struct attn_pack {
+    const attn_row *rows;  /* (n) */
+    const int32_t *pages;  /* page ids of every row, concatenated */
+    int32_t max_len;       /* longest row context: max(pos) + 1 */
+} attn_pack_t;
+
+/* Checks and packs b's rows and page tables (entries 0..pos/page_size of each) and makes
+ * them readable on the device. Attention (all_pages) reads every page of a row, so every
+ * page must be inside the pool; kv_write reads only the page of pos, as on the CPU. */
+static int attn_pack(ops_ctx_t *ctx, const kv_view_t *kv, const attn_batch_t *b, int all_pages,
+                     attn_pack_t *pk)
+{
+    const char *what = all_pages ? "attention" : "kv";
+    int64_t n_pt = 0;
+    int32_t max_len = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->pos[i] < 0)
+            return river_err_set(all_pages ? RIVER_EINVAL : RIVER_ERANGE,
+                                 "cuda %s: row %d at position %d", what, i, (int)b->pos[i]);
+        if (!b->page_table[i])
+            return river_err_set(RIVER_EINVAL, "cuda %s: row %d has no page table", what, i);
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        for (int64_t p = all_pages ? 0 : np - 1; p < np; p++) {
+            int32_t page = b->page_table[i][p];
+            if (page < 0 || page >= kv->n_pages)
+                return river_err_set(RIVER_ERANGE, "cuda %s: page %d outside pool of %d",
+                                     what, (int)page, kv->n_pages);
+        }
+        n_pt += np;
+        if (b->pos[i] + 1 > max_len)
+            max_len = b->pos[i] + 1;
+    }
+    if (n_pt > INT32_MAX)
+        return river_err_set(RIVER_ERANGE, "cuda %s: %lld page ids", what, (long long)n_pt);
+    size_t rows_bytes = align256((size_t)b->n * sizeof(attn_row));
+    size_t total = rows_bytes + (size_t)n_pt * sizeof(int32_t);
+    int e = host_reserve(ctx, total);
+    if (e)
+        return e;
+    /* Padding bytes are zeroed too: the slots compare whole buffers. */
+    memset(ctx->host, 0, rows_bytes);
+    attn_row *rows = (attn_row *)ctx->host;
+    int32_t *pages = (int32_t *)((char *)ctx->host + rows_bytes);
+    int64_t at = 0;
+    for (int i = 0; i < b->n; i++) {
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        rows[i].pos = b->pos[i];
+        rows[i].pt_off = (int32_t)at;
+        memcpy(pages + at, b->page_table[i], (size_t)np * sizeof(int32_t));
+        at += np;
+    }
+    const void *d;
+    if ((e = stage_put(ctx, ctx->host, total, &d)))
+        return e;
+    pk->rows = (const attn_row *)d;
+    pk->pages = (const int32_t *)((const char *)d + rows_bytes);
+    pk->max_len = max_len;
+    return 0;
+}
+
+/* The kv_valid bytes of layer `layer` for every row that has a map, behind one offset per
+ * row (-1: every slot valid). They change from layer to layer, so they are the one input
+ * uploaded per layer, and only by the masking baseline. *voff is NULL without maps. */
+static int attn_valid(ops_ctx_t *ctx, const attn_batch_t *b, int layer, const int64_t **voff,
+                      const uint8_t **valid)
+{
+    *voff = NULL;
+    *valid = NULL;
+    if (!b->kv_valid)
+        return 0;
+    size_t off_bytes = align256((size_t)b->n * sizeof(int64_t));
+    size_t total = off_bytes;
+    for (int i = 0; i < b->n; i++)
+        if (b->kv_valid[i])
+            total += (size_t)b->pos[i] + 1;
+    int e = host_reserve(ctx, total);
+    if (e)
+        return e;
+    memset(ctx->host, 0, off_bytes);
+    int64_t *off = (int64_t *)ctx->host;
+    uint8_t *bytes = (uint8_t *)ctx->host + off_bytes;
+    int64_t at = 0;
+    for (int i = 0; i < b->n; i++) {
+        off[i] = -1;
+        if (b->kv_valid[i]) {
+            off[i] = at;
+            memcpy(bytes + at, b->kv_valid[i] + (int64_t)layer * b->kv_valid_stride,
+                   (size_t)b->pos[i] + 1);
+            at += (int64_t)b->pos[i] + 1;
+        }
+    }
+    const void *d;
+    if ((e = stage_put(ctx, ctx->host, total, &d)))
+        return e;
+    *voff = (const int64_t *)d;
+    *valid = (const uint8_t *)d + off_bytes;
+    return 0;
+}
+
+/* Row blockIdx.x goes to slot (layer, pos) of its sequence's pages. */
+__global__ void k_kv_write(float *K, float *V, const attn_row *rows, const int32_t *pages,
+                           int64_t page_stride, int64_t layer_off, int page_size,
+                           const float *k, const float *v, int kv_dim)
 {
     int i = blockIdx.x;
-    int64_t o = off[i];
+    attn_row r = rows[i];
+    int64_t o = (int64_t)pages[r.pt_off + r.pos / page_size] * page_stride + layer_off +
+                (int64_t)(r.pos % page_size) * kv_dim;
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
         K[o + j] = k[(int64_t)i * kv_dim + j];
         V[o + j] = v[(int64_t)i * kv_dim + j];
     }
-}
-
-static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *off)
-{
-    int32_t p = b->pos[i];
-    if (p < 0)
-        return river_err_set(RIVER_ERANGE, "cuda kv: row %d at position %d", i, (int)p);
-    if (!b->page_table[i])
-        return river_err_set(RIVER_EINVAL, "cuda kv: row %d has no page table", i);
-    int32_t page = b->page_table[i][p / kv->page_size];
-    if (page < 0 || page >= kv->n_pages)
-        return river_err_set(RIVER_ERANGE, "cuda kv: page %d outside pool of %d", (int)page,
-                             kv->n_pages);
-    *off = (int64_t)page * kv->page_stride + (int64_t)(p % kv->page_size) * kv->kv_dim;
-    return 0;
 }
 
 static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
@@ -743,21 +924,14 @@ static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const a
         return river_err_set(RIVER_EINVAL, "cuda kv_write: bad arguments");
     if (b->n == 0)
         return 0;
-    size_t bytes = (size_t)b->n * sizeof(int64_t);
-    int e = host_reserve(ctx, bytes);
-    if (e)
+    attn_pack_t pk;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = attn_pack(ctx, kv, b, 0, &pk)))
         return e;
-    int64_t *off = (int64_t *)ctx->host;
-    for (int i = 0; i < b->n; i++) {
-        if ((e = kv_slot(kv, b, i, &off[i])))
-            return e;
-        off[i] += (int64_t)layer * kv->layer_stride;
-    }
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, bytes)) ||
-        (e = scratch_put(ctx, 0, off, bytes)))
-        return e;
-    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v,
-                                              (const int64_t *)ctx->scratch, (const float *)k,
+    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v, pk.rows,
+                                              pk.pages, kv->page_stride,
+                                              (int64_t)layer * kv->layer_stride,
+                                              kv->page_size, (const float *)k,
                                               (const float *)v, kv->kv_dim);
     CU_LAUNCHED("kv_write");
     return 0;
@@ -768,20 +942,13 @@ static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const a
 #define ATTN_WARPS 4
 #define ATTN_MAX_HD 256
 
-/* Per row, as packed on the host: position, where its page table starts in the packed
- * page ids, and where its kv_valid bytes for this layer start (-1: all valid). */
-struct attn_row {
-    int32_t pos;
-    int32_t pt_off;
-    int64_t valid_off;
-};
-
 /* One block per (head, row). Each warp takes every ATTN_WARPS-th position and keeps an
  * online softmax (running max, sum, weighted V) with head_dim spread over its lanes; the
  * warps' partial results are merged at the end with the usual log-sum-exp rescaling. */
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 k_attention(float *out, const float *q, const float *K, const float *V,
-            const attn_row *rows, const int32_t *pages, const uint8_t *valid,
+            const attn_row *rows, const int32_t *pages, const int64_t *voff,
+            const uint8_t *valid,
             int64_t page_stride, int64_t layer_off, int page_size, int kv_dim, int n_heads,
             int G, int hd, float scale)
 {
@@ -791,6 +958,7 @@ k_attention(float *out, const float *q, const float *K, const float *V,
     int h = blockIdx.x, i = blockIdx.y;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     attn_row row = rows[i];
+    int64_t vo = voff ? voff[i] : -1;
     const float *qh = q + ((int64_t)i * n_heads + h) * hd;
     int64_t kv_off = (int64_t)(h / G) * hd;
     float qv[PER], acc[PER];
@@ -802,7 +970,7 @@ k_attention(float *out, const float *q, const float *K, const float *V,
     }
     float m = -INFINITY, l = 0.0f;
     for (int t = wid; t <= row.pos; t += ATTN_WARPS) {
-        if (row.valid_off >= 0 && !valid[row.valid_off + t])
+        if (vo >= 0 && !valid[vo + t])
             continue;
         int64_t off = (int64_t)pages[row.pt_off + t / page_size] * page_stride + layer_off +
                       (int64_t)(t % page_size) * kv_dim + kv_off;
@@ -876,61 +1044,18 @@ static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_vie
     if (head_dim > ATTN_MAX_HD)
         return river_err_set(RIVER_EUNSUPPORTED, "cuda attention: head_dim %d above %d",
                              head_dim, ATTN_MAX_HD);
-    /* Sizes of the packed inputs: rows, page ids, kv_valid bytes. */
-    int64_t n_pt = 0, n_valid = 0;
-    for (int i = 0; i < b->n; i++) {
-        if (b->pos[i] < 0 || !b->page_table[i])
-            return river_err_set(RIVER_EINVAL, "cuda attention: row %d at position %d", i,
-                                 (int)b->pos[i]);
-        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
-        for (int64_t p = 0; p < np; p++) {
-            int32_t page = b->page_table[i][p];
-            if (page < 0 || page >= kv->n_pages)
-                return river_err_set(RIVER_ERANGE, "cuda attention: page %d outside pool of "
-                                     "%d", (int)page, kv->n_pages);
-        }
-        n_pt += np;
-        if (b->kv_valid && b->kv_valid[i])
-            n_valid += (int64_t)b->pos[i] + 1;
-    }
-    if (n_pt > INT32_MAX)
-        return river_err_set(RIVER_ERANGE, "cuda attention: %lld page ids", (long long)n_pt);
-    size_t rows_bytes = align256((size_t)b->n * sizeof(attn_row));
-    size_t pt_bytes = align256((size_t)n_pt * sizeof(int32_t));
-    size_t total = rows_bytes + pt_bytes + (size_t)n_valid;
-    int e = host_reserve(ctx, total);
-    if (e)
+    attn_pack_t pk;
+    const int64_t *voff;
+    const uint8_t *valid;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = attn_pack(ctx, kv, b, 1, &pk)) ||
+        (e = attn_valid(ctx, b, layer, &voff, &valid)))
         return e;
-    char *hb = (char *)ctx->host;
-    attn_row *rows = (attn_row *)hb;
-    int32_t *pages = (int32_t *)(hb + rows_bytes);
-    uint8_t *valid = (uint8_t *)(hb + rows_bytes + pt_bytes);
-    int64_t pt_at = 0, v_at = 0;
-    for (int i = 0; i < b->n; i++) {
-        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
-        rows[i].pos = b->pos[i];
-        rows[i].pt_off = (int32_t)pt_at;
-        memcpy(pages + pt_at, b->page_table[i], (size_t)np * sizeof(int32_t));
-        pt_at += np;
-        rows[i].valid_off = -1;
-        if (b->kv_valid && b->kv_valid[i]) {
-            rows[i].valid_off = v_at;
-            memcpy(valid + v_at, b->kv_valid[i] + (int64_t)layer * b->kv_valid_stride,
-                   (size_t)b->pos[i] + 1);
-            v_at += (int64_t)b->pos[i] + 1;
-        }
-    }
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, total)) ||
-        (e = scratch_put(ctx, 0, hb, total)))
-        return e;
-    const char *db = (const char *)ctx->scratch;
     dim3 grid((unsigned)n_heads, (unsigned)b->n);
     k_attention<<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(
-        (float *)out, (const float *)q, (const float *)kv->k, (const float *)kv->v,
-        (const attn_row *)db, (const int32_t *)(db + rows_bytes),
-        (const uint8_t *)(db + rows_bytes + pt_bytes), kv->page_stride,
-        (int64_t)layer * kv->layer_stride, kv->page_size, kv->kv_dim, n_heads,
-        n_heads / n_kv_heads, head_dim, scale);
+        (float *)out, (const float *)q, (const float *)kv->k, (const float *)kv->v, pk.rows,
+        pk.pages, voff, valid, kv->page_stride, (int64_t)layer * kv->layer_stride,
+        kv->page_size, kv->kv_dim, n_heads, n_heads / n_kv_heads, head_dim, scale);
     CU_LAUNCHED("attention");
     return 0;
 }
@@ -995,11 +1120,11 @@ static int rows_copy(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *
     if (n == 0)
         return 0;
     int e;
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, 0, idx, (size_t)n * sizeof(int32_t))))
+    const void *didx;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, idx, (size_t)n * sizeof(int32_t), &didx)))
         return e;
     k_rows_copy<<<n, 256, 0, ctx->stream>>>((float *)dst, (const float *)src,
-                                            (const int32_t *)ctx->scratch, d, scatter);
+                                            (const int32_t *)didx, d, scatter);
     CU_LAUNCHED(what);
     return 0;
 }
@@ -1207,10 +1332,13 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
         e = blas_fail(st, "set stream");
         goto fail_blas;
     }
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    ctx->n_sm = 1;
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
-    else
+        ctx->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    } else {
         (void)cudaGetLastError();
+    }
     b->ops = &cuda_ops;
     b->ctx = ctx;
     *out = b;
@@ -1240,6 +1368,7 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
     free(ctx->owned);
     if (ctx->scratch)
         (void)cudaFree(ctx->scratch);
+    stage_release(ctx);
     free(ctx->host);
     cublasDestroy(ctx->blas);
     cudaStreamDestroy(ctx->stream);
