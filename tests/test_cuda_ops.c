@@ -485,6 +485,90 @@ START_TEST(test_kv_attention)
 }
 END_TEST
 
+/* Attention shapes beyond Llama 3.2 1B: head dims 96 and 128, GQA groups 1 and 8 (and 16,
+ * two head chunks per KV head), contexts above 1k (split across blocks, flash-decoding)
+ * and row counts that are not a multiple of 8, for decode rows at the end of long
+ * sequences and for a batched prompt. */
+typedef struct attn_case {
+    int hd, heads, kv_heads, len, n_seqs;
+    int prefill; /* 1: every position of each sequence is a row; 0: its last one only */
+} attn_case_t;
+
+static const attn_case_t attn_cases[] = {
+    {128, 32, 8, 1500, 3, 0},   /* GQA 4, three decode rows, 1.5k context */
+    {128, 8, 8, 2048, 5, 0},    /* GQA 1 (MHA), 2k context */
+    {96, 32, 4, 1100, 7, 0},    /* head_dim 96, GQA 8 */
+    {64, 32, 2, 1030, 1, 0},    /* GQA 16: two head chunks per KV head */
+    {128, 16, 2, 77, 3, 1},     /* batched prompt of 231 rows, GQA 8 */
+    {96, 12, 12, 1025, 1, 1},   /* a 1k prompt of one sequence, GQA 1 */
+};
+
+START_TEST(test_attention_shapes)
+{
+    NEED_GPU();
+    const attn_case_t *c = &attn_cases[_i];
+    pair_t p;
+    pair_open(&p);
+    enum { PS = 16 };
+    int kv_dim = c->kv_heads * c->hd;
+    int pages_per = (c->len + PS - 1) / PS;
+    int n_pages = pages_per * c->n_seqs + 3;
+    kv_view_t vc = {.page_size = PS, .kv_dim = kv_dim, .n_pages = n_pages,
+                    .layer_stride = (int64_t)PS * kv_dim};
+    vc.page_stride = vc.layer_stride; /* one layer */
+    size_t kv_elems = (size_t)n_pages * (size_t)vc.page_stride;
+    twin_t K = twin_rand(&p, kv_elems, -1, 1), V = twin_rand(&p, kv_elems, -1, 1);
+    kv_view_t vg = vc;
+    vc.k = K.c;
+    vc.v = V.c;
+    vg.k = K.g;
+    vg.v = V.g;
+    /* Sequence s owns pages s, s + n_seqs, s + 2 n_seqs, ... (interleaved, not in order). */
+    int32_t *pt = malloc(sizeof *pt * (size_t)pages_per * (size_t)c->n_seqs);
+    for (int s = 0; s < c->n_seqs; s++)
+        for (int j = 0; j < pages_per; j++)
+            pt[s * pages_per + j] = (int32_t)(n_pages - 1 - (j * c->n_seqs + s));
+    /* Sequence s has len - 13 s positions, so the rows' contexts differ. */
+    int n = 0;
+    for (int s = 0; s < c->n_seqs; s++)
+        n += c->prefill ? c->len - 13 * s : 1;
+    int32_t *pos = malloc(sizeof *pos * (size_t)n);
+    const int32_t **pts = malloc(sizeof *pts * (size_t)n);
+    int r = 0;
+    for (int s = 0; s < c->n_seqs; s++) {
+        int len = c->len - 13 * s;
+        for (int t = c->prefill ? 0 : len - 1; t < len; t++) {
+            pos[r] = t;
+            pts[r++] = pt + s * pages_per;
+        }
+    }
+    attn_batch_t b = {.n = n, .pos = pos, .page_table = pts};
+    size_t qn = (size_t)n * (size_t)c->heads * (size_t)c->hd;
+    twin_t q = twin_rand(&p, qn, -3, 3), o = twin_new(&p, NULL, qn);
+    float scale = 1.0f / sqrtf((float)c->hd);
+    ck_assert_int_eq(p.cpu->ops->attention(p.cpu->ctx, o.c, q.c, &vc, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    int e = p.gpu->ops->attention(p.gpu->ctx, o.g, q.g, &vg, 0, &b, c->heads, c->kv_heads,
+                                  c->hd, scale);
+    ck_assert_msg(e == 0, "attention: %s", river_err_detail());
+    CHECK_ERR(&p, &o, 1e-4, "attention hd %d, %d/%d heads, len %d, %d rows", c->hd, c->heads,
+              c->kv_heads, c->len, n);
+    /* In place (out = q), as the engine may call it. */
+    ck_assert_int_eq(p.cpu->ops->attention(p.cpu->ctx, q.c, q.c, &vc, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    ck_assert_int_eq(p.gpu->ops->attention(p.gpu->ctx, q.g, q.g, &vg, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    CHECK_ERR(&p, &q, 1e-4, "attention in place hd %d, len %d", c->hd, c->len);
+    free(pos);
+    free(pts);
+    free(pt);
+    twin_t *all[] = {&K, &V, &q, &o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        twin_free(&p, all[i]);
+    pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_cosine_gather_scatter)
 {
     NEED_GPU();
@@ -623,6 +707,8 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, test_rmsnorm_add);
     tcase_add_test(tc, test_rope_swiglu);
     tcase_add_test(tc, test_kv_attention);
+    tcase_add_loop_test(tc, test_attention_shapes, 0,
+                        (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_cosine_gather_scatter);
     tcase_add_test(tc, test_no_device_message);
     tcase_add_test(tc, test_golden_stories260k);

@@ -941,90 +941,168 @@ static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const a
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_HD 256
+/* Query heads one block serves: the heads of one KV head (GQA), ATTN_GMAX at a time. */
+#define ATTN_GMAX 8
+/* Fewest positions one split of a row's context takes. */
+#define ATTN_MIN_CHUNK 64
 
-/* One block per (head, row). Each warp takes every ATTN_WARPS-th position and keeps an
- * online softmax (running max, sum, weighted V) with head_dim spread over its lanes; the
- * warps' partial results are merged at the end with the usual log-sum-exp rescaling. */
+/* Flash-decoding attention. Block (head chunk, split, row) takes positions
+ * [split*chunk, split*chunk + chunk) of its row's context and the query heads g0..g0+ng-1
+ * of one KV head, so each K/V row is read once for all the query heads that share it.
+ * Each warp takes every ATTN_WARPS-th position and keeps an online softmax per query
+ * head (running max, sum, weighted V) with head_dim spread over its lanes (PER elements
+ * each); the warps are merged with the usual log-sum-exp rescaling. With one split the
+ * block writes the normalised output; with more it writes its unnormalised partial and
+ * its (max, sum) for k_attn_reduce. */
+template <int PER>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-k_attention(float *out, const float *q, const float *K, const float *V,
-            const attn_row *rows, const int32_t *pages, const int64_t *voff,
-            const uint8_t *valid,
-            int64_t page_stride, int64_t layer_off, int page_size, int kv_dim, int n_heads,
-            int G, int hd, float scale)
+k_attn_split(float *out, float *part_o, float *part_ml, const float *q, const float *K,
+             const float *V, const attn_row *rows, const int32_t *pages, const int64_t *voff,
+             const uint8_t *valid, int64_t page_stride, int64_t layer_off, int page_size,
+             int kv_dim, int n_heads, int G, int hd, int chunk, int n_splits, float scale)
 {
-    __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
-    __shared__ float s_o[ATTN_WARPS][ATTN_MAX_HD];
-    const int PER = ATTN_MAX_HD / 32;
-    int h = blockIdx.x, i = blockIdx.y;
+    __shared__ float s_m[ATTN_WARPS][ATTN_GMAX], s_l[ATTN_WARPS][ATTN_GMAX];
+    __shared__ float s_o[ATTN_WARPS][ATTN_GMAX][PER * 32];
+    int hchunks = (G + ATTN_GMAX - 1) / ATTN_GMAX;
+    int kvh = blockIdx.x / hchunks, g0 = (blockIdx.x % hchunks) * ATTN_GMAX;
+    int ng = G - g0 < ATTN_GMAX ? G - g0 : ATTN_GMAX;
+    int split = blockIdx.y, i = blockIdx.z;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     attn_row row = rows[i];
+    int t0 = split * chunk;
+    if (t0 > row.pos)
+        return; /* this row's context is shorter: k_attn_reduce reads no partial here */
+    int t1 = row.pos + 1 < t0 + chunk ? row.pos + 1 : t0 + chunk;
     int64_t vo = voff ? voff[i] : -1;
-    const float *qh = q + ((int64_t)i * n_heads + h) * hd;
-    int64_t kv_off = (int64_t)(h / G) * hd;
-    float qv[PER], acc[PER];
+    int h0 = kvh * G + g0; /* first query head of the block */
+    const float *qb = q + ((int64_t)i * n_heads + h0) * hd;
+    int64_t kv_off = (int64_t)kvh * hd;
+    float qv[ATTN_GMAX][PER], acc[ATTN_GMAX][PER], m[ATTN_GMAX], l[ATTN_GMAX];
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int d = lane + 32 * k;
-        qv[k] = d < hd ? qh[d] : 0.0f;
-        acc[k] = 0.0f;
+    for (int g = 0; g < ATTN_GMAX; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int d = lane + 32 * k;
+            qv[g][k] = g < ng && d < hd ? qb[(int64_t)g * hd + d] : 0.0f;
+            acc[g][k] = 0.0f;
+        }
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int t = wid; t <= row.pos; t += ATTN_WARPS) {
+    for (int t = t0 + wid; t < t1; t += ATTN_WARPS) {
         if (vo >= 0 && !valid[vo + t])
             continue;
         int64_t off = (int64_t)pages[row.pt_off + t / page_size] * page_stride + layer_off +
                       (int64_t)(t % page_size) * kv_dim + kv_off;
-        const float *kr = K + off, *vr = V + off;
-        float dot = 0.0f;
+        float kr[PER], vr[PER];
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             int d = lane + 32 * k;
-            if (d < hd)
-                dot += qv[k] * kr[d];
+            kr[k] = d < hd ? K[off + d] : 0.0f;
+            vr[k] = d < hd ? V[off + d] : 0.0f;
         }
-        float s = scale * warp_sum(dot);
-        float mn = s > m ? s : m;
-        float corr = expf(m - mn); /* 0 on the first slot: m is -inf */
-        float p = expf(s - mn);
-        l = l * corr + p;
 #pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int d = lane + 32 * k;
-            acc[k] = acc[k] * corr + (d < hd ? p * vr[d] : 0.0f);
+        for (int g = 0; g < ATTN_GMAX; g++) {
+            if (g >= ng) /* uniform over the block: the shuffles below stay converged */
+                break;
+            float dot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PER; k++)
+                dot += qv[g][k] * kr[k];
+            float s = scale * warp_sum(dot);
+            float mn = s > m[g] ? s : m[g];
+            float corr = expf(m[g] - mn); /* 0 on the first slot: m is -inf */
+            float p = expf(s - mn);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int k = 0; k < PER; k++)
+                acc[g][k] = acc[g][k] * corr + p * vr[k];
+            m[g] = mn;
         }
-        m = mn;
-    }
-    if (lane == 0) {
-        s_m[wid] = m;
-        s_l[wid] = l;
     }
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int d = lane + 32 * k;
-        if (d < hd)
-            s_o[wid][d] = acc[k];
+    for (int g = 0; g < ATTN_GMAX; g++) {
+        if (lane == 0) {
+            s_m[wid][g] = m[g];
+            s_l[wid][g] = l[g];
+        }
+#pragma unroll
+        for (int k = 0; k < PER; k++)
+            s_o[wid][g][lane + 32 * k] = acc[g][k];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATTN_WARPS; w++)
-        if (s_l[w] > 0.0f && s_m[w] > M)
-            M = s_m[w];
-    float L = 0.0f;
-    float wgt[ATTN_WARPS];
-    for (int w = 0; w < ATTN_WARPS; w++) {
-        wgt[w] = s_l[w] > 0.0f ? expf(s_m[w] - M) : 0.0f;
-        L += s_l[w] * wgt[w];
+    for (int e = threadIdx.x; e < ng * hd; e += blockDim.x) {
+        int g = e / hd, d = e % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (s_l[w][g] > 0.0f && s_m[w][g] > M)
+                M = s_m[w][g];
+        float L = 0.0f, o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            float wgt = s_l[w][g] > 0.0f ? expf(s_m[w][g] - M) : 0.0f;
+            L += s_l[w][g] * wgt;
+            o += s_o[w][g][d] * wgt;
+        }
+        int64_t hi = (int64_t)i * n_heads + h0 + g;
+        if (n_splits == 1) {
+            /* L is 0 only when no slot was readable; the output is then 0, as on the CPU.
+             * Only this block reads q rows (i, h0..h0+ng-1), and it has, so out may be q. */
+            out[hi * hd + d] = L > 0.0f ? o / L : 0.0f;
+        } else {
+            part_o[(hi * n_splits + split) * hd + d] = o;
+            if (d == 0) {
+                part_ml[(hi * n_splits + split) * 2] = M;
+                part_ml[(hi * n_splits + split) * 2 + 1] = L;
+            }
+        }
     }
-    /* L is 0 only when no slot was readable; the output is then 0, as on the CPU. Only
-     * this block reads q row (i, h), and it has, so out may be q. */
+}
+
+/* Merges the splits of head blockIdx.x of row blockIdx.y. */
+__global__ void k_attn_reduce(float *out, const float *part_o, const float *part_ml,
+                              const attn_row *rows, int n_heads, int hd, int chunk,
+                              int n_splits)
+{
+    int h = blockIdx.x, i = blockIdx.y;
+    int ns = rows[i].pos / chunk + 1; /* splits that hold positions of this row */
+    if (ns > n_splits)
+        ns = n_splits;
+    int64_t hi = (int64_t)i * n_heads + h;
+    const float *ml = part_ml + hi * n_splits * 2;
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        if (ml[2 * s + 1] > 0.0f && ml[2 * s] > M)
+            M = ml[2 * s];
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++)
+        if (ml[2 * s + 1] > 0.0f)
+            L += ml[2 * s + 1] * expf(ml[2 * s] - M);
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    float *oh = out + ((int64_t)i * n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            o += s_o[w][d] * wgt[w];
-        oh[d] = o * inv;
+        for (int s = 0; s < ns; s++)
+            if (ml[2 * s + 1] > 0.0f)
+                o += part_o[(hi * n_splits + s) * hd + d] * expf(ml[2 * s] - M);
+        out[hi * hd + d] = o * inv;
     }
+}
+
+/* Splits of the context per row: enough blocks to fill the device (a decode batch of a
+ * few rows has few (row, KV head) pairs), each split at least ATTN_MIN_CHUNK positions;
+ * a prefill batch has blocks enough and keeps one split (no partials, no reduce). */
+static void attn_splits(const ops_ctx_t *ctx, int n, int n_kv_heads, int G, int max_len,
+                        int *chunk, int *n_splits)
+{
+    int64_t base = (int64_t)n * n_kv_heads * ((G + ATTN_GMAX - 1) / ATTN_GMAX);
+    int64_t target = 2 * (int64_t)ctx->n_sm;
+    int64_t want = base >= target ? 1 : (target + base - 1) / base;
+    int64_t by_len = (max_len + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK;
+    int64_t s = want < by_len ? want : by_len;
+    if (s < 1)
+        s = 1;
+    int c = (int)((max_len + s - 1) / s);
+    *chunk = c;
+    *n_splits = (max_len + c - 1) / c;
 }
 
 static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
@@ -1051,12 +1129,40 @@ static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_vie
     if ((e = cu_enter(ctx)) || (e = attn_pack(ctx, kv, b, 1, &pk)) ||
         (e = attn_valid(ctx, b, layer, &voff, &valid)))
         return e;
-    dim3 grid((unsigned)n_heads, (unsigned)b->n);
-    k_attention<<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(
-        (float *)out, (const float *)q, (const float *)kv->k, (const float *)kv->v, pk.rows,
-        pk.pages, voff, valid, kv->page_stride, (int64_t)layer * kv->layer_stride,
-        kv->page_size, kv->kv_dim, n_heads, n_heads / n_kv_heads, head_dim, scale);
+    int G = n_heads / n_kv_heads, chunk, ns;
+    attn_splits(ctx, b->n, n_kv_heads, G, pk.max_len, &chunk, &ns);
+    float *part_o = NULL, *part_ml = NULL;
+    if (ns > 1) {
+        size_t heads = (size_t)b->n * (size_t)n_heads * (size_t)ns;
+        size_t o_bytes = align256(heads * (size_t)head_dim * sizeof(float));
+        if ((e = scratch_reserve(ctx, o_bytes + heads * 2 * sizeof(float))))
+            return e;
+        part_o = (float *)ctx->scratch;
+        part_ml = (float *)((char *)ctx->scratch + o_bytes);
+    }
+    dim3 grid((unsigned)(n_kv_heads * ((G + ATTN_GMAX - 1) / ATTN_GMAX)), (unsigned)ns,
+              (unsigned)b->n);
+    if (b->n > 65535)
+        return river_err_set(RIVER_ERANGE, "cuda attention: %d rows in one batch", b->n);
+    int64_t lo = (int64_t)layer * kv->layer_stride;
+#define ATTN_LAUNCH(P)                                                                     \
+    k_attn_split<P><<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(                            \
+        (float *)out, part_o, part_ml, (const float *)q, (const float *)kv->k,             \
+        (const float *)kv->v, pk.rows, pk.pages, voff, valid, kv->page_stride, lo,         \
+        kv->page_size, kv->kv_dim, n_heads, G, head_dim, chunk, ns, scale)
+    if (head_dim <= 64)
+        ATTN_LAUNCH(2);
+    else if (head_dim <= 128)
+        ATTN_LAUNCH(4);
+    else
+        ATTN_LAUNCH(8);
+#undef ATTN_LAUNCH
     CU_LAUNCHED("attention");
+    if (ns > 1) {
+        k_attn_reduce<<<dim3((unsigned)n_heads, (unsigned)b->n), 128, 0, ctx->stream>>>(
+            (float *)out, part_o, part_ml, pk.rows, n_heads, head_dim, chunk, ns);
+        CU_LAUNCHED("attention reduce");
+    }
     return 0;
 }
 
