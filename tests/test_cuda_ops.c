@@ -277,6 +277,16 @@ static const mm_case_t mm_cases[] = {
     {DTYPE_BF16, 128256, 2048, 0, 16, 1e-2},
     /* Quantized batches run 8 rows per pass. */
     {DTYPE_Q4, 2048, 2048, 64, 20, 1e-4},
+    /* Short and wide: split-K (K/V projection, FFN down of a decode step), with a tail
+     * chunk (3000 and 4128 columns are no multiple of the split step). */
+    {DTYPE_BF16, 512, 8192, 0, 1, 1e-4},
+    {DTYPE_F16, 100, 3000, 0, 7, 1e-4},
+    {DTYPE_F32, 64, 4104, 0, 3, 1e-4},
+    {DTYPE_Q8, 256, 4096, 64, 5, 1e-4},
+    /* W4A16 wide loads (16 bytes per lane), power-of-two and other groups, split-K. */
+    {DTYPE_Q4, 512, 8192, 128, 3, 1e-4},
+    {DTYPE_Q4, 64, 4128, 32, 2, 1e-4},
+    {DTYPE_Q4, 300, 2016, 96, 9, 1e-4},
 };
 
 START_TEST(test_matmul)
