@@ -209,6 +209,14 @@ $(CUDA_LIB): $(CUDA_OBJ)
 
 $(CUDA_OBJ): | $(PROTO_GEN_H)
 $(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN): $(CUDA_LIB)
+
+# river-cuda-bench (bench/cuda_kernels.c): per-kernel GB/s against a device-to-device copy.
+CUDA_BENCH_BIN := $(BUILD)/bin/river-cuda-bench
+$(CUDA_BENCH_BIN): $(BUILD)/bench/cuda_kernels.o $(CUDA_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LDLIBS)
+build-all: $(CUDA_BENCH_BIN)
 endif
 
 $(BUILD)/%.o: %.c

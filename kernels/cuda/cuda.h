@@ -52,6 +52,14 @@ int cuda_backend_upload(backend_t *b, weight_t *w);
 /* Name of the GPU the backend runs on (for bench output); "" when unknown. */
 const char *cuda_backend_device_name(const backend_t *b);
 
+/* Seconds per device-to-device copy of `bytes` (two buffers of that size, reps copies
+ * timed with CUDA events after one warm-up): the bandwidth every kernel's GB/s is held
+ * against in river-cuda-bench. */
+int cuda_backend_time_copy(backend_t *b, size_t bytes, int reps, double *secs);
+
+/* Host inputs uploaded through the upload slots so far (misses; a hit uploads nothing). */
+uint64_t cuda_backend_uploads(const backend_t *b);
+
 #ifdef __cplusplus
 }
 #endif

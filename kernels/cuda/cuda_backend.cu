@@ -1638,6 +1638,57 @@ extern "C" const char *cuda_backend_device_name(const backend_t *b)
     return b && b->ctx ? b->ctx->name : "";
 }
 
+extern "C" uint64_t cuda_backend_uploads(const backend_t *b)
+{
+    return b && b->ctx ? b->ctx->uploads : 0;
+}
+
+extern "C" int cuda_backend_time_copy(backend_t *b, size_t bytes, int reps, double *secs)
+{
+    if (!b || !secs || bytes == 0 || reps <= 0)
+        return river_err_set(RIVER_EINVAL, "cuda copy timing: bad arguments");
+    ops_ctx_t *ctx = b->ctx;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    float ms = 0.0f;
+    cudaError_t ce = cudaMalloc(&src, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&dst, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMemsetAsync(src, 1, bytes, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&t0);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&t1);
+    if (ce == cudaSuccess) /* warm-up */
+        ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(t0, ctx->stream);
+    for (int i = 0; i < reps && ce == cudaSuccess; i++)
+        ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(t1, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventSynchronize(t1);
+    if (ce == cudaSuccess)
+        ce = cudaEventElapsedTime(&ms, t0, t1);
+    e = ce == cudaSuccess ? 0 : cu_fail(ce, "copy timing");
+    if (t0)
+        (void)cudaEventDestroy(t0);
+    if (t1)
+        (void)cudaEventDestroy(t1);
+    if (src)
+        (void)cudaFree(src);
+    if (dst)
+        (void)cudaFree(dst);
+    if (!e)
+        *secs = (double)ms / 1e3 / reps;
+    return e;
+}
+
 /* Copies `bytes` of host memory into a new device allocation that the backend owns. */
 static int upload_bytes(ops_ctx_t *ctx, void **dst, const void *src, size_t bytes)
 {
