@@ -433,3 +433,12 @@ clean:
 -include $(SOAK_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
 -include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d)
+
+# The lent GPU machine has no -dev packages and no network: gpu-bundle builds here with the
+# CUDA backend for the H200 (CUDA_ARCHS=90) into build-gpu and packs the binaries and the
+# shared libraries that machine may lack into gpu-bundle/bundle.tar.xz, which
+# scripts/gpu-check.sh unpacks and runs there (README, "GPU").
+.PHONY: gpu-bundle
+gpu-bundle: deps-check
+	$(Q)$(MAKE) --no-print-directory BUILD=build-gpu CUDA=1 CUDA_ARCHS=90 build-all
+	$(Q)scripts/gpu-bundle.sh build-gpu gpu-bundle
