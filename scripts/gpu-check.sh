@@ -15,6 +15,8 @@
 #              make test-opaque): CUDA goldens, exit policies, the split pair
 #   kernels    river-cuda-bench: per-kernel GB/s against a measured device-to-device copy
 #   bench-bf16 river bench --device cuda on a synthesized Llama 3.2 1B bf16 checkpoint
+#   graphs     bench-bf16 again with RIVER_CUDA_GRAPHS=1 (decode steps as CUDA graphs), and
+#              its decode tokens/s over bench-bf16's
 #   long-ctx   the same with a 2048-token prompt (decode at a 2k context)
 #   river-q4   a 4-bit river of that checkpoint (river quant), then a river decode on it
 #   memcheck   compute-sanitizer memcheck of a few stories260K tokens (skipped where the
@@ -37,8 +39,8 @@
 set -u
 
 cd "$(dirname "$0")/.." || exit 3
-ALL_STEPS="ops backend golden exit generate router worker split kernels bench-bf16 long-ctx \
-river-q4 memcheck"
+ALL_STEPS="ops backend golden exit generate router worker split kernels bench-bf16 graphs \
+long-ctx river-q4 memcheck"
 
 only=${STEPS:-}
 while [ $# -gt 0 ]; do
@@ -243,6 +245,19 @@ run_step() {
              END { if (t > 0 && b > 0)
                        printf "h200_roofline_fraction %.3f (of 4.8 TB/s)\n", t * b / 4.8e12 }' \
             "$LOGS/bench-bf16.log" | tee -a "$SUMMARY"
+        ;;
+    graphs)
+        need_synth || { skip graphs "no checkpoint"; return; }
+        step graphs 150 env RIVER_CUDA_GRAPHS=1 "$B/bin/river" bench --model "$SYNTH" \
+            --device cuda --runs 3 --prompt-len 128 --gen-len 64 --bandwidth-mib 256
+        tail -n 8 "$LOGS/graphs.log" >>"$SUMMARY"
+        if [ -f "$LOGS/bench-bf16.log" ]; then
+            awk 'FNR == 1 { f++ } $1 == "decode_tok_s" { t[f] = $2 }
+                 END { if (t[1] > 0 && t[2] > 0)
+                           printf "graphs_decode_speedup %.3f (graphs %s over eager %s tok/s)\n",
+                                  t[2] / t[1], t[2], t[1] }' \
+                "$LOGS/bench-bf16.log" "$LOGS/graphs.log" | tee -a "$SUMMARY"
+        fi
         ;;
     long-ctx)
         need_synth || { skip long-ctx "no checkpoint"; return; }

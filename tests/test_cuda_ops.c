@@ -642,6 +642,12 @@ START_TEST(test_golden_stories260k)
     kv_pool_t *kv = NULL;
     int e = model_load(&m, TEST_DATA "/stories260K/stories260K.bin");
     ck_assert_msg(e == 0, "load: %s", river_err_detail());
+    /* Run 1 captures every decode step as a CUDA graph (each test runs in a child of its
+     * own, so the variable ends with it). */
+    if (_i)
+        setenv("RIVER_CUDA_GRAPHS", "1", 1);
+    else
+        unsetenv("RIVER_CUDA_GRAPHS");
     ck_assert_int_eq(cuda_backend_new(&be, 0), 0);
     e = model_place(m, be);
     ck_assert_msg(e == 0, "upload: %s", river_err_detail());
@@ -693,8 +699,17 @@ START_TEST(test_golden_stories260k)
             token = best;
         }
     }
-    printf("cuda golden stories260K/once_upon_a_time: max |dlogit| %.3g (tol %g)\n", worst,
-           (double)GOLDEN_TOL);
+    printf("cuda golden stories260K/once_upon_a_time%s: max |dlogit| %.3g (tol %g)\n",
+           _i ? " (graphs)" : "", worst, (double)GOLDEN_TOL);
+    uint64_t launches = cuda_backend_graph_launches(be);
+    if (_i) {
+        /* Steps of one shape replay one graph; a new one only where the shape changed. */
+        ck_assert_msg(launches >= (uint64_t)steps / 2, "%llu graph launches in %d steps",
+                      (unsigned long long)launches, steps);
+        printf("cuda graphs: %llu launches in %d steps\n", (unsigned long long)launches, steps);
+    } else {
+        ck_assert_uint_eq(launches, 0);
+    }
     free(logits);
     free(want);
     json_decref(golden);
@@ -721,7 +736,7 @@ static Suite *cuda_ops_suite(void)
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_cosine_gather_scatter);
     tcase_add_test(tc, test_no_device_message);
-    tcase_add_test(tc, test_golden_stories260k);
+    tcase_add_loop_test(tc, test_golden_stories260k, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -53,6 +53,22 @@ struct ops_ctx {
     stage_slot stage[STAGE_SLOTS];
     uint64_t tick;
     uint64_t uploads;  /* slot uploads so far (misses), for tests and benchmarks */
+    /* Step graphs (see "step graphs" below). */
+    int graphs;              /* RIVER_CUDA_GRAPHS=1 at creation */
+    int capturing;           /* between graph_begin and graph_end */
+    int graph_misses;        /* steps in a row that needed a new instantiation */
+    int graph_cooldown;      /* steps left without graphs */
+    cudaGraphExec_t exec;
+    void *arena_host[2];     /* pinned, ARENA_BYTES each, alternate steps */
+    cudaEvent_t arena_done[2];
+    void *arena_dev;         /* ARENA_BYTES */
+    int arena_k;             /* the half this step writes */
+    size_t arena_off;        /* bytes used this step */
+    int arena_n;
+    size_t arena_at[64], arena_len[64]; /* this step's inputs, for reuse (ARENA_ENTRIES) */
+    void *deferred[8];       /* scratch replaced during a capture, freed after it */
+    int n_deferred;
+    uint64_t graph_launches, graph_instantiations;
     /* Device allocations holding uploaded weights, freed at destroy. */
     void **owned;
     size_t n_owned, cap_owned;
@@ -114,6 +130,18 @@ static int scratch_reserve(ops_ctx_t *ctx, size_t bytes)
     if (bytes <= ctx->scratch_cap)
         return 0;
     size_t cap = grow_cap(ctx->scratch_cap, bytes);
+    if (ctx->capturing) {
+        /* No cudaFree while a step is captured: the old area is freed after it. */
+        if (ctx->n_deferred == (int)(sizeof ctx->deferred / sizeof ctx->deferred[0]))
+            return river_err_set(RIVER_ENOMEM, "cuda graph: scratch regrown too often");
+        void *p = NULL;
+        CU_TRY(cudaMalloc(&p, cap), "scratch");
+        if (ctx->scratch)
+            ctx->deferred[ctx->n_deferred++] = ctx->scratch;
+        ctx->scratch = p;
+        ctx->scratch_cap = cap;
+        return 0;
+    }
     /* cudaFree waits for the queued work that may still read the old area. */
     if (ctx->scratch)
         CU_TRY(cudaFree(ctx->scratch), "free scratch");
@@ -140,11 +168,15 @@ static int host_reserve(ops_ctx_t *ctx, size_t bytes)
 /* Makes `bytes` of host memory at src readable on the device at *dev, in stream order:
  * from a slot that already holds these bytes, else through the least recently used slot's
  * pinned buffer with one asynchronous copy. src may change as soon as this returns. */
+static int arena_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev);
+
 static int stage_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev)
 {
     *dev = NULL;
     if (!bytes)
         return 0;
+    if (ctx->capturing)
+        return arena_put(ctx, src, bytes, dev);
     ctx->tick++;
     stage_slot *sl = &ctx->stage[0];
     for (int i = 0; i < STAGE_SLOTS; i++) {
@@ -1405,6 +1437,165 @@ static int cuda_sync(ops_ctx_t *ctx)
     return 0;
 }
 
+/* ---- step graphs ------------------------------------------------------------------------ */
+
+/* A plain decode step (ops->graph_begin .. graph_end around the backbone layers) is captured
+ * into a CUDA graph instead of launched: its kernels are recorded, its host inputs are
+ * appended to a pinned arena rather than staged, and at graph_end the graph is written over
+ * the instantiated one (cudaGraphExecUpdate: a step of the same shape changes only kernel
+ * arguments) or instantiated anew when the shape changed, then the arena is copied and the
+ * graph launched. Capturing every step keeps the replay exact (it is what eager launches
+ * would have been) without checking the engine's inputs; the saving is the launch gaps on
+ * the device. When instantiation is needed step after step (rows change shape), graphs are
+ * off for GRAPH_COOLDOWN steps. Enabled with RIVER_CUDA_GRAPHS=1. */
+#define ARENA_BYTES ((size_t)8 << 20)
+#define ARENA_ENTRIES 64
+#define GRAPH_MISSES 3
+#define GRAPH_COOLDOWN 64
+
+/* Appends src to the arena of the step being captured, reusing an identical earlier input
+ * of the same step; *dev is where the kernels read it once graph_end copied the arena. */
+static int arena_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev)
+{
+    char *host = (char *)ctx->arena_host[ctx->arena_k];
+    for (int i = 0; i < ctx->arena_n; i++)
+        if (ctx->arena_len[i] == bytes && memcmp(host + ctx->arena_at[i], src, bytes) == 0) {
+            *dev = (const char *)ctx->arena_dev + ctx->arena_at[i];
+            return 0;
+        }
+    size_t at = align256(ctx->arena_off);
+    if (at + bytes > ARENA_BYTES)
+        return river_err_set(RIVER_ENOMEM, "cuda graph: step inputs over the %zu-byte arena",
+                             ARENA_BYTES);
+    memcpy(host + at, src, bytes);
+    if (ctx->arena_n < ARENA_ENTRIES) {
+        ctx->arena_at[ctx->arena_n] = at;
+        ctx->arena_len[ctx->arena_n++] = bytes;
+    }
+    ctx->arena_off = at + bytes;
+    *dev = (const char *)ctx->arena_dev + at;
+    return 0;
+}
+
+static int cuda_graph_begin(ops_ctx_t *ctx, int *active)
+{
+    *active = 0;
+    if (!ctx->graphs)
+        return 0;
+    if (ctx->graph_cooldown > 0) {
+        ctx->graph_cooldown--;
+        return 0;
+    }
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    if (!ctx->arena_dev) {
+        for (int k = 0; k < 2; k++) {
+            CU_TRY(cudaHostAlloc(&ctx->arena_host[k], ARENA_BYTES, cudaHostAllocDefault),
+                   "graph arena");
+            CU_TRY(cudaEventCreateWithFlags(&ctx->arena_done[k], cudaEventDisableTiming),
+                   "graph arena");
+        }
+        CU_TRY(cudaMalloc(&ctx->arena_dev, ARENA_BYTES), "graph arena");
+    }
+    /* The pinned half written now was last copied two steps ago; that copy must be done. */
+    CU_TRY(cudaEventSynchronize(ctx->arena_done[ctx->arena_k]), "graph arena");
+    ctx->arena_off = 0;
+    ctx->arena_n = 0;
+    /* Relaxed: cuBLAS and a growing scratch may allocate while the step is captured. */
+    CU_TRY(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed), "graph capture");
+    ctx->capturing = 1;
+    *active = 1;
+    return 0;
+}
+
+static void graph_miss(ops_ctx_t *ctx)
+{
+    if (++ctx->graph_misses >= GRAPH_MISSES) {
+        ctx->graph_misses = 0;
+        ctx->graph_cooldown = GRAPH_COOLDOWN;
+    }
+}
+
+static int cuda_graph_end(ops_ctx_t *ctx, int abort)
+{
+    if (!ctx->capturing)
+        return 0;
+    ctx->capturing = 0;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    cudaGraph_t g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(ctx->stream, &g);
+    if (abort || ce != cudaSuccess) {
+        if (g)
+            (void)cudaGraphDestroy(g);
+        graph_miss(ctx);
+        return ce != cudaSuccess ? cu_fail(ce, "graph capture") : 0;
+    }
+    if (ctx->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(ctx->exec, g, &info) == cudaSuccess) {
+            ctx->graph_misses = 0;
+        } else {
+            (void)cudaGetLastError();
+            (void)cudaGraphExecDestroy(ctx->exec);
+            ctx->exec = NULL;
+        }
+    }
+    if (!ctx->exec) {
+        ce = cudaGraphInstantiate(&ctx->exec, g, 0);
+        if (ce != cudaSuccess) {
+            ctx->exec = NULL;
+            (void)cudaGraphDestroy(g);
+            graph_miss(ctx);
+            return cu_fail(ce, "graph instantiate");
+        }
+        ctx->graph_instantiations++;
+        graph_miss(ctx);
+    }
+    (void)cudaGraphDestroy(g);
+    int k = ctx->arena_k;
+    if (ctx->arena_off)
+        CU_TRY(cudaMemcpyAsync(ctx->arena_dev, ctx->arena_host[k], ctx->arena_off,
+                               cudaMemcpyHostToDevice, ctx->stream),
+               "graph arena");
+    CU_TRY(cudaEventRecord(ctx->arena_done[k], ctx->stream), "graph arena");
+    ctx->arena_k ^= 1;
+    CU_TRY(cudaGraphLaunch(ctx->exec, ctx->stream), "graph launch");
+    ctx->graph_launches++;
+    if (ctx->n_deferred) {
+        /* Scratch replaced during the capture: the old areas are free once the work that
+         * may read them is done. */
+        CU_TRY(cudaStreamSynchronize(ctx->stream), "graph");
+        for (int i = 0; i < ctx->n_deferred; i++)
+            (void)cudaFree(ctx->deferred[i]);
+        ctx->n_deferred = 0;
+    }
+    return 0;
+}
+
+static void graph_release(ops_ctx_t *ctx)
+{
+    if (ctx->exec)
+        (void)cudaGraphExecDestroy(ctx->exec);
+    ctx->exec = NULL;
+    for (int k = 0; k < 2; k++) {
+        if (ctx->arena_host[k])
+            (void)cudaFreeHost(ctx->arena_host[k]);
+        if (ctx->arena_done[k])
+            (void)cudaEventDestroy(ctx->arena_done[k]);
+        ctx->arena_host[k] = NULL;
+        ctx->arena_done[k] = NULL;
+    }
+    if (ctx->arena_dev)
+        (void)cudaFree(ctx->arena_dev);
+    ctx->arena_dev = NULL;
+    for (int i = 0; i < ctx->n_deferred; i++)
+        (void)cudaFree(ctx->deferred[i]);
+    ctx->n_deferred = 0;
+}
+
 static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
 {
     out->name = "cuda";
@@ -1528,6 +1719,8 @@ static ops_t make_cuda_ops(void)
     o.gather_rows = cuda_gather_rows;
     o.scatter_rows = cuda_scatter_rows;
     o.sync = cuda_sync;
+    o.graph_begin = cuda_graph_begin;
+    o.graph_end = cuda_graph_end;
     return o;
 }
 
@@ -1588,6 +1781,10 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
         goto fail_blas;
     }
     ctx->n_sm = 1;
+    {
+        const char *g = getenv("RIVER_CUDA_GRAPHS");
+        ctx->graphs = g && !strcmp(g, "1");
+    }
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
         ctx->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
@@ -1624,6 +1821,7 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
     if (ctx->scratch)
         (void)cudaFree(ctx->scratch);
     stage_release(ctx);
+    graph_release(ctx);
     free(ctx->host);
     cublasDestroy(ctx->blas);
     cudaStreamDestroy(ctx->stream);
@@ -1636,6 +1834,11 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
 extern "C" const char *cuda_backend_device_name(const backend_t *b)
 {
     return b && b->ctx ? b->ctx->name : "";
+}
+
+extern "C" uint64_t cuda_backend_graph_launches(const backend_t *b)
+{
+    return b && b->ctx ? b->ctx->graph_launches : 0;
 }
 
 extern "C" uint64_t cuda_backend_uploads(const backend_t *b)
