@@ -835,14 +835,14 @@ __global__ void k_splitk_sum(float *y, const float *part, int ks, int64_t total)
 
 /* Split-K for short-and-wide matrices (the K/V projections of a decode step: few output
  * features, so few blocks): enough splits to give the device two blocks per
- * multiprocessor, each at least two warp steps of `step` columns. */
+ * multiprocessor, each at least one warp step of `step` columns. */
 static int gemv_splits(const ops_ctx_t *ctx, int64_t blocks, int cols, int step, int *kchunk)
 {
     int ks = 1;
     int64_t target = 2 * (int64_t)ctx->n_sm;
-    if (blocks < target && cols >= 4 * step) {
+    if (blocks < target && cols >= 2 * step) {
         int64_t want = (target + blocks - 1) / blocks;
-        int64_t most = cols / (2 * step);
+        int64_t most = cols / step;
         ks = (int)(want < most ? want : most);
         ks = ks < 16 ? ks : 16;
         ks = ks < 1 ? 1 : ks;
