@@ -1531,7 +1531,16 @@ static int cuda_graph_end(ops_ctx_t *ctx, int abort)
         if (g)
             (void)cudaGraphDestroy(g);
         graph_miss(ctx);
-        return ce != cudaSuccess ? cu_fail(ce, "graph capture") : 0;
+        e = ce != cudaSuccess ? cu_fail(ce, "graph capture") : 0;
+        /* Nothing captured runs; scratch replaced meanwhile is free once the work queued
+         * before the capture is done. */
+        if (ctx->n_deferred && cudaStreamSynchronize(ctx->stream) == cudaSuccess) {
+            for (int i = 0; i < ctx->n_deferred; i++)
+                (void)cudaFree(ctx->deferred[i]);
+            ctx->n_deferred = 0;
+        }
+        (void)cudaGetLastError();
+        return e;
     }
     if (ctx->exec) {
         cudaGraphExecUpdateResultInfo info;
