@@ -129,7 +129,10 @@ BUNDLE=${BUNDLE:-gpu-bundle/bundle.tar.xz}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || finish 3
 if [ -f "$BUNDLE" ]; then
     B=$WORK/bundle
-    mkdir -p "$B" && tar -C "$B" -xJf "$BUNDLE" || { say "gpu-check: cannot unpack $BUNDLE"; finish 3; }
+    # Python's tarfile where tar has no xz beside it.
+    mkdir -p "$B" && { tar -C "$B" -xJf "$BUNDLE" 2>/dev/null ||
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$BUNDLE" "$B"; } || { say "gpu-check: cannot unpack $BUNDLE"; finish 3; }
     head -n 3 "$B/MANIFEST" | tee -a "$SUMMARY"
 elif [ -d "$BUNDLE" ] && [ -x "$BUNDLE/bin/river" ]; then
     B=$BUNDLE

@@ -403,6 +403,41 @@ START_TEST(test_rope_swiglu)
 }
 END_TEST
 
+/* The upload slots: an op's host inputs are copied once and then reused while their bytes
+ * repeat, and an array changed in place is uploaded again (never a stale copy). */
+START_TEST(test_upload_slots)
+{
+    NEED_GPU();
+    pair_t p;
+    pair_open(&p);
+    int n = 3, heads = 4, hd = 16;
+    int32_t pos[3] = {5, 9, 700};
+    float inv_freq[8];
+    for (int f = 0; f < 8; f++)
+        inv_freq[f] = powf(10000.0f, -2.0f * (float)f / 16.0f);
+    rope_t r = {.layout = ROPE_HALF, .head_dim = hd, .rot_dim = hd, .inv_freq = inv_freq,
+                .attn_factor = 1.0f};
+    twin_t x = twin_rand(&p, (size_t)n * heads * hd, -1, 1);
+    uint64_t u0 = cuda_backend_uploads(p.gpu);
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 2); /* positions, frequencies */
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    /* The same inputs again (the next layer of a step): nothing is copied. */
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 2);
+    /* The next step: positions advanced in the same array, frequencies unchanged. */
+    for (int i = 0; i < n; i++)
+        pos[i]++;
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 3);
+    CHECK_ERR(&p, &x, 1e-5, "rope through the upload slots");
+    twin_free(&p, &x);
+    pair_close(&p);
+}
+END_TEST
+
 /* The paged KV of both backends, written with kv_write from the same K/V, then attention
  * for prefill rows, decode rows of two sequences, and a kv_valid mask. */
 START_TEST(test_kv_attention)
@@ -731,6 +766,7 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, test_embed);
     tcase_add_test(tc, test_rmsnorm_add);
     tcase_add_test(tc, test_rope_swiglu);
+    tcase_add_test(tc, test_upload_slots);
     tcase_add_test(tc, test_kv_attention);
     tcase_add_loop_test(tc, test_attention_shapes, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
