@@ -217,6 +217,7 @@ $(CUDA_BENCH_BIN): $(BUILD)/bench/cuda_kernels.o $(CUDA_LIB) $(LIB)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LDLIBS)
 build-all: $(CUDA_BENCH_BIN)
+-include $(BUILD)/bench/cuda_kernels.d
 endif
 
 $(BUILD)/%.o: %.c
