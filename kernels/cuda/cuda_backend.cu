@@ -1,7 +1,8 @@
 /* The CUDA backend: the ops table, its state and every kernel (see cuda.h for the
  * semantics). The host side of each op checks its arguments the way the CPU backend does
- * (same error codes), copies the op's host inputs to a device scratch area and launches
- * on the backend's stream. */
+ * (same error codes), makes the op's host inputs readable on the device through the upload
+ * slots (or, while a step is captured, the graph arena) and launches on the backend's
+ * stream. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
