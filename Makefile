@@ -4,7 +4,8 @@
 #
 # Variables: PREFIX (install root, /usr/local), SANITIZE (e.g. address,undefined),
 # OPT (optimisation flags), V=1 (echo commands), CUDA (0: no CUDA backend, 1: require it,
-# default: when nvcc is there), CUDA_ARCHS (compute capabilities, "80 86 89 90").
+# default: when nvcc is there), CUDA_ARCHS (compute capabilities, "80 86 89 90"; PTX of the
+# newest is embedded as well).
 
 PREFIX      ?= /usr/local
 BUILD       ?= build
@@ -122,6 +123,9 @@ TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 CUDA        ?= auto
 CUDA_HOME   ?= /usr/local/cuda
 CUDA_ARCHS  ?= 80 86 89 90
+# PTX of the newest listed architecture goes into the fat binary too, so a GPU newer than
+# every listed one JIT-compiles the kernels instead of failing with "no kernel image".
+CUDA_PTX_ARCH ?= $(shell printf "%s\n" $(CUDA_ARCHS) | sort -n | tail -n 1)
 NVCC        ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 ifeq ($(CUDA),0)
 CUDA_ON     :=
@@ -136,7 +140,8 @@ ifeq ($(CUDA_ON),1)
 CUDA_ROOT   := $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_FLAGS  := -std=c++17 -O2 -g -lineinfo -I. -I$(BUILD)/gen -MMD -MP -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing \
-               $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
+               $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+               -gencode=arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_C_SRC  := $(wildcard kernels/cuda/*.c)
 CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/%.o)
@@ -204,6 +209,15 @@ $(CUDA_LIB): $(CUDA_OBJ)
 
 $(CUDA_OBJ): | $(PROTO_GEN_H)
 $(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN): $(CUDA_LIB)
+
+# river-cuda-bench (bench/cuda_kernels.c): per-kernel GB/s against a device-to-device copy.
+CUDA_BENCH_BIN := $(BUILD)/bin/river-cuda-bench
+$(CUDA_BENCH_BIN): $(BUILD)/bench/cuda_kernels.o $(CUDA_LIB) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LDLIBS)
+build-all: $(CUDA_BENCH_BIN)
+-include $(BUILD)/bench/cuda_kernels.d
 endif
 
 $(BUILD)/%.o: %.c
@@ -420,3 +434,12 @@ clean:
 -include $(SOAK_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
 -include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d)
+
+# The lent GPU machine has no -dev packages and no network: gpu-bundle builds here with the
+# CUDA backend for the H200 (CUDA_ARCHS=90) into build-gpu and packs the binaries and the
+# shared libraries that machine may lack into gpu-bundle/bundle.tar.xz, which
+# scripts/gpu-check.sh unpacks and runs there (README, "GPU").
+.PHONY: gpu-bundle
+gpu-bundle: deps-check
+	$(Q)$(MAKE) --no-print-directory BUILD=build-gpu CUDA=1 CUDA_ARCHS=90 build-all
+	$(Q)scripts/gpu-bundle.sh build-gpu gpu-bundle

@@ -720,6 +720,22 @@ static int forward__logits(forward_t *f, const fwd_batch_t *b, float *logits)
     return 0;
 }
 
+/* The backbone layers of a plain step as one recorded launch where the backend records
+ * runs of ops (ops->graph_begin: CUDA graphs). Returns 1 when they ran so; 0 when they did
+ * not (no recording now, or it failed), and then nothing of them ran: the caller runs them
+ * op by op, and any error shows there. */
+static int forward__layers_graph(forward_t *f, const kv_view_t *kv, const attn_batch_t *ab)
+{
+    const ops_t *o = f->be->ops;
+    int active = 0;
+    if (!o->graph_begin || !o->graph_end || o->graph_begin(f->be->ctx, &active) || !active)
+        return 0;
+    int e = 0;
+    for (int l = 0; l < f->m->cfg.n_layers && !e; l++)
+        e = forward__layer(f, &f->m->layers[l], l, f->x, kv, ab);
+    return o->graph_end(f->be->ctx, e != 0) == 0 && e == 0;
+}
+
 int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logits)
 {
     const ops_t *o = f->be->ops;
@@ -785,7 +801,15 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
     FWD_TRY(forward__save(f, b, -1));
     if (!f->has_exit) {
         attn_batch_t ab = {.n = n, .pos = f->pos, .page_table = f->tables};
-        for (int l = 0; l < L; l++) {
+        /* The recorded path covers the plain case only: every row from layer 0, nothing
+         * copied to the host between layers. */
+        int plain = !f->hook && !f->has_remote && !b->save_layer;
+        for (int r = 0; r < n && plain; r++)
+            plain = f->start[r] == 0;
+        int done = plain && forward__layers_graph(f, view, &ab);
+        if (done)
+            f->stats.layer_rows_backbone += (int64_t)n * L;
+        for (int l = 0; l < L && !done; l++) {
             int m_rows = 0;
             for (int r = 0; r < n; r++)
                 if (l >= f->start[r])

@@ -195,6 +195,14 @@ typedef struct ops {
                         int d);
     /* Waits until all queued work is done (no-op on the CPU). */
     int (*sync)(ops_ctx_t *ctx);
+    /* Optional (NULL where a backend has nothing of the kind, as on the CPU): recording a
+     * run of ops and launching it as one (CUDA graphs). graph_begin sets *active when the
+     * ops that follow, until graph_end, are recorded rather than run; none of them may
+     * return data to the host (to_host, cosine) or sync. graph_end(abort = 0) runs what was
+     * recorded; abort discards it. Whenever *active stays 0, or graph_begin or graph_end
+     * fails, nothing recorded has run, and the caller runs the same ops again unrecorded. */
+    int (*graph_begin)(ops_ctx_t *ctx, int *active);
+    int (*graph_end)(ops_ctx_t *ctx, int abort);
 } ops_t;
 
 /* A backend instance: the table plus its state. */

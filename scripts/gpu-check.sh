@@ -1,103 +1,301 @@
 #!/bin/sh
-# The checks that need a GPU, in one run on the GPU machine (one H200, within 8 minutes:
-# the step timeouts add up to 450 s): build with the CUDA backend required (CUDA=1), run
-# the CUDA parity tests (every op against the CPU backend, the stories260K goldens on the
-# GPU), then
-# `river bench --device cuda` on a synthesized Llama 3.2 1B bf16 checkpoint, with the CPU
-# bench of the same checkpoint beside it for scale.
+# The checks that need a GPU, for the day one is lent. That machine has the CUDA driver
+# (and CUDA's libraries inside its Python packages) but no Debian -dev packages and no
+# network, so nothing is built there: `make gpu-bundle` builds here (CUDA=1, CUDA_ARCHS=90)
+# and packs the binaries and the shared libraries they need into gpu-bundle/bundle.tar.xz
+# (scripts/gpu-bundle.sh); this script, run there from the repository root, unpacks it,
+# finds the machine's own cuBLAS, cuBLASLt and NCCL, and runs the steps below, each with a
+# time limit and a log of its own:
 #
-# Writes summary.txt and one log per step under $OUT when it is set (else under
-# $BUILD/gpu-check). Exits non-zero when any step fails; later steps still run so that one
-# run shows everything.
+#   ops        tests/test_cuda_ops: every op on the GPU against the CPU backend, incl. the
+#              stories260K goldens end to end on the GPU
+#   backend    the backend suite (test_backend) with RIVER_TEST_DEVICE=cuda
+#   golden exit generate router worker split
+#              the engine suites with RIVER_TEST_DEVICE=cuda (the same list as
+#              make test-opaque): CUDA goldens, exit policies, the split pair
+#   kernels    river-cuda-bench: per-kernel GB/s against a measured device-to-device copy
+#   bench-bf16 river bench --device cuda on a synthesized Llama 3.2 1B bf16 checkpoint
+#   graphs     bench-bf16 again with RIVER_CUDA_GRAPHS=1 (decode steps as CUDA graphs), and
+#              its decode tokens/s over bench-bf16's
+#   long-ctx   the same with a 2048-token prompt (decode at a 2k context)
+#   river-q4   a 4-bit river of that checkpoint (river quant), then a river decode on it
+#   memcheck   compute-sanitizer memcheck of a few stories260K tokens (skipped where the
+#              machine has no compute-sanitizer)
 #
-# Environment: BUILD (build directory, default build-gpu), JOBS (make -j, default: cores),
-# CUDA_ARCHS (default 90: only the H200's, to keep the build short).
+# usage: scripts/gpu-check.sh [--only STEP[,STEP...]] [--list]
+#        (or STEPS="STEP ..." in the environment; --only wins)
+#
+# Output: summary.txt and logs.tar.gz (one NAME.log per step) under $OUT when it is set,
+# else under build-gpu/gpu-check/ (there with the logs unpacked in logs/ too). The summary
+# ends with the --only line that reruns just the failed steps.
+#
+# Exit status: 0 when every step that ran passed, 1 when one failed, 2 when no GPU is
+# visible (every step then says "skip ... (no GPU)"; nothing is run), 3 for a missing
+# bundle or a bad argument.
+#
+# Environment: BUNDLE (default gpu-bundle/bundle.tar.xz; a directory laid out like a build
+# directory works too, e.g. BUNDLE=build-gpu), SYNTH_DIR (where the synthesized checkpoint
+# is kept between runs on one machine, default /tmp/river-synth).
 set -u
 
-cd "$(dirname "$0")/.." || exit 1
-BUILD=${BUILD:-build-gpu}
-JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
-CUDA_ARCHS=${CUDA_ARCHS:-90}
-DEST=${OUT:-$BUILD/gpu-check}
-mkdir -p "$DEST" || exit 1
+cd "$(dirname "$0")/.." || exit 3
+ALL_STEPS="ops backend golden exit generate router worker split kernels bench-bf16 graphs \
+long-ctx river-q4 memcheck"
+
+only=${STEPS:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --only)
+        [ $# -ge 2 ] || { echo "gpu-check: --only needs a step list" >&2; exit 3; }
+        only=$(echo "$2" | tr ',' ' ')
+        shift 2
+        ;;
+    --only=*)
+        only=$(echo "${1#--only=}" | tr ',' ' ')
+        shift
+        ;;
+    --list)
+        echo "$ALL_STEPS"
+        exit 0
+        ;;
+    *)
+        echo "usage: scripts/gpu-check.sh [--only STEP[,STEP...]] [--list]" >&2
+        exit 3
+        ;;
+    esac
+done
+selected=${only:-$ALL_STEPS}
+for s in $selected; do
+    case " $ALL_STEPS " in
+    *" $s "*) ;;
+    *)
+        echo "gpu-check: no step '$s' (steps: $ALL_STEPS)" >&2
+        exit 3
+        ;;
+    esac
+done
+
+if [ -n "${OUT:-}" ]; then
+    DEST=$OUT
+    LOGS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-logs.XXXXXX") || exit 3
+else
+    DEST=build-gpu/gpu-check
+    LOGS=$DEST/logs
+    rm -rf "$LOGS"
+fi
+mkdir -p "$DEST" "$LOGS" || exit 3
 SUMMARY=$DEST/summary.txt
 : >"$SUMMARY"
-status=0
+failed=""
 
 say() {
     echo "$*" | tee -a "$SUMMARY"
 }
 
-# step NAME TIMEOUT_S COMMAND...: runs the command with its output in $DEST/NAME.log and
-# one line in the summary.
+finish() {
+    rc=$1
+    if [ -n "$failed" ]; then
+        say "gpu-check: FAILED:$failed"
+        say "rerun them: scripts/gpu-check.sh --only $(echo $failed | tr ' ' ',')"
+    elif [ "$rc" -eq 0 ]; then
+        say "gpu-check: every step that ran passed"
+    fi
+    tar -C "$LOGS" -czf "$DEST/logs.tar.gz" . 2>/dev/null ||
+        echo "gpu-check: could not write $DEST/logs.tar.gz" >&2
+    [ -n "${OUT:-}" ] && rm -rf "$LOGS"
+    [ -n "${WORK:-}" ] && rm -rf "$WORK"
+    exit "$rc"
+}
+
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname 2>/dev/null || echo '?'): $selected"
+
+# ---- the GPU -------------------------------------------------------------------------
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    gpu=1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
+        tee -a "$SUMMARY"
+fi
+if [ "$gpu" -eq 0 ]; then
+    for s in $selected; do
+        say "skip  $s (no GPU)"
+    done
+    say "gpu-check: no GPU visible (nvidia-smi lists none): nothing was run"
+    finish 2
+fi
+
+# ---- the bundle ----------------------------------------------------------------------
+BUNDLE=${BUNDLE:-gpu-bundle/bundle.tar.xz}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || finish 3
+if [ -f "$BUNDLE" ]; then
+    B=$WORK/bundle
+    # Python's tarfile where tar has no xz beside it.
+    mkdir -p "$B" && { tar -C "$B" -xJf "$BUNDLE" 2>/dev/null ||
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$BUNDLE" "$B"; } || { say "gpu-check: cannot unpack $BUNDLE"; finish 3; }
+    head -n 3 "$B/MANIFEST" | tee -a "$SUMMARY"
+elif [ -d "$BUNDLE" ] && [ -x "$BUNDLE/bin/river" ]; then
+    B=$BUNDLE
+else
+    say "gpu-check: no bundle at $BUNDLE: run 'make gpu-bundle' where the build works and" \
+        "carry gpu-bundle/"
+    finish 3
+fi
+B=$(cd "$B" && pwd)
+
+# The machine's own copy of a library the bundle leaves out: the CUDA toolkit's, else the
+# one inside a Python package (nvidia-cublas, nvidia-nccl wheels), else anywhere on /.
+find_lib() {
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu \
+        /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib \
+        /opt/*/.venv/lib/python3*/site-packages/nvidia/*/*/lib \
+        /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
+        /usr/local/lib/python3*/dist-packages/nvidia/*/*/lib; do
+        if [ -e "$d/$1" ]; then
+            echo "$d"
+            return 0
+        fi
+    done
+    f=$(timeout 60 find / -xdev -name "$1" -not -path '/proc/*' 2>/dev/null | head -n 1)
+    [ -n "$f" ] && dirname "$f"
+}
+
+libpath=$B/lib
+wanted=$(sed -n 's/^# libraries gpu-check.sh takes from the machine://p' "$B/MANIFEST" \
+    2>/dev/null)
+[ -n "$wanted" ] || wanted="libcublas.so.13 libcublasLt.so.13"
+for lib in $wanted; do
+    d=$(find_lib "$lib")
+    if [ -n "$d" ]; then
+        say "lib   $lib from $d"
+        case ":$libpath:" in *":$d:"*) ;; *) libpath=$libpath:$d ;; esac
+    else
+        say "lib   $lib: NOT FOUND on this machine (the steps that load it will fail)"
+    fi
+done
+LIBPATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+SANITIZER=$(command -v compute-sanitizer 2>/dev/null ||
+    ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer \
+        2>/dev/null | head -n 1)
+
+# ---- steps ---------------------------------------------------------------------------
+# step NAME TIMEOUT_S COMMAND...: runs the command with the bundle's libraries, its output
+# in NAME.log, and one line in the summary.
 step() {
     name=$1
     limit=$2
     shift 2
     t0=$(date +%s)
-    timeout "$limit" "$@" >"$DEST/$name.log" 2>&1
+    LD_LIBRARY_PATH=$LIBPATH timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     rc=$?
     t1=$(date +%s)
+    if [ "$rc" -eq 0 ] && grep -q '^no CUDA device' "$LOGS/$name.log"; then
+        say "FAIL  $name (skipped its GPU work: $(grep -m 1 '^no CUDA device' "$LOGS/$name.log"))"
+        failed="$failed $name"
+        return 1
+    fi
     if [ "$rc" -eq 0 ]; then
         say "ok    $name ($((t1 - t0)) s)"
     else
+        [ "$rc" -ge 124 ] && [ "$rc" -le 137 ] && rc="$rc, time limit $limit s"
         say "FAIL  $name (exit $rc after $((t1 - t0)) s; see $name.log)"
-        status=1
+        failed="$failed $name"
+        return 1
     fi
-    return "$rc"
+    return 0
 }
 
-say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
-        2>&1 | tee -a "$SUMMARY"
-else
-    say "nvidia-smi: not found"
-fi
+skip() {
+    say "skip  $1 ($2)"
+}
 
-# The build target without the package check (the GPU machine has no network).
-if ! step build 150 make BUILD="$BUILD" CUDA=1 CUDA_ARCHS="$CUDA_ARCHS" -j"$JOBS" build-all; then
-    say "build failed: nothing else to run"
-    exit 1
-fi
-
-# The parity tests; their per-op error lines go to the summary too.
-step cuda-tests 100 "$BUILD/tests/test_cuda_ops"
-grep -E '^(cuda |[0-9]+%: Checks)' "$DEST/cuda-tests.log" >>"$SUMMARY"
-# On this machine a skip is a failure: the point of the run is the GPU.
-if grep -q '^no CUDA device' "$DEST/cuda-tests.log"; then
-    say "FAIL  cuda-tests skipped: $(grep -m 1 '^no CUDA device' "$DEST/cuda-tests.log")"
-    status=1
-fi
-
-RIVER=$BUILD/bin/river
-SYNTH=$BUILD/synth/llama-3.2-1b-bf16
-if [ ! -f "$SYNTH/model.safetensors" ]; then
+SYNTH=${SYNTH_DIR:-/tmp/river-synth}/llama-3.2-1b-bf16
+LLAMA3_TOK=tests/data/tokenizers/llama3/tokenizer.json
+# The synthesized checkpoint the bench steps share, made on first need (kept in /tmp for
+# reruns on the same machine).
+need_synth() {
+    [ -f "$SYNTH/model.safetensors" ] && return 0
     mkdir -p "$(dirname "$SYNTH")"
-    step synth 60 "$RIVER" synth --shape llama-3.2-1b --dtype bf16 --out "$SYNTH"
-fi
+    step synth 120 "$B/bin/river" synth --shape llama-3.2-1b --dtype bf16 --out "$SYNTH" --quiet
+}
 
-step bench-stories-cuda 20 "$RIVER" bench --model tests/data/stories260K/stories260K.bin \
-    --device cuda --runs 3 --bandwidth-mib 256
-# The bench's bandwidth sweep measures the host; keep it short. Its roofline_fraction is
-# against host memory, so the GPU's is worked out here against the H200's 4.8 TB/s.
-step bench-1b-cuda 60 "$RIVER" bench --model "$SYNTH" --device cuda --runs 3 \
-    --prompt-len 128 --gen-len 64 --bandwidth-mib 256
-tail -n 8 "$DEST/bench-1b-cuda.log" >>"$SUMMARY"
-awk '$1 == "decode_tok_s" { t = $2 } $1 == "bytes_per_token" { b = $2 }
-     END { if (t > 0 && b > 0)
-               printf "h200_roofline_fraction %.3f (of 4.8 TB/s)\n", t * b / 4.8e12 }' \
-    "$DEST/bench-1b-cuda.log" | tee -a "$SUMMARY"
-step bench-1b-cpu 40 "$RIVER" bench --model "$SYNTH" --runs 1 --prompt-len 16 --gen-len 8 \
-    --bandwidth-mib 256
-tail -n 8 "$DEST/bench-1b-cpu.log" >>"$SUMMARY"
-step run-stories-cuda 20 "$RIVER" run --model tests/data/stories260K/stories260K.bin \
-    --device cuda --prompt "Once upon a time" --max-tokens 32
-tail -n 3 "$DEST/run-stories-cuda.log" >>"$SUMMARY"
+run_step() {
+    case "$1" in
+    ops)
+        step ops 180 "$B/tests/test_cuda_ops"
+        grep -E '^(cuda |[0-9]+%: Checks)' "$LOGS/ops.log" >>"$SUMMARY"
+        ;;
+    backend | golden | exit | generate | router | worker | split)
+        if [ -x "$B/tests/test_$1" ]; then
+            step "$1" 150 env RIVER_TEST_DEVICE=cuda "$B/tests/test_$1"
+            grep -E '^[0-9]+%: Checks' "$LOGS/$1.log" >>"$SUMMARY"
+        else
+            skip "$1" "test_$1 is not in the bundle"
+        fi
+        ;;
+    kernels)
+        step kernels 120 "$B/bin/river-cuda-bench" && cat "$LOGS/kernels.log" >>"$SUMMARY"
+        ;;
+    bench-bf16)
+        need_synth || { skip bench-bf16 "no checkpoint"; return; }
+        step bench-bf16 150 "$B/bin/river" bench --model "$SYNTH" --device cuda --runs 3 \
+            --prompt-len 128 --gen-len 64 --bandwidth-mib 256
+        tail -n 8 "$LOGS/bench-bf16.log" >>"$SUMMARY"
+        # The bench's roofline is against host memory; against the H200's 4.8 TB/s here.
+        awk '$1 == "decode_tok_s" { t = $2 } $1 == "bytes_per_token" { b = $2 }
+             END { if (t > 0 && b > 0)
+                       printf "h200_roofline_fraction %.3f (of 4.8 TB/s)\n", t * b / 4.8e12 }' \
+            "$LOGS/bench-bf16.log" | tee -a "$SUMMARY"
+        ;;
+    graphs)
+        need_synth || { skip graphs "no checkpoint"; return; }
+        step graphs 150 env RIVER_CUDA_GRAPHS=1 "$B/bin/river" bench --model "$SYNTH" \
+            --device cuda --runs 3 --prompt-len 128 --gen-len 64 --bandwidth-mib 256
+        tail -n 8 "$LOGS/graphs.log" >>"$SUMMARY"
+        if [ -f "$LOGS/bench-bf16.log" ]; then
+            awk 'FNR == 1 { f++ } $1 == "decode_tok_s" { t[f] = $2 }
+                 END { if (t[1] > 0 && t[2] > 0)
+                           printf "graphs_decode_speedup %.3f (graphs %s over eager %s tok/s)\n",
+                                  t[2] / t[1], t[2], t[1] }' \
+                "$LOGS/bench-bf16.log" "$LOGS/graphs.log" | tee -a "$SUMMARY"
+        fi
+        ;;
+    long-ctx)
+        need_synth || { skip long-ctx "no checkpoint"; return; }
+        step long-ctx 180 "$B/bin/river" bench --model "$SYNTH" --device cuda --runs 1 \
+            --prompt-len 2048 --gen-len 32 --bandwidth-mib 256
+        tail -n 8 "$LOGS/long-ctx.log" >>"$SUMMARY"
+        ;;
+    river-q4)
+        need_synth || { skip river-q4 "no checkpoint"; return; }
+        RIVERQ4=$(dirname "$SYNTH")/river-q4-g64-rtn.safetensors
+        if [ ! -f "$RIVERQ4" ]; then
+            step river-q4-quant 240 "$B/bin/river" quant --model "$SYNTH" --bits 4 \
+                --group 64 --method rtn --out "$RIVERQ4" || return
+        fi
+        step river-q4 120 "$B/bin/river" run --model "$SYNTH" --tokenizer "$LLAMA3_TOK" \
+            --device cuda --river "$RIVERQ4" --policy cosine --strategy river --tau 0.9 \
+            --prompt "Once upon a time" --max-tokens 64 --ignore-eos --output json
+        tail -c 600 "$LOGS/river-q4.log" >>"$SUMMARY"
+        echo >>"$SUMMARY"
+        ;;
+    memcheck)
+        if [ -z "$SANITIZER" ]; then
+            skip memcheck "no compute-sanitizer on this machine"
+            return
+        fi
+        step memcheck 300 "$SANITIZER" --tool memcheck --error-exitcode 99 \
+            "$B/bin/river" run --model tests/data/stories260K/stories260K.bin --device cuda \
+            --prompt "Once upon a time" --max-tokens 4
+        grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" >>"$SUMMARY"
+        ;;
+    esac
+}
 
-if [ "$status" -eq 0 ]; then
-    say "gpu-check: all steps passed"
-else
-    say "gpu-check: some steps FAILED"
-fi
-exit "$status"
+for s in $selected; do
+    run_step "$s"
+done
+[ -n "$failed" ] && finish 1
+finish 0

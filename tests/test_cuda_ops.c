@@ -277,6 +277,16 @@ static const mm_case_t mm_cases[] = {
     {DTYPE_BF16, 128256, 2048, 0, 16, 1e-2},
     /* Quantized batches run 8 rows per pass. */
     {DTYPE_Q4, 2048, 2048, 64, 20, 1e-4},
+    /* Short and wide: split-K (K/V projection, FFN down of a decode step), with a tail
+     * chunk (3000 and 4128 columns are no multiple of the split step). */
+    {DTYPE_BF16, 512, 8192, 0, 1, 1e-4},
+    {DTYPE_F16, 100, 3000, 0, 7, 1e-4},
+    {DTYPE_F32, 64, 4104, 0, 3, 1e-4},
+    {DTYPE_Q8, 256, 4096, 64, 5, 1e-4},
+    /* W4A16 wide loads (16 bytes per lane), power-of-two and other groups, split-K. */
+    {DTYPE_Q4, 512, 8192, 128, 3, 1e-4},
+    {DTYPE_Q4, 64, 4128, 32, 2, 1e-4},
+    {DTYPE_Q4, 300, 2016, 96, 9, 1e-4},
 };
 
 START_TEST(test_matmul)
@@ -393,6 +403,41 @@ START_TEST(test_rope_swiglu)
 }
 END_TEST
 
+/* The upload slots: an op's host inputs are copied once and then reused while their bytes
+ * repeat, and an array changed in place is uploaded again (never a stale copy). */
+START_TEST(test_upload_slots)
+{
+    NEED_GPU();
+    pair_t p;
+    pair_open(&p);
+    int n = 3, heads = 4, hd = 16;
+    int32_t pos[3] = {5, 9, 700};
+    float inv_freq[8];
+    for (int f = 0; f < 8; f++)
+        inv_freq[f] = powf(10000.0f, -2.0f * (float)f / 16.0f);
+    rope_t r = {.layout = ROPE_HALF, .head_dim = hd, .rot_dim = hd, .inv_freq = inv_freq,
+                .attn_factor = 1.0f};
+    twin_t x = twin_rand(&p, (size_t)n * heads * hd, -1, 1);
+    uint64_t u0 = cuda_backend_uploads(p.gpu);
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 2); /* positions, frequencies */
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    /* The same inputs again (the next layer of a step): nothing is copied. */
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 2);
+    /* The next step: positions advanced in the same array, frequencies unchanged. */
+    for (int i = 0; i < n; i++)
+        pos[i]++;
+    ck_assert_int_eq(p.gpu->ops->rope(p.gpu->ctx, x.g, pos, n, heads, &r), 0);
+    ck_assert_int_eq(p.cpu->ops->rope(p.cpu->ctx, x.c, pos, n, heads, &r), 0);
+    ck_assert_uint_eq(cuda_backend_uploads(p.gpu) - u0, 3);
+    CHECK_ERR(&p, &x, 1e-5, "rope through the upload slots");
+    twin_free(&p, &x);
+    pair_close(&p);
+}
+END_TEST
+
 /* The paged KV of both backends, written with kv_write from the same K/V, then attention
  * for prefill rows, decode rows of two sequences, and a kv_valid mask. */
 START_TEST(test_kv_attention)
@@ -485,6 +530,90 @@ START_TEST(test_kv_attention)
 }
 END_TEST
 
+/* Attention shapes beyond Llama 3.2 1B: head dims 96 and 128, GQA groups 1 and 8 (and 16,
+ * two head chunks per KV head), contexts above 1k (split across blocks, flash-decoding)
+ * and row counts that are not a multiple of 8, for decode rows at the end of long
+ * sequences and for a batched prompt. */
+typedef struct attn_case {
+    int hd, heads, kv_heads, len, n_seqs;
+    int prefill; /* 1: every position of each sequence is a row; 0: its last one only */
+} attn_case_t;
+
+static const attn_case_t attn_cases[] = {
+    {128, 32, 8, 1500, 3, 0},   /* GQA 4, three decode rows, 1.5k context */
+    {128, 8, 8, 2048, 5, 0},    /* GQA 1 (MHA), 2k context */
+    {96, 32, 4, 1100, 7, 0},    /* head_dim 96, GQA 8 */
+    {64, 32, 2, 1030, 1, 0},    /* GQA 16: two head chunks per KV head */
+    {128, 16, 2, 77, 3, 1},     /* batched prompt of 231 rows, GQA 8 */
+    {96, 12, 12, 1025, 1, 1},   /* a 1k prompt of one sequence, GQA 1 */
+};
+
+START_TEST(test_attention_shapes)
+{
+    NEED_GPU();
+    const attn_case_t *c = &attn_cases[_i];
+    pair_t p;
+    pair_open(&p);
+    enum { PS = 16 };
+    int kv_dim = c->kv_heads * c->hd;
+    int pages_per = (c->len + PS - 1) / PS;
+    int n_pages = pages_per * c->n_seqs + 3;
+    kv_view_t vc = {.page_size = PS, .kv_dim = kv_dim, .n_pages = n_pages,
+                    .layer_stride = (int64_t)PS * kv_dim};
+    vc.page_stride = vc.layer_stride; /* one layer */
+    size_t kv_elems = (size_t)n_pages * (size_t)vc.page_stride;
+    twin_t K = twin_rand(&p, kv_elems, -1, 1), V = twin_rand(&p, kv_elems, -1, 1);
+    kv_view_t vg = vc;
+    vc.k = K.c;
+    vc.v = V.c;
+    vg.k = K.g;
+    vg.v = V.g;
+    /* Sequence s owns pages s, s + n_seqs, s + 2 n_seqs, ... (interleaved, not in order). */
+    int32_t *pt = malloc(sizeof *pt * (size_t)pages_per * (size_t)c->n_seqs);
+    for (int s = 0; s < c->n_seqs; s++)
+        for (int j = 0; j < pages_per; j++)
+            pt[s * pages_per + j] = (int32_t)(n_pages - 1 - (j * c->n_seqs + s));
+    /* Sequence s has len - 13 s positions, so the rows' contexts differ. */
+    int n = 0;
+    for (int s = 0; s < c->n_seqs; s++)
+        n += c->prefill ? c->len - 13 * s : 1;
+    int32_t *pos = malloc(sizeof *pos * (size_t)n);
+    const int32_t **pts = malloc(sizeof *pts * (size_t)n);
+    int r = 0;
+    for (int s = 0; s < c->n_seqs; s++) {
+        int len = c->len - 13 * s;
+        for (int t = c->prefill ? 0 : len - 1; t < len; t++) {
+            pos[r] = t;
+            pts[r++] = pt + s * pages_per;
+        }
+    }
+    attn_batch_t b = {.n = n, .pos = pos, .page_table = pts};
+    size_t qn = (size_t)n * (size_t)c->heads * (size_t)c->hd;
+    twin_t q = twin_rand(&p, qn, -3, 3), o = twin_new(&p, NULL, qn);
+    float scale = 1.0f / sqrtf((float)c->hd);
+    ck_assert_int_eq(p.cpu->ops->attention(p.cpu->ctx, o.c, q.c, &vc, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    int e = p.gpu->ops->attention(p.gpu->ctx, o.g, q.g, &vg, 0, &b, c->heads, c->kv_heads,
+                                  c->hd, scale);
+    ck_assert_msg(e == 0, "attention: %s", river_err_detail());
+    CHECK_ERR(&p, &o, 1e-4, "attention hd %d, %d/%d heads, len %d, %d rows", c->hd, c->heads,
+              c->kv_heads, c->len, n);
+    /* In place (out = q), as the engine may call it. */
+    ck_assert_int_eq(p.cpu->ops->attention(p.cpu->ctx, q.c, q.c, &vc, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    ck_assert_int_eq(p.gpu->ops->attention(p.gpu->ctx, q.g, q.g, &vg, 0, &b, c->heads,
+                                            c->kv_heads, c->hd, scale), 0);
+    CHECK_ERR(&p, &q, 1e-4, "attention in place hd %d, len %d", c->hd, c->len);
+    free(pos);
+    free(pts);
+    free(pt);
+    twin_t *all[] = {&K, &V, &q, &o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        twin_free(&p, all[i]);
+    pair_close(&p);
+}
+END_TEST
+
 START_TEST(test_cosine_gather_scatter)
 {
     NEED_GPU();
@@ -548,6 +677,12 @@ START_TEST(test_golden_stories260k)
     kv_pool_t *kv = NULL;
     int e = model_load(&m, TEST_DATA "/stories260K/stories260K.bin");
     ck_assert_msg(e == 0, "load: %s", river_err_detail());
+    /* Run 1 captures every decode step as a CUDA graph (each test runs in a child of its
+     * own, so the variable ends with it). */
+    if (_i)
+        setenv("RIVER_CUDA_GRAPHS", "1", 1);
+    else
+        unsetenv("RIVER_CUDA_GRAPHS");
     ck_assert_int_eq(cuda_backend_new(&be, 0), 0);
     e = model_place(m, be);
     ck_assert_msg(e == 0, "upload: %s", river_err_detail());
@@ -599,8 +734,17 @@ START_TEST(test_golden_stories260k)
             token = best;
         }
     }
-    printf("cuda golden stories260K/once_upon_a_time: max |dlogit| %.3g (tol %g)\n", worst,
-           (double)GOLDEN_TOL);
+    printf("cuda golden stories260K/once_upon_a_time%s: max |dlogit| %.3g (tol %g)\n",
+           _i ? " (graphs)" : "", worst, (double)GOLDEN_TOL);
+    uint64_t launches = cuda_backend_graph_launches(be);
+    if (_i) {
+        /* Steps of one shape replay one graph; a new one only where the shape changed. */
+        ck_assert_msg(launches >= (uint64_t)steps / 2, "%llu graph launches in %d steps",
+                      (unsigned long long)launches, steps);
+        printf("cuda graphs: %llu launches in %d steps\n", (unsigned long long)launches, steps);
+    } else {
+        ck_assert_uint_eq(launches, 0);
+    }
     free(logits);
     free(want);
     json_decref(golden);
@@ -622,10 +766,13 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, test_embed);
     tcase_add_test(tc, test_rmsnorm_add);
     tcase_add_test(tc, test_rope_swiglu);
+    tcase_add_test(tc, test_upload_slots);
     tcase_add_test(tc, test_kv_attention);
+    tcase_add_loop_test(tc, test_attention_shapes, 0,
+                        (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_cosine_gather_scatter);
     tcase_add_test(tc, test_no_device_message);
-    tcase_add_test(tc, test_golden_stories260k);
+    tcase_add_loop_test(tc, test_golden_stories260k, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -105,13 +105,20 @@ const char *test_bin(const char *name)
 const char *test_device(void)
 {
     const char *d = getenv("RIVER_TEST_DEVICE");
-    return d && !strcmp(d, "opaque") ? "opaque" : "cpu";
+    if (d && !strcmp(d, "opaque"))
+        return "opaque";
+    /* GPU 0, for scripts/gpu-check.sh; a build without the backend fails to open it. */
+    if (d && !strcmp(d, "cuda"))
+        return "cuda";
+    return "cpu";
 }
 
 void test_backend_open(backend_t **be, int threads, cpu_simd_t simd, model_t *m)
 {
-    int e = strcmp(test_device(), "opaque") ? cpu_backend_new(be, threads, simd)
-                                            : opaque_backend_new(be, threads, simd);
+    const char *dev = test_device();
+    int e = !strcmp(dev, "cuda")     ? backend_open(be, "cuda", threads)
+            : !strcmp(dev, "opaque") ? opaque_backend_new(be, threads, simd)
+                                     : cpu_backend_new(be, threads, simd);
     ck_assert_msg(e == 0, "backend %s: %s", test_device(), river_err_detail());
     if (m) {
         e = model_place(m, *be);
@@ -121,5 +128,7 @@ void test_backend_open(backend_t **be, int threads, cpu_simd_t simd, model_t *m)
 
 const char *test_device_yaml(void)
 {
-    return strcmp(test_device(), "opaque") ? "" : "device: opaque\n";
+    return !strcmp(test_device(), "opaque") ? "device: opaque\n"
+           : !strcmp(test_device(), "cuda") ? "device: cuda\n"
+                                            : "";
 }

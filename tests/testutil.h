@@ -40,7 +40,8 @@ const char *test_bin(const char *name);
 const char *test_tmpdir(void);
 
 /* The device the engine suites run on: "cpu", or "opaque" when RIVER_TEST_DEVICE=opaque
- * (make test-opaque), the backend whose memory nothing above the op interface may touch. */
+ * (make test-opaque), the backend whose memory nothing above the op interface may touch,
+ * or "cuda" (GPU 0) when RIVER_TEST_DEVICE=cuda (scripts/gpu-check.sh). */
 const char *test_device(void);
 /* A backend on test_device() (threads and simd apply to the CPU; the opaque backend takes
  * threads and the best level), with m placed on it when m is not NULL. Fails the test on

@@ -12,12 +12,23 @@
  *   with another backend (its weight_t now point at this GPU's memory).
  * - All work is queued on one stream of the backend; ops that return host data (to_host,
  *   cosine) wait for it. Host inputs of an op (positions, page tables, indices, inv_freq)
- *   are copied to the device within the call, so the caller may reuse them at once.
- * - matmul: F32/F16/BF16 weights take a bandwidth-bound GEMV kernel for n <= 8 rows and
- *   cuBLAS (GemmEx, f32 compute; x converted to the weight's 16-bit type) above; Q4/Q8
- *   weights always take a dequantize-in-register GEMV kernel, 8 rows per pass.
- * - attention: one block per (row, head) with an online softmax, so any context length
- *   works without a scores buffer; head_dim at most 256. kv_valid is honoured.
+ *   are packed and matched against a few upload slots (pinned staging, one asynchronous
+ *   copy on a miss): the inputs of a step are uploaded once per step and row group, the
+ *   RoPE frequencies once. The match is on content, so the caller may change or reuse its
+ *   arrays at once. Scratch memory grows geometrically and is kept.
+ * - With RIVER_CUDA_GRAPHS=1, ops->graph_begin/graph_end capture the backbone layers of a
+ *   plain step (no exits, hooks or remote) into a CUDA graph that is updated in place and
+ *   relaunched while the step's shape repeats, instantiated anew when it changes, and left
+ *   off for a while when it keeps changing.
+ * - matmul: F32/F16/BF16 weights take a bandwidth-bound GEMV kernel for n <= 8 rows (four
+ *   16-byte loads in flight per lane, split-K with a deterministic sum for short, wide
+ *   matrices) and cuBLAS (GemmEx, f32 compute; x converted to the weight's 16-bit type)
+ *   above; Q4/Q8 weights always take a dequantize-in-register GEMV kernel, 8 rows per
+ *   pass (Q4 with groups of 32k: 16 bytes per lane).
+ * - attention: flash-decoding. One block per (KV head, context split, row) serves all the
+ *   query heads of its KV head with an online softmax; a reduce kernel merges the splits
+ *   where a decode batch needed several to fill the device. Any context length works
+ *   without a scores buffer; head_dim at most 256. kv_valid is honoured.
  * - Every CUDA and cuBLAS failure becomes RIVER_EDEVICE with the CUDA error string; no op
  *   aborts the process.
  *
@@ -48,6 +59,18 @@ int cuda_backend_upload(backend_t *b, weight_t *w);
 
 /* Name of the GPU the backend runs on (for bench output); "" when unknown. */
 const char *cuda_backend_device_name(const backend_t *b);
+
+/* Seconds per device-to-device copy of `bytes` (two buffers of that size, reps copies
+ * timed with CUDA events after one warm-up): the bandwidth every kernel's GB/s is held
+ * against in river-cuda-bench. */
+int cuda_backend_time_copy(backend_t *b, size_t bytes, int reps, double *secs);
+
+/* Host inputs uploaded through the upload slots so far (misses; a hit uploads nothing). */
+uint64_t cuda_backend_uploads(const backend_t *b);
+
+/* Steps launched as CUDA graphs so far (RIVER_CUDA_GRAPHS=1: ops->graph_begin captures a
+ * plain decode step's backbone layers; 0 when graphs are off). */
+uint64_t cuda_backend_graph_launches(const backend_t *b);
 
 #ifdef __cplusplus
 }

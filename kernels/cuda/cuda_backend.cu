@@ -1,7 +1,8 @@
 /* The CUDA backend: the ops table, its state and every kernel (see cuda.h for the
  * semantics). The host side of each op checks its arguments the way the CPU backend does
- * (same error codes), copies the op's host inputs to a device scratch area and launches
- * on the backend's stream. */
+ * (same error codes), makes the op's host inputs readable on the device through the upload
+ * slots (or, while a step is captured, the graph arena) and launches on the backend's
+ * stream. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,17 +21,55 @@ extern "C" {
 
 /* ---- state ------------------------------------------------------------------------------ */
 
+/* Host inputs of the ops (positions, packed page tables, kv_valid bytes, token ids, row
+ * indices, RoPE frequencies) reach the device through a few upload slots. A slot keeps a
+ * pinned copy of the bytes it last uploaded and their device copy; an op whose input bytes
+ * equal a slot's reuses its device copy, so the inputs of one step are uploaded once per
+ * step (once per row group), not once per op and layer, and the RoPE frequencies once per
+ * backend. The match is on content, never on a host pointer, so a caller that changes an
+ * array in place can never be handed a stale copy. */
+#define STAGE_SLOTS 16
+
+struct stage_slot {
+    void *host;        /* pinned (cudaHostAlloc) copy of the bytes last uploaded */
+    void *dev;         /* their device copy */
+    size_t cap;        /* bytes of host and dev */
+    size_t bytes;      /* bytes uploaded; 0: empty */
+    cudaEvent_t done;  /* recorded after the upload: host may be rewritten once it fired */
+    uint64_t used;     /* ctx->tick at the last use, for least-recently-used replacement */
+};
+
 struct ops_ctx {
     int device;
+    int n_sm;          /* multiprocessors of the device, for grid sizing */
     cudaStream_t stream;
     cublasHandle_t blas;
-    /* Device scratch for an op's host inputs and converted activations; grown on demand.
-     * Reuse across ops is safe: everything runs in stream order. */
+    /* Device scratch for converted activations and partial results; grows geometrically
+     * and is kept. Reuse across ops is safe: everything runs in stream order. */
     void *scratch;
     size_t scratch_cap;
-    /* Host staging for inputs packed before one copy (attention, kv_write). */
+    /* Pageable host memory where an op packs its inputs before the upload slots see them. */
     void *host;
     size_t host_cap;
+    stage_slot stage[STAGE_SLOTS];
+    uint64_t tick;
+    uint64_t uploads;  /* slot uploads so far (misses), for tests and benchmarks */
+    /* Step graphs (see "step graphs" below). */
+    int graphs;              /* RIVER_CUDA_GRAPHS=1 at creation */
+    int capturing;           /* between graph_begin and graph_end */
+    int graph_misses;        /* steps in a row that needed a new instantiation */
+    int graph_cooldown;      /* steps left without graphs */
+    cudaGraphExec_t exec;
+    void *arena_host[2];     /* pinned, ARENA_BYTES each, alternate steps */
+    cudaEvent_t arena_done[2];
+    void *arena_dev;         /* ARENA_BYTES */
+    int arena_k;             /* the half this step writes */
+    size_t arena_off;        /* bytes used this step */
+    int arena_n;
+    size_t arena_at[64], arena_len[64]; /* this step's inputs, for reuse (ARENA_ENTRIES) */
+    void *deferred[8];       /* scratch replaced during a capture, freed after it */
+    int n_deferred;
+    uint64_t graph_launches, graph_instantiations;
     /* Device allocations holding uploaded weights, freed at destroy. */
     void **owned;
     size_t n_owned, cap_owned;
@@ -44,6 +83,8 @@ struct dweight {
     const void *data;
     const uint16_t *scales, *zeros;
     int group;
+    int64_t ngroups; /* Q4/Q8: groups per row (cols / group) */
+    int gshift;      /* Q4/Q8: log2(group) where group is a power of two, else -1 */
 };
 
 static int cu_fail(cudaError_t err, const char *what)
@@ -75,11 +116,33 @@ static int cu_enter(ops_ctx_t *ctx)
     return 0;
 }
 
+/* Geometric growth: a run of growing batches reallocates a handful of times, never once
+ * per op. */
+static size_t grow_cap(size_t cap, size_t bytes)
+{
+    size_t c = cap ? cap : 4096;
+    while (c < bytes)
+        c *= 2;
+    return c;
+}
+
 static int scratch_reserve(ops_ctx_t *ctx, size_t bytes)
 {
     if (bytes <= ctx->scratch_cap)
         return 0;
-    size_t cap = bytes + bytes / 2 + 256;
+    size_t cap = grow_cap(ctx->scratch_cap, bytes);
+    if (ctx->capturing) {
+        /* No cudaFree while a step is captured: the old area is freed after it. */
+        if (ctx->n_deferred == (int)(sizeof ctx->deferred / sizeof ctx->deferred[0]))
+            return river_err_set(RIVER_ENOMEM, "cuda graph: scratch regrown too often");
+        void *p = NULL;
+        CU_TRY(cudaMalloc(&p, cap), "scratch");
+        if (ctx->scratch)
+            ctx->deferred[ctx->n_deferred++] = ctx->scratch;
+        ctx->scratch = p;
+        ctx->scratch_cap = cap;
+        return 0;
+    }
     /* cudaFree waits for the queued work that may still read the old area. */
     if (ctx->scratch)
         CU_TRY(cudaFree(ctx->scratch), "free scratch");
@@ -94,7 +157,7 @@ static int host_reserve(ops_ctx_t *ctx, size_t bytes)
 {
     if (bytes <= ctx->host_cap)
         return 0;
-    size_t cap = bytes + bytes / 2 + 256;
+    size_t cap = grow_cap(ctx->host_cap, bytes);
     void *p = realloc(ctx->host, cap);
     if (!p)
         return river_err_set(RIVER_ENOMEM, "cuda: host staging of %zu bytes", cap);
@@ -103,16 +166,73 @@ static int host_reserve(ops_ctx_t *ctx, size_t bytes)
     return 0;
 }
 
-/* Copies `bytes` of host memory to the start of the device scratch (reserved by the
- * caller). From pageable memory the call returns once the data is staged, so the
- * caller's array may change right after. */
-static int scratch_put(ops_ctx_t *ctx, size_t off, const void *src, size_t bytes)
+/* Makes `bytes` of host memory at src readable on the device at *dev, in stream order:
+ * from a slot that already holds these bytes, else through the least recently used slot's
+ * pinned buffer with one asynchronous copy. src may change as soon as this returns. */
+static int arena_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev);
+
+static int stage_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev)
 {
-    if (bytes)
-        CU_TRY(cudaMemcpyAsync((char *)ctx->scratch + off, src, bytes, cudaMemcpyHostToDevice,
-                               ctx->stream),
-               "copy inputs");
+    *dev = NULL;
+    if (!bytes)
+        return 0;
+    if (ctx->capturing)
+        return arena_put(ctx, src, bytes, dev);
+    ctx->tick++;
+    stage_slot *sl = &ctx->stage[0];
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        stage_slot *c = &ctx->stage[i];
+        if (c->bytes == bytes && memcmp(c->host, src, bytes) == 0) {
+            c->used = ctx->tick;
+            *dev = c->dev;
+            return 0;
+        }
+        if (c->used < sl->used)
+            sl = c;
+    }
+    /* The slot is rewritten below: until then it must never match. */
+    sl->bytes = 0;
+    if (!sl->done)
+        CU_TRY(cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming), "stage event");
+    else
+        CU_TRY(cudaEventSynchronize(sl->done), "stage wait");
+    if (bytes > sl->cap) {
+        /* cudaFree waits for kernels that may still read the old device copy. */
+        if (sl->host)
+            CU_TRY(cudaFreeHost(sl->host), "stage free");
+        sl->host = NULL;
+        if (sl->dev)
+            CU_TRY(cudaFree(sl->dev), "stage free");
+        sl->dev = NULL;
+        sl->cap = 0;
+        size_t cap = grow_cap(0, bytes);
+        CU_TRY(cudaHostAlloc(&sl->host, cap, cudaHostAllocDefault), "stage pinned");
+        CU_TRY(cudaMalloc(&sl->dev, cap), "stage device");
+        sl->cap = cap;
+    }
+    memcpy(sl->host, src, bytes);
+    CU_TRY(cudaMemcpyAsync(sl->dev, sl->host, bytes, cudaMemcpyHostToDevice, ctx->stream),
+           "copy inputs");
+    CU_TRY(cudaEventRecord(sl->done, ctx->stream), "stage record");
+    sl->bytes = bytes;
+    sl->used = ctx->tick;
+    ctx->uploads++;
+    *dev = sl->dev;
     return 0;
+}
+
+static void stage_release(ops_ctx_t *ctx)
+{
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        stage_slot *sl = &ctx->stage[i];
+        if (sl->host)
+            (void)cudaFreeHost(sl->host);
+        if (sl->dev)
+            (void)cudaFree(sl->dev);
+        if (sl->done)
+            (void)cudaEventDestroy(sl->done);
+        memset(sl, 0, sizeof *sl);
+    }
 }
 
 static size_t align256(size_t n)
@@ -149,6 +269,11 @@ static dweight to_dweight(const weight_t *w)
     d.scales = w->scales;
     d.zeros = w->zeros;
     d.group = w->group;
+    d.ngroups = w->group > 0 ? w->cols / w->group : 0;
+    d.gshift = -1;
+    for (int sh = 0; sh < 31 && w->group > 0; sh++)
+        if (w->group == 1 << sh)
+            d.gshift = sh;
     return d;
 }
 
@@ -311,12 +436,12 @@ static int cuda_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const in
                                  "%lld", (int)tokens[i], (long long)table->rows);
     if (n == 0)
         return 0;
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, 0, tokens, (size_t)n * sizeof(int32_t))))
+    const void *dtok;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, tokens, (size_t)n * sizeof(int32_t), &dtok)))
         return e;
     dim3 grid(blocks_for(table->cols, 256) < 64 ? blocks_for(table->cols, 256) : 64, n);
     k_embed<<<grid, 256, 0, ctx->stream>>>((float *)out, to_dweight(table),
-                                           (const int32_t *)ctx->scratch, n);
+                                           (const int32_t *)dtok, n);
     CU_LAUNCHED("embed");
     return 0;
 }
@@ -455,15 +580,14 @@ static int cuda_rope(ops_ctx_t *ctx, void *x, const int32_t *pos, int n, int n_h
     if (n == 0)
         return 0;
     int half = rope->rot_dim / 2;
-    size_t pos_bytes = align256((size_t)n * sizeof(int32_t));
     int e;
-    if ((e = cu_enter(ctx)) ||
-        (e = scratch_reserve(ctx, pos_bytes + (size_t)half * sizeof(float))) ||
-        (e = scratch_put(ctx, 0, pos, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, pos_bytes, rope->inv_freq, (size_t)half * sizeof(float))))
+    /* Both inputs hit the upload slots after the first layer of a step (the frequencies
+     * after the first call of the backend). */
+    const void *dpos, *dfreq;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, pos, (size_t)n * sizeof(int32_t), &dpos)) ||
+        (e = stage_put(ctx, rope->inv_freq, (size_t)half * sizeof(float), &dfreq)))
         return e;
-    k_rope<<<n, 256, 0, ctx->stream>>>((float *)x, (const int32_t *)ctx->scratch,
-                                       (const float *)((char *)ctx->scratch + pos_bytes),
+    k_rope<<<n, 256, 0, ctx->stream>>>((float *)x, (const int32_t *)dpos, (const float *)dfreq,
                                        n_heads, rope->head_dim, half, (int)rope->layout,
                                        rope->attn_factor);
     CU_LAUNCHED("rope");
@@ -505,11 +629,23 @@ static int cuda_swiglu(ops_ctx_t *ctx, void *out, const void *gate, const void *
 #define GEMV_ROWS 8
 /* Output features per block: one warp each. */
 #define GEMV_WARPS 8
+/* 8-column loads each lane keeps in flight per step of the 16-byte kernel. */
+#define GEMV_UNROLL 4
+/* Columns one step of a warp covers: 32 lanes, GEMV_UNROLL loads of 8 columns each. Split-K
+ * chunks are multiples of it, so every lane's loads stay aligned. */
+#define GEMV_STEP (32 * 8 * GEMV_UNROLL)
+
+/* Group index of column c (c < 2^31: matmul refuses wider weights) without a division
+ * where the group is a power of two, as it is in every checkpoint seen so far. */
+__device__ __forceinline__ int group_of(const dweight &w, int c)
+{
+    return w.gshift >= 0 ? c >> w.gshift : c / w.group;
+}
 
 /* Eight consecutive weights of row r from column c (c % 8 == 0, and for Q4/Q8 the eight
  * lie in one group), loaded with one wide access. */
 template <int DT>
-__device__ __forceinline__ void load8(const dweight &w, int64_t r, int64_t c, float v[8])
+__device__ __forceinline__ void load8(const dweight &w, int64_t r, int c, float v[8])
 {
     if (DT == DTYPE_F32) {
         const float4 *p = (const float4 *)((const float *)w.data + r * w.cols + c);
@@ -526,7 +662,7 @@ __device__ __forceinline__ void load8(const dweight &w, int64_t r, int64_t c, fl
             v[2 * k + 1] = DT == DTYPE_F16 ? h2f(hi) : bf2f(hi);
         }
     } else {
-        int64_t gi = r * (w.cols / w.group) + c / w.group;
+        int64_t gi = r * w.ngroups + group_of(w, c);
         float s = h2f(w.scales[gi]), z = h2f(w.zeros[gi]);
         if (DT == DTYPE_Q8) {
             uint2 q = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
@@ -544,12 +680,32 @@ __device__ __forceinline__ void load8(const dweight &w, int64_t r, int64_t c, fl
     }
 }
 
-/* y (n, rows) = x (n, cols) W^T for up to GEMV_ROWS rows of x (blockIdx.y picks which):
- * one warp per output feature, each lane taking 8 columns per step, so the weight streams
- * through in 16-byte (f32: 32-byte) coalesced loads. */
+/* Sums of one output feature r over the rows of x of this pass: to y, or with split-K to
+ * this split's slice of the partials (summed by k_splitk_sum). */
+__device__ __forceinline__ void gemv_store(float *y, float *part, const float acc[GEMV_ROWS],
+                                           int64_t rows, int64_t r, int n, int i0, int nr,
+                                           int lane)
+{
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++) {
+        float s = warp_sum(acc[i]);
+        if (lane == 0 && i < nr) {
+            int64_t at = (int64_t)(i0 + i) * rows + r;
+            if (gridDim.z == 1)
+                y[at] = s;
+            else
+                part[(int64_t)blockIdx.z * n * rows + at] = s;
+        }
+    }
+}
+
+/* y (n, rows) = x (n, cols) W^T for up to GEMV_ROWS rows of x (blockIdx.y picks which) and
+ * the columns of split blockIdx.z (kchunk each): one warp per output feature, each lane
+ * issuing GEMV_UNROLL independent 16-byte (f32: 32-byte) coalesced loads before it uses
+ * any, so enough bytes are in flight to stream the weight at memory speed. */
 template <int DT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv8(float *y, const float *x, dweight w, int n)
+k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
 {
     int lane = threadIdx.x & 31;
     int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -557,29 +713,83 @@ k_gemv8(float *y, const float *x, dweight w, int n)
     int nr = n - i0 < GEMV_ROWS ? n - i0 : GEMV_ROWS;
     if (r >= w.rows)
         return;
+    int cols = (int)w.cols;
+    int kbeg = blockIdx.z * kchunk;
+    int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
     float acc[GEMV_ROWS];
 #pragma unroll
     for (int i = 0; i < GEMV_ROWS; i++)
         acc[i] = 0.0f;
-    for (int64_t c = (int64_t)lane * 8; c < w.cols; c += 32 * 8) {
-        float v[8];
-        load8<DT>(w, r, c, v);
+    for (int c0 = kbeg + lane * 8; c0 < kend; c0 += GEMV_STEP) {
+        float v[GEMV_UNROLL][8];
 #pragma unroll
-        for (int i = 0; i < GEMV_ROWS; i++) {
-            if (i < nr) {
-                const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * w.cols + c);
-                float4 a = __ldg(xp), b = __ldg(xp + 1);
-                acc[i] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                          v[5] * b.y + v[6] * b.z + v[7] * b.w;
+        for (int u = 0; u < GEMV_UNROLL; u++)
+            if (c0 + u * 256 < kend)
+                load8<DT>(w, r, c0 + u * 256, v[u]);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            int c = c0 + u * 256;
+            if (c >= kend)
+                break;
+#pragma unroll
+            for (int i = 0; i < GEMV_ROWS; i++) {
+                if (i < nr) {
+                    const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * cols + c);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    acc[i] += v[u][0] * a.x + v[u][1] * a.y + v[u][2] * a.z + v[u][3] * a.w +
+                              v[u][4] * b.x + v[u][5] * b.y + v[u][6] * b.z + v[u][7] * b.w;
+                }
             }
         }
     }
+    gemv_store(y, part, acc, w.rows, r, n, i0, nr, lane);
+}
+
+/* W4A16 with wide loads: each lane reads 16 bytes (32 columns, one group: group % 32 == 0)
+ * per step, with one scale and zero for the 32. */
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
+{
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    int i0 = blockIdx.y * GEMV_ROWS;
+    int nr = n - i0 < GEMV_ROWS ? n - i0 : GEMV_ROWS;
+    if (r >= w.rows)
+        return;
+    int cols = (int)w.cols;
+    int kbeg = blockIdx.z * kchunk;
+    int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
+    const uint8_t *wr = (const uint8_t *)w.data + r * (w.cols / 2);
+    const uint16_t *sr = w.scales + r * w.ngroups, *zr = w.zeros + r * w.ngroups;
+    float acc[GEMV_ROWS];
 #pragma unroll
-    for (int i = 0; i < GEMV_ROWS; i++) {
-        float s = warp_sum(acc[i]);
-        if (lane == 0 && i < nr)
-            y[(int64_t)(i0 + i) * w.rows + r] = s;
+    for (int i = 0; i < GEMV_ROWS; i++)
+        acc[i] = 0.0f;
+    for (int c = kbeg + lane * 32; c < kend; c += 32 * 32) {
+        uint4 q = *(const uint4 *)(wr + c / 2);
+        int g = group_of(w, c);
+        float s = h2f(sr[g]), z = h2f(zr[g]);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 32; k++)
+            v[k] = ((float)((u[k / 8] >> (4 * (k % 8))) & 0xfu) - z) * s;
+#pragma unroll
+        for (int i = 0; i < GEMV_ROWS; i++) {
+            if (i < nr) {
+                const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * cols + c);
+                float t = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float4 a = __ldg(xp + k);
+                    t += v[4 * k] * a.x + v[4 * k + 1] * a.y + v[4 * k + 2] * a.z +
+                         v[4 * k + 3] * a.w;
+                }
+                acc[i] += t;
+            }
+        }
     }
+    gemv_store(y, part, acc, w.rows, r, n, i0, nr, lane);
 }
 
 /* Any shape and group: one element at a time (columns not a multiple of 8, odd groups). */
@@ -611,6 +821,39 @@ k_gemv_any(float *y, const float *x, dweight w, int n)
     }
 }
 
+/* y[k] = sum over the ks splits of part[z][k], in split order (deterministic, unlike
+ * atomics: two runs of one batch give the same bits). */
+__global__ void k_splitk_sum(float *y, const float *part, int ks, int64_t total)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < ks; z++)
+            s += part[(int64_t)z * total + k];
+        y[k] = s;
+    }
+}
+
+/* Split-K for short-and-wide matrices (the K/V projections of a decode step: few output
+ * features, so few blocks): enough splits to give the device two blocks per
+ * multiprocessor, each at least one warp step of `step` columns. */
+static int gemv_splits(const ops_ctx_t *ctx, int64_t blocks, int cols, int step, int *kchunk)
+{
+    int ks = 1;
+    int64_t target = 2 * (int64_t)ctx->n_sm;
+    if (blocks < target && cols >= 2 * step) {
+        int64_t want = (target + blocks - 1) / blocks;
+        int64_t most = cols / step;
+        ks = (int)(want < most ? want : most);
+        ks = ks < 16 ? ks : 16;
+        ks = ks < 1 ? 1 : ks;
+    }
+    int chunk = (cols + ks - 1) / ks;
+    chunk = (chunk + step - 1) / step * step;
+    *kchunk = chunk;
+    return (cols + chunk - 1) / chunk;
+}
+
 static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t *w, int n)
 {
     dweight dw = to_dweight(w);
@@ -620,21 +863,44 @@ static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t 
      * that poisons the whole context, so anything unaligned takes the element path. */
     int wide = w->cols % 8 == 0 && (!quant || w->group % 8 == 0) &&
                (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
-    dim3 grid(blocks_for(w->rows, GEMV_WARPS), (unsigned)((n + GEMV_ROWS - 1) / GEMV_ROWS));
+    int q4w = wide && w->dtype == DTYPE_Q4 && w->cols % 32 == 0 && w->group % 32 == 0;
+    int64_t row_blocks = blocks_for(w->rows, GEMV_WARPS);
+    unsigned passes = (unsigned)((n + GEMV_ROWS - 1) / GEMV_ROWS);
     dim3 block(GEMV_WARPS * 32);
-    if (!wide)
-        k_gemv_any<<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+    if (!wide) {
+        k_gemv_any<<<dim3((unsigned)row_blocks, passes), block, 0, ctx->stream>>>(y, x, dw, n);
+        CU_LAUNCHED("matmul gemv");
+        return 0;
+    }
+    int kchunk;
+    int ks = gemv_splits(ctx, row_blocks * passes, (int)w->cols, q4w ? 32 * 32 : GEMV_STEP,
+                         &kchunk);
+    float *part = NULL;
+    int64_t total = (int64_t)n * w->rows;
+    if (ks > 1) {
+        int e = scratch_reserve(ctx, (size_t)ks * (size_t)total * sizeof(float));
+        if (e)
+            return e;
+        part = (float *)ctx->scratch;
+    }
+    dim3 grid((unsigned)row_blocks, passes, (unsigned)ks);
+    if (q4w)
+        k_gemv_q4w<<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_F32)
-        k_gemv8<DTYPE_F32><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+        k_gemv8<DTYPE_F32><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_F16)
-        k_gemv8<DTYPE_F16><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+        k_gemv8<DTYPE_F16><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_BF16)
-        k_gemv8<DTYPE_BF16><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+        k_gemv8<DTYPE_BF16><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_Q8)
-        k_gemv8<DTYPE_Q8><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+        k_gemv8<DTYPE_Q8><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else
-        k_gemv8<DTYPE_Q4><<<grid, block, 0, ctx->stream>>>(y, x, dw, n);
+        k_gemv8<DTYPE_Q4><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     CU_LAUNCHED("matmul gemv");
+    if (ks > 1) {
+        k_splitk_sum<<<grid_cap(total, 256), 256, 0, ctx->stream>>>(y, part, ks, total);
+        CU_LAUNCHED("matmul split-k");
+    }
     return 0;
 }
 
@@ -708,31 +974,128 @@ static int cuda_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w
 
 /* ---- kv_write --------------------------------------------------------------------------- */
 
-/* Row blockIdx.x goes to element offset off[row] of K and V. */
-__global__ void k_kv_write(float *K, float *V, const int64_t *off, const float *k,
-                           const float *v, int kv_dim)
+/* Per row, as packed on the host: position and where its page table starts in the packed
+ * page ids. */
+struct attn_row {
+    int32_t pos;
+    int32_t pt_off;
+};
+
+/* The device copies of a batch's packed rows and page tables. kv_write and attention of
+ * one layer, and every layer of a step, pack the same bytes, so after the first op of a
+ * step they come from an upload slot without a copy. */
+typedef struct attn_pack {
+    const attn_row *rows;  /* (n) */
+    const int32_t *pages;  /* page ids of every row, concatenated */
+    int32_t max_len;       /* longest row context: max(pos) + 1 */
+} attn_pack_t;
+
+/* Checks and packs b's rows and page tables (entries 0..pos/page_size of each) and makes
+ * them readable on the device. Attention (all_pages) reads every page of a row, so every
+ * page must be inside the pool; kv_write reads only the page of pos, as on the CPU. */
+static int attn_pack(ops_ctx_t *ctx, const kv_view_t *kv, const attn_batch_t *b, int all_pages,
+                     attn_pack_t *pk)
+{
+    const char *what = all_pages ? "attention" : "kv";
+    int64_t n_pt = 0;
+    int32_t max_len = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->pos[i] < 0)
+            return river_err_set(all_pages ? RIVER_EINVAL : RIVER_ERANGE,
+                                 "cuda %s: row %d at position %d", what, i, (int)b->pos[i]);
+        if (!b->page_table[i])
+            return river_err_set(RIVER_EINVAL, "cuda %s: row %d has no page table", what, i);
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        for (int64_t p = all_pages ? 0 : np - 1; p < np; p++) {
+            int32_t page = b->page_table[i][p];
+            if (page < 0 || page >= kv->n_pages)
+                return river_err_set(RIVER_ERANGE, "cuda %s: page %d outside pool of %d",
+                                     what, (int)page, kv->n_pages);
+        }
+        n_pt += np;
+        if (b->pos[i] + 1 > max_len)
+            max_len = b->pos[i] + 1;
+    }
+    if (n_pt > INT32_MAX)
+        return river_err_set(RIVER_ERANGE, "cuda %s: %lld page ids", what, (long long)n_pt);
+    size_t rows_bytes = align256((size_t)b->n * sizeof(attn_row));
+    size_t total = rows_bytes + (size_t)n_pt * sizeof(int32_t);
+    int e = host_reserve(ctx, total);
+    if (e)
+        return e;
+    /* Padding bytes are zeroed too: the slots compare whole buffers. */
+    memset(ctx->host, 0, rows_bytes);
+    attn_row *rows = (attn_row *)ctx->host;
+    int32_t *pages = (int32_t *)((char *)ctx->host + rows_bytes);
+    int64_t at = 0;
+    for (int i = 0; i < b->n; i++) {
+        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
+        rows[i].pos = b->pos[i];
+        rows[i].pt_off = (int32_t)at;
+        memcpy(pages + at, b->page_table[i], (size_t)np * sizeof(int32_t));
+        at += np;
+    }
+    const void *d;
+    if ((e = stage_put(ctx, ctx->host, total, &d)))
+        return e;
+    pk->rows = (const attn_row *)d;
+    pk->pages = (const int32_t *)((const char *)d + rows_bytes);
+    pk->max_len = max_len;
+    return 0;
+}
+
+/* The kv_valid bytes of layer `layer` for every row that has a map, behind one offset per
+ * row (-1: every slot valid). They change from layer to layer, so they are the one input
+ * uploaded per layer, and only by the masking baseline. *voff is NULL without maps. */
+static int attn_valid(ops_ctx_t *ctx, const attn_batch_t *b, int layer, const int64_t **voff,
+                      const uint8_t **valid)
+{
+    *voff = NULL;
+    *valid = NULL;
+    if (!b->kv_valid)
+        return 0;
+    size_t off_bytes = align256((size_t)b->n * sizeof(int64_t));
+    size_t total = off_bytes;
+    for (int i = 0; i < b->n; i++)
+        if (b->kv_valid[i])
+            total += (size_t)b->pos[i] + 1;
+    int e = host_reserve(ctx, total);
+    if (e)
+        return e;
+    memset(ctx->host, 0, off_bytes);
+    int64_t *off = (int64_t *)ctx->host;
+    uint8_t *bytes = (uint8_t *)ctx->host + off_bytes;
+    int64_t at = 0;
+    for (int i = 0; i < b->n; i++) {
+        off[i] = -1;
+        if (b->kv_valid[i]) {
+            off[i] = at;
+            memcpy(bytes + at, b->kv_valid[i] + (int64_t)layer * b->kv_valid_stride,
+                   (size_t)b->pos[i] + 1);
+            at += (int64_t)b->pos[i] + 1;
+        }
+    }
+    const void *d;
+    if ((e = stage_put(ctx, ctx->host, total, &d)))
+        return e;
+    *voff = (const int64_t *)d;
+    *valid = (const uint8_t *)d + off_bytes;
+    return 0;
+}
+
+/* Row blockIdx.x goes to slot (layer, pos) of its sequence's pages. */
+__global__ void k_kv_write(float *K, float *V, const attn_row *rows, const int32_t *pages,
+                           int64_t page_stride, int64_t layer_off, int page_size,
+                           const float *k, const float *v, int kv_dim)
 {
     int i = blockIdx.x;
-    int64_t o = off[i];
+    attn_row r = rows[i];
+    int64_t o = (int64_t)pages[r.pt_off + r.pos / page_size] * page_stride + layer_off +
+                (int64_t)(r.pos % page_size) * kv_dim;
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
         K[o + j] = k[(int64_t)i * kv_dim + j];
         V[o + j] = v[(int64_t)i * kv_dim + j];
     }
-}
-
-static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *off)
-{
-    int32_t p = b->pos[i];
-    if (p < 0)
-        return river_err_set(RIVER_ERANGE, "cuda kv: row %d at position %d", i, (int)p);
-    if (!b->page_table[i])
-        return river_err_set(RIVER_EINVAL, "cuda kv: row %d has no page table", i);
-    int32_t page = b->page_table[i][p / kv->page_size];
-    if (page < 0 || page >= kv->n_pages)
-        return river_err_set(RIVER_ERANGE, "cuda kv: page %d outside pool of %d", (int)page,
-                             kv->n_pages);
-    *off = (int64_t)page * kv->page_stride + (int64_t)(p % kv->page_size) * kv->kv_dim;
-    return 0;
 }
 
 static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
@@ -743,21 +1106,14 @@ static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const a
         return river_err_set(RIVER_EINVAL, "cuda kv_write: bad arguments");
     if (b->n == 0)
         return 0;
-    size_t bytes = (size_t)b->n * sizeof(int64_t);
-    int e = host_reserve(ctx, bytes);
-    if (e)
+    attn_pack_t pk;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = attn_pack(ctx, kv, b, 0, &pk)))
         return e;
-    int64_t *off = (int64_t *)ctx->host;
-    for (int i = 0; i < b->n; i++) {
-        if ((e = kv_slot(kv, b, i, &off[i])))
-            return e;
-        off[i] += (int64_t)layer * kv->layer_stride;
-    }
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, bytes)) ||
-        (e = scratch_put(ctx, 0, off, bytes)))
-        return e;
-    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v,
-                                              (const int64_t *)ctx->scratch, (const float *)k,
+    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v, pk.rows,
+                                              pk.pages, kv->page_stride,
+                                              (int64_t)layer * kv->layer_stride,
+                                              kv->page_size, (const float *)k,
                                               (const float *)v, kv->kv_dim);
     CU_LAUNCHED("kv_write");
     return 0;
@@ -767,96 +1123,168 @@ static int cuda_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const a
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_HD 256
+/* Query heads one block serves: the heads of one KV head (GQA), ATTN_GMAX at a time. */
+#define ATTN_GMAX 8
+/* Fewest positions one split of a row's context takes. */
+#define ATTN_MIN_CHUNK 64
 
-/* Per row, as packed on the host: position, where its page table starts in the packed
- * page ids, and where its kv_valid bytes for this layer start (-1: all valid). */
-struct attn_row {
-    int32_t pos;
-    int32_t pt_off;
-    int64_t valid_off;
-};
-
-/* One block per (head, row). Each warp takes every ATTN_WARPS-th position and keeps an
- * online softmax (running max, sum, weighted V) with head_dim spread over its lanes; the
- * warps' partial results are merged at the end with the usual log-sum-exp rescaling. */
+/* Flash-decoding attention. Block (head chunk, split, row) takes positions
+ * [split*chunk, split*chunk + chunk) of its row's context and the query heads g0..g0+ng-1
+ * of one KV head, so each K/V row is read once for all the query heads that share it.
+ * Each warp takes every ATTN_WARPS-th position and keeps an online softmax per query
+ * head (running max, sum, weighted V) with head_dim spread over its lanes (PER elements
+ * each); the warps are merged with the usual log-sum-exp rescaling. With one split the
+ * block writes the normalised output; with more it writes its unnormalised partial and
+ * its (max, sum) for k_attn_reduce. */
+template <int PER>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-k_attention(float *out, const float *q, const float *K, const float *V,
-            const attn_row *rows, const int32_t *pages, const uint8_t *valid,
-            int64_t page_stride, int64_t layer_off, int page_size, int kv_dim, int n_heads,
-            int G, int hd, float scale)
+k_attn_split(float *out, float *part_o, float *part_ml, const float *q, const float *K,
+             const float *V, const attn_row *rows, const int32_t *pages, const int64_t *voff,
+             const uint8_t *valid, int64_t page_stride, int64_t layer_off, int page_size,
+             int kv_dim, int n_heads, int G, int hd, int chunk, int n_splits, float scale)
 {
-    __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
-    __shared__ float s_o[ATTN_WARPS][ATTN_MAX_HD];
-    const int PER = ATTN_MAX_HD / 32;
-    int h = blockIdx.x, i = blockIdx.y;
+    __shared__ float s_m[ATTN_WARPS][ATTN_GMAX], s_l[ATTN_WARPS][ATTN_GMAX];
+    __shared__ float s_o[ATTN_WARPS][ATTN_GMAX][PER * 32];
+    int hchunks = (G + ATTN_GMAX - 1) / ATTN_GMAX;
+    int kvh = blockIdx.x / hchunks, g0 = (blockIdx.x % hchunks) * ATTN_GMAX;
+    int ng = G - g0 < ATTN_GMAX ? G - g0 : ATTN_GMAX;
+    int split = blockIdx.y, i = blockIdx.z;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     attn_row row = rows[i];
-    const float *qh = q + ((int64_t)i * n_heads + h) * hd;
-    int64_t kv_off = (int64_t)(h / G) * hd;
-    float qv[PER], acc[PER];
+    int t0 = split * chunk;
+    if (t0 > row.pos)
+        return; /* this row's context is shorter: k_attn_reduce reads no partial here */
+    int t1 = row.pos + 1 < t0 + chunk ? row.pos + 1 : t0 + chunk;
+    int64_t vo = voff ? voff[i] : -1;
+    int h0 = kvh * G + g0; /* first query head of the block */
+    const float *qb = q + ((int64_t)i * n_heads + h0) * hd;
+    int64_t kv_off = (int64_t)kvh * hd;
+    float qv[ATTN_GMAX][PER], acc[ATTN_GMAX][PER], m[ATTN_GMAX], l[ATTN_GMAX];
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int d = lane + 32 * k;
-        qv[k] = d < hd ? qh[d] : 0.0f;
-        acc[k] = 0.0f;
+    for (int g = 0; g < ATTN_GMAX; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int d = lane + 32 * k;
+            qv[g][k] = g < ng && d < hd ? qb[(int64_t)g * hd + d] : 0.0f;
+            acc[g][k] = 0.0f;
+        }
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int t = wid; t <= row.pos; t += ATTN_WARPS) {
-        if (row.valid_off >= 0 && !valid[row.valid_off + t])
+    for (int t = t0 + wid; t < t1; t += ATTN_WARPS) {
+        if (vo >= 0 && !valid[vo + t])
             continue;
         int64_t off = (int64_t)pages[row.pt_off + t / page_size] * page_stride + layer_off +
                       (int64_t)(t % page_size) * kv_dim + kv_off;
-        const float *kr = K + off, *vr = V + off;
-        float dot = 0.0f;
+        float kr[PER], vr[PER];
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             int d = lane + 32 * k;
-            if (d < hd)
-                dot += qv[k] * kr[d];
+            kr[k] = d < hd ? K[off + d] : 0.0f;
+            vr[k] = d < hd ? V[off + d] : 0.0f;
         }
-        float s = scale * warp_sum(dot);
-        float mn = s > m ? s : m;
-        float corr = expf(m - mn); /* 0 on the first slot: m is -inf */
-        float p = expf(s - mn);
-        l = l * corr + p;
 #pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int d = lane + 32 * k;
-            acc[k] = acc[k] * corr + (d < hd ? p * vr[d] : 0.0f);
+        for (int g = 0; g < ATTN_GMAX; g++) {
+            if (g >= ng) /* uniform over the block: the shuffles below stay converged */
+                break;
+            float dot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PER; k++)
+                dot += qv[g][k] * kr[k];
+            float s = scale * warp_sum(dot);
+            float mn = s > m[g] ? s : m[g];
+            float corr = expf(m[g] - mn); /* 0 on the first slot: m is -inf */
+            float p = expf(s - mn);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int k = 0; k < PER; k++)
+                acc[g][k] = acc[g][k] * corr + p * vr[k];
+            m[g] = mn;
         }
-        m = mn;
-    }
-    if (lane == 0) {
-        s_m[wid] = m;
-        s_l[wid] = l;
     }
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int d = lane + 32 * k;
-        if (d < hd)
-            s_o[wid][d] = acc[k];
+    for (int g = 0; g < ATTN_GMAX; g++) {
+        if (lane == 0) {
+            s_m[wid][g] = m[g];
+            s_l[wid][g] = l[g];
+        }
+#pragma unroll
+        for (int k = 0; k < PER; k++)
+            s_o[wid][g][lane + 32 * k] = acc[g][k];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATTN_WARPS; w++)
-        if (s_l[w] > 0.0f && s_m[w] > M)
-            M = s_m[w];
-    float L = 0.0f;
-    float wgt[ATTN_WARPS];
-    for (int w = 0; w < ATTN_WARPS; w++) {
-        wgt[w] = s_l[w] > 0.0f ? expf(s_m[w] - M) : 0.0f;
-        L += s_l[w] * wgt[w];
+    for (int e = threadIdx.x; e < ng * hd; e += blockDim.x) {
+        int g = e / hd, d = e % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (s_l[w][g] > 0.0f && s_m[w][g] > M)
+                M = s_m[w][g];
+        float L = 0.0f, o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            float wgt = s_l[w][g] > 0.0f ? expf(s_m[w][g] - M) : 0.0f;
+            L += s_l[w][g] * wgt;
+            o += s_o[w][g][d] * wgt;
+        }
+        int64_t hi = (int64_t)i * n_heads + h0 + g;
+        if (n_splits == 1) {
+            /* L is 0 only when no slot was readable; the output is then 0, as on the CPU.
+             * Only this block reads q rows (i, h0..h0+ng-1), and it has, so out may be q. */
+            out[hi * hd + d] = L > 0.0f ? o / L : 0.0f;
+        } else {
+            part_o[(hi * n_splits + split) * hd + d] = o;
+            if (d == 0) {
+                part_ml[(hi * n_splits + split) * 2] = M;
+                part_ml[(hi * n_splits + split) * 2 + 1] = L;
+            }
+        }
     }
-    /* L is 0 only when no slot was readable; the output is then 0, as on the CPU. Only
-     * this block reads q row (i, h), and it has, so out may be q. */
+}
+
+/* Merges the splits of head blockIdx.x of row blockIdx.y. */
+__global__ void k_attn_reduce(float *out, const float *part_o, const float *part_ml,
+                              const attn_row *rows, int n_heads, int hd, int chunk,
+                              int n_splits)
+{
+    int h = blockIdx.x, i = blockIdx.y;
+    int ns = rows[i].pos / chunk + 1; /* splits that hold positions of this row */
+    if (ns > n_splits)
+        ns = n_splits;
+    int64_t hi = (int64_t)i * n_heads + h;
+    const float *ml = part_ml + hi * n_splits * 2;
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++)
+        if (ml[2 * s + 1] > 0.0f && ml[2 * s] > M)
+            M = ml[2 * s];
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++)
+        if (ml[2 * s + 1] > 0.0f)
+            L += ml[2 * s + 1] * expf(ml[2 * s] - M);
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    float *oh = out + ((int64_t)i * n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            o += s_o[w][d] * wgt[w];
-        oh[d] = o * inv;
+        for (int s = 0; s < ns; s++)
+            if (ml[2 * s + 1] > 0.0f)
+                o += part_o[(hi * n_splits + s) * hd + d] * expf(ml[2 * s] - M);
+        out[hi * hd + d] = o * inv;
     }
+}
+
+/* Splits of the context per row: enough blocks to fill the device (a decode batch of a
+ * few rows has few (row, KV head) pairs), each split at least ATTN_MIN_CHUNK positions;
+ * a prefill batch has blocks enough and keeps one split (no partials, no reduce). */
+static void attn_splits(const ops_ctx_t *ctx, int n, int n_kv_heads, int G, int max_len,
+                        int *chunk, int *n_splits)
+{
+    int64_t base = (int64_t)n * n_kv_heads * ((G + ATTN_GMAX - 1) / ATTN_GMAX);
+    int64_t target = 2 * (int64_t)ctx->n_sm;
+    int64_t want = base >= target ? 1 : (target + base - 1) / base;
+    int64_t by_len = (max_len + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK;
+    int64_t s = want < by_len ? want : by_len;
+    if (s < 1)
+        s = 1;
+    int c = (int)((max_len + s - 1) / s);
+    *chunk = c;
+    *n_splits = (max_len + c - 1) / c;
 }
 
 static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
@@ -876,62 +1304,47 @@ static int cuda_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_vie
     if (head_dim > ATTN_MAX_HD)
         return river_err_set(RIVER_EUNSUPPORTED, "cuda attention: head_dim %d above %d",
                              head_dim, ATTN_MAX_HD);
-    /* Sizes of the packed inputs: rows, page ids, kv_valid bytes. */
-    int64_t n_pt = 0, n_valid = 0;
-    for (int i = 0; i < b->n; i++) {
-        if (b->pos[i] < 0 || !b->page_table[i])
-            return river_err_set(RIVER_EINVAL, "cuda attention: row %d at position %d", i,
-                                 (int)b->pos[i]);
-        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
-        for (int64_t p = 0; p < np; p++) {
-            int32_t page = b->page_table[i][p];
-            if (page < 0 || page >= kv->n_pages)
-                return river_err_set(RIVER_ERANGE, "cuda attention: page %d outside pool of "
-                                     "%d", (int)page, kv->n_pages);
-        }
-        n_pt += np;
-        if (b->kv_valid && b->kv_valid[i])
-            n_valid += (int64_t)b->pos[i] + 1;
-    }
-    if (n_pt > INT32_MAX)
-        return river_err_set(RIVER_ERANGE, "cuda attention: %lld page ids", (long long)n_pt);
-    size_t rows_bytes = align256((size_t)b->n * sizeof(attn_row));
-    size_t pt_bytes = align256((size_t)n_pt * sizeof(int32_t));
-    size_t total = rows_bytes + pt_bytes + (size_t)n_valid;
-    int e = host_reserve(ctx, total);
-    if (e)
+    attn_pack_t pk;
+    const int64_t *voff;
+    const uint8_t *valid;
+    int e;
+    if ((e = cu_enter(ctx)) || (e = attn_pack(ctx, kv, b, 1, &pk)) ||
+        (e = attn_valid(ctx, b, layer, &voff, &valid)))
         return e;
-    char *hb = (char *)ctx->host;
-    attn_row *rows = (attn_row *)hb;
-    int32_t *pages = (int32_t *)(hb + rows_bytes);
-    uint8_t *valid = (uint8_t *)(hb + rows_bytes + pt_bytes);
-    int64_t pt_at = 0, v_at = 0;
-    for (int i = 0; i < b->n; i++) {
-        int64_t np = (int64_t)b->pos[i] / kv->page_size + 1;
-        rows[i].pos = b->pos[i];
-        rows[i].pt_off = (int32_t)pt_at;
-        memcpy(pages + pt_at, b->page_table[i], (size_t)np * sizeof(int32_t));
-        pt_at += np;
-        rows[i].valid_off = -1;
-        if (b->kv_valid && b->kv_valid[i]) {
-            rows[i].valid_off = v_at;
-            memcpy(valid + v_at, b->kv_valid[i] + (int64_t)layer * b->kv_valid_stride,
-                   (size_t)b->pos[i] + 1);
-            v_at += (int64_t)b->pos[i] + 1;
-        }
+    int G = n_heads / n_kv_heads, chunk, ns;
+    attn_splits(ctx, b->n, n_kv_heads, G, pk.max_len, &chunk, &ns);
+    float *part_o = NULL, *part_ml = NULL;
+    if (ns > 1) {
+        size_t heads = (size_t)b->n * (size_t)n_heads * (size_t)ns;
+        size_t o_bytes = align256(heads * (size_t)head_dim * sizeof(float));
+        if ((e = scratch_reserve(ctx, o_bytes + heads * 2 * sizeof(float))))
+            return e;
+        part_o = (float *)ctx->scratch;
+        part_ml = (float *)((char *)ctx->scratch + o_bytes);
     }
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, total)) ||
-        (e = scratch_put(ctx, 0, hb, total)))
-        return e;
-    const char *db = (const char *)ctx->scratch;
-    dim3 grid((unsigned)n_heads, (unsigned)b->n);
-    k_attention<<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(
-        (float *)out, (const float *)q, (const float *)kv->k, (const float *)kv->v,
-        (const attn_row *)db, (const int32_t *)(db + rows_bytes),
-        (const uint8_t *)(db + rows_bytes + pt_bytes), kv->page_stride,
-        (int64_t)layer * kv->layer_stride, kv->page_size, kv->kv_dim, n_heads,
-        n_heads / n_kv_heads, head_dim, scale);
+    dim3 grid((unsigned)(n_kv_heads * ((G + ATTN_GMAX - 1) / ATTN_GMAX)), (unsigned)ns,
+              (unsigned)b->n);
+    if (b->n > 65535)
+        return river_err_set(RIVER_ERANGE, "cuda attention: %d rows in one batch", b->n);
+    int64_t lo = (int64_t)layer * kv->layer_stride;
+#define ATTN_LAUNCH(P)                                                                     \
+    k_attn_split<P><<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(                            \
+        (float *)out, part_o, part_ml, (const float *)q, (const float *)kv->k,             \
+        (const float *)kv->v, pk.rows, pk.pages, voff, valid, kv->page_stride, lo,         \
+        kv->page_size, kv->kv_dim, n_heads, G, head_dim, chunk, ns, scale)
+    if (head_dim <= 64)
+        ATTN_LAUNCH(2);
+    else if (head_dim <= 128)
+        ATTN_LAUNCH(4);
+    else
+        ATTN_LAUNCH(8);
+#undef ATTN_LAUNCH
     CU_LAUNCHED("attention");
+    if (ns > 1) {
+        k_attn_reduce<<<dim3((unsigned)n_heads, (unsigned)b->n), 128, 0, ctx->stream>>>(
+            (float *)out, part_o, part_ml, pk.rows, n_heads, head_dim, chunk, ns);
+        CU_LAUNCHED("attention reduce");
+    }
     return 0;
 }
 
@@ -995,11 +1408,11 @@ static int rows_copy(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *
     if (n == 0)
         return 0;
     int e;
-    if ((e = cu_enter(ctx)) || (e = scratch_reserve(ctx, (size_t)n * sizeof(int32_t))) ||
-        (e = scratch_put(ctx, 0, idx, (size_t)n * sizeof(int32_t))))
+    const void *didx;
+    if ((e = cu_enter(ctx)) || (e = stage_put(ctx, idx, (size_t)n * sizeof(int32_t), &didx)))
         return e;
     k_rows_copy<<<n, 256, 0, ctx->stream>>>((float *)dst, (const float *)src,
-                                            (const int32_t *)ctx->scratch, d, scatter);
+                                            (const int32_t *)didx, d, scatter);
     CU_LAUNCHED(what);
     return 0;
 }
@@ -1023,6 +1436,174 @@ static int cuda_sync(ops_ctx_t *ctx)
         return e;
     CU_TRY(cudaStreamSynchronize(ctx->stream), "sync");
     return 0;
+}
+
+/* ---- step graphs ------------------------------------------------------------------------ */
+
+/* A plain decode step (ops->graph_begin .. graph_end around the backbone layers) is captured
+ * into a CUDA graph instead of launched: its kernels are recorded, its host inputs are
+ * appended to a pinned arena rather than staged, and at graph_end the graph is written over
+ * the instantiated one (cudaGraphExecUpdate: a step of the same shape changes only kernel
+ * arguments) or instantiated anew when the shape changed, then the arena is copied and the
+ * graph launched. Capturing every step keeps the replay exact (it is what eager launches
+ * would have been) without checking the engine's inputs; the saving is the launch gaps on
+ * the device. When instantiation is needed step after step (rows change shape), graphs are
+ * off for GRAPH_COOLDOWN steps. Enabled with RIVER_CUDA_GRAPHS=1. */
+#define ARENA_BYTES ((size_t)8 << 20)
+#define ARENA_ENTRIES 64
+#define GRAPH_MISSES 3
+#define GRAPH_COOLDOWN 64
+
+/* Appends src to the arena of the step being captured, reusing an identical earlier input
+ * of the same step; *dev is where the kernels read it once graph_end copied the arena. */
+static int arena_put(ops_ctx_t *ctx, const void *src, size_t bytes, const void **dev)
+{
+    char *host = (char *)ctx->arena_host[ctx->arena_k];
+    for (int i = 0; i < ctx->arena_n; i++)
+        if (ctx->arena_len[i] == bytes && memcmp(host + ctx->arena_at[i], src, bytes) == 0) {
+            *dev = (const char *)ctx->arena_dev + ctx->arena_at[i];
+            return 0;
+        }
+    size_t at = align256(ctx->arena_off);
+    if (at + bytes > ARENA_BYTES)
+        return river_err_set(RIVER_ENOMEM, "cuda graph: step inputs over the %zu-byte arena",
+                             ARENA_BYTES);
+    memcpy(host + at, src, bytes);
+    if (ctx->arena_n < ARENA_ENTRIES) {
+        ctx->arena_at[ctx->arena_n] = at;
+        ctx->arena_len[ctx->arena_n++] = bytes;
+    }
+    ctx->arena_off = at + bytes;
+    *dev = (const char *)ctx->arena_dev + at;
+    return 0;
+}
+
+static int cuda_graph_begin(ops_ctx_t *ctx, int *active)
+{
+    *active = 0;
+    if (!ctx->graphs)
+        return 0;
+    if (ctx->graph_cooldown > 0) {
+        ctx->graph_cooldown--;
+        return 0;
+    }
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    if (!ctx->arena_dev) {
+        for (int k = 0; k < 2; k++) {
+            CU_TRY(cudaHostAlloc(&ctx->arena_host[k], ARENA_BYTES, cudaHostAllocDefault),
+                   "graph arena");
+            CU_TRY(cudaEventCreateWithFlags(&ctx->arena_done[k], cudaEventDisableTiming),
+                   "graph arena");
+        }
+        CU_TRY(cudaMalloc(&ctx->arena_dev, ARENA_BYTES), "graph arena");
+    }
+    /* The pinned half written now was last copied two steps ago; that copy must be done. */
+    CU_TRY(cudaEventSynchronize(ctx->arena_done[ctx->arena_k]), "graph arena");
+    ctx->arena_off = 0;
+    ctx->arena_n = 0;
+    /* Relaxed: cuBLAS and a growing scratch may allocate while the step is captured. */
+    CU_TRY(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed), "graph capture");
+    ctx->capturing = 1;
+    *active = 1;
+    return 0;
+}
+
+static void graph_miss(ops_ctx_t *ctx)
+{
+    if (++ctx->graph_misses >= GRAPH_MISSES) {
+        ctx->graph_misses = 0;
+        ctx->graph_cooldown = GRAPH_COOLDOWN;
+    }
+}
+
+static int cuda_graph_end(ops_ctx_t *ctx, int abort)
+{
+    if (!ctx->capturing)
+        return 0;
+    ctx->capturing = 0;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    cudaGraph_t g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(ctx->stream, &g);
+    if (abort || ce != cudaSuccess) {
+        if (g)
+            (void)cudaGraphDestroy(g);
+        graph_miss(ctx);
+        e = ce != cudaSuccess ? cu_fail(ce, "graph capture") : 0;
+        /* Nothing captured runs; scratch replaced meanwhile is free once the work queued
+         * before the capture is done. */
+        if (ctx->n_deferred && cudaStreamSynchronize(ctx->stream) == cudaSuccess) {
+            for (int i = 0; i < ctx->n_deferred; i++)
+                (void)cudaFree(ctx->deferred[i]);
+            ctx->n_deferred = 0;
+        }
+        (void)cudaGetLastError();
+        return e;
+    }
+    if (ctx->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(ctx->exec, g, &info) == cudaSuccess) {
+            ctx->graph_misses = 0;
+        } else {
+            (void)cudaGetLastError();
+            (void)cudaGraphExecDestroy(ctx->exec);
+            ctx->exec = NULL;
+        }
+    }
+    if (!ctx->exec) {
+        ce = cudaGraphInstantiate(&ctx->exec, g, 0);
+        if (ce != cudaSuccess) {
+            ctx->exec = NULL;
+            (void)cudaGraphDestroy(g);
+            graph_miss(ctx);
+            return cu_fail(ce, "graph instantiate");
+        }
+        ctx->graph_instantiations++;
+        graph_miss(ctx);
+    }
+    (void)cudaGraphDestroy(g);
+    int k = ctx->arena_k;
+    if (ctx->arena_off)
+        CU_TRY(cudaMemcpyAsync(ctx->arena_dev, ctx->arena_host[k], ctx->arena_off,
+                               cudaMemcpyHostToDevice, ctx->stream),
+               "graph arena");
+    CU_TRY(cudaEventRecord(ctx->arena_done[k], ctx->stream), "graph arena");
+    ctx->arena_k ^= 1;
+    CU_TRY(cudaGraphLaunch(ctx->exec, ctx->stream), "graph launch");
+    ctx->graph_launches++;
+    if (ctx->n_deferred) {
+        /* Scratch replaced during the capture: the old areas are free once the work that
+         * may read them is done. */
+        CU_TRY(cudaStreamSynchronize(ctx->stream), "graph");
+        for (int i = 0; i < ctx->n_deferred; i++)
+            (void)cudaFree(ctx->deferred[i]);
+        ctx->n_deferred = 0;
+    }
+    return 0;
+}
+
+static void graph_release(ops_ctx_t *ctx)
+{
+    if (ctx->exec)
+        (void)cudaGraphExecDestroy(ctx->exec);
+    ctx->exec = NULL;
+    for (int k = 0; k < 2; k++) {
+        if (ctx->arena_host[k])
+            (void)cudaFreeHost(ctx->arena_host[k]);
+        if (ctx->arena_done[k])
+            (void)cudaEventDestroy(ctx->arena_done[k]);
+        ctx->arena_host[k] = NULL;
+        ctx->arena_done[k] = NULL;
+    }
+    if (ctx->arena_dev)
+        (void)cudaFree(ctx->arena_dev);
+    ctx->arena_dev = NULL;
+    for (int i = 0; i < ctx->n_deferred; i++)
+        (void)cudaFree(ctx->deferred[i]);
+    ctx->n_deferred = 0;
 }
 
 static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
@@ -1148,6 +1729,8 @@ static ops_t make_cuda_ops(void)
     o.gather_rows = cuda_gather_rows;
     o.scatter_rows = cuda_scatter_rows;
     o.sync = cuda_sync;
+    o.graph_begin = cuda_graph_begin;
+    o.graph_end = cuda_graph_end;
     return o;
 }
 
@@ -1207,10 +1790,17 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
         e = blas_fail(st, "set stream");
         goto fail_blas;
     }
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    ctx->n_sm = 1;
+    {
+        const char *g = getenv("RIVER_CUDA_GRAPHS");
+        ctx->graphs = g && !strcmp(g, "1");
+    }
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
-    else
+        ctx->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    } else {
         (void)cudaGetLastError();
+    }
     b->ops = &cuda_ops;
     b->ctx = ctx;
     *out = b;
@@ -1240,6 +1830,8 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
     free(ctx->owned);
     if (ctx->scratch)
         (void)cudaFree(ctx->scratch);
+    stage_release(ctx);
+    graph_release(ctx);
     free(ctx->host);
     cublasDestroy(ctx->blas);
     cudaStreamDestroy(ctx->stream);
@@ -1252,6 +1844,62 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
 extern "C" const char *cuda_backend_device_name(const backend_t *b)
 {
     return b && b->ctx ? b->ctx->name : "";
+}
+
+extern "C" uint64_t cuda_backend_graph_launches(const backend_t *b)
+{
+    return b && b->ctx ? b->ctx->graph_launches : 0;
+}
+
+extern "C" uint64_t cuda_backend_uploads(const backend_t *b)
+{
+    return b && b->ctx ? b->ctx->uploads : 0;
+}
+
+extern "C" int cuda_backend_time_copy(backend_t *b, size_t bytes, int reps, double *secs)
+{
+    if (!b || !secs || bytes == 0 || reps <= 0)
+        return river_err_set(RIVER_EINVAL, "cuda copy timing: bad arguments");
+    ops_ctx_t *ctx = b->ctx;
+    int e = cu_enter(ctx);
+    if (e)
+        return e;
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    float ms = 0.0f;
+    cudaError_t ce = cudaMalloc(&src, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&dst, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMemsetAsync(src, 1, bytes, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&t0);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&t1);
+    if (ce == cudaSuccess) /* warm-up */
+        ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(t0, ctx->stream);
+    for (int i = 0; i < reps && ce == cudaSuccess; i++)
+        ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(t1, ctx->stream);
+    if (ce == cudaSuccess)
+        ce = cudaEventSynchronize(t1);
+    if (ce == cudaSuccess)
+        ce = cudaEventElapsedTime(&ms, t0, t1);
+    e = ce == cudaSuccess ? 0 : cu_fail(ce, "copy timing");
+    if (t0)
+        (void)cudaEventDestroy(t0);
+    if (t1)
+        (void)cudaEventDestroy(t1);
+    if (src)
+        (void)cudaFree(src);
+    if (dst)
+        (void)cudaFree(dst);
+    if (!e)
+        *secs = (double)ms / 1e3 / reps;
+    return e;
 }
 
 /* Copies `bytes` of host memory into a new device allocation that the backend owns. */
