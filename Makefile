@@ -320,7 +320,8 @@ build-test-multihost: build-all
 FUZZ_SECONDS ?= 60
 # The split-pair target drives the worker's pair code (and what it calls of the link and
 # the log); the regression suite, which runs every target, links it too.
-FUZZ_WORKER_OBJ := $(BUILD)/workers/pair.o $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o \
+FUZZ_WORKER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard workers/pair*.c)) \
+                   $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o \
                    $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
 FUZZ_BUILD   ?= build-fuzz
