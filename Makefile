@@ -148,8 +148,11 @@ CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/%.o)
 CUDA_LIB    := $(BUILD)/libriver_cuda.a
 ALL_CFLAGS  += -DRIVER_CUDA
 # libriver.a again after the CUDA archive: the link lines name it first.
+# NCCL (the split pair's device hand-off, kernels/cuda/cuda_nccl.c) ships in the toolkit's
+# lib/ and include/ here; the C files of kernels/cuda/ see the toolkit's headers.
 LDLIBS      := $(CUDA_LIB) $(LIB) -L$(CUDA_ROOT)/lib64 -Wl,-rpath,$(CUDA_ROOT)/lib64 \
-               -lcublas -lcublasLt -lcudart -lstdc++ $(LDLIBS)
+               -lnccl -lcublas -lcublasLt -lcudart -lstdc++ $(LDLIBS)
+$(CUDA_C_SRC:%.c=$(BUILD)/%.o): ALL_CFLAGS += -I$(CUDA_ROOT)/include
 endif
 
 ifeq ($(V),1)

@@ -27,6 +27,8 @@ static const char *const config__placements[] = {"prefix", "load", NULL};
 static const char *const config__exit_rules[] = {"none", "cosine", "router", "fixed", NULL};
 static const char *const config__exit_aggs[] = {"min", "row", NULL};
 static const char *const config__exit_modes[] = {"lossy", "lossless", NULL};
+/* In the order of pair_transport_kind_t (workers/pair_transport.h). */
+static const char *const config__pair_transports[] = {"auto", "zmq", "nccl", "p2p", NULL};
 
 
 #define LW(...) CONFIG_KEY(config_local_workers_t, __VA_ARGS__)
@@ -232,6 +234,13 @@ static const config_key_t config__worker_keys[] = {
     WK("split.peer", CONFIG_STRING, split_peer, 0, 0, "",
        "Address of the other worker of the pair (ipc:// on one host): the backbone worker "
        "binds it, the river worker connects to it."),
+    CONFIG_ENUM_KEY(config_worker_t, "split.transport", split_transport,
+                    config__pair_transports, "auto",
+                    "How hidden states cross between the pair (both workers must agree). "
+                    "zmq: as bytes in the pair's messages, from host memory; nccl: NCCL "
+                    "send/recv between the two GPUs (CUDA builds); p2p: peer copies through a "
+                    "buffer both map; auto: what the backend asks for (zmq on the CPU, nccl "
+                    "on GPUs)."),
     CONFIG_SECTION_KEY("reconnect", "What the worker does when riverd (or its split peer) "
                                  "goes silent for heartbeat.liveness intervals."),
     WK("reconnect.backoff_max", CONFIG_DURATION, reconnect_backoff_max_ms, 100, 600000, "5s",

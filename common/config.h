@@ -198,6 +198,8 @@ typedef struct config_worker {
     int exit_draft_tokens;     /* exit.draft_tokens: most draft tokens per verify pass */
     int split_boundary;        /* split.boundary: first layer on the backbone worker */
     char *split_peer;          /* split.peer */
+    int split_transport;       /* split.transport: pair_transport_kind_t (workers/
+                                  pair_transport.h) */
     int64_t reconnect_backoff_max_ms; /* reconnect.backoff_max */
     int log_level;             /* config_log_level_t */
     int auth_mode;             /* auth.mode: config_auth_mode_t */

@@ -216,7 +216,7 @@ int forward_set_remote(forward_t *f, const fwd_remote_t *r)
         f->has_remote = 0;
         return 0;
     }
-    if (!r->run)
+    if (!r->run && !r->run_dev)
         return river_err_set(RIVER_EINVAL, "forward: remote without a run function");
     if (r->boundary < 0 || r->boundary > f->m->cfg.n_layers)
         return river_err_set(RIVER_EINVAL, "forward: remote boundary %d outside 0..%d",
@@ -349,6 +349,14 @@ static int forward__remote_group(forward_t *f, int l, const int32_t *idx, int m,
     if (!whole) {
         FWD_TRY(o->gather_rows(ctx, f->xs, f->x, idx, m, dim));
         x = f->xs;
+    }
+    if (f->remote.run_dev) {
+        /* The rows stay in the backend's memory: the remote moves them device to device. */
+        FWD_TRY(f->remote.run_dev(f->remote.user, l, m, f->sub_pos,
+                                  (const int32_t *const *)f->sub_tables, x));
+        if (!whole)
+            FWD_TRY(o->scatter_rows(ctx, f->x, f->xs, idx, m, dim));
+        return 0;
     }
     FWD_TRY(o->to_host(ctx, f->host_hidden, x, 0, len));
     FWD_TRY(f->remote.run(f->remote.user, l, m, f->sub_pos,
@@ -891,8 +899,9 @@ int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int la
     return o->to_host(f->be->ctx, x_out, f->x, 0, n);
 }
 
-int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
-                       const int32_t *const *page_table, float *x)
+/* The checks forward_layer_rows and forward_layer_rows_dev share. */
+static int forward__rows_check(const forward_t *f, int layer, int n, const int32_t *pos,
+                               const int32_t *const *page_table, const void *x)
 {
     const model_config_t *c = &f->m->cfg;
     if (n <= 0 || n > f->max_rows || layer < 0 || layer >= c->n_layers || !pos ||
@@ -903,6 +912,21 @@ int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int3
         if (pos[i] < 0 || pos[i] >= c->max_seq_len)
             return river_err_set(RIVER_ERANGE, "forward: position %d outside context %d",
                                  pos[i], c->max_seq_len);
+    return 0;
+}
+
+int forward_layer_rows_dev(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
+                           const int32_t *const *page_table, void *x)
+{
+    FWD_TRY(forward__rows_check(f, layer, n, pos, page_table, x));
+    attn_batch_t ab = {.n = n, .pos = pos, .page_table = page_table};
+    return forward__layer(f, &f->m->layers[layer], layer, x, kv_pool_view(kv), &ab);
+}
+
+int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
+                       const int32_t *const *page_table, float *x)
+{
+    FWD_TRY(forward__rows_check(f, layer, n, pos, page_table, x));
     /* forward_layer_host reads all of x into the activations before it writes any of it,
      * so input and output may be one buffer. */
     fwd_batch_t b = {.n = n, .pos = pos, .page_table = page_table};

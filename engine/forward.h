@@ -91,6 +91,11 @@ typedef struct fwd_remote {
     int boundary; /* first backbone layer run remotely, 0..n_layers */
     int (*run)(void *user, int layer, int n, const int32_t *pos,
                const int32_t *const *page_table, float *x);
+    /* Instead of run (used when set): x is the rows' backend buffer (n, dim), overwritten
+     * in place, for remotes that move activations device to device (workers/
+     * pair_transport.h); nothing is copied to the host. */
+    int (*run_dev)(void *user, int layer, int n, const int32_t *pos,
+                   const int32_t *const *page_table, void *x);
 } fwd_remote_t;
 
 /* Sets the remote (copied) or turns it off (NULL). RIVER_EINVAL for a boundary outside
@@ -102,6 +107,10 @@ int forward_set_remote(forward_t *f, const fwd_remote_t *r);
  * page tables as in fwd_batch_t. */
 int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
                        const int32_t *const *page_table, float *x);
+/* The same on a buffer of this forward's backend (n, dim), in place: the backbone side of a
+ * device transport. x must not be one of the forward's own activations. */
+int forward_layer_rows_dev(forward_t *f, kv_pool_t *kv, int layer, int n, const int32_t *pos,
+                           const int32_t *const *page_table, void *x);
 
 /* Turns early exit on (cfg copied; the river layers and router must outlive the forward)
  * or off (cfg NULL). RIVER_EINVAL when the policy needs a river or router it lacks. */

@@ -836,6 +836,7 @@ static void fuzz_pair_river_new(void)
         .liveness = 3,
         .reply_timeout_ms = 5000,
         .backoff_max_ms = 1000,
+        .be = fz_pair.be,
     };
     if (pair_river_new(&fz_pair.rv, fz_pair.zctx, &c, fz_pair.m, fz_pair.kv, fz_pair.memfd))
         fuzz_fail("pair_river_new");

@@ -97,6 +97,16 @@ typedef struct backend backend_t;
 /* What a backend says about itself (ops->info). Code decides on these fields, never on a
  * backend's name: the name is for logs and for handshakes between two processes that must
  * run the same kernels. */
+/* How two processes of one host best hand activations to each other (the split pair's
+ * hidden states), as a backend asks for it (backend_info.handoff). */
+typedef enum {
+    HANDOFF_DEFAULT = 0, /* decided by host_memory: through host memory there, device to
+                            device (NCCL where built, else peer copies) otherwise */
+    HANDOFF_HOST,        /* copied to the host and sent as bytes */
+    HANDOFF_SHARED,      /* copied through a buffer both map (shared_alloc / shared_map) */
+    HANDOFF_NCCL,        /* NCCL send/recv between the two devices */
+} handoff_kind_t;
+
 typedef struct backend_info {
     const char *name;  /* "cpu", "cuda", ... */
     char variant[48];  /* what distinguishes two instances of the kind: the CPU's SIMD level
@@ -105,6 +115,7 @@ typedef struct backend_info {
     int device;        /* device index, -1 for host backends */
     int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
                           map, share (memfd) or advise them, and weights are read in place */
+    handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
 } backend_info_t;
 
 /* Memory two processes on one host map together (the split pair's KV pool), as the

@@ -6,6 +6,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "engine/exit.h"
+#include "workers/pair_transport.h"
 #include "tests/testutil.h"
 
 typedef union {
@@ -379,6 +380,27 @@ START_TEST(test_lossless_needs_exit)
 }
 END_TEST
 
+/* split.transport takes the names of workers/pair_transport.h, in its order; anything else
+ * is refused at its line. */
+START_TEST(test_split_transport)
+{
+    const config_schema_t *wk = &config_schema_worker;
+    static const char *const names[PAIR_TRANSPORT_COUNT] = {
+        [PAIR_TRANSPORT_AUTO] = "auto", [PAIR_TRANSPORT_ZMQ] = "zmq",
+        [PAIR_TRANSPORT_NCCL] = "nccl", [PAIR_TRANSPORT_P2P] = "p2p"};
+    for (int i = 0; i < PAIR_TRANSPORT_COUNT; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "model: m\nsplit:\n  transport: %s\n", names[i]);
+        any_config_t c;
+        ck_assert_int_eq(load(wk, text, &c), 0);
+        ck_assert_int_eq(c.w.split_transport, i);
+        config_free(wk, &c);
+    }
+    expect_error(wk, "model: m\nsplit:\n  boundary: 3\n  transport: tcp\n", "cfg.yaml:4:",
+                 "split.transport", "tcp");
+}
+END_TEST
+
 START_TEST(test_duplicate_key)
 {
     const config_schema_t *rd = &config_schema_riverd;
@@ -557,6 +579,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_bad_enum);
     tcase_add_test(tc, test_worker_device);
     tcase_add_test(tc, test_duplicate_key);
+    tcase_add_test(tc, test_split_transport);
     tcase_add_test(tc, test_malformed_yaml);
     tcase_add_test(tc, test_required);
     tcase_add_test(tc, test_files);

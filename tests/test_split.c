@@ -34,18 +34,26 @@
  * decoding rows, exits tokens both before and after layer 6. */
 #define TAU "0.95"
 
-/* A backbone worker at endpoint with `threads` threads. */
-static pid_t start_backbone(const char *endpoint, int threads)
+/* A backbone worker at endpoint with `threads` threads and split.transport `transport`
+ * (NULL: the default). */
+static pid_t start_backbone_on(const char *endpoint, int threads, const char *transport)
 {
     static int n;
-    char cfg[1024], name[64];
+    char cfg[1024], name[64], tr[64] = "";
+    if (transport)
+        snprintf(tr, sizeof tr, "  transport: %s\n", transport);
     snprintf(cfg, sizeof cfg,
              "model: %s\nrole: backbone\nthreads: %d\nlog_level: %s\n%s"
-             "split:\n  boundary: %d\n  peer: \"%s\"\n",
+             "split:\n  boundary: %d\n  peer: \"%s\"\n%s",
              KJV, threads, getenv("WORKER_LOG") ? getenv("WORKER_LOG") : "warn",
-             test_device_yaml(), BOUNDARY, endpoint);
+             test_device_yaml(), BOUNDARY, endpoint, tr);
     snprintf(name, sizeof name, "backbone-%d.yaml", n++);
     return wk_spawn(name, cfg, "bb", NULL, NULL);
+}
+
+static pid_t start_backbone(const char *endpoint, int threads)
+{
+    return start_backbone_on(endpoint, threads, NULL);
 }
 
 /* Bytes of kjv-12l's checkpoint resident in process pid (its smaps). */
@@ -564,7 +572,8 @@ START_TEST(test_backbone_protocol)
 {
     char endpoint[300];
     snprintf(endpoint, sizeof endpoint, "ipc://%s/pair-proto.sock", test_tmpdir());
-    pid_t bb = start_backbone(endpoint, 1);
+    /* This river speaks the zmq transport (hidden states in the frames) on any device. */
+    pid_t bb = start_backbone_on(endpoint, 1, "zmq");
     fake_river_t r;
     fr_open(&r, 8);
     void *s = fr_socket(&r, endpoint);
@@ -728,7 +737,8 @@ START_TEST(test_backbone_notices_river_exit)
 {
     char endpoint[300];
     snprintf(endpoint, sizeof endpoint, "ipc://%s/pair-exit.sock", test_tmpdir());
-    pid_t bb = start_backbone(endpoint, 1);
+    /* This river speaks the zmq transport (hidden states in the frames) on any device. */
+    pid_t bb = start_backbone_on(endpoint, 1, "zmq");
     int ready[2];
     ck_assert_int_eq(pipe(ready), 0);
     pid_t child = fork();
@@ -884,6 +894,68 @@ START_TEST(test_pair_matches_full)
 }
 END_TEST
 
+/* Every transport this build can run on the test device gives the pair the tokens and exit
+ * layers of one full worker: p2p moves the hidden states as backend buffers through a
+ * staging buffer both map (forward's run_dev and forward_layer_rows_dev, with no host copy:
+ * on the opaque backend a host read of one would fault), zmq as bytes in the frames. A river
+ * and a backbone configured for different transports do not pair: the river exits at its
+ * first hello with the reason. */
+START_TEST(test_pair_transports)
+{
+    char river_file[512], extra[1400];
+    build_river(river_file, sizeof river_file);
+    snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: cosine\n  tau: %s\n"
+             "prefix_cache:\n  enabled: false\n", river_file, TAU);
+    static stream_t full[N_PROMPTS], pair[N_PROMPTS];
+    wk_t w;
+    wk_start(&w, extra, RIVER__WORKER__ROLE__ROLE_FULL);
+    run_prompts(&w, full, 100);
+    wk_stop(&w);
+    static const char *const kinds[] = {"p2p", "zmq"};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        char peer[300], pair_extra[2000];
+        snprintf(peer, sizeof peer, "ipc://%s/pair-%s.sock", test_tmpdir(), kinds[k]);
+        snprintf(pair_extra, sizeof pair_extra, "%srole: river\nsplit:\n  boundary: %d\n  "
+                 "peer: \"%s\"\n  transport: %s\n", extra, BOUNDARY, peer, kinds[k]);
+        pid_t bb = start_backbone_on(peer, 1, kinds[k]);
+        wk_start(&w, pair_extra, RIVER__WORKER__ROLE__ROLE_RIVER);
+        run_prompts(&w, pair, 100);
+        int above = 0;
+        for (int i = 0; i < N_PROMPTS; i++)
+            for (size_t t = 0; t < N_TOKENS; t++) {
+                ck_assert_msg(pair[i].ids[t] == full[i].ids[t] &&
+                                  pair[i].layers[t] == full[i].layers[t],
+                              "transport %s, prompt %d token %zu: pair id %d at layer %d, "
+                              "full worker id %d at layer %d", kinds[k], i, t, pair[i].ids[t],
+                              pair[i].layers[t], full[i].ids[t], full[i].layers[t]);
+                above += pair[i].layers[t] > BOUNDARY;
+            }
+        ck_assert_msg(above > 0, "transport %s: no token crossed to the backbone", kinds[k]);
+        wk_stop(&w);
+        test_kill(&bb, SIGKILL);
+    }
+
+    /* Different transports on the two sides. */
+    char peer[300], cfg[1400], err_path[512];
+    snprintf(peer, sizeof peer, "ipc://%s/pair-mismatch.sock", test_tmpdir());
+    pid_t bb = start_backbone_on(peer, 2, "zmq");
+    snprintf(cfg, sizeof cfg,
+             "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nrole: river\nthreads: 2\n%s"
+             "auth: {mode: plain}\nsplit:\n  boundary: %d\n  peer: \"%s\"\n  transport: p2p\n",
+             test_tmpdir(), KJV, test_device_yaml(), BOUNDARY, peer);
+    snprintf(err_path, sizeof err_path, "%s/river-transport.log", test_tmpdir());
+    pid_t rv = wk_spawn("river-transport.yaml", cfg, "rv", err_path, NULL);
+    ck_assert_int_eq(test_wait_code(rv, 10000), 1);
+    size_t len;
+    char *log = test_read_file(err_path, &len);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "refused the pair") && strstr(log, "transport p2p"), "%s", log);
+    free(log);
+    test_kill(&bb, SIGKILL);
+    remove(river_file);
+}
+END_TEST
+
 /* A river worker configured unlike its backbone (another thread count, which would break
  * bit-exactness) is refused at its first hello and exits with the reason. */
 START_TEST(test_river_refused_at_start)
@@ -927,6 +999,7 @@ static Suite *split_suite(void)
     tcase_add_test(tc, test_backbone_notices_river_exit);
     tcase_add_test(tc, test_pair_matches_full);
     tcase_add_test(tc, test_river_refused_at_start);
+    tcase_add_test(tc, test_pair_transports);
     suite_add_tcase(s, tc);
     return s;
 }

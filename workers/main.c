@@ -43,6 +43,7 @@
 #include "kernels/backend.h"
 #include "workers/link.h"
 #include "workers/pair.h"
+#include "workers/pair_transport.h"
 #include "workers/sched.h"
 #include "workers/wlog.h"
 
@@ -214,6 +215,9 @@ static int worker__open_pair(worker_t *w)
         .liveness = WORKER_LIVENESS,
         .reply_timeout_ms = WORKER_PAIR_REPLY_TIMEOUT_MS,
         .backoff_max_ms = w->cfg.reconnect_backoff_max_ms,
+        .transport = pair_transport_resolve((pair_transport_kind_t)w->cfg.split_transport,
+                                            w->env.be),
+        .be = w->env.be,
     };
     int e = pair_river_new(&w->pair, w->zctx, &pc, m, w->kv, w->memfd);
     if (e)
@@ -595,6 +599,8 @@ static int worker__open_backbone(worker_t *w)
         .fingerprint = w->fingerprint,
         .backend = pair_backend_name(w->env.be),
         .threads = backend_threads(w->env.be),
+        .transport = pair_transport_resolve((pair_transport_kind_t)c->split_transport,
+                                            w->env.be),
     };
     if ((e = pair_backbone_new(&w->bb, w->zctx, &pc, m, w->env.be)))
         return e;
@@ -603,7 +609,8 @@ static int worker__open_backbone(worker_t *w)
     pair_release_weights(m, 0, c->split_boundary, true);
     worker__log_resident(w, "backbone half");
     wlog(WLOG_INFO, "backbone of %s: layers %d..%d on %d threads, waiting for a river worker "
-         "at %s", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads, c->split_peer);
+         "at %s (transport %s)", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads,
+         c->split_peer, pair_transport_name(pc.transport));
     return 0;
 }
 

@@ -18,10 +18,13 @@
  * backend and its thread count.
  *
  * Each backbone layer >= B that a batch needs is one LayerRequest: the river worker's
- * forward pass (forward_set_remote, pair_river_remote) sends the rows' hidden states,
- * positions and page tables and waits for the LayerReply; the backbone runs
- * forward_layer_rows, which writes the K/V of those positions straight into the shared
- * pool, and sends the states back. The river side then goes on with its exit decision.
+ * forward pass (forward_set_remote, pair_river_remote) sends the rows' positions and page
+ * tables, hands their hidden states over through the pair's transport
+ * (workers/pair_transport.h: inline bytes over ZMQ on the CPU, NCCL or peer copies between
+ * devices) and waits for the LayerReply; the backbone runs forward_layer_rows (or
+ * forward_layer_rows_dev on a device transport), which writes the K/V of those positions
+ * straight into the shared pool, and hands the states back. The river side then goes on
+ * with its exit decision.
  *
  * Bit-exactness: the backbone runs the kernels the full worker would run, on the same rows
  * in the same order, and hidden states cross as raw f32 bytes, so a pair gives the tokens
@@ -98,6 +101,8 @@ typedef struct pair_river_config {
     int liveness;
     int64_t reply_timeout_ms;  /* longest wait for one LayerReply before the peer is gone */
     int64_t backoff_max_ms;    /* longest wait between two hellos */
+    int transport;             /* pair_transport_kind_t; auto: what the backend asks for */
+    backend_t *be;             /* where the hidden states live; NULL: the model's backend */
 } pair_river_config_t;
 
 /* kv is the shared pool and memfd its descriptor (kv_pool_new_shared); both must outlive
@@ -138,6 +143,8 @@ typedef struct pair_backbone_config {
     const char *fingerprint;   /* river_fingerprint of the model */
     const char *backend;       /* pair_backend_name */
     int threads;               /* the backend's threads */
+    int transport;             /* pair_transport_kind_t a hello must ask for; auto: what the
+                                  backend asks for */
 } pair_backbone_config_t;
 
 /* Binds the endpoint. m and be must outlive the pair. */

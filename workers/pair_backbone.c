@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
+#include "workers/pair_transport.h"
 #include "workers/pair_wire.h"
 #include "workers/wlog.h"
 
@@ -40,11 +41,28 @@ struct pair_backbone {
     int liveness;
     int64_t last_recv_ms;
     size_t max_frame;
-    float *x;                 /* (max_rows, dim) the rows of one request */
+    pair_transport_t *tr;     /* how the hidden states cross */
+    void *x;                  /* (max_rows, dim) the rows of one request: host f32, or a
+                                 backend buffer where the transport moves device memory */
     const int32_t **tables;   /* (max_rows) each row's page table */
     int64_t requests;
     double busy_s;
 };
+
+/* Frees what a session holds. */
+static void pair__backbone_drop(pair_backbone_t *p)
+{
+    if (p->x && p->tr && pair_transport_on_device(p->tr))
+        p->be->ops->buf_free(p->be->ctx, p->x);
+    else
+        free(p->x);
+    p->x = NULL;
+    pair_transport_destroy(&p->tr);
+    forward_destroy(&p->fwd);
+    kv_pool_destroy(&p->kv);
+    free(p->tables);
+    p->tables = NULL;
+}
 
 static void pair__backbone_end(pair_backbone_t *p, const char *why)
 {
@@ -53,12 +71,7 @@ static void pair__backbone_end(pair_backbone_t *p, const char *why)
     wlog(WLOG_WARN, "session with river %s (pid %d) ended: %s; %lld layer requests served "
          "in %.3f s; waiting for a new PairHello", p->river_id, (int)p->river_pid, why,
          (long long)p->requests, p->busy_s);
-    forward_destroy(&p->fwd);
-    kv_pool_destroy(&p->kv);
-    free(p->x);
-    free(p->tables);
-    p->x = NULL;
-    p->tables = NULL;
+    pair__backbone_drop(p);
     if (p->pidfd >= 0)
         close(p->pidfd);
     p->pidfd = -1;
@@ -94,6 +107,7 @@ int pair_backbone_new(pair_backbone_t **out, void *zctx, const pair_backbone_con
     p->cfg.endpoint = p->endpoint;
     p->cfg.fingerprint = p->fingerprint;
     p->cfg.backend = p->backend;
+    p->cfg.transport = (int)pair_transport_resolve((pair_transport_kind_t)cfg->transport, be);
     p->sock = zmq_socket(zctx, ZMQ_ROUTER);
     if (!p->sock) {
         e = river_err_set(RIVER_ESYS, "pair: zmq_socket: %s", zmq_strerror(errno));
@@ -209,6 +223,13 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
         return river_err_set(RIVER_EINVAL, "heartbeat %u ms, liveness %u outside [%d, %d] "
                              "and [1, %d]", h->heartbeat_ms, h->liveness,
                              PAIR_HEARTBEAT_MIN_MS, PAIR_HEARTBEAT_MAX_MS, PAIR_LIVENESS_MAX);
+    uint32_t kind = h->transport ? h->transport : PAIR_TRANSPORT_ZMQ;
+    if (kind >= PAIR_TRANSPORT_COUNT)
+        return river_err_set(RIVER_EINVAL, "transport of unknown kind %u", h->transport);
+    if (kind != (uint32_t)p->cfg.transport)
+        return river_err_set(RIVER_EINVAL, "transport %s differs from this backbone's %s "
+                             "(split.transport on its backend)", pair_transport_name((int)kind),
+                             pair_transport_name(p->cfg.transport));
     if (h->kv_kind > SHARED_CUDA_IPC)
         return river_err_set(RIVER_EINVAL, "KV memory of unknown kind %u", h->kv_kind);
     if (h->kv_kind == SHARED_CUDA_IPC && h->kv_ipc.len != sizeof(((shared_handle_t *)0)->ipc))
@@ -248,7 +269,14 @@ static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello 
     p->max_rows = (int)h->max_rows;
     if ((e = forward_new(&p->fwd, p->m, p->be, p->max_rows)))
         goto fail;
-    p->x = malloc((size_t)p->max_rows * (size_t)dim * sizeof *p->x);
+    pair_transport_kind_t kind = h->transport ? (pair_transport_kind_t)h->transport
+                                              : PAIR_TRANSPORT_ZMQ;
+    if ((e = pair_transport_new(&p->tr, kind, PAIR_SIDE_BACKBONE, p->be, dim, p->max_rows)) ||
+        (e = pair_transport_accept(p->tr, h)))
+        goto fail;
+    size_t elems = (size_t)p->max_rows * (size_t)dim;
+    p->x = pair_transport_on_device(p->tr) ? p->be->ops->buf_alloc(p->be->ctx, elems)
+                                           : malloc(elems * sizeof(float));
     p->tables = malloc((size_t)p->max_rows * sizeof *p->tables);
     if (!p->x || !p->tables) {
         e = river_err_set(RIVER_ENOMEM, "pair: buffers for %d rows", p->max_rows);
@@ -271,12 +299,7 @@ static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello 
     return 0;
 
 fail:
-    forward_destroy(&p->fwd);
-    kv_pool_destroy(&p->kv);
-    free(p->x);
-    free(p->tables);
-    p->x = NULL;
-    p->tables = NULL;
+    pair__backbone_drop(p);
     return e;
 }
 
@@ -309,10 +332,20 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
     ok.backbone_pid = (uint32_t)getpid();
     ok.layer_begin = (uint32_t)p->cfg.boundary;
     ok.layer_end = (uint32_t)p->m->cfg.n_layers;
+    ok.transport = (uint32_t)pair_transport_kind(p->tr);
     River__Pair__BackboneMessage env = RIVER__PAIR__BACKBONE_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__BACKBONE_MESSAGE__KIND_HELLO_OK;
     env.hello_ok = &ok;
     pair__backbone_send(p, route, route_len, &env);
+    /* The river joins the transport (for nccl: the communicator) when it reads the answer;
+     * this side joins now, and both wait for the other. */
+    if ((e = pair_transport_connect(p->tr))) {
+        char why[256];
+        snprintf(why, sizeof why, "transport %s: %s",
+                 pair_transport_name(pair_transport_kind(p->tr)), river_err_detail());
+        pair__backbone_end(p, why);
+        return;
+    }
     wlog(WLOG_INFO, "paired with river %s (pid %d): layers %d..%d of %d rows at most, %u KV "
          "pages of %u positions shared", p->river_id, (int)p->river_pid, p->cfg.boundary,
          p->m->cfg.n_layers - 1, p->max_rows, h->kv->n_pages, h->kv->page_size);
@@ -331,10 +364,6 @@ static int pair__layer_check(pair_backbone_t *p, const River__Pair__LayerRequest
         return river_err_set(RIVER_EINVAL, "%u rows with %zu positions and %zu table "
                              "indices (at most %d rows)", q->n, q->n_pos, q->n_row_table,
                              p->max_rows);
-    size_t bytes = (size_t)q->n * (size_t)c->dim * sizeof(float);
-    if (q->hidden.len != bytes)
-        return river_err_set(RIVER_EINVAL, "%zu bytes of hidden states for %u rows of %d, "
-                             "expected %zu", q->hidden.len, q->n, c->dim, bytes);
     if (q->n_table_len == 0 || q->n_table_len > q->n)
         return river_err_set(RIVER_EINVAL, "%zu page tables for %u rows", q->n_table_len,
                              q->n);
@@ -374,22 +403,24 @@ static void pair__backbone_layer(pair_backbone_t *p, const River__Pair__LayerReq
 {
     double t0 = pair_wire_now_s();
     int e = pair__layer_check(p, q);
-    if (!e) {
-        /* The bytes in the frame need not be aligned for floats. */
-        memcpy(p->x, q->hidden.data, q->hidden.len);
+    if (!e)
+        e = pair_transport_get(p->tr, p->x, (int)q->n, &q->hidden);
+    if (!e && pair_transport_on_device(p->tr))
+        e = forward_layer_rows_dev(p->fwd, p->kv, (int)q->layer, (int)q->n, q->pos,
+                                   (const int32_t *const *)p->tables, p->x);
+    else if (!e)
         e = forward_layer_rows(p->fwd, p->kv, (int)q->layer, (int)q->n, q->pos,
                                (const int32_t *const *)p->tables, p->x);
-    }
+    River__Pair__LayerReply r = RIVER__PAIR__LAYER_REPLY__INIT;
+    if (!e)
+        e = pair_transport_put(p->tr, p->x, (int)q->n, &r.hidden);
     if (e) {
         wlog(WLOG_WARN, "layer request %" PRIu64 " of river %s: %s", q->seq, p->river_id,
              river_err_detail());
         pair__backbone_error(p, p->route, p->route_len, q->seq, river_err_detail());
         return;
     }
-    River__Pair__LayerReply r = RIVER__PAIR__LAYER_REPLY__INIT;
     r.seq = q->seq;
-    r.hidden.len = q->hidden.len;
-    r.hidden.data = (uint8_t *)p->x;
     River__Pair__BackboneMessage env = RIVER__PAIR__BACKBONE_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__BACKBONE_MESSAGE__KIND_LAYER;
     env.layer = &r;

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
+#include "workers/pair_transport.h"
 #include "workers/pair_wire.h"
 #include "workers/wlog.h"
 
@@ -34,6 +35,7 @@ struct pair_river {
     const model_t *m;
     kv_pool_t *kv;
     int memfd;
+    pair_transport_t *tr;     /* how the hidden states cross */
     pair_state_t state;
     bool ever_paired, refused;
     char refusal[512];
@@ -139,6 +141,9 @@ static int pair__river_hello(pair_river_t *p, int64_t now)
     h.max_rows = (uint32_t)p->cfg.max_rows;
     h.heartbeat_ms = (uint32_t)p->cfg.heartbeat_ms;
     h.liveness = (uint32_t)p->cfg.liveness;
+    int e = pair_transport_offer(p->tr, &h);
+    if (e)
+        return e;
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_HELLO;
     env.hello = &h;
@@ -193,6 +198,19 @@ int pair_river_new(pair_river_t **out, void *zctx, const pair_river_config_t *cf
     p->backoff_ms = p->cfg.heartbeat_ms;
     p->max_reply = pair_wire_frame_limit(cfg->max_rows, m->cfg.dim, m->cfg.max_seq_len,
                                      kv_pool_page_size(kv));
+    /* Without a backend named, the model's: where the hidden states live. */
+    p->cfg.be = cfg->be ? cfg->be : m->backend;
+    p->cfg.transport = (int)pair_transport_resolve((pair_transport_kind_t)cfg->transport,
+                                                   p->cfg.be);
+    int e = pair_transport_new(&p->tr, (pair_transport_kind_t)p->cfg.transport,
+                               PAIR_SIDE_RIVER, p->cfg.be, m->cfg.dim, cfg->max_rows);
+    if (e) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", river_err_detail());
+        pair_river_destroy(&p);
+        return river_err_set(e, "split.transport %s: %s",
+                             pair_transport_name(cfg->transport), why);
+    }
     *out = p;
     return 0;
 }
@@ -211,6 +229,7 @@ void pair_river_destroy(pair_river_t **pp)
     free(p->row_table);
     free(p->table_len);
     free(p->pages);
+    pair_transport_destroy(&p->tr);
     free(p);
     *pp = NULL;
 }
@@ -242,6 +261,26 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
     if (p->state == PAIR_HELLO &&
         bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_HELLO_OK) {
         const River__Pair__PairHelloOk *ok = bm->hello_ok;
+        uint32_t kind = ok->transport ? ok->transport : PAIR_TRANSPORT_ZMQ;
+        int e2 = kind == (uint32_t)pair_transport_kind(p->tr)
+                     ? pair_transport_connect(p->tr)
+                     : river_err_set(RIVER_EPROTO, "the backbone took transport %s, this "
+                                     "river asked for %s", pair_transport_name((int)kind),
+                                     pair_transport_name(pair_transport_kind(p->tr)));
+        if (e2) {
+            /* A backbone that cannot meet this side's transport is configured wrong, like
+             * one that refuses the hello. */
+            snprintf(p->refusal, sizeof p->refusal, "the backbone worker at %s: %s",
+                     p->cfg.endpoint, river_err_detail());
+            wlog(WLOG_ERROR, "%s", p->refusal);
+            if (!p->ever_paired)
+                p->refused = true;
+            pair__river_close(p);
+            p->state = PAIR_IDLE;
+            p->hello_at = now + p->backoff_ms;
+            protobuf_c_message_free_unpacked(out, NULL);
+            return;
+        }
         p->state = PAIR_READY;
         p->ever_paired = true;
         p->backoff_ms = p->cfg.heartbeat_ms;
@@ -429,7 +468,7 @@ static int pair__river_tables(pair_river_t *p, int n, const int32_t *pos,
 }
 
 /* Waits for the reply to request p->seq and copies its hidden states into x. */
-static int pair__river_wait(pair_river_t *p, int layer, size_t bytes, float *x)
+static int pair__river_wait(pair_river_t *p, int layer, int rows, void *x)
 {
     int64_t start = link_clock_ms();
     int64_t deadline = start + p->cfg.reply_timeout_ms;
@@ -479,14 +518,13 @@ static int pair__river_wait(pair_river_t *p, int layer, size_t bytes, float *x)
             River__Pair__BackboneMessage *bm = (River__Pair__BackboneMessage *)out;
             if (bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_LAYER &&
                 bm->layer->seq == p->seq) {
-                size_t got = bm->layer->hidden.len;
-                if (got == bytes)
-                    memcpy(x, bm->layer->hidden.data, bytes);
+                e = pair_transport_get(p->tr, x, rows, &bm->layer->hidden);
                 protobuf_c_message_free_unpacked(out, NULL);
-                if (got != bytes) {
-                    pair__river_lost(p, now, "reply of the wrong size");
-                    return river_err_set(RIVER_EUNAVAILABLE, "backbone peer: layer %d reply "
-                                         "of %zu bytes, expected %zu", layer, got, bytes);
+                if (e) {
+                    char why[256];
+                    snprintf(why, sizeof why, "layer %d reply: %s", layer, river_err_detail());
+                    pair__river_lost(p, now, why);
+                    return river_err_set(RIVER_EUNAVAILABLE, "backbone peer: %s", why);
                 }
                 return 0;
             }
@@ -511,8 +549,9 @@ static int pair__river_wait(pair_river_t *p, int layer, size_t bytes, float *x)
     }
 }
 
-static int pair__river_run(void *user, int layer, int n, const int32_t *pos,
-                           const int32_t *const *page_table, float *x)
+/* One round trip: x is host memory or a backend buffer, as the transport takes it. */
+static int pair__river_trip(void *user, int layer, int n, const int32_t *pos,
+                            const int32_t *const *page_table, void *x)
 {
     pair_river_t *p = user;
     if (p->state != PAIR_READY)
@@ -526,7 +565,6 @@ static int pair__river_run(void *user, int layer, int n, const int32_t *pos,
     int e = pair__river_tables(p, n, pos, page_table, &n_tables, &n_pages);
     if (e)
         return e;
-    size_t bytes = (size_t)n * (size_t)p->m->cfg.dim * sizeof(float);
     River__Pair__LayerRequest q = RIVER__PAIR__LAYER_REQUEST__INIT;
     q.seq = ++p->seq;
     q.layer = (uint32_t)layer;
@@ -539,8 +577,8 @@ static int pair__river_run(void *user, int layer, int n, const int32_t *pos,
     q.table_len = p->table_len;
     q.n_pages = n_pages;
     q.pages = p->pages;
-    q.hidden.len = bytes;
-    q.hidden.data = (uint8_t *)x;
+    if ((e = pair_transport_put(p->tr, x, n, &q.hidden)))
+        return e;
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_LAYER;
     env.layer = &q;
@@ -551,16 +589,28 @@ static int pair__river_run(void *user, int layer, int n, const int32_t *pos,
         pair__river_lost(p, now, why);
         return river_err_set(RIVER_EUNAVAILABLE, "backbone peer: %s", why);
     }
-    if ((e = pair__river_wait(p, layer, bytes, x)))
+    if ((e = pair__river_wait(p, layer, n, x)))
         return e;
     p->trips++;
     p->trip_s += pair_wire_now_s() - t0;
     return 0;
 }
 
+static int pair__river_host_trip(void *user, int layer, int n, const int32_t *pos,
+                                 const int32_t *const *page_table, float *x)
+{
+    return pair__river_trip(user, layer, n, pos, page_table, x);
+}
+
 void pair_river_remote(pair_river_t *p, fwd_remote_t *r)
 {
     r->user = p;
     r->boundary = p->cfg.boundary;
-    r->run = pair__river_run;
+    if (pair_transport_on_device(p->tr)) {
+        r->run = NULL;
+        r->run_dev = pair__river_trip;
+    } else {
+        r->run = pair__river_host_trip;
+        r->run_dev = NULL;
+    }
 }

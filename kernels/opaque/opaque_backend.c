@@ -254,6 +254,9 @@ static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = cpu.threads;
     out->device = 0;
     out->host_memory = 0;
+    /* Peer copies through a shared buffer run the same ops a GPU pair's would, on memory
+     * the worker cannot touch; NCCL has no CPU form. */
+    out->handoff = HANDOFF_SHARED;
 }
 
 /* Copies the weight into the arena like a device upload. */
