@@ -437,7 +437,7 @@ clean:
 -include $(CLIENT_OBJ:.o=.d) $(WORKER_OBJ:.o=.d) $(DAEMON_OBJ:.o=.d) $(OPS_OBJ:.o=.d)
 -include $(SOAK_OBJ:.o=.d)
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_COMMON_OBJ:.o=.d)
--include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d)
+-include $(PROTO_OBJ:.o=.d) $(wildcard $(BUILD)/fuzz/*.d) $(CUDA_OBJ:.o=.d)
 
 # The lent GPU machine has no -dev packages and no network: gpu-bundle builds here with the
 # CUDA backend for the H200 (CUDA_ARCHS=90) into build-gpu and packs the binaries and the

@@ -62,12 +62,16 @@ typedef struct exit_row {
     int exit_layer;  /* fixed rule: backbone layers */
 } exit_row_t;
 
-/* The routers seen through two callbacks, so the forward pass does not depend on how they
- * are stored. prob gets one row's residual stream (dim floats, host memory). */
+/* The routers seen through callbacks, so the forward pass does not depend on how they are
+ * stored. weights, when set and not NULL for a layer, gives the placed router that
+ * ops->router_prob scores the rows with on the backend, so that only the probabilities
+ * reach the host; otherwise prob gets one row's residual stream (dim floats, host memory),
+ * which costs a copy of the batch to the host. */
 typedef struct exit_router {
     void *user;
     int (*is_checkpoint)(void *user, int layer);
     float (*prob)(void *user, int layer, const float *h);
+    const router_weights_t *(*weights)(void *user, int layer);
 } exit_router_t;
 
 struct offload;

@@ -45,6 +45,12 @@ int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *r
         xc->cfg.router.user = xc->routers;
         xc->cfg.router.is_checkpoint = router_set_is_checkpoint_cb;
         xc->cfg.router.prob = router_prob_cb;
+        /* On the backend the model is placed on, the rows are scored where they are. */
+        if (m->backend) {
+            if ((e = router_set_place(xc->routers, m->backend)))
+                goto fail;
+            xc->cfg.router.weights = router_set_weights_cb;
+        }
     }
     const exit_policy_t *p = policy;
     if (p->rule != EXIT_RULE_NONE && p->kv == EXIT_KV_RIVER && !xc->river) {

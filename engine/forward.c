@@ -535,6 +535,21 @@ static int forward__decide(forward_t *f, int l, int n, int n_ext)
     case EXIT_RULE_ROUTER: {
         if (!f->ex.router.is_checkpoint(f->ex.router.user, l))
             break;
+        const router_weights_t *rw =
+            f->ex.router.weights ? f->ex.router.weights(f->ex.router.user, l) : NULL;
+        if (rw) {
+            /* Only the rows still on the backbone, scored on the backend; their
+             * probabilities are all that comes back. idx2 is free between the layer and
+             * forward__apply_exits. */
+            int m = 0;
+            for (int r = 0; r < n; r++)
+                if (f->state[r] == ROW_BACKBONE)
+                    f->idx2[m++] = r;
+            FWD_TRY(f->be->ops->router_prob(f->be->ctx, f->cos, f->x, rw, f->idx2, m));
+            for (int i = 0; i < m; i++)
+                f->pass[f->idx2[i]] = f->cos[i] > f->rx[f->idx2[i]].theta;
+            break;
+        }
         FWD_TRY(f->be->ops->to_host(f->be->ctx, f->host_hidden, f->x, 0,
                                     (size_t)n * (size_t)c->dim));
         for (int r = 0; r < n; r++)

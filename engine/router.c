@@ -262,6 +262,8 @@ struct router_set {
     int n;               /* routers */
     router_t *routers;   /* (n) in layer order */
     int *slot;           /* (n_layers) router index of each layer, -1 where none */
+    router_weights_t *placed; /* (n) the routers as ops->router_prob reads them, once
+                                 router_set_place ran; NULL before */
 };
 
 static void router__fnv(uint64_t *hsh, const void *p, size_t n)
@@ -387,6 +389,7 @@ void router_set_destroy(router_set_t **sp)
             router_release(&s->routers[i]);
     free(s->routers);
     free(s->slot);
+    free(s->placed);
     free(s);
     *sp = NULL;
 }
@@ -421,6 +424,47 @@ void router_prob_rows(const router_set_t *s, int layer, const float *h, int n, f
 {
     for (int i = 0; i < n; i++)
         out[i] = router_prob(s, layer, h + (size_t)i * (size_t)s->dim);
+}
+
+int router_set_place(router_set_t *s, backend_t *be)
+{
+    router_weights_t *pw = calloc((size_t)s->n, sizeof *pw);
+    if (!pw)
+        return river_err_set(RIVER_ENOMEM, "routers: %d placed routers", s->n);
+    for (int i = 0; i < s->n; i++) {
+        const router_t *r = &s->routers[i];
+        router_weights_t *w = &pw[i];
+        w->norm = (weight_t){.dtype = DTYPE_F32, .rows = 1, .cols = r->dim, .data = r->norm};
+        w->down = (weight_t){.dtype = DTYPE_F32, .rows = ROUTER_HIDDEN, .cols = r->dim,
+                             .data = r->w_down};
+        w->up = (weight_t){.dtype = DTYPE_F32, .rows = 1, .cols = ROUTER_HIDDEN,
+                           .data = r->w_up};
+        w->eps = r->eps;
+        weight_t *t[3] = {&w->norm, &w->down, &w->up};
+        for (int k = 0; k < 3; k++) {
+            int e = be->ops->weight_upload(be->ctx, t[k]);
+            if (e) {
+                /* Copies made so far belong to the backend until it is destroyed. */
+                free(pw);
+                return e;
+            }
+        }
+    }
+    free(s->placed);
+    s->placed = pw;
+    return 0;
+}
+
+const router_weights_t *router_set_weights(const router_set_t *s, int layer)
+{
+    if (!s->placed || !router_set_is_checkpoint(s, layer))
+        return NULL;
+    return &s->placed[s->slot[layer]];
+}
+
+const router_weights_t *router_set_weights_cb(void *user, int layer)
+{
+    return router_set_weights(user, layer);
 }
 
 int router_set_is_checkpoint_cb(void *user, int layer)

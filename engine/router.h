@@ -101,10 +101,21 @@ float router_prob(const router_set_t *s, int layer, const float *h);
 /* The same for n rows of h (n, dim) into out (n). */
 void router_prob_rows(const router_set_t *s, int layer, const float *h, int n, float *out);
 
-/* The two functions above in the callback shape of exit_router_t (engine/exit.h): user is
- * the const router_set_t *. */
+/* Places every router of the set on backend be (ops->weight_upload of its three tensors:
+ * host backends read the set's own floats, device backends copy them), so that the forward
+ * pass scores rows where they are with ops->router_prob. The set's host parameters stay
+ * as they are (router_prob above and training read them). Placing again replaces the
+ * previous placement; the backend owns device copies until it is destroyed. */
+int router_set_place(router_set_t *s, backend_t *be);
+/* The placed router after `layer`, or NULL when the set is not placed or no router sits
+ * there. */
+const router_weights_t *router_set_weights(const router_set_t *s, int layer);
+
+/* The functions above in the callback shape of exit_router_t (engine/exit.h): user is the
+ * const router_set_t *. */
 int router_set_is_checkpoint_cb(void *user, int layer);
 float router_prob_cb(void *user, int layer, const float *h);
+const router_weights_t *router_set_weights_cb(void *user, int layer);
 
 /* TIDE's post-hoc exit (the baseline that runs every layer): h_by_layer[l] is one token's
  * residual stream after layer l (NULL allowed for non-checkpoint layers). Returns the

@@ -91,6 +91,15 @@ typedef struct attn_batch {
     int kv_valid_stride;               /* positions per layer in a kv_valid map */
 } attn_batch_t;
 
+/* One TIDE router (engine/router.h): p = sigmoid(up . silu(down . rmsnorm(h))), with the
+ * RMSNorm's weight and no biases. Each tensor is placed with weight_upload like a model's. */
+typedef struct router_weights {
+    weight_t norm;  /* (1, d) F32 RMSNorm weight */
+    weight_t down;  /* (hidden, d) F32 */
+    weight_t up;    /* (1, hidden) F32 */
+    float eps;      /* RMSNorm epsilon */
+} router_weights_t;
+
 typedef struct ops_ctx ops_ctx_t; /* backend state (thread pool, streams, scratch) */
 typedef struct backend backend_t;
 
@@ -198,6 +207,12 @@ typedef struct ops {
                      float scale);
     /* out[i] = cos(a[i,:], b[i,:]) into host memory (n floats). */
     int (*cosine)(ops_ctx_t *ctx, float *out, const void *a, const void *b, int n, int d);
+    /* out[i] = the router's probability for row rows[i] of x (row width d = w->down.cols;
+     * rows NULL: row i) into host memory (n floats): only these bytes leave the device.
+     * The rmsnorm's sum of squares is taken in double, as engine/router.c's router_logit
+     * does, which the CPU backend matches bit for bit. Non-finite input gives NaN. */
+    int (*router_prob)(ops_ctx_t *ctx, float *out, const void *x, const router_weights_t *w,
+                       const int32_t *rows, int n);
     /* dst[i,:] = src[idx[i],:] for n rows of width d (gather for compaction). */
     int (*gather_rows)(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx, int n,
                        int d);

@@ -11,6 +11,7 @@
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/river.h"
+#include "engine/router.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "tests/proc.h"
@@ -448,6 +449,58 @@ START_TEST(test_eval_histogram)
 }
 END_TEST
 
+static int router_calls;
+static int count_router_prob(ops_ctx_t *ctx, float *out, const void *x,
+                             const router_weights_t *w, const int32_t *rows, int n)
+{
+    router_calls++;
+    return base_ops->router_prob(ctx, out, x, w, rows, n);
+}
+
+/* The router rule decides through ops->router_prob on the backend once the routers are
+ * placed (only the probabilities come back), and exits exactly where the host routers
+ * exit: the same tokens, depths and logits for thresholds that exit some tokens and not
+ * others. */
+START_TEST(test_router_rule_on_backend)
+{
+    router_set_t *rs;
+    ck_assert_int_eq(router_set_new(&rs, F.m, 2, 0.9f, 5), 0);
+    counting_ops.router_prob = count_router_prob;
+    int exited = 0, stayed = 0;
+    for (float theta = 0.30f; theta < 0.71f; theta += 0.05f) {
+        exit_config_t ex = config(EXIT_RULE_ROUTER, EXIT_KV_RIVER, 0, 0);
+        ex.policy.theta = theta;
+        ex.router.user = rs;
+        ex.router.is_checkpoint = router_set_is_checkpoint_cb;
+        ex.router.prob = router_prob_cb;
+        run_t host, dev;
+        router_calls = 0;
+        run_policy(&ex, NULL, &host);
+        ck_assert_int_eq(router_calls, 0);
+        ck_assert_int_eq(router_set_place(rs, F.be), 0);
+        ex.router.weights = router_set_weights_cb;
+        run_policy(&ex, NULL, &dev);
+        ck_assert_int_gt(router_calls, 0);
+        for (int t = 0; t < STEPS; t++) {
+            ck_assert_msg(host.tokens[t] == dev.tokens[t] && host.depth[t] == dev.depth[t],
+                          "theta %.2f step %d: host routers token %d depth %d, op token %d "
+                          "depth %d", theta, t, host.tokens[t], host.depth[t], dev.tokens[t],
+                          dev.depth[t]);
+            exited += host.depth[t] < F.m->cfg.n_layers;
+            stayed += host.depth[t] == F.m->cfg.n_layers;
+        }
+        ck_assert(memcmp(host.logits, dev.logits,
+                         sizeof(float) * STEPS * (size_t)F.m->cfg.vocab_size) == 0);
+        free(host.logits);
+        free(dev.logits);
+    }
+    ck_assert_msg(exited > 0 && stayed > 0, "no threshold split the tokens: %d exited, %d "
+                  "stayed", exited, stayed);
+    counting_ops.router_prob = base_ops->router_prob;
+    router_set_destroy(&rs);
+}
+END_TEST
+
 static Suite *exit_suite(void)
 {
     Suite *s = suite_create("exit");
@@ -464,6 +517,7 @@ static Suite *exit_suite(void)
     tcase_add_test(tc, test_posthoc);
     tcase_add_test(tc, test_row_split_equals_alone);
     tcase_add_test(tc, test_eval_histogram);
+    tcase_add_test(tc, test_router_rule_on_backend);
     suite_add_tcase(s, tc);
     return s;
 }

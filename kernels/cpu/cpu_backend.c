@@ -728,6 +728,7 @@ static const ops_t cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .cosine = cpu_cosine,
+    .router_prob = cpu_router_prob,
     .gather_rows = cpu_gather_rows,
     .scatter_rows = cpu_scatter_rows,
     .sync = cpu_sync,

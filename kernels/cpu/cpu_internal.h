@@ -46,6 +46,9 @@ int cpu_thread_scratch_reserve(ops_ctx_t *ctx, size_t n);
 int cpu_weight_check(const weight_t *w, const char *what);
 
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n);
+/* ops->router_prob (kernels/cpu/router_prob.c). */
+int cpu_router_prob(ops_ctx_t *ctx, float *out, const void *x, const router_weights_t *w,
+                    const int32_t *rows, int n);
 int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv, int layer,
                   const attn_batch_t *b, int n_heads, int n_kv_heads, int head_dim,
                   float scale);

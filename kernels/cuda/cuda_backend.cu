@@ -17,6 +17,7 @@
 extern "C" {
 #include "common/err.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_router.h"
 }
 
 /* ---- state ------------------------------------------------------------------------------ */
@@ -1726,6 +1727,7 @@ static ops_t make_cuda_ops(void)
     o.kv_write = cuda_kv_write;
     o.attention = cuda_attention;
     o.cosine = cuda_cosine;
+    o.router_prob = cuda_router_prob;
     o.gather_rows = cuda_gather_rows;
     o.scatter_rows = cuda_scatter_rows;
     o.sync = cuda_sync;
@@ -1956,4 +1958,13 @@ static int upload_weight(ops_ctx_t *ctx, weight_t *w)
     }
     w->data = d;
     return 0;
+}
+
+/* For the ops in files of their own (kernels/cuda/cuda_router.h). */
+int cuda_ctx_stream(ops_ctx_t *ctx, cudaStream_t *stream)
+{
+    int e = cu_enter(ctx);
+    if (!e)
+        *stream = ctx->stream;
+    return e;
 }

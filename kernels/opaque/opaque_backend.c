@@ -221,6 +221,19 @@ static int opq_cosine(ops_ctx_t *ctx, float *out, const void *a, const void *b, 
     return CPU->cosine(CPUCTX, out, ar, br, n, d);
 }
 
+static int opq_router_prob(ops_ctx_t *ctx, float *out, const void *x,
+                           const router_weights_t *w, const int32_t *rows, int n)
+{
+    OPQ_BUF(xr, x, "router_prob");
+    router_weights_t wr = *w;
+    int e;
+    if ((e = opq__weight(ctx, &w->norm, &wr.norm, "router_prob")) ||
+        (e = opq__weight(ctx, &w->down, &wr.down, "router_prob")) ||
+        (e = opq__weight(ctx, &w->up, &wr.up, "router_prob")))
+        return e;
+    return CPU->router_prob(CPUCTX, out, xr, &wr, rows, n);
+}
+
 static int opq_gather_rows(ops_ctx_t *ctx, void *dst, const void *src, const int32_t *idx,
                            int n, int d)
 {
@@ -388,6 +401,7 @@ static const ops_t opaque_ops = {
     .kv_write = opq_kv_write,
     .attention = opq_attention,
     .cosine = opq_cosine,
+    .router_prob = opq_router_prob,
     .gather_rows = opq_gather_rows,
     .scatter_rows = opq_scatter_rows,
     .sync = opq_sync,
