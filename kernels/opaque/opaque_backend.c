@@ -296,6 +296,26 @@ static int opq_weight_upload(ops_ctx_t *ctx, weight_t *w)
     if (qbytes) {
         memcpy(opq__real(ctx, s), w->scales, qbytes);
         memcpy(opq__real(ctx, z), w->zeros, qbytes);
+    }
+    /* The CPU backend may place a weight in a form of its own (Q4 codes repacked for its
+     * integer kernels, Q4X8): the kernels here must see what they see on the CPU, so the
+     * CPU places the copy too, and a repacked form (the same size) replaces the copy. The
+     * CPU's own repacked buffer then stays unused until the backend is destroyed. */
+    weight_t cw = *w;
+    cw.data = opq__real(ctx, d);
+    cw.scales = qbytes ? opq__real(ctx, s) : NULL;
+    cw.zeros = qbytes ? opq__real(ctx, z) : NULL;
+    int e = CPU->weight_upload(CPUCTX, &cw);
+    if (e)
+        return e;
+    if (cw.data != opq__real(ctx, d)) {
+        if (dtype_row_bytes(cw.dtype, cw.cols) * (size_t)cw.rows != bytes)
+            return river_err_set(RIVER_EINVAL, "opaque upload: the CPU placed a %s weight of "
+                                 "another size", dtype_name(w->dtype));
+        memcpy(opq__real(ctx, d), cw.data, bytes);
+    }
+    w->dtype = cw.dtype;
+    if (qbytes) {
         w->scales = s;
         w->zeros = z;
     }
