@@ -295,7 +295,7 @@ build-test: build-all
 # behind memory that nothing above the op interface may touch, so a host-side read of a
 # buffer, a KV page or a weight crashes there, and a weight that was never placed is an
 # error. This is how a missing upload is caught without a GPU.
-OPAQUE_SUITES := backend golden exit generate router worker split
+OPAQUE_SUITES := backend backend_ops golden exit generate router worker split
 .PHONY: test-opaque build-test-opaque
 test-opaque: deps-check
 	$(Q)$(MAKE) --no-print-directory build-test-opaque
