@@ -952,6 +952,22 @@ START_TEST(test_pair_transports)
     ck_assert_msg(strstr(log, "refused the pair") && strstr(log, "transport p2p"), "%s", log);
     free(log);
     test_kill(&bb, SIGKILL);
+
+    /* nccl on a backend that does not hand off through NCCL (or a build without CUDA): a
+     * configuration error at start-up that names the key. */
+    if (!strcmp(test_device(), "cpu")) {
+        snprintf(cfg, sizeof cfg,
+                 "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nrole: river\nthreads: 2\n"
+                 "auth: {mode: plain}\nsplit:\n  boundary: %d\n  peer: \"%s\"\n"
+                 "  transport: nccl\n", test_tmpdir(), KJV, BOUNDARY, peer);
+        snprintf(err_path, sizeof err_path, "%s/river-nccl.log", test_tmpdir());
+        rv = wk_spawn("river-nccl.yaml", cfg, "rv", err_path, NULL);
+        ck_assert_int_eq(test_wait_code(rv, 10000), 1);
+        log = test_read_file(err_path, &len);
+        ck_assert_ptr_nonnull(log);
+        ck_assert_msg(strstr(log, "split.transport nccl"), "%s", log);
+        free(log);
+    }
     remove(river_file);
 }
 END_TEST
