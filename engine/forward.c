@@ -988,9 +988,8 @@ int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, in
  * do not all fit the caches is timed from memory, not from a cache warmed by repeats. Best
  * of 3 passes. */
 static int forward__time_stack(forward_t *f, const layer_weights_t *const *river, int first,
-                               kv_pool_t *kv, const int32_t *pages, int n, double *secs)
+                               int L, kv_pool_t *kv, const int32_t *pages, int n, double *secs)
 {
-    int L = f->m->cfg.n_layers;
     for (int r = 0; r < n; r++) {
         f->sub_pos[r] = r;
         f->sub_tables[r] = pages;
@@ -1019,6 +1018,12 @@ int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg)
     for (int l = first; l < L; l++)
         if (!cfg->river[l])
             return river_err_set(RIVER_EINVAL, "exit: river has no layer %d", l);
+    /* Backbone layers that run on a remote are not this process's to time (a device
+     * backend may not even hold them): the stack below the boundary stands for them. */
+    int bend = f->has_remote && f->remote.boundary < L ? f->remote.boundary : L;
+    int bfirst = first < bend ? first : bend - 1;
+    if (bfirst < 0)
+        return river_err_set(RIVER_EINVAL, "exit: no backbone layer runs here to time");
     int n2 = f->max_rows < 16 ? f->max_rows : 16;
     if (n2 < 2)
         return river_err_set(RIVER_EINVAL, "exit: costs need batches of 2 rows or more");
@@ -1028,13 +1033,13 @@ int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg)
     double b1 = 0, b2 = 0, r1 = 0, r2 = 0;
     /* Zeroed inputs are as costly as any: the kernels do not branch on values. */
     if (!e)
-        e = forward__time_stack(f, NULL, first, kv, s.pages, 1, &b1);
+        e = forward__time_stack(f, NULL, bfirst, bend, kv, s.pages, 1, &b1);
     if (!e)
-        e = forward__time_stack(f, NULL, first, kv, s.pages, n2, &b2);
+        e = forward__time_stack(f, NULL, bfirst, bend, kv, s.pages, n2, &b2);
     if (!e)
-        e = forward__time_stack(f, cfg->river, first, kv, s.pages, 1, &r1);
+        e = forward__time_stack(f, cfg->river, first, L, kv, s.pages, 1, &r1);
     if (!e)
-        e = forward__time_stack(f, cfg->river, first, kv, s.pages, n2, &r2);
+        e = forward__time_stack(f, cfg->river, first, L, kv, s.pages, n2, &r2);
     kv_seq_free(&s, kv);
     if (e)
         return e;

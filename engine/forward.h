@@ -118,7 +118,8 @@ int forward_set_exit(forward_t *f, const exit_config_t *cfg);
 
 /* Measures the cost model of row splitting: one backbone and one river layer on 1 and on
  * max_rows rows, timed; fills the cost_* fields of cfg. Uses positions 0..max_rows-1 of
- * a scratch sequence in kv. */
+ * a scratch sequence in kv. With a remote set, only backbone layers below its boundary
+ * are timed (those past it are not this process's). */
 int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg);
 
 /* Seconds one layer with weights w (backbone or river) takes on n rows at positions

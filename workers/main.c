@@ -226,6 +226,12 @@ static int worker__open_pair(worker_t *w)
     pair_river_remote(w->pair, &r);
     if ((e = forward_set_remote(gen_forward(w->gen), &r)))
         return e;
+    /* The river half's cost model, once the layers past the boundary are the peer's: only
+     * those below it are timed here. */
+    if (w->xc.cfg.policy.rule != EXIT_RULE_NONE && w->xc.cfg.policy.agg == EXIT_AGG_ROW &&
+        w->xc.river &&
+        (e = forward_calibrate_costs(gen_forward(w->gen), gen_kv_pool(w->gen), &w->xc.cfg)))
+        return e;
     pair_release_weights(m, w->cfg.split_boundary, m->cfg.n_layers, false);
     worker__log_resident(w, "river half");
     return 0;
@@ -333,7 +339,7 @@ static int worker__open_engine(worker_t *w)
         /* The cost model decides when row aggregation splits a layer; under min aggregation
          * rows split only between groups (a prompt chunk beside decode rows, a request that
          * opted out), which always runs as two groups. */
-        if (pol.agg == EXIT_AGG_ROW && w->xc.river &&
+        if (pol.agg == EXIT_AGG_ROW && w->xc.river && !river &&
             (e = forward_calibrate_costs(gen_forward(w->gen), gen_kv_pool(w->gen), &w->xc.cfg)))
             return e;
         if ((e = gen_set_exit(w->gen, &w->xc.cfg)))
