@@ -11,6 +11,9 @@
  * row counts that are not a multiple of 8, a batched prompt (prefill rows of two sequences
  * with decode rows of others in one call), and Q4, Q8, F16 and BF16 weights.
  *
+ * The real model shapes that tests/test_cuda_ops.c used to check op by op (Llama 3.2 1B's
+ * projections, LM head and embedding) are cases here too, the largest on the GPU only.
+ *
  * Tolerances (CUDA): max |x - ref| over max |ref| of the output, as tests/test_cuda_ops.c
  * explains them. The CUDA reference is the CPU at AVX-512 or the portable level (the AVX2
  * level quantizes x for Q4/Q8 weights); the opaque reference is the CPU at the level the
@@ -246,6 +249,7 @@ struct op_case {
     dtype_t dt;
     int a, b, c, d; /* the case's shape; each run says what they are */
     double tol;     /* CUDA */
+    int gpu_only;   /* real model shapes too large to be worth the CPU's time twice */
 };
 
 /* matmul: a outputs, b inputs, c rows, d group. */
@@ -388,7 +392,8 @@ static void run_attention(bpair_t *p, const op_case_t *c)
         pts[i] = i < len_a ? pt_a : pt_b;
     }
     attn_batch_t b = {.n = n, .pos = pos, .page_table = pts};
-    twin_t k = twin_rand(p, (size_t)n * kv_dim, -1, 1), v = twin_rand(p, (size_t)n * kv_dim, -1, 1);
+    twin_t k = twin_rand(p, (size_t)n * kv_dim, -1, 1);
+    twin_t v = twin_rand(p, (size_t)n * kv_dim, -1, 1);
     BOTH(p, p->ref->ops->kv_write(p->ref->ctx, &vr, layer, &b, k.r, v.r),
          p->x->ops->kv_write(p->x->ctx, &vx, layer, &b, k.x, v.x));
     char what[96];
@@ -415,7 +420,8 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     bpos[r] = LEN_B - 1;
     bpt[r++] = pt_b;
     attn_batch_t bb = {.n = nb, .pos = bpos, .page_table = bpt};
-    twin_t q = twin_rand(p, (size_t)nb * h * hd, -3, 3), o = twin_new(p, NULL, (size_t)nb * h * hd);
+    twin_t q = twin_rand(p, (size_t)nb * h * hd, -3, 3);
+    twin_t o = twin_new(p, NULL, (size_t)nb * h * hd);
     BOTH(p, p->ref->ops->attention(p->ref->ctx, o.r, q.r, &vr, layer, &bb, h, kvh, hd, scale),
          p->x->ops->attention(p->x->ctx, o.x, q.x, &vx, layer, &bb, h, kvh, hd, scale));
     snprintf(what, sizeof what, "%s batched %d rows", c->name, nb);
@@ -439,7 +445,8 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     const uint8_t *maps[5] = {va, vb, va, vb, va};
     db.kv_valid = maps;
     db.kv_valid_stride = stride;
-    twin_t mq = twin_rand(p, (size_t)5 * h * hd, -3, 3), mo = twin_new(p, NULL, (size_t)5 * h * hd);
+    twin_t mq = twin_rand(p, (size_t)5 * h * hd, -3, 3);
+    twin_t mo = twin_new(p, NULL, (size_t)5 * h * hd);
     BOTH(p, p->ref->ops->attention(p->ref->ctx, mo.r, mq.r, &vr, layer, &db, h, kvh, hd, scale),
          p->x->ops->attention(p->x->ctx, mo.x, mq.x, &vx, layer, &db, h, kvh, hd, scale));
     snprintf(what, sizeof what, "%s kv_valid", c->name);
@@ -544,52 +551,75 @@ static void run_router(bpair_t *p, const op_case_t *c)
     weight_host_free(&up.host);
 }
 
+#define CASE(name, run, dt, a, b, c, d, tol) {name, run, dt, a, b, c, d, tol, 0}
+#define GPU_CASE(name, run, dt, a, b, c, d, tol) {name, run, dt, a, b, c, d, tol, 1}
+
 static const op_case_t cases[] = {
     /* matmul: every weight type; GEMV-sized and batched row counts, none a multiple of 8
      * except where a kernel's 8-row pass is the point. */
-    {"matmul f32 (96, 256) n 1", run_matmul, DTYPE_F32, 96, 256, 1, 0, 1e-4},
-    {"matmul f32 (300, 512) n 13", run_matmul, DTYPE_F32, 300, 512, 13, 0, 1e-4},
-    {"matmul f16 (256, 512) n 5", run_matmul, DTYPE_F16, 256, 512, 5, 0, 1e-4},
-    {"matmul f16 (256, 512) n 9", run_matmul, DTYPE_F16, 256, 512, 9, 0, 2e-3},
-    {"matmul bf16 (512, 384) n 3", run_matmul, DTYPE_BF16, 512, 384, 3, 0, 1e-4},
-    {"matmul bf16 (384, 1024) n 8", run_matmul, DTYPE_BF16, 384, 1024, 8, 0, 1e-4},
-    {"matmul bf16 (384, 1024) n 33", run_matmul, DTYPE_BF16, 384, 1024, 33, 0, 1e-2},
-    {"matmul q8 g64 (256, 512) n 1", run_matmul, DTYPE_Q8, 256, 512, 1, 64, 1e-4},
-    {"matmul q8 g32 (200, 384) n 11", run_matmul, DTYPE_Q8, 200, 384, 11, 32, 1e-4},
-    {"matmul q4 g32 (256, 512) n 3", run_matmul, DTYPE_Q4, 256, 512, 3, 32, 1e-4},
-    {"matmul q4 g128 (512, 1024) n 20", run_matmul, DTYPE_Q4, 512, 1024, 20, 128, 1e-4},
-    {"matmul q4 g6 (33, 96) n 2", run_matmul, DTYPE_Q4, 33, 96, 2, 6, 1e-4},
+    CASE("matmul f32 (96, 256) n 1", run_matmul, DTYPE_F32, 96, 256, 1, 0, 1e-4),
+    CASE("matmul f32 (300, 512) n 13", run_matmul, DTYPE_F32, 300, 512, 13, 0, 1e-4),
+    CASE("matmul f16 (256, 512) n 5", run_matmul, DTYPE_F16, 256, 512, 5, 0, 1e-4),
+    CASE("matmul f16 (256, 512) n 9", run_matmul, DTYPE_F16, 256, 512, 9, 0, 2e-3),
+    CASE("matmul bf16 (512, 384) n 3", run_matmul, DTYPE_BF16, 512, 384, 3, 0, 1e-4),
+    CASE("matmul bf16 (384, 1024) n 8", run_matmul, DTYPE_BF16, 384, 1024, 8, 0, 1e-4),
+    CASE("matmul bf16 (384, 1024) n 33", run_matmul, DTYPE_BF16, 384, 1024, 33, 0, 1e-2),
+    CASE("matmul q8 g64 (256, 512) n 1", run_matmul, DTYPE_Q8, 256, 512, 1, 64, 1e-4),
+    CASE("matmul q8 g32 (200, 384) n 11", run_matmul, DTYPE_Q8, 200, 384, 11, 32, 1e-4),
+    CASE("matmul q4 g32 (256, 512) n 3", run_matmul, DTYPE_Q4, 256, 512, 3, 32, 1e-4),
+    CASE("matmul q4 g128 (512, 1024) n 20", run_matmul, DTYPE_Q4, 512, 1024, 20, 128, 1e-4),
+    CASE("matmul q4 g6 (33, 96) n 2", run_matmul, DTYPE_Q4, 33, 96, 2, 6, 1e-4),
+    /* Llama 3.2 1B projection shapes (dim 2048, FFN 8192), GEMV and cuBLAS paths. */
+    CASE("matmul f32 (2048, 2048) n 1", run_matmul, DTYPE_F32, 2048, 2048, 1, 0, 1e-4),
+    GPU_CASE("matmul f32 (2048, 2048) n 64", run_matmul, DTYPE_F32, 2048, 2048, 64, 0, 1e-4),
+    CASE("matmul f16 (2048, 2048) n 4", run_matmul, DTYPE_F16, 2048, 2048, 4, 0, 1e-4),
+    GPU_CASE("matmul f16 (2048, 2048) n 9", run_matmul, DTYPE_F16, 2048, 2048, 9, 0, 2e-3),
+    CASE("matmul bf16 (8192, 2048) n 1", run_matmul, DTYPE_BF16, 8192, 2048, 1, 0, 1e-4),
+    CASE("matmul bf16 (2048, 8192) n 2", run_matmul, DTYPE_BF16, 2048, 8192, 2, 0, 1e-4),
+    GPU_CASE("matmul bf16 (8192, 2048) n 33", run_matmul, DTYPE_BF16, 8192, 2048, 33, 0, 1e-2),
+    CASE("matmul q8 g64 (2048, 2048) n 1", run_matmul, DTYPE_Q8, 2048, 2048, 1, 64, 1e-4),
+    CASE("matmul q4 g128 (8192, 2048) n 8", run_matmul, DTYPE_Q4, 8192, 2048, 8, 128, 1e-4),
+    GPU_CASE("matmul q4 g64 (2048, 2048) n 20", run_matmul, DTYPE_Q4, 2048, 2048, 20, 64, 1e-4),
+    /* The LM head of Llama 3.2 1B. */
+    GPU_CASE("matmul bf16 (128256, 2048) n 1", run_matmul, DTYPE_BF16, 128256, 2048, 1, 0,
+             1e-4),
+    GPU_CASE("matmul bf16 (128256, 2048) n 16", run_matmul, DTYPE_BF16, 128256, 2048, 16, 0,
+             1e-2),
     /* embed */
-    {"embed f32", run_embed, DTYPE_F32, 1000, 256, 7, 0, 0},
-    {"embed bf16", run_embed, DTYPE_BF16, 1000, 256, 7, 0, 0},
-    {"embed f16", run_embed, DTYPE_F16, 1000, 256, 7, 0, 0},
-    {"embed q8", run_embed, DTYPE_Q8, 1000, 256, 7, 0, 0},
-    {"embed q4", run_embed, DTYPE_Q4, 1000, 256, 7, 0, 0},
+    CASE("embed f32", run_embed, DTYPE_F32, 1000, 256, 7, 0, 0),
+    CASE("embed bf16", run_embed, DTYPE_BF16, 1000, 256, 7, 0, 0),
+    CASE("embed f16", run_embed, DTYPE_F16, 1000, 256, 7, 0, 0),
+    CASE("embed q8", run_embed, DTYPE_Q8, 1000, 256, 7, 0, 0),
+    CASE("embed q4", run_embed, DTYPE_Q4, 1000, 256, 7, 0, 0),
+    GPU_CASE("embed bf16 32000x2048", run_embed, DTYPE_BF16, 32000, 2048, 5, 0, 0),
+    GPU_CASE("embed q4 32000x2048", run_embed, DTYPE_Q4, 32000, 2048, 5, 0, 0),
     /* rmsnorm, add_bias, add */
-    {"norm f32 5x2048", run_norm_add, DTYPE_F32, 5, 2048, 0, 0, 1e-5},
-    {"norm bf16 13x768", run_norm_add, DTYPE_BF16, 13, 768, 0, 0, 1e-5},
-    {"norm f16 3x96", run_norm_add, DTYPE_F16, 3, 96, 0, 0, 1e-5},
+    CASE("norm f32 5x2048", run_norm_add, DTYPE_F32, 5, 2048, 0, 0, 1e-5),
+    CASE("norm bf16 13x768", run_norm_add, DTYPE_BF16, 13, 768, 0, 0, 1e-5),
+    CASE("norm f16 3x96", run_norm_add, DTYPE_F16, 3, 96, 0, 0, 1e-5),
     /* rope: head dims 64, 96, 128; partial rotary */
-    {"rope hd 64", run_rope, DTYPE_F32, 7, 8, 64, 64, 1e-5},
-    {"rope hd 96", run_rope, DTYPE_F32, 5, 6, 96, 96, 1e-5},
-    {"rope hd 128 rot 64", run_rope, DTYPE_F32, 3, 4, 128, 64, 1e-5},
-    {"rope hd 128", run_rope, DTYPE_F32, 9, 4, 128, 128, 1e-5},
+    CASE("rope hd 64", run_rope, DTYPE_F32, 7, 8, 64, 64, 1e-5),
+    CASE("rope hd 96", run_rope, DTYPE_F32, 5, 6, 96, 96, 1e-5),
+    CASE("rope hd 128 rot 64", run_rope, DTYPE_F32, 3, 4, 128, 64, 1e-5),
+    CASE("rope hd 128", run_rope, DTYPE_F32, 9, 4, 128, 128, 1e-5),
     /* swiglu */
-    {"swiglu 5x1536", run_swiglu, DTYPE_F32, 5, 1536, 0, 0, 1e-5},
-    {"swiglu 1x8192", run_swiglu, DTYPE_F32, 1, 8192, 0, 0, 1e-5},
+    CASE("swiglu 5x1536", run_swiglu, DTYPE_F32, 5, 1536, 0, 0, 1e-5),
+    CASE("swiglu 1x8192", run_swiglu, DTYPE_F32, 1, 8192, 0, 0, 1e-5),
     /* kv_write + attention: head dim, KV heads, GQA group, long context */
-    {"attention hd 64 gqa 8 ctx 1100", run_attention, DTYPE_F32, 64, 2, 8, 1100, 1e-4},
-    {"attention hd 64 gqa 1 ctx 300", run_attention, DTYPE_F32, 64, 4, 1, 300, 1e-4},
-    {"attention hd 96 gqa 1 ctx 1030", run_attention, DTYPE_F32, 96, 3, 1, 1030, 1e-4},
-    {"attention hd 128 gqa 8 ctx 1300", run_attention, DTYPE_F32, 128, 1, 8, 1300, 1e-4},
-    {"attention hd 128 gqa 1 ctx 200", run_attention, DTYPE_F32, 128, 2, 1, 200, 1e-4},
+    CASE("attention hd 64 gqa 8 ctx 1100", run_attention, DTYPE_F32, 64, 2, 8, 1100, 1e-4),
+    CASE("attention hd 64 gqa 1 ctx 300", run_attention, DTYPE_F32, 64, 4, 1, 300, 1e-4),
+    CASE("attention hd 96 gqa 1 ctx 1030", run_attention, DTYPE_F32, 96, 3, 1, 1030, 1e-4),
+    CASE("attention hd 128 gqa 8 ctx 1300", run_attention, DTYPE_F32, 128, 1, 8, 1300, 1e-4),
+    CASE("attention hd 128 gqa 1 ctx 200", run_attention, DTYPE_F32, 128, 2, 1, 200, 1e-4),
+    /* Llama 3.2 1B: 32 heads of 64 over 8 KV heads. */
+    GPU_CASE("attention hd 64 gqa 4 ctx 1500", run_attention, DTYPE_F32, 64, 8, 4, 1500, 1e-4),
     /* cosine, gather, scatter */
-    {"rows 13x2048", run_rows, DTYPE_F32, 13, 2048, 0, 0, 0},
-    {"rows 6x96", run_rows, DTYPE_F32, 6, 96, 0, 0, 0},
+    CASE("rows 13x2048", run_rows, DTYPE_F32, 13, 2048, 0, 0, 0),
+    CASE("rows 6x96", run_rows, DTYPE_F32, 6, 96, 0, 0, 0),
     /* the router */
-    {"router d 288 h 128", run_router, DTYPE_F32, 13, 288, 128, 0, 1e-5},
-    {"router d 2048 h 128", run_router, DTYPE_F32, 9, 2048, 128, 0, 1e-5},
-    {"router d 100 h 16", run_router, DTYPE_F32, 3, 100, 16, 0, 1e-5},
+    CASE("router d 288 h 128", run_router, DTYPE_F32, 13, 288, 128, 0, 1e-5),
+    CASE("router d 2048 h 128", run_router, DTYPE_F32, 9, 2048, 128, 0, 1e-5),
+    CASE("router d 100 h 16", run_router, DTYPE_F32, 3, 100, 16, 0, 1e-5),
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -599,7 +629,7 @@ START_TEST(test_op_case)
     const op_case_t *c = &cases[_i];
     for (int k = 0; k < 2; k++) {
         bpair_t p;
-        if (!bpair_open(&p, k))
+        if ((c->gpu_only && k == 0) || !bpair_open(&p, k))
             continue;
         rng = 0x9e3779b97f4a7c15ull + (uint64_t)_i;
         c->run(&p, c);

@@ -189,7 +189,8 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
     if (strcmp(h->fingerprint, p->cfg.fingerprint) != 0)
         return river_err_set(RIVER_EINVAL, "model fingerprint %s differs from this "
                              "backbone's %s: the two workers load different models",
-                             pair_wire_printable(h->fingerprint, a, sizeof a), p->cfg.fingerprint);
+                             pair_wire_printable(h->fingerprint, a, sizeof a),
+                             p->cfg.fingerprint);
     if (h->boundary != (uint32_t)p->cfg.boundary)
         return river_err_set(RIVER_EINVAL, "boundary %u differs from this backbone's "
                              "split.boundary %d", h->boundary, p->cfg.boundary);
@@ -292,7 +293,7 @@ static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello 
     p->liveness = (int)h->liveness;
     p->last_recv_ms = now;
     p->max_frame = pair_wire_frame_limit(p->max_rows, dim, p->m->cfg.max_seq_len,
-                                     (int)g->page_size);
+                                         (int)g->page_size);
     p->requests = 0;
     p->busy_s = 0;
     p->paired = true;
@@ -443,8 +444,8 @@ static void pair__backbone_handle(pair_backbone_t *p, const uint8_t *route, size
     }
     ProtobufCMessage *out;
     int e = pair_wire_decode(&river__pair__river_message__descriptor, zmq_msg_data(body),
-                         zmq_msg_size(body), from_peer ? p->max_frame : PAIR_HELLO_MAX_BYTES,
-                         &out);
+                             zmq_msg_size(body),
+                             from_peer ? p->max_frame : PAIR_HELLO_MAX_BYTES, &out);
     if (e) {
         wlog(WLOG_WARN, "bad frame from a river peer: %s", river_err_detail());
         pair__backbone_error(p, route, route_len, 0, river_err_detail());

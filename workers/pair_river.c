@@ -197,7 +197,7 @@ int pair_river_new(pair_river_t **out, void *zctx, const pair_river_config_t *cf
         p->cfg.backoff_max_ms = p->cfg.heartbeat_ms;
     p->backoff_ms = p->cfg.heartbeat_ms;
     p->max_reply = pair_wire_frame_limit(cfg->max_rows, m->cfg.dim, m->cfg.max_seq_len,
-                                     kv_pool_page_size(kv));
+                                         kv_pool_page_size(kv));
     /* Without a backend named, the model's: where the hidden states live. */
     p->cfg.be = cfg->be ? cfg->be : m->backend;
     p->cfg.transport = (int)pair_transport_resolve((pair_transport_kind_t)cfg->transport,
@@ -250,7 +250,7 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
 {
     ProtobufCMessage *out;
     int e = pair_wire_decode(&river__pair__backbone_message__descriptor, zmq_msg_data(msg),
-                         zmq_msg_size(msg), p->max_reply, &out);
+                             zmq_msg_size(msg), p->max_reply, &out);
     if (e) {
         wlog(WLOG_WARN, "bad frame from the backbone peer: %s", river_err_detail());
         return;
@@ -505,8 +505,8 @@ static int pair__river_wait(pair_river_t *p, int layer, int rows, void *x)
                 break;
             }
             ProtobufCMessage *out;
-            int e = pair_wire_decode(&river__pair__backbone_message__descriptor, zmq_msg_data(&m),
-                                 zmq_msg_size(&m), p->max_reply, &out);
+            int e = pair_wire_decode(&river__pair__backbone_message__descriptor,
+                                     zmq_msg_data(&m), zmq_msg_size(&m), p->max_reply, &out);
             zmq_msg_close(&m);
             if (e) {
                 /* The two sides no longer speak the same protocol: nothing later can be
