@@ -16,7 +16,7 @@ DEST=${2:?usage: gpu-bundle.sh BUILD DEST}
 # The serving binaries and the suites gpu-check.sh runs (the worker and split-pair suites
 # start bin/river-worker and bin/riverd from beside their own directory).
 BINS="bin/river bin/river-worker bin/riverd bin/river-cuda-bench"
-TESTS="cuda_ops backend golden exit generate router worker split"
+TESTS="cuda_ops backend_ops backend golden exit generate router worker split"
 # The machine's own copies of these are used (see above).
 SKIP_RE='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libresolv\.|libutil\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas|libcublasLt|libnccl)'
 

@@ -9,6 +9,8 @@
 #
 #   ops        tests/test_cuda_ops: every op on the GPU against the CPU backend, incl. the
 #              stories260K goldens end to end on the GPU
+#   backend_ops tests/test_backend_ops: the op case list, CPU reference against the opaque
+#              and the CUDA backend
 #   backend    the backend suite (test_backend) with RIVER_TEST_DEVICE=cuda
 #   golden exit generate router worker split
 #              the engine suites with RIVER_TEST_DEVICE=cuda (the same list as
@@ -39,7 +41,7 @@
 set -u
 
 cd "$(dirname "$0")/.." || exit 3
-ALL_STEPS="ops backend golden exit generate router worker split kernels bench-bf16 graphs \
+ALL_STEPS="ops backend_ops backend golden exit generate router worker split kernels bench-bf16 graphs \
 long-ctx river-q4 memcheck"
 
 only=${STEPS:-}
@@ -227,7 +229,7 @@ run_step() {
         step ops 180 "$B/tests/test_cuda_ops"
         grep -E '^(cuda |[0-9]+%: Checks)' "$LOGS/ops.log" >>"$SUMMARY"
         ;;
-    backend | golden | exit | generate | router | worker | split)
+    backend_ops | backend | golden | exit | generate | router | worker | split)
         if [ -x "$B/tests/test_$1" ]; then
             step "$1" 150 env RIVER_TEST_DEVICE=cuda "$B/tests/test_$1"
             grep -E '^[0-9]+%: Checks' "$LOGS/$1.log" >>"$SUMMARY"
