@@ -596,9 +596,22 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * when this level's integer kernels want them in Q4X8 (q4x8.h): those are repacked into
  * memory the backend owns. The file's pages are left alone (w->data may be memory the
  * caller owns); unread, they are the first the kernel reclaims. */
+/* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
+ * one against the other in one run; read once. */
+static pthread_once_t q4x8_once = PTHREAD_ONCE_INIT;
+static int q4x8_off;
+
+static void q4x8_env_read(void)
+{
+    const char *v = getenv("RIVER_Q4X8");
+    q4x8_off = v && !strcmp(v, "0");
+}
+
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
-    if (!ctx->k->q4x8 || !cpu_q4x8_eligible(w))
+    if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
+        return river_err_set(RIVER_ESYS, "RIVER_Q4X8: pthread_once failed");
+    if (!ctx->k->q4x8 || q4x8_off || !cpu_q4x8_eligible(w))
         return 0;
     for (struct cpu_owned *o = ctx->owned; o; o = o->next)
         if (o->p == w->data)
