@@ -1,7 +1,6 @@
 /* Repacking Q4 weights into Q4X8 (q4x8.h). */
 #include "kernels/cpu/q4x8.h"
 
-#include <string.h>
 
 int cpu_q4x8_eligible(const weight_t *w)
 {
@@ -14,15 +13,26 @@ int cpu_q4x8_eligible(const weight_t *w)
 void cpu_q4x8_repack(const weight_t *w, uint8_t *dst)
 {
     size_t rb = dtype_row_bytes(DTYPE_Q4, w->cols);
+    int64_t n_sets = w->cols / Q4X8_SET;
     for (int64_t r = 0; r < w->rows; r++) {
         const uint8_t *src = (const uint8_t *)w->data + (size_t)r * rb;
         uint8_t *out = dst + (size_t)r * rb;
-        memset(out, 0, rb);
-        for (int64_t k = 0; k < w->cols; k++) {
-            unsigned q = (k & 1) ? (unsigned)(src[k >> 1] >> 4) : (unsigned)(src[k >> 1] & 15);
-            int high;
-            int64_t b = cpu_q4x8_byte(k, &high);
-            out[b] |= (uint8_t)(high ? q << 4 : q);
+        for (int64_t s = 0; s < n_sets; s++) {
+            /* The set's 256 codes, one a byte, then the 128 bytes of q4x8.h's layout: byte
+             * p*32 + j*4 + t holds columns 32j + 8p + t (low) and that + 4 (high). */
+            uint8_t c[Q4X8_SET];
+            const uint8_t *in = src + s * Q4X8_SET_BYTES;
+            for (int k = 0; k < Q4X8_SET_BYTES; k++) {
+                c[2 * k] = in[k] & 15;
+                c[2 * k + 1] = in[k] >> 4;
+            }
+            uint8_t *o = out + s * Q4X8_SET_BYTES;
+            for (int p = 0; p < 4; p++)
+                for (int j = 0; j < 8; j++)
+                    for (int t = 0; t < 4; t++) {
+                        int col = 32 * j + 8 * p + t;
+                        o[p * 32 + j * 4 + t] = (uint8_t)(c[col] | c[col + 4] << 4);
+                    }
         }
     }
 }
