@@ -108,7 +108,6 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
         }
     }
     /* Lane j of a set is block j: its group is (set * 256 + 32 j) / group. */
-    const int gps = group <= Q4X8_SET ? Q4X8_SET / group : 1; /* groups a set starts */
     const __m256i gidx = group <= Q4X8_SET
                              ? _mm256_setr_epi32(0, 32 / group, 64 / group, 96 / group,
                                                  128 / group, 160 / group, 192 / group,
@@ -157,9 +156,10 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             /* Eight scales from the set's first group: lanes past its own groups are read
-             * (the next row's, harmless) except at the very end of the array. */
+             * (the next row's, unused) except at the very end of the array, where only what
+             * is left is. */
             int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
-            __m256 sc = ld8_f16_tail(wt->scales + off, left < gps ? left : 8);
+            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
             sc = _mm256_permutevar8x32_ps(sc, gidx);
 #pragma GCC unroll 4
             for (int i = 0; i < N; i++) {
