@@ -21,7 +21,7 @@
 #define GEMM_P 16
 #define GEMM_R 6
 
-#include "kernels/cpu/x86_hsum.h"
+#include "kernels/cpu/x86_util.h"
 
 /* A lane mask of the first `left` (0..8) lanes, for maskload/maskstore. */
 AI __m256i mask8(int64_t left)
@@ -322,29 +322,12 @@ static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const 
         float *d = qi + cols / 4, *xs = d + cols / Q8_BLOCK;
         for (int64_t b = 0; b < nb; b++) {
             const float *xb0 = xi + b * xb;
-            __m256 sign = _mm256_set1_ps(-0.0f);
-            __m256 mx = _mm256_setzero_ps();
-            for (int j = 0; j < xb; j += 8)
-                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb0 + j)));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            float amax = _mm_cvtss_f32(h);
-            float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            float amax = x86_absmax(xb0, xb);
             d[b] = amax / 127.0f;
-            __m256 iv = _mm256_set1_ps(id);
+            __m256 iv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             _Alignas(32) int8_t t[64];
-            for (int h32 = 0; h32 < xb; h32 += 32) {
-                __m256i q[4];
-                for (int j = 0; j < 4; j++)
-                    q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb0 + h32 + 8 * j), iv));
-                /* packs works within 128-bit lanes: the permute puts the 32 values back in
-                 * column order. */
-                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                               _mm256_packs_epi32(q[2], q[3]));
-                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_store_si256((__m256i *)(t + h32), p);
-            }
+            for (int h32 = 0; h32 < xb; h32 += 32)
+                x86_pack32(t + h32, xb0 + h32, iv);
             int8_t *o = x8 + b * xb;
             int sum = 0;
             for (int j = 0; j < xb; j++)

@@ -322,7 +322,7 @@ static int q_factored(const weight_t *w)
 
 /* ---- Q4X8: 256-bit integer kernels, with vpdpbusd where the processor has AVX-512 VNNI --- */
 
-#include "kernels/cpu/x86_hsum.h"
+#include "kernels/cpu/x86_util.h"
 
 /* Eight fp16 values from p, the ones past `left` read as 0. */
 AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)

@@ -2,7 +2,7 @@
  * kernels_avx2.c and kernels_avx512.c, which compile it with their own flags. Before
  * including, define Q4X8_FN(name) (the names it defines) and Q4X8_VNNI (1: the
  * multiply-adds are vpdpbusd, which needs AVX-512 VNNI with VL; 0: vpmaddubsw + vpmaddwd).
- * The includer provides AI, hsum8 and ld8_f16_tail.
+ * The includer provides AI, ld8_f16_tail and kernels/cpu/x86_util.h.
  *
  * x is quantized once per call (Q4X8_FN(prep)): per block of 32 columns d = max|x| / 127
  * and x8 = round(x / d), stored in the order the weight lanes want; then the block scales
@@ -36,25 +36,11 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
             xs[g] = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = xi + b * 32;
-            __m256 sign = _mm256_set1_ps(-0.0f), mx = _mm256_setzero_ps();
-            for (int j = 0; j < 32; j += 8)
-                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            float amax = _mm_cvtss_f32(h);
+            float amax = x86_absmax(xb, 32);
             __m256 iv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             d[b] = amax / 127.0f;
-            __m256i q[4];
-            for (int j = 0; j < 4; j++)
-                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), iv));
-            /* packs works within 128-bit lanes: the permute puts the 32 values back in
-             * column order. */
-            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                           _mm256_packs_epi32(q[2], q[3]));
-            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _Alignas(32) int8_t t[32];
-            _mm256_store_si256((__m256i *)t, p);
+            x86_pack32(t, xb, iv);
             /* Column o of block j goes to vector o/4 (= 2p+h), lane j, byte o%4: the eight
              * groups of four columns of the block land four bytes apart in eight vectors. */
             int8_t *set = x8 + b / 8 * Q4X8_SET;
