@@ -816,11 +816,14 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
                                               .exit_layer = f->ex.policy.exit_layer};
     }
     FWD_TRY(o->embed(ctx, f->x, &m->embed, b->tokens, n));
+    int resumed = 0; /* rows that start past layer 0 */
     for (int r = 0; b->start_layer && r < n; r++)
-        if (f->start[r] > 0)
+        if (f->start[r] > 0) {
+            resumed++;
             FWD_TRY(o->from_host(ctx, f->x, (size_t)r * (size_t)c->dim,
                                  b->start_hidden + (size_t)r * (size_t)c->dim,
                                  (size_t)c->dim));
+        }
     FWD_TRY(forward__save(f, b, -1));
     if (!f->has_exit) {
         attn_batch_t ab = {.n = n, .pos = f->pos, .page_table = f->tables};
@@ -833,10 +836,13 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
         if (done)
             f->stats.layer_rows_backbone += (int64_t)n * L;
         for (int l = 0; l < L && !done; l++) {
-            int m_rows = 0;
-            for (int r = 0; r < n; r++)
-                if (l >= f->start[r])
-                    f->idx[m_rows++] = r;
+            int m_rows = n;
+            if (resumed) {
+                m_rows = 0;
+                for (int r = 0; r < n; r++)
+                    if (l >= f->start[r])
+                        f->idx[m_rows++] = r;
+            }
             if (m_rows == 0)
                 continue;
             if (f->has_remote && l >= f->remote.boundary)

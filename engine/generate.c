@@ -38,7 +38,6 @@ typedef struct gseq {
     /* Lossless mode: the draft of the current round, fed at positions pos.. after last. */
     int lossless;
     int k_cap;             /* most draft tokens per verify pass */
-    int k_fixed;           /* the request chose k_cap: the generator's pick does not apply */
     int n_draft;           /* draft ids so far this round */
     int verifying;         /* the draft is complete: the next batch verifies it */
     int32_t draft[GEN_DRAFT_MAX];
@@ -369,7 +368,6 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
         return e;
     s->lossless = r->lossless != 0;
     s->k_cap = k_cap;
-    s->k_fixed = r->draft_k != 0;
     if (s->lossless) {
         s->h = malloc((size_t)k_cap * (size_t)g->m->cfg.dim * sizeof *s->h);
         if (!s->h) {
@@ -703,7 +701,7 @@ static void gen__spec_pick(gen_t *g)
 static int gen__draft_limit(const gen_t *g, const gseq_t *s)
 {
     int lim = s->k_cap;
-    if (!s->k_fixed && g->k_now < lim)
+    if (!s->req.draft_k && g->k_now < lim) /* the request's own k is not the pick's */
         lim = g->k_now;
     int left = s->req.max_tokens - s->n_generated - 1;
     int room = g->m->cfg.max_seq_len - 1 - s->pos;
@@ -915,8 +913,12 @@ int gen_step(gen_t *g)
     fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
                      .n_logits = n_logits, .logit_rows = g->logit_rows, .group = g->group,
                      .exit_seq = g->exit_seqs, .depth = g->depth, .row_exit = g->row_exit,
-                     .start_layer = g->start_layer, .start_hidden = g->start_hidden,
-                     .save_layer = g->save_layer, .saved_hidden = g->saved_hidden};
+                     /* Only lossless rows resume or keep streams: other batches leave the
+                      * forward's per-layer bookkeeping of them out. */
+                     .start_layer = n_verify_rows ? g->start_layer : NULL,
+                     .start_hidden = g->start_hidden,
+                     .save_layer = n_draft_rows ? g->save_layer : NULL,
+                     .saved_hidden = g->saved_hidden};
     int e = forward_step(g->fwd, g->kv, &b, g->logits);
     double dt = gen__now() - t0;
     if (e) {
