@@ -66,12 +66,12 @@ WORKER_BIN  := $(if $(WORKER_SRC),$(BUILD)/bin/river-worker)
 DAEMON_SRC  := $(wildcard daemon/*.c)
 DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
 DAEMON_BIN  := $(if $(DAEMON_SRC),$(BUILD)/bin/riverd)
-# river-soak (ops/river-soak.c) is a program of its own; every other file in ops/ is
-# riverctl's.
+# river-soak (ops/river-soak.c) and river-cuda-bench (ops/river-cuda-bench.c, CUDA builds)
+# are programs of their own; every other file in ops/ is riverctl's.
 SOAK_SRC    := ops/river-soak.c
 SOAK_OBJ    := $(SOAK_SRC:%.c=$(BUILD)/%.o)
 SOAK_BIN    := $(BUILD)/bin/river-soak
-OPS_SRC     := $(filter-out $(SOAK_SRC),$(wildcard ops/*.c))
+OPS_SRC     := $(filter-out $(SOAK_SRC) ops/river-cuda-bench.c,$(wildcard ops/*.c))
 OPS_OBJ     := $(OPS_SRC:%.c=$(BUILD)/%.o)
 OPS_BIN     := $(if $(OPS_SRC),$(BUILD)/bin/riverctl)
 SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
@@ -213,14 +213,14 @@ $(CUDA_LIB): $(CUDA_OBJ)
 $(CUDA_OBJ): | $(PROTO_GEN_H)
 $(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN): $(CUDA_LIB)
 
-# river-cuda-bench (bench/cuda_kernels.c): per-kernel GB/s against a device-to-device copy.
+# river-cuda-bench (ops/river-cuda-bench.c): per-kernel GB/s against a device-to-device copy.
 CUDA_BENCH_BIN := $(BUILD)/bin/river-cuda-bench
-$(CUDA_BENCH_BIN): $(BUILD)/bench/cuda_kernels.o $(CUDA_LIB) $(LIB)
+$(CUDA_BENCH_BIN): $(BUILD)/ops/river-cuda-bench.o $(CUDA_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LDLIBS)
 build-all: $(CUDA_BENCH_BIN)
--include $(BUILD)/bench/cuda_kernels.d
+-include $(BUILD)/ops/river-cuda-bench.d
 endif
 
 $(BUILD)/%.o: %.c
