@@ -846,7 +846,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
             if (m_rows == 0)
                 continue;
             if (f->has_remote && l >= f->remote.boundary)
-                FWD_TRY(forward__remote_group(f, l, f->idx, m_rows, n));
+                FWD_TRY(forward__remote_group(f, l, resumed ? f->idx : f->iota, m_rows, n));
             else if (m_rows < n)
                 FWD_TRY(forward__group(f, &m->layers[l], l, f->idx, m_rows, n, 0, view, 0));
             else
