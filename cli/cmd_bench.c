@@ -26,34 +26,39 @@ static double bench__median(double *v, int n)
 }
 
 /* The measurements behind the row-split cost model: per-layer time of the backbone (T_B)
- * and the river (T_R) against batch rows, and for an even split of n rows whether
- * T_B(n/2) + T_R(n/2) beats T_B(n). */
+ * and the river (T_R) against batch rows, each the mean over the river's layers streamed
+ * once per pass as a decode step streams them (forward_time_layers), and for an even
+ * split of n rows whether T_B(n/2) + T_R(n/2) beats T_B(n). */
 static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
 {
     const model_t *m = env->model;
     river_t *r = NULL;
     forward_t *f = NULL;
     kv_pool_t *kv = NULL;
+    const layer_weights_t **rl = NULL;
     int e = river_load(&r, m, river_path);
-    int L = m->cfg.n_layers, l = L / 2;
+    int L = m->cfg.n_layers, first = r ? river_start_layer(r) : 0;
     if (!e)
         e = forward_new(&f, m, env->be, 64);
     if (!e)
         e = kv_pool_new(&kv, env->be, L, m->cfg.n_kv_heads * m->cfg.head_dim, 16, 8);
-    const layer_weights_t *rw = r ? river_layer(r, l) : NULL;
-    if (!e && !rw)
-        e = river_err_set(RIVER_EINVAL, "%s: the river has no layer %d", river_path, l);
+    if (!e && !(rl = calloc((size_t)L, sizeof *rl)))
+        e = river_err_set(RIVER_ENOMEM, "bench: river layer table");
+    for (int l = first; !e && l < L; l++)
+        rl[l] = river_layer(r, l);
+    if (!e && first >= L)
+        e = river_err_set(RIVER_EINVAL, "%s: the river has no layers", river_path);
     static const int ns[] = {1, 2, 4, 8, 16, 32, 64};
     double tb[7], tr[7];
     for (int i = 0; !e && i < 7; i++) {
-        e = forward_time_layer(f, kv, &m->layers[l], l, ns[i], &tb[i]);
+        e = forward_time_layers(f, kv, NULL, first, ns[i], &tb[i]);
         if (!e)
-            e = forward_time_layer(f, kv, rw, l, ns[i], &tr[i]);
+            e = forward_time_layers(f, kv, rl, first, ns[i], &tr[i]);
     }
     if (!e) {
         if (!json)
-            printf("layer %d, %d threads, simd %s: per-layer ms, and an even split of n rows\n"
-                   "%5s %9s %9s %7s %14s %6s\n", l,
+            printf("layers %d..%d, %d threads, simd %s: per-layer ms, and an even split of n "
+                   "rows\n%5s %9s %9s %7s %14s %6s\n", first, L - 1,
                    cli_env_is_cpu(env) ? cpu_backend_threads(env->be) : 0,
                    cli_env_simd_name(env), "rows", "T_B",
                    "T_R", "r", "T_B+T_R(n/2)", "pays");
@@ -70,6 +75,7 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
                        tr[i] / tb[i], split * 1e3, i ? (pays ? "yes" : "no") : "-");
         }
     }
+    free(rl);
     kv_pool_destroy(&kv);
     forward_destroy(&f);
     river_destroy(&r);
@@ -84,9 +90,10 @@ static void bench__usage(FILE *f)
                "Prints the median prefill and decode tokens/s over R runs, the read bandwidth\n"
                "of a SIMD sweep over M MiB (default 2048) with the same threads, and\n"
                "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
-               "--split-costs RIVER instead times one backbone and one river layer on 1..64\n"
-               "rows and shows when running a batch as two groups (row aggregation) beats\n"
-               "running it whole on the backbone.\n"
+               "--split-costs RIVER instead times the backbone and the river layers (per layer,\n"
+               "every river layer once a pass, as decoding streams them) on 1..64 rows and\n"
+               "shows when running a batch as two groups (row aggregation) beats running it\n"
+               "whole on the backbone.\n"
                "--prefix-reuse [--history N] [--turns T] [--user-len U] runs a T-turn chat\n"
                "(default 4) whose prompt grows to N tokens (default 512): a leading context,\n"
                "then per turn the answer (G tokens, default 16) and a user message (U, default\n"

@@ -955,40 +955,6 @@ int forward_layer_rows(forward_t *f, kv_pool_t *kv, int layer, int n, const int3
 }
 
 /* Seconds for one layer with weights w on n rows at positions 0..n-1, best of 3. */
-static int forward__time_layer(forward_t *f, const layer_weights_t *w, int l, kv_pool_t *kv,
-                               const int32_t *pages, int n, double *secs)
-{
-    for (int r = 0; r < n; r++) {
-        f->sub_pos[r] = r;
-        f->sub_tables[r] = pages;
-    }
-    attn_batch_t ab = {.n = n, .pos = f->sub_pos, .page_table = f->sub_tables};
-    double best = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = fwd__now();
-        FWD_TRY(forward__layer(f, w, l, f->xs, kv_pool_view(kv), &ab));
-        FWD_TRY(f->be->ops->sync(f->be->ctx));
-        double dt = fwd__now() - t0;
-        best = dt < best ? dt : best;
-    }
-    *secs = best;
-    return 0;
-}
-
-int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, int layer, int n,
-                       double *secs)
-{
-    if (n < 1 || n > f->max_rows || layer < 0 || layer >= f->m->cfg.n_layers)
-        return river_err_set(RIVER_EINVAL, "forward: timing layer %d on %d rows", layer, n);
-    kv_seq_t s;
-    kv_seq_init(&s);
-    int e = kv_seq_reserve(&s, kv, n);
-    if (!e)
-        e = forward__time_layer(f, w, layer, kv, s.pages, n, secs);
-    kv_seq_free(&s, kv);
-    return e;
-}
-
 /* Seconds per layer of one weight set (river or backbone) over layers first..L-1 on n
  * rows: every layer once per pass, as a decode step streams them, so a model whose layers
  * do not all fit the caches is timed from memory, not from a cache warmed by repeats. Best
@@ -1013,6 +979,25 @@ static int forward__time_stack(forward_t *f, const layer_weights_t *const *river
     }
     *secs = best / (double)(L - first);
     return 0;
+}
+
+int forward_time_layers(forward_t *f, kv_pool_t *kv, const layer_weights_t *const *river,
+                        int first, int n, double *secs)
+{
+    int L = f->m->cfg.n_layers;
+    if (n < 1 || n > f->max_rows || first < 0 || first >= L)
+        return river_err_set(RIVER_EINVAL, "forward: timing layers %d..%d on %d rows", first,
+                             L - 1, n);
+    for (int l = first; river && l < L; l++)
+        if (!river[l])
+            return river_err_set(RIVER_EINVAL, "forward: timing: the river has no layer %d", l);
+    kv_seq_t s;
+    kv_seq_init(&s);
+    int e = kv_seq_reserve(&s, kv, n);
+    if (!e)
+        e = forward__time_stack(f, river, first, L, kv, s.pages, n, secs);
+    kv_seq_free(&s, kv);
+    return e;
 }
 
 int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg)

@@ -122,10 +122,15 @@ int forward_set_exit(forward_t *f, const exit_config_t *cfg);
  * are timed (those past it are not this process's). */
 int forward_calibrate_costs(forward_t *f, kv_pool_t *kv, exit_config_t *cfg);
 
-/* Seconds one layer with weights w (backbone or river) takes on n rows at positions
- * 0..n-1, best of 3; the measurement behind the cost model. */
-int forward_time_layer(forward_t *f, kv_pool_t *kv, const layer_weights_t *w, int layer, int n,
-                       double *secs);
+/* Seconds per layer of the backbone (river NULL) or of the river (river: (n_layers) layers,
+ * those from first on set) over layers first..n_layers-1 on n rows at positions 0..n-1,
+ * the measurement behind the cost model: every layer once per pass, as a decode step
+ * streams them (a model larger than the caches is timed from memory, not from a cache a
+ * repeated layer warms), best of 3 passes. Uses a scratch sequence in kv, given back.
+ * RIVER_EINVAL for n outside 1..max_rows, first outside the layers or a missing river
+ * layer; otherwise the errors of the ops. */
+int forward_time_layers(forward_t *f, kv_pool_t *kv, const layer_weights_t *const *river,
+                        int first, int n, double *secs);
 
 typedef struct fwd_stats {
     double step_s;     /* wall time in forward_step */
