@@ -60,7 +60,14 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
 #if Q4X8_VNNI
 #define Q4X8_MADD(acc, w8, x8v) (acc) = _mm256_dpbusd_epi32((acc), (w8), (x8v))
 #else
-#define Q4X8_MADD(acc, w8, x8v) (acc) = _mm256_add_epi16((acc), _mm256_maddubs_epi16((w8), (x8v)))
+/* The empty asm pins each sum in its register: integer adds reassociate, and GCC otherwise
+ * turns the 32 adds into one tree per set, computing (and spilling to the stack) every
+ * product first. */
+#define Q4X8_MADD(acc, w8, x8v)                                                         \
+    do {                                                                                \
+        (acc) = _mm256_add_epi16((acc), _mm256_maddubs_epi16((w8), (x8v)));            \
+        __asm__("" : "+x"(acc));                                                        \
+    } while (0)
 #endif
 
 /* What the tiles of one call share, worked out once per call: the integer divisions
@@ -193,9 +200,10 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
 
 /* One block of 8 weight rows (or one row, R == 1) against all n rows of xq: tiles of 4 x 1
  * at one row, 2 x 2 at two or three, 2 x 4 from four (on AVX2 its x vectors do not all fit
- * the 16 registers with the 8 dot products, and are read from L1 as memory operands:
- * measured 72 GMAC/s a core at 8 rows against 64 for 2 x 2 tiles). The block stays in L1
- * between the tiles; the first tile prefetches the next block. */
+ * the 16 registers with the 8 dot products, and are read from L1 as memory operands: a
+ * 2048-column matrix in cache, 8 rows, 2 threads, AVX2: 183-196 G multiply-adds/s; a
+ * 1 x 8 tile, which unpacks each weight vector once for 8 rows, measured no faster). The
+ * block stays in L1 between the tiles; the first tile prefetches the next block. */
 AI void Q4X8_FN(rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
                       const weight_t *w, const Q4X8_FN(geom_t) *geo, int64_t r, int64_t pf,
                       const int R)
@@ -232,18 +240,23 @@ AI void Q4X8_FN(rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n
     }
 }
 
-/* How far ahead of a row's position the tiles prefetch, in bytes. Measured on 2 GiB of
- * codes (one matmul, 2 threads, one x row, from memory): with 1 KiB rows (2048 columns)
- * distances that are multiples of 4 KiB stream at 20-21 GB/s and odd multiples of 2 KiB
- * (6, 10 and 14 KiB) at 26-27, while 4 KiB rows want eight rows (32 KiB) ahead, 28 GB/s
- * against 23 at 10 KiB. So: eight rows, at least 14 KiB, and off the multiples of 4 KiB
- * for rows shorter than that. */
-AI int64_t Q4X8_FN(prefetch_bytes)(size_t rb)
+/* How far ahead of a row's position the tiles prefetch, in bytes, for n rows of x.
+ * Measured on 1 GiB and more of codes (one matmul, 2 threads, from memory): with one row
+ * of x and 1 KiB rows (2048 columns), distances that are multiples of 4 KiB stream at
+ * 20-21 GB/s and odd multiples of 2 KiB (6, 10, 14 KiB) at 26-27; with several rows, 3 KiB
+ * beats 14 by 10-17 % (8 rows: 184 against 150 G multiply-adds/s; the farther lines are
+ * evicted from L1 by the x rows before they are used). 4 KiB rows want eight rows (32 KiB)
+ * ahead at every n (3 KiB there loses 20 %). */
+AI int64_t Q4X8_FN(prefetch_bytes)(size_t rb, int n)
 {
+    if (rb >= 4096)
+        return 8 * (int64_t)rb;
+    if (n > 1)
+        return 3072;
     int64_t pf = 8 * (int64_t)rb;
     if (pf < 14336)
         pf = 14336;
-    if (rb < 4096 && pf % 4096 == 0)
+    if (pf % 4096 == 0)
         pf += 2048;
     return pf;
 }
@@ -252,7 +265,7 @@ static void Q4X8_FN(gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, i
                           const weight_t *w, int64_t r0, int64_t r1)
 {
     size_t rb = dtype_row_bytes(DTYPE_Q4X8, w->cols);
-    int64_t pf = Q4X8_FN(prefetch_bytes)(rb);
+    int64_t pf = Q4X8_FN(prefetch_bytes)(rb, n);
     const Q4X8_FN(geom_t) geo = Q4X8_FN(geom)(w);
     int64_t r = r0;
     for (; r + 8 <= r1; r += 8)
