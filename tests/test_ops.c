@@ -1059,6 +1059,47 @@ static int simd_env_child(const char *value)
     return WEXITSTATUS(st);
 }
 
+/* What placing an eligible Q4 weight gives with RIVER_Q4X8=value, in a child process (read
+ * once per process): 0 kept as Q4, 1 repacked to Q4X8, 2 refused with RIVER_EINVAL and a
+ * detail naming the value, 3 anything else. */
+static int q4x8_env_child(const char *value)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RIVER_Q4X8", value, 1);
+        backend_t *be = NULL;
+        int code = 3;
+        if (cpu_backend_new(&be, 1, CPU_SIMD_AVX2) == 0) {
+            tw_t t;
+            tw_make(&t, DTYPE_Q4, 8, 256, 32);
+            weight_t up = t.w;
+            int e = be->ops->weight_upload(be->ctx, &up);
+            if (e == RIVER_EINVAL && strstr(river_err_detail(), value))
+                code = 2;
+            else if (e == 0)
+                code = up.dtype == DTYPE_Q4X8 ? 1 : up.dtype == DTYPE_Q4 ? 0 : 3;
+            cpu_backend_destroy(&be);
+        }
+        _exit(code);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+START_TEST(test_q4x8_env)
+{
+    if (cpu_simd_detect() < CPU_SIMD_AVX2)
+        return; /* no level here repacks */
+    ck_assert_int_eq(q4x8_env_child("0"), 0);
+    ck_assert_int_eq(q4x8_env_child("1"), 1);
+    ck_assert_int_eq(q4x8_env_child("yes"), 2);
+    ck_assert_int_eq(q4x8_env_child("00"), 2);
+}
+END_TEST
+
 START_TEST(test_simd_env)
 {
     for (int l = 0; l < CPU_SIMD_COUNT; l++) {
@@ -1089,6 +1130,7 @@ static Suite *ops_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_levels);
     tcase_add_test(tc, test_simd_env);
+    tcase_add_test(tc, test_q4x8_env);
     tcase_add_loop_test(tc, test_buffers, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_float, 0, N_CONFIGS);
     tcase_add_loop_test(tc, test_matmul_quant, 0, N_CONFIGS);

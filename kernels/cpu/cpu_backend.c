@@ -597,20 +597,30 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * memory the backend owns. The file's pages are left alone (w->data may be memory the
  * caller owns); unread, they are the first the kernel reclaims. */
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
- * one against the other in one run; read once. */
+ * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
+ * refused at every placement, naming it, rather than read as one or the other. */
 static pthread_once_t q4x8_once = PTHREAD_ONCE_INIT;
-static int q4x8_off;
+static int q4x8_off, q4x8_bad;
+static char q4x8_text[32];
 
 static void q4x8_env_read(void)
 {
     const char *v = getenv("RIVER_Q4X8");
-    q4x8_off = v && !strcmp(v, "0");
+    if (!v || !*v)
+        return;
+    snprintf(q4x8_text, sizeof q4x8_text, "%s", v);
+    q4x8_off = !strcmp(v, "0");
+    q4x8_bad = !q4x8_off && strcmp(v, "1") != 0;
 }
 
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
     if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
         return river_err_set(RIVER_ESYS, "RIVER_Q4X8: pthread_once failed");
+    if (q4x8_bad)
+        return river_err_set(RIVER_EINVAL, "RIVER_Q4X8=%s: not 0 (keep 4-bit weights as the "
+                             "file has them) or 1 (repack them for the integer kernels)",
+                             q4x8_text);
     if (!ctx->k->q4x8 || q4x8_off || !cpu_q4x8_eligible(w))
         return 0;
     for (struct cpu_owned *o = ctx->owned; o; o = o->next)
