@@ -87,9 +87,10 @@ static void bench__usage(FILE *f)
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
                "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
                "                   [--device cpu|cuda]\n"
-               "Prints the median prefill and decode tokens/s over R runs, the read bandwidth\n"
-               "of a SIMD sweep over M MiB (default 2048) with the same threads, and\n"
-               "roofline_fraction = bytes_per_token * decode_tok_s / read_bandwidth.\n"
+               "Prints the median prefill and decode tokens/s over R runs, the median read\n"
+               "bandwidth of a SIMD sweep over M MiB (default 2048) with the same threads,\n"
+               "taken after each run, and roofline_fraction: the median over the runs of\n"
+               "bytes_per_token * decode_tok_s / read_bandwidth, each run against its sweep.\n"
                "--split-costs RIVER instead times the backbone and the river layers (per layer,\n"
                "every river layer once a pass, as decoding streams them) on 1..64 rows and\n"
                "shows when running a batch as two groups (row aggregation) beats running it\n"
@@ -211,7 +212,8 @@ int cmd_bench(int argc, char **argv)
     gen_t *g = NULL;
     int32_t *prompt = malloc(sizeof *prompt * (size_t)prompt_len);
     double *pre = calloc((size_t)runs, sizeof *pre), *dec = calloc((size_t)runs, sizeof *dec);
-    if (!prompt || !pre || !dec) {
+    double *bws = calloc((size_t)runs, sizeof *bws), *fracs = calloc((size_t)runs, sizeof *fracs);
+    if (!prompt || !pre || !dec || !bws || !fracs) {
         e = river_err_set(RIVER_ENOMEM, "bench buffers");
         goto done;
     }
@@ -249,6 +251,14 @@ int cmd_bench(int argc, char **argv)
             continue;
         pre[r] = (double)(b.prefill_tokens - a.prefill_tokens) / (b.prefill_s - a.prefill_s);
         dec[r] = (double)(b.decode_tokens - a.decode_tokens) / (b.decode_s - a.decode_s);
+        /* The sweep right after the run: the machine's bandwidth drifts (other tenants of a
+         * host), and a run compared with a sweep taken minutes away measures the drift. */
+        bws[r] = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3);
+        if (bws[r] <= 0) {
+            e = (int)bws[r];
+            goto done;
+        }
+        fracs[r] = (double)model_bytes_per_token(env.model) * dec[r] / (bws[r] * 1e9);
     }
     /* The attention share of prefill: prompts alone (one token sampled, no decode step),
      * attention's time over the forward's, summed over the runs. */
@@ -269,13 +279,9 @@ int cmd_bench(int argc, char **argv)
                                               : 0.0;
     double prefill_tps = bench__median(pre, (int)runs);
     double decode_tps = bench__median(dec, (int)runs);
-    double bw = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3);
-    if (bw <= 0) {
-        e = (int)bw;
-        goto done;
-    }
+    double bw = bench__median(bws, (int)runs);
     int64_t bpt = model_bytes_per_token(env.model);
-    double frac = (double)bpt * decode_tps / (bw * 1e9);
+    double frac = bench__median(fracs, (int)runs);
     if (json) {
         json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:f, s:f}",
                               "model", model_path, "dtype", dtype_name(cfg->dtype),
@@ -308,6 +314,8 @@ done:
     free(prompt);
     free(pre);
     free(dec);
+    free(bws);
+    free(fracs);
     cli_env_close(&env);
     return rc;
 }

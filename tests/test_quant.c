@@ -966,11 +966,60 @@ START_TEST(test_quant_group_fit)
 }
 END_TEST
 
+/* The numbers `river bench` prints come out and are figures: --split-costs on a river
+ * gives one JSON line per batch size, 1..64 rows, with positive layer times; the decode
+ * run gives tokens/s, a read bandwidth and a roofline fraction above zero. */
+START_TEST(test_bench_prints_figures)
+{
+    char river_path[320];
+    snprintf(river_path, sizeof river_path, "%s/bench.safetensors", test_tmpdir());
+    char *q[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", river_path,
+                 "--threads", "1", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(q, NULL, 1, &out), 0);
+    free(out);
+    char *sc[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                  "--split-costs", river_path, "--output", "json", NULL};
+    ck_assert_int_eq(test_capture(sc, NULL, 0, &out), 0);
+    static const int rows[] = {1, 2, 4, 8, 16, 32, 64};
+    const char *line = out;
+    for (int i = 0; i < 7; i++) {
+        ck_assert_msg(line && *line, "bench --split-costs printed %d lines: %.400s", i, out);
+        int n = 0;
+        double tb = 0, tr = 0;
+        const char *f = strstr(line, "\"rows\":");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(sscanf(f, "\"rows\":%d,\"backbone_ms\":%lf,\"river_ms\":%lf", &n, &tb,
+                                &tr), 3);
+        ck_assert_int_eq(n, rows[i]);
+        ck_assert_msg(tb > 0 && tr > 0, "rows %d: T_B %g T_R %g", n, tb, tr);
+        line = strchr(line, '\n');
+        line = line ? line + 1 : NULL;
+    }
+    free(out);
+    char *dec[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                   "--prompt-len", "4", "--gen-len", "4", "--runs", "2", "--bandwidth-mib",
+                   "16", "--output", "json", NULL};
+    ck_assert_int_eq(test_capture(dec, NULL, 0, &out), 0);
+    const char *keys[] = {"\"decode_tok_s\":", "\"read_bandwidth_gbs\":",
+                          "\"roofline_fraction\":"};
+    for (int k = 0; k < 3; k++) {
+        const char *f = strstr(out, keys[k]);
+        ck_assert_msg(f, "no %s in %.400s", keys[k], out);
+        double v = strtod(f + strlen(keys[k]), NULL);
+        ck_assert_msg(v > 0, "%s %g", keys[k], v);
+    }
+    free(out);
+    remove(river_path);
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
     TCase *q = tcase_create("quantizers");
     tcase_add_test(q, test_rtn_round_trip);
+    tcase_add_test(q, test_bench_prints_figures);
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
     tcase_add_test(q, test_simd_kernels_agree);
