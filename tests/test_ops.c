@@ -1030,28 +1030,16 @@ START_TEST(test_levels)
 }
 END_TEST
 
-/* What a backend asking for the best level gets with RIVER_SIMD=value, in a child process
- * (the variable is read once per process): the level's number, or 100 + the error's
- * distance from RIVER_EINVAL when creation fails with that detail naming `value`. */
-static int simd_env_child(const char *value)
+/* The exit code of body(value) run in a child process after setting the environment
+ * variable `name` to value: the variables the backend reads once per process are tested
+ * each in a fresh one. */
+static int env_child(const char *name, const char *value, int (*body)(const char *value))
 {
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        setenv("RIVER_SIMD", value, 1);
-        backend_t *be = NULL;
-        int e = cpu_backend_new(&be, 1, CPU_SIMD_COUNT);
-        int code;
-        if (e) {
-            /* The message names what was asked for and what the processor has. */
-            const char *d = river_err_detail();
-            int named = strstr(d, value) && strstr(d, cpu_simd_name(cpu_simd_detect()));
-            code = named ? 100 + (RIVER_EINVAL - e) : 99;
-        } else {
-            code = (int)cpu_backend_simd(be);
-            cpu_backend_destroy(&be);
-        }
-        _exit(code);
+        setenv(name, value, 1);
+        _exit(body(value));
     }
     int st;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
@@ -1059,34 +1047,53 @@ static int simd_env_child(const char *value)
     return WEXITSTATUS(st);
 }
 
-/* What placing an eligible Q4 weight gives with RIVER_Q4X8=value, in a child process (read
- * once per process): 0 kept as Q4, 1 repacked to Q4X8, 2 refused with RIVER_EINVAL and a
- * detail naming the value, 3 anything else. */
+/* What a backend asking for the best level gets with RIVER_SIMD=value: the level's
+ * number, or 100 + the error's distance from RIVER_EINVAL when creation fails with that
+ * detail naming `value`. */
+static int simd_env_body(const char *value)
+{
+    backend_t *be = NULL;
+    int e = cpu_backend_new(&be, 1, CPU_SIMD_COUNT);
+    if (e) {
+        /* The message names what was asked for and what the processor has. */
+        const char *d = river_err_detail();
+        int named = strstr(d, value) && strstr(d, cpu_simd_name(cpu_simd_detect()));
+        return named ? 100 + (RIVER_EINVAL - e) : 99;
+    }
+    int code = (int)cpu_backend_simd(be);
+    cpu_backend_destroy(&be);
+    return code;
+}
+
+static int simd_env_child(const char *value)
+{
+    return env_child("RIVER_SIMD", value, simd_env_body);
+}
+
+/* What placing an eligible Q4 weight gives with RIVER_Q4X8=value: 0 kept as Q4, 1
+ * repacked to Q4X8, 2 refused with RIVER_EINVAL and a detail naming the value, 3 anything
+ * else. */
+static int q4x8_env_body(const char *value)
+{
+    backend_t *be = NULL;
+    int code = 3;
+    if (cpu_backend_new(&be, 1, CPU_SIMD_AVX2) == 0) {
+        tw_t t;
+        tw_make(&t, DTYPE_Q4, 8, 256, 32);
+        weight_t up = t.w;
+        int e = be->ops->weight_upload(be->ctx, &up);
+        if (e == RIVER_EINVAL && strstr(river_err_detail(), value))
+            code = 2;
+        else if (e == 0)
+            code = up.dtype == DTYPE_Q4X8 ? 1 : up.dtype == DTYPE_Q4 ? 0 : 3;
+        cpu_backend_destroy(&be);
+    }
+    return code;
+}
+
 static int q4x8_env_child(const char *value)
 {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        setenv("RIVER_Q4X8", value, 1);
-        backend_t *be = NULL;
-        int code = 3;
-        if (cpu_backend_new(&be, 1, CPU_SIMD_AVX2) == 0) {
-            tw_t t;
-            tw_make(&t, DTYPE_Q4, 8, 256, 32);
-            weight_t up = t.w;
-            int e = be->ops->weight_upload(be->ctx, &up);
-            if (e == RIVER_EINVAL && strstr(river_err_detail(), value))
-                code = 2;
-            else if (e == 0)
-                code = up.dtype == DTYPE_Q4X8 ? 1 : up.dtype == DTYPE_Q4 ? 0 : 3;
-            cpu_backend_destroy(&be);
-        }
-        _exit(code);
-    }
-    int st;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return env_child("RIVER_Q4X8", value, q4x8_env_body);
 }
 
 START_TEST(test_q4x8_env)
