@@ -441,19 +441,7 @@ AI void gemv_tile_q8(float *y, int64_t ldy, const float *xq, int64_t ldq, const 
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
-    /* The zero terms, eight groups at a time and lane by lane (acc is summed across lanes
-     * at the end anyway). */
-    for (int64_t gb = 0; gb < ng; gb += 8) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
-            __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
-            __m256 sz = _mm256_mul_ps(s, dt == DTYPE_Q8 ? _mm256_sub_ps(z, _mm256_set1_ps(128.0f)) : z);
-#pragma GCC unroll 4
-            for (int i = 0; i < N; i++)
-                acc[r][i] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs + i * ldq + gb), acc[r][i]);
-        }
-    }
+    avx2_q4x8_zero_terms(acc, wt, r0, ng, xs, ldq, dt == DTYPE_Q8 ? 128.0f : 0.0f, R, N);
     for (int64_t g = 0; g < ng; g++) {
         __m256 sc[GEMV_R];
 #pragma GCC unroll 8

@@ -70,6 +70,30 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
     } while (0)
 #endif
 
+/* The zero points' share of the integer kernels' sums: acc[r][i] -= s_g (z_g - zshift)
+ * xs_i[g] over the groups g of weight row r0 + r, eight groups a vector, lane by lane (acc
+ * is summed across lanes at the end anyway); xs_i (ldq floats apart, ng padded to a
+ * multiple of 8 with zeros) holds row i's sum of dequantized x per group. zshift is 128
+ * for Q8 codes taken as q - 128, else 0. The AVX2 level's Q4/Q8 tiles use it too. */
+AI void Q4X8_FN(zero_terms)(__m256 acc[][4], const weight_t *wt, int64_t r0, int64_t ng,
+                            const float *xs, int64_t ldq, float zshift, const int R,
+                            const int N)
+{
+    for (int64_t gb = 0; gb < ng; gb += 8) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
+            __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
+            if (zshift != 0.0f)
+                z = _mm256_sub_ps(z, _mm256_set1_ps(zshift));
+            __m256 sz = _mm256_mul_ps(s, z);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs + i * ldq + gb), acc[r][i]);
+        }
+    }
+}
+
 /* What the tiles of one call share, worked out once per call: the integer divisions
  * behind it cost as much as a set of multiply-adds when done per tile. */
 typedef struct {
@@ -113,19 +137,7 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
-    /* The zero terms, eight groups at a time, lane by lane (acc is summed across lanes at
-     * the end anyway). */
-    for (int64_t gb = 0; gb < ng; gb += 8) {
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
-            __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
-            __m256 sz = _mm256_mul_ps(s, z);
-#pragma GCC unroll 4
-            for (int i = 0; i < N; i++)
-                acc[r][i] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs + i * ldq + gb), acc[r][i]);
-        }
-    }
+    Q4X8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, 0.0f, R, N);
     /* The set's first group advances by gstep every set, or by one every spg sets. */
     const __m256i gidx = geo->gidx;
     const int64_t gstep = geo->gstep;
