@@ -37,29 +37,12 @@
 #define CUDA_SKIP_LINE "no CUDA device: the CUDA column of the op tests is skipped"
 #define THREADS 2
 
-/* ---- random numbers -------------------------------------------------------------------- */
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float rnd(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / (float)0x1000000;
-}
-
 static float *rand_host(size_t n, float lo, float hi)
 {
     float *p = malloc(n * sizeof *p);
     ck_assert_ptr_nonnull(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = rnd(lo, hi);
+        p[i] = test_rand(lo, hi);
     return p;
 }
 
@@ -184,7 +167,7 @@ static weight_t weight_rand(dtype_t dt, int64_t rows, int64_t cols, int group, f
     } else if (dt == DTYPE_F16 || dt == DTYPE_BF16) {
         uint16_t *d = malloc(n * sizeof *d);
         for (size_t i = 0; i < n; i++) {
-            float v = rnd(-amp, amp);
+            float v = test_rand(-amp, amp);
             d[i] = dt == DTYPE_F16 ? f32_to_f16(v) : f32_to_bf16(v);
         }
         w.data = d;
@@ -192,13 +175,13 @@ static weight_t weight_rand(dtype_t dt, int64_t rows, int64_t cols, int group, f
         size_t bytes = (size_t)rows * dtype_row_bytes(dt, cols);
         uint8_t *d = malloc(bytes);
         for (size_t i = 0; i < bytes; i++)
-            d[i] = (uint8_t)rnd_u32();
+            d[i] = (uint8_t)test_rand_u32();
         size_t ng = (size_t)rows * (size_t)(cols / group);
         uint16_t *s = malloc(ng * sizeof *s), *z = malloc(ng * sizeof *z);
         float qmax = dt == DTYPE_Q4 ? 15.0f : 255.0f;
         for (size_t i = 0; i < ng; i++) {
-            s[i] = f32_to_f16(amp * 0.1f * rnd(0.2f, 1.0f) * (dt == DTYPE_Q4 ? 8.0f : 0.5f));
-            z[i] = f32_to_f16(rnd(0.3f * qmax, 0.7f * qmax));
+            s[i] = f32_to_f16(amp * 0.1f * test_rand(0.2f, 1.0f) * (dt == DTYPE_Q4 ? 8.0f : 0.5f));
+            z[i] = f32_to_f16(test_rand(0.3f * qmax, 0.7f * qmax));
         }
         w.data = d;
         w.scales = s;
@@ -272,7 +255,7 @@ static void run_embed(bpair_t *p, const op_case_t *c)
     wtwin_t w = wtwin_new(p, weight_rand(c->dt, c->a, c->b, 64, 0.5f));
     int32_t *tok = malloc(sizeof *tok * (size_t)c->c);
     for (int i = 0; i < c->c; i++)
-        tok[i] = (int32_t)(rnd_u32() % (uint32_t)c->a);
+        tok[i] = (int32_t)(test_rand_u32() % (uint32_t)c->a);
     tok[0] = c->a - 1;
     twin_t out = twin_new(p, NULL, (size_t)c->c * c->b);
     BOTH(p, p->ref->ops->embed(p->ref->ctx, out.r, &w.r, tok, c->c),
@@ -376,7 +359,7 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     for (int i = 0; i < n_pages; i++)
         perm[i] = i;
     for (int i = n_pages - 1; i > 0; i--) {
-        int j = (int)(rnd_u32() % (uint32_t)(i + 1));
+        int j = (int)(test_rand_u32() % (uint32_t)(i + 1));
         int32_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
@@ -631,7 +614,7 @@ START_TEST(test_op_case)
         bpair_t p;
         if ((c->gpu_only && k == 0) || !bpair_open(&p, k))
             continue;
-        rng = 0x9e3779b97f4a7c15ull + (uint64_t)_i;
+        test_rand_seed(TEST_RAND_SEED + (uint64_t)_i);
         c->run(&p, c);
         bpair_close(&p);
     }

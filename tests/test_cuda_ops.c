@@ -61,27 +61,12 @@ static Suite *cuda_ops_suite(void)
         }                                                                                    \
     } while (0)
 
-/* ---- random numbers, fixtures ----------------------------------------------------------- */
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float rnd(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / (float)0x1000000;
-}
+/* ---- fixtures --------------------------------------------------------------------------- */
 
 static void fill(float *p, size_t n, float lo, float hi)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = rnd(lo, hi);
+        p[i] = test_rand(lo, hi);
 }
 
 typedef struct pair {
@@ -179,7 +164,7 @@ static weight_t weight_rand(dtype_t dt, int64_t rows, int64_t cols, int group)
     } else if (dt == DTYPE_F16 || dt == DTYPE_BF16) {
         uint16_t *d = malloc(n * sizeof *d);
         for (size_t i = 0; i < n; i++) {
-            float v = rnd(-0.05f, 0.05f);
+            float v = test_rand(-0.05f, 0.05f);
             d[i] = dt == DTYPE_F16 ? f32_to_f16(v) : f32_to_bf16(v);
         }
         w.data = d;
@@ -187,13 +172,13 @@ static weight_t weight_rand(dtype_t dt, int64_t rows, int64_t cols, int group)
         size_t bytes = (size_t)rows * dtype_row_bytes(dt, cols);
         uint8_t *d = malloc(bytes);
         for (size_t i = 0; i < bytes; i++)
-            d[i] = (uint8_t)rnd_u32();
+            d[i] = (uint8_t)test_rand_u32();
         size_t ng = (size_t)rows * (size_t)(cols / group);
         uint16_t *s = malloc(ng * sizeof *s), *z = malloc(ng * sizeof *z);
         float qmax = dt == DTYPE_Q4 ? 15.0f : 255.0f;
         for (size_t i = 0; i < ng; i++) {
-            s[i] = f32_to_f16(rnd(0.002f, 0.01f) * (dt == DTYPE_Q4 ? 8.0f : 0.5f));
-            z[i] = f32_to_f16(rnd(0.3f * qmax, 0.7f * qmax));
+            s[i] = f32_to_f16(test_rand(0.002f, 0.01f) * (dt == DTYPE_Q4 ? 8.0f : 0.5f));
+            z[i] = f32_to_f16(test_rand(0.3f * qmax, 0.7f * qmax));
         }
         w.data = d;
         w.scales = s;

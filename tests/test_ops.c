@@ -24,27 +24,12 @@
     } while (0)
 #define EXPECT_TRUE(cond) EXPECT(cond, "assertion '%s' failed", #cond)
 
-/* ---- random numbers and reference conversions ------------------------------------------ */
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float rnd(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / (float)0x1000000;
-}
+/* ---- random data and reference conversions --------------------------------------------- */
 
 static void fill(float *p, size_t n, float lo, float hi)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = rnd(lo, hi);
+        p[i] = test_rand(lo, hi);
 }
 
 /* Widening written independently of kernels/half.h. */
@@ -133,7 +118,7 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *row = (uint8_t *)t->data + r * rb;
         for (int64_t k = 0; k < cols; k++) {
-            float v = rnd(-1.0f, 1.0f);
+            float v = test_rand(-1.0f, 1.0f);
             float *ref = &t->ref[r * cols + k];
             switch (dt) {
             case DTYPE_F32:
@@ -149,10 +134,10 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
                 *ref = ref_bf16(((uint16_t *)row)[k]);
                 break;
             case DTYPE_Q8:
-                row[k] = (uint8_t)(rnd_u32() & 0xff);
+                row[k] = (uint8_t)(test_rand_u32() & 0xff);
                 break;
             case DTYPE_Q4: {
-                unsigned q = rnd_u32() & 0x0f;
+                unsigned q = test_rand_u32() & 0x0f;
                 row[k / 2] |= (uint8_t)((k & 1) ? q << 4 : q);
                 break;
             }
@@ -168,8 +153,8 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
         t->zeros = malloc((size_t)(rows * ng) * sizeof(uint16_t));
         ck_assert(t->scales && t->zeros);
         for (int64_t i = 0; i < rows * ng; i++) {
-            t->scales[i] = f32_to_f16(rnd(0.001f, 0.05f));
-            t->zeros[i] = f32_to_f16(rnd(0.0f, qmax));
+            t->scales[i] = f32_to_f16(test_rand(0.001f, 0.05f));
+            t->zeros[i] = f32_to_f16(test_rand(0.0f, qmax));
         }
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *row = (const uint8_t *)t->data + r * rb;
@@ -585,7 +570,7 @@ START_TEST(test_rope)
                       .inv_freq = inv_freq, .attn_factor = cases[c].af };
         int32_t *pos = malloc((size_t)n * sizeof(int32_t));
         for (int i = 0; i < n; i++)
-            pos[i] = i == 0 ? 0 : (int32_t)(rnd_u32() % 9000);
+            pos[i] = i == 0 ? 0 : (int32_t)(test_rand_u32() % 9000);
         size_t ne = (size_t)n * H * hd;
         float *xh = malloc(ne * sizeof(float));
         fill(xh, ne, -1.0f, 1.0f);
@@ -704,7 +689,7 @@ static void run_attention_case(env_t *e, const attn_case_t *ac)
     for (int p = 0; p < n_pages; p++)
         perm[p] = p;
     for (int p = n_pages - 1; p > 0; p--) {
-        int q = (int)(rnd_u32() % (uint32_t)(p + 1));
+        int q = (int)(test_rand_u32() % (uint32_t)(p + 1));
         int32_t t = perm[p];
         perm[p] = perm[q];
         perm[q] = t;

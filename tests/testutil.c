@@ -132,3 +132,23 @@ const char *test_device_yaml(void)
            : !strcmp(test_device(), "cuda") ? "device: cuda\n"
                                             : "";
 }
+
+static uint64_t test__rng = TEST_RAND_SEED;
+
+void test_rand_seed(uint64_t seed)
+{
+    test__rng = seed;
+}
+
+uint32_t test_rand_u32(void)
+{
+    test__rng ^= test__rng << 13;
+    test__rng ^= test__rng >> 7;
+    test__rng ^= test__rng << 17;
+    return (uint32_t)(test__rng >> 16);
+}
+
+float test_rand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(test_rand_u32() & 0xffffff) / (float)0x1000000;
+}

@@ -25,6 +25,13 @@
         return failed == 0 ? 0 : 1;                                    \
     }
 
+/* A reproducible xorshift stream for test data, one per test binary, starting from a fixed
+ * seed; test_rand_seed restarts it (a case that wants the same data on every backend). */
+void test_rand_seed(uint64_t seed);
+uint32_t test_rand_u32(void);
+float test_rand(float lo, float hi); /* uniform in [lo, hi), 24 bits */
+#define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
+
 /* Reads a whole file; NULL (and *len untouched) when it cannot. Caller frees. */
 void *test_read_file(const char *path, size_t *len);
 /* Writes len bytes to a fresh file under a per-process temp directory and returns its
