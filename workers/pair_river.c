@@ -75,6 +75,26 @@ static void pair__river_lost(pair_river_t *p, int64_t now, const char *why)
     p->hello_at = now + p->backoff_ms;
 }
 
+/* The backbone refused this side (p->refusal says why). Refused at start-up, the
+ * configuration is wrong and stays wrong; later, the backbone may have been restarted
+ * with another, and may be fixed again: hello again after the back-off. */
+static void pair__river_refused(pair_river_t *p, int64_t now)
+{
+    wlog(WLOG_ERROR, "%s", p->refusal);
+    if (!p->ever_paired)
+        p->refused = true;
+    pair__river_close(p);
+    p->state = PAIR_IDLE;
+    p->hello_at = now + p->backoff_ms;
+}
+
+/* The next back-off: doubled, up to backoff_max_ms. */
+static void pair__river_back_off(pair_river_t *p)
+{
+    p->backoff_ms = p->backoff_ms * 2 > p->cfg.backoff_max_ms ? p->cfg.backoff_max_ms
+                                                              : p->backoff_ms * 2;
+}
+
 static int pair__river_open(pair_river_t *p)
 {
     void *s = zmq_socket(p->zctx, ZMQ_DEALER);
@@ -272,12 +292,7 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
              * one that refuses the hello. */
             snprintf(p->refusal, sizeof p->refusal, "the backbone worker at %s: %s",
                      p->cfg.endpoint, river_err_detail());
-            wlog(WLOG_ERROR, "%s", p->refusal);
-            if (!p->ever_paired)
-                p->refused = true;
-            pair__river_close(p);
-            p->state = PAIR_IDLE;
-            p->hello_at = now + p->backoff_ms;
+            pair__river_refused(p, now);
             protobuf_c_message_free_unpacked(out, NULL);
             return;
         }
@@ -294,16 +309,8 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
         snprintf(p->refusal, sizeof p->refusal, "the backbone worker at %s refused the "
                  "pair: %s", p->cfg.endpoint,
                  pair_wire_printable(bm->error->message, buf, sizeof buf));
-        wlog(WLOG_ERROR, "%s", p->refusal);
-        /* Refused at start-up, the configuration is wrong and stays wrong; later, the
-         * backbone may have been restarted with another, and may be fixed again. */
-        if (!p->ever_paired)
-            p->refused = true;
-        pair__river_close(p);
-        p->state = PAIR_IDLE;
-        p->hello_at = now + p->backoff_ms;
-        p->backoff_ms = p->backoff_ms * 2 > p->cfg.backoff_max_ms ? p->cfg.backoff_max_ms
-                                                                  : p->backoff_ms * 2;
+        pair__river_refused(p, now);
+        pair__river_back_off(p);
     } else if (p->state == PAIR_READY &&
                bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR &&
                bm->error->seq == 0) {
@@ -385,8 +392,7 @@ void pair_river_tick(pair_river_t *p, int64_t now)
         pair__river_close(p);
         p->state = PAIR_IDLE;
         p->hello_at = now + p->backoff_ms;
-        p->backoff_ms = p->backoff_ms * 2 > p->cfg.backoff_max_ms ? p->cfg.backoff_max_ms
-                                                                  : p->backoff_ms * 2;
+        pair__river_back_off(p);
         return;
     case PAIR_READY:
         if (now - p->last_recv_ms > p->cfg.heartbeat_ms * p->cfg.liveness) {
