@@ -33,6 +33,10 @@ void cli_env_close(cli_env_t *env);
  * model's weights placed there; only in builds with the CUDA backend). RIVER_EINVAL for an
  * unknown name, RIVER_EUNSUPPORTED for cuda in a build without it. */
 int cli_env_set_device(const char *name);
+/* What later cli_env_open calls do with the CPU's weights: "copy" (the default: matrices
+ * of 2 MiB or more into huge pages) or "mapped" (read in the mapped checkpoint, which
+ * backbone offloading needs). RIVER_EINVAL naming anything else. */
+int cli_env_set_weights(const char *mode);
 /* Whether env->be keeps its buffers in host memory (the CPU backend). */
 int cli_env_is_cpu(const cli_env_t *env);
 /* The SIMD level of a CPU backend ("avx2"...), or "none" for another backend. */

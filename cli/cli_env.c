@@ -12,6 +12,7 @@
 
 /* Set once from a command's options before cli_env_open; commands run one per process. */
 static char cli_device[32] = "cpu";
+static int cli_keep_mapped;
 
 int cli_env_set_device(const char *name)
 {
@@ -22,6 +23,16 @@ int cli_env_set_device(const char *name)
         return e;
     snprintf(cli_device, sizeof cli_device, "%s", name);
     return 0;
+}
+
+int cli_env_set_weights(const char *mode)
+{
+    if (!strcmp(mode, "copy") || !strcmp(mode, "mapped")) {
+        cli_keep_mapped = mode[0] == 'm';
+        return 0;
+    }
+    return river_err_set(RIVER_EINVAL, "weights '%s': use copy (large matrices in huge "
+                         "pages, the default) or mapped (read in the mapped checkpoint)", mode);
 }
 
 int cli_env_is_cpu(const cli_env_t *env)
@@ -70,7 +81,8 @@ int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, i
                  int want_tok)
 {
     engine_opts_t o = {.model = model_path, .tokenizer = tok_path, .want_tokenizer = want_tok,
-                       .device = cli_device, .threads = n_threads};
+                       .device = cli_device, .threads = n_threads,
+                       .keep_mapped = cli_keep_mapped};
     return engine_open(env, &o);
 }
 

@@ -86,7 +86,7 @@ static void bench__usage(FILE *f)
 {
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
                "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
-               "                   [--device cpu|cuda]\n"
+               "                   [--device cpu|cuda] [--weights copy|mapped]\n"
                "Prints the median prefill and decode tokens/s over R runs, the median read\n"
                "bandwidth of a SIMD sweep over M MiB (default 2048) with the same threads,\n"
                "taken after each run, and roofline_fraction: the median over the runs of\n"
@@ -105,7 +105,9 @@ static void bench__usage(FILE *f)
                "steps at a context of --prompt-len positions: the plain decode step, the draft\n"
                "step (backbone to layer E, default L/2, then the river) and verify passes of\n"
                "k+1 rows for k = 1..K (default 8), median of --runs (at least 5), and prints\n"
-               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n");
+               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n"
+               "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
+               "copying each matrix of 2 MiB or more into huge pages (copy, the default).\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -119,6 +121,7 @@ int cmd_bench(int argc, char **argv)
         {"spec-costs", required_argument, 0, 'C'}, {"draft", required_argument, 0, 'D'},
         {"exit-layer", required_argument, 0, 'E'},
         {"device", required_argument, 0, 1000},
+        {"weights", required_argument, 0, 1005},
         {"prefix-reuse", no_argument, 0, 1001},
         {"history", required_argument, 0, 1002},
         {"turns", required_argument, 0, 1003},
@@ -160,6 +163,12 @@ int cmd_bench(int argc, char **argv)
             int de = cli_env_set_device(optarg);
             if (de)
                 return cli_fail("bench", de);
+            continue;
+        }
+        case 1005: {
+            int we = cli_env_set_weights(optarg);
+            if (we)
+                return cli_fail("bench", we);
             continue;
         }
         case 'h': bench__usage(stdout); return 0;

@@ -232,6 +232,9 @@ int cmd_eval(int argc, char **argv)
         return cli_fail("eval", river_err_set(RIVER_EINVAL, "--lossless and "
                                               "--offload-threshold do not combine"));
     cli_env_t env;
+    /* Offloading releases backbone pages, which the CPU's huge-page copies cannot be. */
+    if (offload_threshold > 0 && (e = cli_env_set_weights("mapped")))
+        return cli_fail("eval", e);
     e = cli_env_open(&env, model_path, tok_path, (int)threads, 1);
     if (e)
         return cli_fail("eval", e);

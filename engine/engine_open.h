@@ -23,6 +23,9 @@ typedef struct engine_opts {
     /* Layers to place on the backend (model_place_layers); both 0: the whole model. */
     int place_begin, place_end;
     int place_no_ends;     /* leave the embedding, final norm and heads unplaced */
+    int keep_mapped;       /* host weights stay in the mapped checkpoint, where backbone
+                              offloading can release them (BACKEND_WEIGHTS_MAPPED); 0: large
+                              matrices are copied into huge pages, read faster */
 } engine_opts_t;
 
 /* What an opened engine holds. The fields are the caller's to use, engine_close's to free. */

@@ -45,7 +45,8 @@ int backend_parse_device(const char *device, backend_kind_t *kind, int *index)
 #endif
 }
 
-int backend_open(backend_t **out, const char *device, int n_threads)
+int backend_open(backend_t **out, const char *device, int n_threads,
+                 backend_weights_t weights)
 {
     backend_kind_t kind;
     int index;
@@ -58,7 +59,11 @@ int backend_open(backend_t **out, const char *device, int n_threads)
 #endif
     if (kind == BACKEND_KIND_OPAQUE)
         return opaque_backend_new(out, n_threads, CPU_SIMD_COUNT);
-    return cpu_backend_new(out, n_threads, CPU_SIMD_COUNT);
+    if ((e = cpu_backend_new(out, n_threads, CPU_SIMD_COUNT)))
+        return e;
+    if (weights == BACKEND_WEIGHTS_MAPPED)
+        (void)cpu_backend_keep_mapped(*out); /* a CPU backend: cannot fail */
+    return 0;
 }
 
 void backend_destroy(backend_t **be)

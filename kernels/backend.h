@@ -22,10 +22,19 @@ typedef enum {
  * index is the GPU for cuda, 0 for cpu. */
 int backend_parse_device(const char *device, backend_kind_t *kind, int *index);
 
+/* What placement (ops->weight_upload) may do with a host backend's weights. */
+typedef enum {
+    BACKEND_WEIGHTS_COPY = 0, /* copy large matrices into memory read faster (huge pages) */
+    BACKEND_WEIGHTS_MAPPED,   /* read them in the mapped checkpoint, whose pages
+                                 weight_residency can release (backbone offloading) */
+} backend_weights_t;
+
 /* Opens the backend a device name names: the CPU with n_threads threads (0: one per core)
- * at the best SIMD level the processor has (or the one RIVER_SIMD asks for), or a GPU.
- * On failure *out is untouched. */
-int backend_open(backend_t **out, const char *device, int n_threads);
+ * at the best SIMD level the processor has (or the one RIVER_SIMD asks for), or a GPU
+ * (which copies every weight to the device whatever `weights` says). On failure *out is
+ * untouched. */
+int backend_open(backend_t **out, const char *device, int n_threads,
+                 backend_weights_t weights);
 
 /* Frees any backend (through its own destroy) and sets *be to NULL; NULL is fine. */
 void backend_destroy(backend_t **be);

@@ -36,7 +36,7 @@ size_t dtype_row_bytes(dtype_t dt, int64_t cols);
 const char *dtype_name(dtype_t dt);
 
 /* A weight matrix or vector, resident where its backend can read it (on the CPU: the mmap'd
- * checkpoint, used in place). A 1-D tensor has rows = 1. For Q4/Q8 a value is
+ * checkpoint, or the backend's copy in huge pages). A 1-D tensor has rows = 1. For Q4/Q8 a value is
  * (q - zero) * scale, one fp16 scale and zero per `group` consecutive inputs of a row. */
 typedef struct weight {
     dtype_t dtype;
@@ -123,7 +123,7 @@ typedef struct backend_info {
     int threads;       /* host threads the ops run on (0 where not meaningful) */
     int device;        /* device index, -1 for host backends */
     int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
-                          map, share (memfd) or advise them, and weights are read in place */
+                          map, share (memfd) or advise them */
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
 } backend_info_t;
 
@@ -147,16 +147,18 @@ typedef struct ops {
 
     /* Fills *out; cannot fail. */
     void (*info)(ops_ctx_t *ctx, backend_info_t *out);
-    /* Places a weight where the ops read it. Host backends read the mapped checkpoint in
-     * place and leave w alone; device backends copy data (and Q4/Q8 scales and zeros) into
-     * memory the backend owns until destroy, and point w at the copy. A weight whose data is
-     * NULL (an absent bias) is left alone. On failure w is unchanged. */
+    /* Places a weight where the ops read it. A backend may read it where it is and leave w
+     * alone, or copy data (and Q4/Q8 scales and zeros) into memory it owns until destroy
+     * and point w at the copy: device backends always, the CPU for matrices of 2 MiB or
+     * more (huge pages) and repacked codes (kernels/cpu/cpu.h). The caller's memory is
+     * never written. A weight whose data is NULL (an absent bias) or is the backend's
+     * copy already (a tied head) is left alone. On failure w is unchanged. */
     int (*weight_upload)(ops_ctx_t *ctx, weight_t *w);
     /* Residency of a placed weight, for backbone offloading: resident 0 releases the
      * memory behind w (it must stay readable: a later op may still use it, at the cost of
      * bringing it back), 1 asks for it back ahead of use. On host backends this is advice
      * on the mapped file's pages (madvise), which loses nothing; a backend that cannot
-     * release memory returns RIVER_EUNSUPPORTED. */
+     * release memory, or this weight's (its own copy), returns RIVER_EUNSUPPORTED. */
     int (*weight_residency)(ops_ctx_t *ctx, const weight_t *w, int resident);
     /* Shared buffers. shared_alloc makes `bytes` of zero-filled memory that another process
      * can map, and describes it in *h (an fd it keeps open until shared_free); shared_map

@@ -11,11 +11,14 @@
 
 #include "common/err.h"
 #include "engine/engine_open.h"
+#include "engine/generate.h"
 #include "engine/offload.h"
 #include "engine/river.h"
 #include "engine/router.h"
+#include "engine/synth.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/half.h"
 #include "kernels/opaque/opaque.h"
 #include "tests/testutil.h"
 
@@ -43,7 +46,7 @@ START_TEST(test_device_names)
     ck_assert_int_eq(kind, BACKEND_KIND_CUDA);
     ck_assert_int_eq(index, 3);
     backend_t *be = NULL;
-    e = backend_open(&be, "cuda:0", 0);
+    e = backend_open(&be, "cuda:0", 0, BACKEND_WEIGHTS_COPY);
     if (e) {
         ck_assert_int_eq(e, RIVER_EDEVICE);
         ck_assert_ptr_null(be);
@@ -64,7 +67,7 @@ END_TEST
 START_TEST(test_cpu_info)
 {
     backend_t *be = NULL;
-    ck_assert_int_eq(backend_open(&be, NULL, 2), 0);
+    ck_assert_int_eq(backend_open(&be, NULL, 2, BACKEND_WEIGHTS_COPY), 0);
     backend_info_t bi;
     backend_get_info(be, &bi);
     ck_assert_str_eq(bi.name, "cpu");
@@ -310,6 +313,180 @@ START_TEST(test_opaque)
 }
 END_TEST
 
+/* AnonHugePages (kB) of this process's mapping that holds p, from /proc/self/smaps. */
+static long huge_kb_at(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    unsigned long lo, hi;
+    long kb, found = -1;
+    int in = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
+            found = kb;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether transparent huge pages serve a region advised MADV_HUGEPAGE. */
+static int thp_enabled(void)
+{
+    char buf[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return 0;
+    if (!fgets(buf, sizeof buf, f))
+        buf[0] = '\0';
+    fclose(f);
+    return strstr(buf, "[always]") || strstr(buf, "[madvise]");
+}
+
+/* y = W x on the backend for one row of x. */
+static void matmul_host(backend_t *be, float *y, const float *x, const weight_t *w)
+{
+    const ops_t *o = be->ops;
+    float *xd = o->buf_alloc(be->ctx, (size_t)w->cols), *yd = o->buf_alloc(be->ctx, (size_t)w->rows);
+    ck_assert(xd && yd);
+    ck_assert_int_eq(o->from_host(be->ctx, xd, 0, x, (size_t)w->cols), 0);
+    ck_assert_int_eq(o->matmul(be->ctx, yd, xd, w, 1), 0);
+    ck_assert_int_eq(o->to_host(be->ctx, y, yd, 0, (size_t)w->rows), 0);
+    o->buf_free(be->ctx, xd);
+    o->buf_free(be->ctx, yd);
+}
+
+/* The CPU copies a matrix of 2 MiB or more into huge pages at placement (decode streams
+ * those faster than the file's small pages), bit for bit; smaller ones, and every one of a
+ * backend told to keep weights mapped, are read in place. */
+START_TEST(test_cpu_huge_copies)
+{
+    const int64_t R = 1024, C = 2048; /* 4 MiB of bf16 */
+    size_t bytes = (size_t)(R * C) * sizeof(uint16_t);
+    uint16_t *src = malloc(bytes), *keep = malloc(bytes);
+    float *x = malloc(sizeof *x * (size_t)C), *y0 = malloc(sizeof *y0 * (size_t)R);
+    float *y1 = malloc(sizeof *y1 * (size_t)R);
+    ck_assert(src && keep && x && y0 && y1);
+    test_rand_seed(11);
+    for (int64_t i = 0; i < R * C; i++)
+        src[i] = f32_to_bf16(test_rand(-1.0f, 1.0f));
+    for (int64_t i = 0; i < C; i++)
+        x[i] = test_rand(-1.0f, 1.0f);
+    memcpy(keep, src, bytes);
+    const weight_t w0 = {.dtype = DTYPE_BF16, .rows = R, .cols = C, .data = src};
+
+    backend_t *be = NULL;
+    ck_assert_int_eq(backend_open(&be, "cpu", 2, BACKEND_WEIGHTS_COPY), 0);
+    const ops_t *o = be->ops;
+    weight_t w = w0;
+    ck_assert_int_eq(o->weight_upload(be->ctx, &w), 0);
+    ck_assert_ptr_ne(w.data, src);
+    ck_assert_uint_eq((uintptr_t)w.data % ((uintptr_t)2 << 20), 0);
+    ck_assert(memcmp(w.data, keep, bytes) == 0);
+    /* The source's pages were handed back: the caller's memory keeps its bytes. */
+    ck_assert(memcmp(src, keep, bytes) == 0);
+    long huge = huge_kb_at(w.data);
+    printf("cpu copy of a 4 MiB bf16 matrix: %ld kB in huge pages\n", huge);
+    if (thp_enabled())
+        ck_assert_int_gt(huge, 0);
+    matmul_host(be, y0, x, &w0);
+    matmul_host(be, y1, x, &w);
+    ck_assert(memcmp(y0, y1, sizeof *y0 * (size_t)R) == 0);
+    /* The copy placed again (a tied head shares the table's): no second copy. */
+    weight_t tied = w;
+    ck_assert_int_eq(o->weight_upload(be->ctx, &tied), 0);
+    ck_assert_ptr_eq(tied.data, w.data);
+    /* Offloading cannot release a copy, and is told so. */
+    ck_assert_int_eq(o->weight_residency(be->ctx, &w, 0), RIVER_EUNSUPPORTED);
+    ck_assert_msg(strstr(river_err_detail(), "kept mapped"), "%s", river_err_detail());
+    /* Under 2 MiB: read in place. */
+    weight_t small = w0;
+    small.rows = (int64_t)(((size_t)2 << 20) / ((size_t)C * sizeof(uint16_t))) - 1;
+    ck_assert_int_eq(o->weight_upload(be->ctx, &small), 0);
+    ck_assert_ptr_eq(small.data, src);
+    backend_destroy(&be);
+
+    ck_assert_int_eq(backend_open(&be, "cpu", 2, BACKEND_WEIGHTS_MAPPED), 0);
+    w = w0;
+    ck_assert_int_eq(be->ops->weight_upload(be->ctx, &w), 0);
+    ck_assert_ptr_eq(w.data, src);
+    ck_assert_int_eq(be->ops->weight_residency(be->ctx, &w, 1), 0);
+    backend_destroy(&be);
+
+    ck_assert_int_eq(opaque_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    ck_assert_int_eq(cpu_backend_keep_mapped(be), RIVER_EINVAL);
+    backend_destroy(&be);
+    free(src);
+    free(keep);
+    free(x);
+    free(y0);
+    free(y1);
+}
+END_TEST
+
+typedef struct {
+    int32_t ids[16];
+    int n;
+} ids_t;
+
+static void ids_collect(void *user, const gen_event_t *ev)
+{
+    ids_t *o = user;
+    if (ev->id >= 0 && o->n < 16)
+        o->ids[o->n++] = ev->id;
+}
+
+/* Greedy ids of a fixed prompt on a model opened with its weights copied or kept mapped. */
+static void generate_opened(const char *dir, int keep_mapped, ids_t *out, int *aligned,
+                            int *releasable)
+{
+    engine_env_t env;
+    engine_opts_t eo = {.model = dir, .threads = 2, .keep_mapped = keep_mapped};
+    ck_assert_msg(engine_open(&env, &eo) == 0, "%s", river_err_detail());
+    /* The tied 32000 x 288 table (18 MiB): a copy in huge pages, or the file's. */
+    ck_assert_ptr_eq(env.model->lm_head.data, env.model->embed.data);
+    *aligned = (uintptr_t)env.model->embed.data % ((uintptr_t)2 << 20) == 0;
+    *releasable = env.be->ops->weight_residency(env.be->ctx, &env.model->embed, 1) == 0;
+    gen_t *g = NULL;
+    gen_config_t gc = {.max_rows = 8, .prefill_chunk = 8, .page_size = 16, .max_seqs = 1};
+    ck_assert_int_eq(gen_new(&g, env.model, NULL, env.be, &gc), 0);
+    int32_t prompt[4] = {1, 400, 2000, 31000};
+    memset(out, 0, sizeof *out);
+    gen_request_t req = {.prompt = prompt, .n_prompt = 4, .max_tokens = 12, .ignore_eos = 1,
+                         .on_token = ids_collect, .user = out};
+    int seq;
+    ck_assert_int_eq(gen_submit(g, &req, &seq), 0);
+    ck_assert_int_eq(gen_run_all(g), 0);
+    ck_assert_int_eq(out->n, 12);
+    gen_destroy(&g);
+    engine_close(&env);
+}
+
+/* A model whose embedding table is over 2 MiB (stories15M's shape in bf16) decodes the
+ * same ids from the backend's huge-page copy as from the mapped file; only the mapped one
+ * can be released. */
+START_TEST(test_engine_weights_copied)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/synth-stories15M", test_tmpdir());
+    synth_opts_t so = {.shape = "stories15M", .dtype = DTYPE_BF16, .out_dir = dir, .seed = 3};
+    ck_assert_msg(synth_write(&so) == 0, "%s", river_err_detail());
+    ids_t copied, mapped;
+    int aligned_c, aligned_m, rel_c, rel_m;
+    generate_opened(dir, 0, &copied, &aligned_c, &rel_c);
+    generate_opened(dir, 1, &mapped, &aligned_m, &rel_m);
+    ck_assert_int_eq(aligned_c, 1);
+    ck_assert_int_eq(rel_c, 0);
+    ck_assert_int_eq(rel_m, 1);
+    (void)aligned_m;
+    for (int i = 0; i < 12; i++)
+        ck_assert_msg(copied.ids[i] == mapped.ids[i], "token %d: %d from the copy, %d mapped",
+                      i, copied.ids[i], mapped.ids[i]);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -321,6 +498,8 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, test_place_layers);
     tcase_add_test(tc, test_engine_open);
     tcase_add_test(tc, test_opaque);
+    tcase_add_test(tc, test_cpu_huge_copies);
+    tcase_add_test(tc, test_engine_weights_copied);
     suite_add_tcase(s, tc);
     return s;
 }

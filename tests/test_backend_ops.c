@@ -59,8 +59,8 @@ static bool bpair_open(bpair_t *p, int k)
 {
     memset(p, 0, sizeof *p);
     if (k == 0) {
-        ck_assert_msg(backend_open(&p->x, "opaque", THREADS) == 0, "%s", river_err_detail());
-        ck_assert_msg(backend_open(&p->ref, "cpu", THREADS) == 0, "%s", river_err_detail());
+        ck_assert_msg(backend_open(&p->x, "opaque", THREADS, BACKEND_WEIGHTS_COPY) == 0, "%s", river_err_detail());
+        ck_assert_msg(backend_open(&p->ref, "cpu", THREADS, BACKEND_WEIGHTS_COPY) == 0, "%s", river_err_detail());
         p->name = "opaque";
         p->scale = 0;
         return true;

@@ -1010,6 +1010,19 @@ START_TEST(test_bench_prints_figures)
         ck_assert_msg(v > 0, "%s %g", keys[k], v);
     }
     free(out);
+    /* The weights kept in the mapped checkpoint (the A/B against the huge-page copies);
+     * a mode that is neither is refused, naming it. */
+    char *mapped[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                      "--prompt-len", "4", "--gen-len", "4", "--runs", "1", "--bandwidth-mib",
+                      "16", "--weights", "mapped", "--output", "json", NULL};
+    ck_assert_int_eq(test_capture(mapped, NULL, 0, &out), 0);
+    ck_assert_msg(strstr(out, "\"decode_tok_s\":"), "%.400s", out);
+    free(out);
+    char *bad[] = {(char *)test_bin("river"), "bench", "--model", STORIES,
+                   "--weights", "huge", NULL};
+    ck_assert_int_eq(test_capture(bad, NULL, 1, &out), 1);
+    ck_assert_msg(strstr(out, "weights 'huge'") && strstr(out, "mapped"), "%.400s", out);
+    free(out);
     remove(river_path);
 }
 END_TEST

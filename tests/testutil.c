@@ -116,7 +116,7 @@ const char *test_device(void)
 void test_backend_open(backend_t **be, int threads, cpu_simd_t simd, model_t *m)
 {
     const char *dev = test_device();
-    int e = !strcmp(dev, "cuda")     ? backend_open(be, "cuda", threads)
+    int e = !strcmp(dev, "cuda")     ? backend_open(be, "cuda", threads, BACKEND_WEIGHTS_COPY)
             : !strcmp(dev, "opaque") ? opaque_backend_new(be, threads, simd)
                                      : cpu_backend_new(be, threads, simd);
     ck_assert_msg(e == 0, "backend %s: %s", test_device(), river_err_detail());

@@ -81,8 +81,8 @@ const char *pair_backend_name(const backend_t *be);
  * with. Read-only file pages come back from the file if anything reads them again. */
 void pair_release_weights(const model_t *m, int begin, int end, bool ends);
 
-/* Bytes of the model's checkpoint mapping resident in this process (from
- * /proc/self/smaps), or a negative river_err code. */
+/* Bytes of the model's weights resident in this process: its checkpoint mapping and the
+ * backend's host copies (from /proc/self/smaps), or a negative river_err code. */
 int64_t pair_model_resident_bytes(const model_t *m);
 
 /* ---- The river side ---- */

@@ -43,13 +43,32 @@ void pair_release_weights(const model_t *m, int begin, int end, bool ends)
     }
 }
 
+/* Whether [lo, hi) holds the data of one of m's matrices. */
+static int pair__holds_matrix(const model_t *m, uintptr_t lo, uintptr_t hi)
+{
+    const weight_t *ends[] = {&m->embed, &m->lm_head};
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
+        if ((uintptr_t)ends[i]->data >= lo && (uintptr_t)ends[i]->data < hi)
+            return 1;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const layer_weights_t *w = &m->layers[l];
+        const weight_t *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
+                                  &w->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if ((uintptr_t)mats[i]->data >= lo && (uintptr_t)mats[i]->data < hi)
+                return 1;
+    }
+    return 0;
+}
+
 int64_t pair_model_resident_bytes(const model_t *m)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f)
         return river_err_set(RIVER_ESYS, "/proc/self/smaps: %s", strerror(errno));
-    /* The checkpoint's mappings are those that hold a layer's weights; a sharded model
-     * has several files, each mapped once. */
+    /* The model's mappings are those that hold one of its matrices: the checkpoint's files
+     * (a sharded model has several, each mapped once) and the copies a host backend made
+     * at placement (one mapping per matrix on the CPU). */
     char line[4096];
     int64_t total = 0;
     int in_model = 0;
@@ -58,11 +77,7 @@ int64_t pair_model_resident_bytes(const model_t *m)
         int name_at = 0;
         if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &lo, &hi,
                    &name_at) == 2 && name_at > 0) {
-            in_model = 0;
-            for (int l = 0; l < m->cfg.n_layers && !in_model; l++) {
-                uintptr_t p = (uintptr_t)m->layers[l].wq.data;
-                in_model = p >= lo && p < hi;
-            }
+            in_model = pair__holds_matrix(m, lo, hi);
             continue;
         }
         long kb;

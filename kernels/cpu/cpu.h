@@ -2,7 +2,9 @@
  * paths chosen at run time (AVX-512, AVX2/FMA, portable C) and a thread pool.
  *
  * Notes on the ops as implemented here:
- * - Weights are read in place in every dtype. Q4/Q8 codes are unsigned (0..15, 0..255);
+ * - Weights are read where placement left them (the caller's memory, or for matrices of
+ *   2 MiB or more the backend's copy in huge pages), in every dtype. Q4/Q8 codes are
+ *   unsigned (0..15, 0..255);
  *   a group must divide the columns, and Q4 groups must be even. Groups that are multiples
  *   of 16 (Q8) or 32 (Q4) take the fast paths; others work, more slowly.
  * - Accumulation is f32 throughout. The scalar level adds in plain index order (as
@@ -39,6 +41,13 @@ int cpu_simd_selected(cpu_simd_t *out);
  * cpu_simd_selected(), whose error it returns. On failure *out is untouched. */
 int cpu_backend_new(backend_t **out, int n_threads, cpu_simd_t simd);
 void cpu_backend_destroy(backend_t **b);
+
+/* Before placement: weight_upload leaves float, Q4 and Q8 matrices in the caller's memory
+ * (the mapped checkpoint, whose pages weight_residency can release) instead of copying
+ * those of 2 MiB or more into huge pages, which decode reads faster but which cannot be
+ * released. Q4 codes repacked for the integer kernels are copies either way. RIVER_EINVAL
+ * if b is not a CPU backend; nothing changes then. */
+int cpu_backend_keep_mapped(backend_t *b);
 
 /* Threads the backend runs ops on. */
 int cpu_backend_threads(const backend_t *b);

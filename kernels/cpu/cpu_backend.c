@@ -592,10 +592,19 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
     out->host_memory = 1;
 }
 
-/* The mapped checkpoint is host memory the kernels read in place, except for Q4 codes
- * when this level's integer kernels want them in Q4X8 (q4x8.h): those are repacked into
- * memory the backend owns. The file's pages are left alone (w->data may be memory the
- * caller owns); unread, they are the first the kernel reclaims. */
+/* Where placement puts a weight. The mapped checkpoint's pages are 4 KiB page-cache pages
+ * scattered over physical memory; a decode step streams every matrix once, and from such
+ * pages it reads 6-7 % slower than from the same bytes in 2 MiB pages (the TLB misses of
+ * 8 rows of a matrix read 4 KiB apart, each a walk of the guest's and the host's tables on
+ * a virtual machine; README, performance). So every matrix of at least CPU_HUGE_BYTES is
+ * copied into anonymous memory aligned to 2 MiB and advised MADV_HUGEPAGE, and the file's
+ * pages are handed back (MADV_PAGEOUT, which loses nothing: the pages come back from the
+ * file, and memory the caller owns is only swapped, if at all). Q4 codes that this level's
+ * integer kernels want in Q4X8 (q4x8.h) are repacked into such memory. A backend told to
+ * keep weights mapped (cpu_backend_keep_mapped, for backbone offloading: the copies cannot
+ * be released) reads every other weight in place. */
+#define CPU_HUGE_BYTES ((size_t)2 << 20)
+
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
  * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
  * refused at every placement, naming it, rather than read as one or the other. */
@@ -613,6 +622,56 @@ static void q4x8_env_read(void)
     q4x8_bad = !q4x8_off && strcmp(v, "1") != 0;
 }
 
+/* Anonymous memory for `bytes`, rounded up to whole 2 MiB pages and aligned to one (the
+ * kernel backs only aligned 2 MiB ranges with huge pages), recorded in ctx->owned. NULL
+ * (with an error set) when out of memory. Without transparent huge pages the advice is
+ * refused and the memory uses small pages. */
+static void *cpu__owned_alloc(ops_ctx_t *ctx, size_t bytes)
+{
+    size_t len = (bytes + CPU_HUGE_BYTES - 1) / CPU_HUGE_BYTES * CPU_HUGE_BYTES;
+    struct cpu_owned *o = malloc(sizeof *o);
+    uint8_t *m = mmap(NULL, len + CPU_HUGE_BYTES, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!o || m == MAP_FAILED) {
+        free(o);
+        if (m != MAP_FAILED)
+            (void)munmap(m, len + CPU_HUGE_BYTES);
+        river_err_set(RIVER_ENOMEM, "cpu upload: %zu bytes for a weight", bytes);
+        return NULL;
+    }
+    uint8_t *a = (uint8_t *)(((uintptr_t)m + CPU_HUGE_BYTES - 1) & ~(CPU_HUGE_BYTES - 1));
+    /* The slack either side of the aligned range goes back; munmap of a range inside a
+     * mapping of ours only fails on bad arguments. */
+    if (a > m)
+        (void)munmap(m, (size_t)(a - m));
+    if (m + CPU_HUGE_BYTES > a)
+        (void)munmap(a + len, (size_t)(m + CPU_HUGE_BYTES - a));
+    (void)madvise(a, len, MADV_HUGEPAGE);
+    o->p = a;
+    o->bytes = len;
+    o->next = ctx->owned;
+    ctx->owned = o;
+    return a;
+}
+
+/* The whole pages of [p, p + bytes) leave this process's memory: advice, whose failure
+ * (an old kernel) costs resident memory, not data. */
+static void cpu__page_out(const void *p, size_t bytes)
+{
+#ifdef MADV_PAGEOUT
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_PAGEOUT);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+static int cpu__owns(const ops_ctx_t *ctx, const void *p);
+
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
     if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
@@ -621,28 +680,24 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
         return river_err_set(RIVER_EINVAL, "RIVER_Q4X8=%s: not 0 (keep 4-bit weights as the "
                              "file has them) or 1 (repack them for the integer kernels)",
                              q4x8_text);
-    if (!ctx->k->q4x8 || q4x8_off || !cpu_q4x8_eligible(w))
+    /* Placed already: a view shared by two weights (a tied head). */
+    if (!w->data || cpu__owns(ctx, w->data))
         return 0;
-    for (struct cpu_owned *o = ctx->owned; o; o = o->next)
-        if (o->p == w->data)
-            return 0; /* repacked already: a view shared by two weights (a tied head) */
-    size_t bytes = dtype_row_bytes(DTYPE_Q4, w->cols) * (size_t)w->rows;
-    struct cpu_owned *o = malloc(sizeof *o);
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (!o || p == MAP_FAILED) {
-        free(o);
-        if (p != MAP_FAILED)
-            munmap(p, bytes);
-        return river_err_set(RIVER_ENOMEM, "cpu upload: %zu bytes for a repacked weight",
-                             bytes);
-    }
-    cpu_q4x8_repack(w, p);
-    o->p = p;
-    o->bytes = bytes;
-    o->next = ctx->owned;
-    ctx->owned = o;
+    size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
+    int repack = ctx->k->q4x8 && !q4x8_off && cpu_q4x8_eligible(w);
+    if (!repack && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES))
+        return 0;
+    uint8_t *p = cpu__owned_alloc(ctx, bytes);
+    if (!p)
+        return RIVER_ENOMEM;
+    if (repack)
+        cpu_q4x8_repack(w, p);
+    else
+        memcpy(p, w->data, bytes);
+    cpu__page_out(w->data, bytes);
     w->data = p;
-    w->dtype = DTYPE_Q4X8;
+    if (repack)
+        w->dtype = DTYPE_Q4X8;
     return 0;
 }
 
@@ -659,9 +714,14 @@ static int cpu__owns(const ops_ctx_t *ctx, const void *p)
  * file when read. */
 static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
 {
-    /* The backend's own copies are anonymous memory: advice to drop them would zero them. */
-    if (!w->data || cpu__owns(ctx, w->data))
+    if (!w->data)
         return 0;
+    /* The backend's own copies are anonymous memory: advice to drop them would zero them. */
+    if (cpu__owns(ctx, w->data))
+        return river_err_set(RIVER_EUNSUPPORTED, "cpu: a %s weight of %lld x %lld is the "
+                             "backend's copy (huge pages or repacked codes), which cannot be "
+                             "released; open the backend with weights kept mapped",
+                             dtype_name(w->dtype), (long long)w->rows, (long long)w->cols);
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)w->data, b = a + bytes;
@@ -808,6 +868,14 @@ fail:
     if (e == RIVER_ENOMEM)
         river_err_set(e, "cpu backend: out of memory");
     return e;
+}
+
+int cpu_backend_keep_mapped(backend_t *b)
+{
+    if (!b || b->ops != &cpu_ops)
+        return river_err_set(RIVER_EINVAL, "cpu_backend_keep_mapped: not a CPU backend");
+    b->ctx->keep_mapped = 1;
+    return 0;
 }
 
 void cpu_backend_destroy(backend_t **bp)

@@ -28,8 +28,9 @@ struct ops_ctx {
     } *thread_scratch;
     cpu_scratch_t shared; /* written by the calling thread before a run, read by the tasks */
     cpu_scratch_t shared2;
-    /* Weight copies the backend made at placement (repacked Q4X8 codes), freed at
-     * destroy. */
+    int keep_mapped; /* 1: placement copies only what it repacks (cpu_backend_keep_mapped) */
+    /* Weight copies the backend made at placement (matrices in huge pages, repacked Q4X8
+     * codes), freed at destroy. */
     struct cpu_owned {
         void *p;
         size_t bytes;
