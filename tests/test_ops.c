@@ -1009,9 +1009,12 @@ START_TEST(test_levels)
     cpu_backend_destroy(&be);
     ck_assert_int_eq(cpu_backend_new(&be, -1, CPU_SIMD_COUNT), RIVER_EINVAL);
     ck_assert_ptr_null(be);
-    double bw = cpu_read_bandwidth_gbs(2, (size_t)32 << 20, 2);
-    ck_assert_msg(bw > 0.1, "read bandwidth %g GB/s", bw);
-    ck_assert(cpu_read_bandwidth_gbs(0, 1 << 20, 1) < 0);
+    for (int l = 0; l <= CPU_SIMD_COUNT; l++) {
+        double bw = cpu_read_bandwidth_gbs(2, (size_t)32 << 20, 2, (cpu_simd_t)l);
+        ck_assert_msg(bw > 0.1, "read bandwidth at level %d: %g GB/s", l, bw);
+    }
+    ck_assert(cpu_read_bandwidth_gbs(0, 1 << 20, 1, CPU_SIMD_COUNT) < 0);
+    ck_assert(cpu_read_bandwidth_gbs(2, 1 << 20, 1, (cpu_simd_t)(CPU_SIMD_COUNT + 1)) < 0);
 }
 END_TEST
 

@@ -1002,8 +1002,9 @@ START_TEST(test_bench_prints_figures)
                    "16", "--output", "json", NULL};
     ck_assert_int_eq(test_capture(dec, NULL, 0, &out), 0);
     const char *keys[] = {"\"decode_tok_s\":", "\"read_bandwidth_gbs\":",
-                          "\"roofline_fraction\":"};
-    for (int k = 0; k < 3; k++) {
+                          "\"roofline_fraction\":", "\"read_bandwidth_widest_gbs\":",
+                          "\"roofline_fraction_widest\":"};
+    for (int k = 0; k < 5; k++) {
         const char *f = strstr(out, keys[k]);
         ck_assert_msg(f, "no %s in %.400s", keys[k], out);
         double v = strtod(f + strlen(keys[k]), NULL);

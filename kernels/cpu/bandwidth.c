@@ -1,6 +1,7 @@
 /* cpu_read_bandwidth_gbs: the memory read bandwidth that the decode matmul is judged
- * against. Each thread sums its own contiguous slice of one large buffer with the widest
- * SIMD loads the processor has, as a decode matmul streams its share of a weight matrix. */
+ * against. Each thread sums its own contiguous slice of one large buffer with the SIMD
+ * loads of a level (the one decode runs at, or the widest the processor has), as a decode
+ * matmul streams its share of a weight matrix. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +41,15 @@ static double bw_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps)
+double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t simd)
 {
-    if (n_threads < 1 || n_threads > 64 || bytes < 4096 || reps < 1)
-        return river_err_set(RIVER_EINVAL, "read bandwidth: %d threads, %zu bytes, %d reps",
-                             n_threads, bytes, reps);
+    if (n_threads < 1 || n_threads > 64 || bytes < 4096 || reps < 1 ||
+        (unsigned)simd > CPU_SIMD_COUNT)
+        return river_err_set(RIVER_EINVAL, "read bandwidth: %d threads, %zu bytes, %d reps, "
+                             "level %d", n_threads, bytes, reps, (int)simd);
+    cpu_simd_t has = cpu_simd_detect();
+    if (simd > has)
+        simd = has;
     bytes = bytes / 256 * 256;
     size_t len = (bytes + BW_HUGE - 1) / BW_HUGE * BW_HUGE;
     /* In 2 MiB pages, as the CPU backend places the weights decode streams (cpu_backend.c):
@@ -76,7 +81,7 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps)
     j->buf = buf;
     j->bytes = bytes;
     j->n_tasks = n_threads;
-    j->k = cpu_kernels_get(cpu_simd_detect());
+    j->k = cpu_kernels_get(simd);
 
     double best = 0.0;
     uint64_t sink = 0;

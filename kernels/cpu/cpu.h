@@ -56,7 +56,8 @@ cpu_simd_t cpu_backend_simd(const backend_t *b);
 
 /* Measures the read bandwidth of main memory in GB/s (1e9 bytes/s): a read-only SIMD sweep
  * with n_threads threads over a buffer of `bytes` (far larger than the caches), best of
- * `reps` passes. Returns a negative river_err code on failure. */
-double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps);
+ * `reps` passes, with the loads of level `simd` (capped at what the processor has;
+ * CPU_SIMD_COUNT: the widest it has). Returns a negative river_err code on failure. */
+double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t simd);
 
 #endif
