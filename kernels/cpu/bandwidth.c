@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/threadpool.h"
 
@@ -31,8 +32,6 @@ static void bw_task(void *arg, int task, int thread)
     j->sums[task] = j->k->read_sum(j->buf + u0 * 256, (u1 - u0) * 256);
 }
 
-#define BW_HUGE ((size_t)2 << 20)
-
 static double bw_now(void)
 {
     struct timespec ts;
@@ -51,17 +50,13 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t 
     if (simd > has)
         simd = has;
     bytes = bytes / 256 * 256;
-    size_t len = (bytes + BW_HUGE - 1) / BW_HUGE * BW_HUGE;
-    /* In 2 MiB pages, as the CPU backend places the weights decode streams (cpu_backend.c):
-     * from small pages the same sweep reads 5-10 % slower on a virtual machine (the TLB
-     * misses), and the roofline would then be a lower bar than the weights' own pages. */
-    uint8_t *map = mmap(NULL, len + BW_HUGE, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED)
+    /* In 2 MiB pages, as the CPU backend places the weights decode streams: from small
+     * pages the same sweep reads 3-10 % slower here, and the roofline would be a lower bar
+     * than the weights' own pages. */
+    size_t len = 0;
+    uint8_t *buf = cpu_huge_map(bytes, &len);
+    if (!buf)
         return river_err_set(RIVER_ENOMEM, "read bandwidth: mmap of %zu bytes", bytes);
-    uint8_t *buf = (uint8_t *)(((uintptr_t)map + BW_HUGE - 1) & ~(uintptr_t)(BW_HUGE - 1));
-    /* Without transparent huge pages the advice is refused and small pages serve. */
-    (void)madvise(buf, len, MADV_HUGEPAGE);
     /* Touch every page so the timed passes measure reads, not page faults; non-zero so
      * that no zero-page sharing can make the reads cheaper than real ones. */
     memset(buf, 1, bytes);
@@ -69,13 +64,13 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t 
     threadpool_t *pool;
     int e = threadpool_new(&pool, n_threads);
     if (e) {
-        (void)munmap(map, len + BW_HUGE);
+        (void)munmap(buf, len);
         return e;
     }
     bw_job_t *j = calloc(1, sizeof *j);
     if (!j) {
         threadpool_destroy(&pool);
-        (void)munmap(map, len + BW_HUGE);
+        (void)munmap(buf, len);
         return river_err_set(RIVER_ENOMEM, "read bandwidth: job");
     }
     j->buf = buf;
@@ -100,6 +95,6 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t 
 
     free(j);
     threadpool_destroy(&pool);
-    (void)munmap(map, len + BW_HUGE);
+    (void)munmap(buf, len);
     return best / 1e9;
 }

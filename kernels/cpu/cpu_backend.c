@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/q4x8.h"
 #include "kernels/half.h"
 #include "kernels/shm.h"
@@ -594,17 +595,14 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
 
 /* Where placement puts a weight. The mapped checkpoint's pages are 4 KiB page-cache pages
  * scattered over physical memory; a decode step streams every matrix once, and from such
- * pages it reads 6-7 % slower than from the same bytes in 2 MiB pages (the TLB misses of
- * 8 rows of a matrix read 4 KiB apart, each a walk of the guest's and the host's tables on
- * a virtual machine; README, performance). So every matrix of at least CPU_HUGE_BYTES is
- * copied into anonymous memory aligned to 2 MiB and advised MADV_HUGEPAGE, and the file's
+ * pages it read 12-14 % slower than from the same bytes in 2 MiB pages (huge_pages.h;
+ * README, performance). So every matrix of at least CPU_HUGE_BYTES is copied into such
+ * memory, and the file's
  * pages are handed back (MADV_PAGEOUT, which loses nothing: the pages come back from the
  * file, and memory the caller owns is only swapped, if at all). Q4 codes that this level's
  * integer kernels want in Q4X8 (q4x8.h) are repacked into such memory. A backend told to
  * keep weights mapped (cpu_backend_keep_mapped, for backbone offloading: the copies cannot
  * be released) reads every other weight in place. */
-#define CPU_HUGE_BYTES ((size_t)2 << 20)
-
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
  * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
  * refused at every placement, naming it, rather than read as one or the other. */
@@ -622,36 +620,23 @@ static void q4x8_env_read(void)
     q4x8_bad = !q4x8_off && strcmp(v, "1") != 0;
 }
 
-/* Anonymous memory for `bytes`, rounded up to whole 2 MiB pages and aligned to one (the
- * kernel backs only aligned 2 MiB ranges with huge pages), recorded in ctx->owned. NULL
- * (with an error set) when out of memory. Without transparent huge pages the advice is
- * refused and the memory uses small pages. */
+/* Memory for a weight's copy in huge pages (huge_pages.h), recorded in ctx->owned; NULL
+ * (with an error set) when out of memory. */
 static void *cpu__owned_alloc(ops_ctx_t *ctx, size_t bytes)
 {
-    size_t len = (bytes + CPU_HUGE_BYTES - 1) / CPU_HUGE_BYTES * CPU_HUGE_BYTES;
+    size_t len = 0;
     struct cpu_owned *o = malloc(sizeof *o);
-    uint8_t *m = mmap(NULL, len + CPU_HUGE_BYTES, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (!o || m == MAP_FAILED) {
+    void *p = o ? cpu_huge_map(bytes, &len) : NULL;
+    if (!p) {
         free(o);
-        if (m != MAP_FAILED)
-            (void)munmap(m, len + CPU_HUGE_BYTES);
         river_err_set(RIVER_ENOMEM, "cpu upload: %zu bytes for a weight", bytes);
         return NULL;
     }
-    uint8_t *a = (uint8_t *)(((uintptr_t)m + CPU_HUGE_BYTES - 1) & ~(CPU_HUGE_BYTES - 1));
-    /* The slack either side of the aligned range goes back; munmap of a range inside a
-     * mapping of ours only fails on bad arguments. */
-    if (a > m)
-        (void)munmap(m, (size_t)(a - m));
-    if (m + CPU_HUGE_BYTES > a)
-        (void)munmap(a + len, (size_t)(m + CPU_HUGE_BYTES - a));
-    (void)madvise(a, len, MADV_HUGEPAGE);
-    o->p = a;
+    o->p = p;
     o->bytes = len;
     o->next = ctx->owned;
     ctx->owned = o;
-    return a;
+    return p;
 }
 
 /* The whole pages of [p, p + bytes) leave this process's memory: advice, whose failure
