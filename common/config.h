@@ -125,6 +125,13 @@ typedef enum {
     CONFIG_ROLE_BACKBONE, /* split pair: the backbone past the offload boundary */
 } config_role_t;
 
+/* In the order of the weights key's names: a CPU worker's matrices copied into huge pages,
+ * or read in the mapped checkpoint (BACKEND_WEIGHTS_COPY / _MAPPED, kernels/backend.h). */
+typedef enum {
+    CONFIG_WEIGHTS_COPY = 0,
+    CONFIG_WEIGHTS_MAPPED,
+} config_weights_t;
+
 /* auth.mode of riverd and river-worker. */
 typedef enum {
     CONFIG_AUTH_CURVE = 0, /* CurveZMQ: encrypted, every peer's key checked (the default) */
@@ -182,6 +189,7 @@ typedef struct config_worker {
     char *routers;             /* router file, "": none */
     char *device;              /* "cpu", "cuda", "cuda:N" (kernels/backend.h) */
     int threads;               /* 0: every core */
+    int weights;               /* config_weights_t */
     int max_batch_rows;
     int max_seqs;
     int prefill_chunk;

@@ -1,4 +1,4 @@
-/* river-gateway's configuration schema: the table common/config.c reads YAML against (the
+/* river-gateway's configuration schema: the table common/config_yaml.c reads YAML against (the
  * same loader, defaults and file:line:column errors as riverd's). configs/gateway.yaml is
  * this table written out with `river-gateway --print-config`. */
 #include <stddef.h>

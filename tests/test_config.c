@@ -401,6 +401,23 @@ START_TEST(test_split_transport)
 }
 END_TEST
 
+/* weights: copy (the default) or mapped, what the worker hands engine_open; anything else
+ * is refused at its line, naming both. */
+START_TEST(test_weights)
+{
+    const config_schema_t *wk = &config_schema_worker;
+    any_config_t c;
+    ck_assert_int_eq(load(wk, "model: m\n", &c), 0);
+    ck_assert_int_eq(c.w.weights, CONFIG_WEIGHTS_COPY);
+    config_free(wk, &c);
+    ck_assert_int_eq(load(wk, "model: m\nweights: mapped\n", &c), 0);
+    ck_assert_int_eq(c.w.weights, CONFIG_WEIGHTS_MAPPED);
+    config_free(wk, &c);
+    expect_error(wk, "model: m\nweights: huge\n", "cfg.yaml:2:", "weights", "huge");
+    expect_error(wk, "model: m\nweights: huge\n", "cfg.yaml:2:", "weights", "copy or mapped");
+}
+END_TEST
+
 START_TEST(test_duplicate_key)
 {
     const config_schema_t *rd = &config_schema_riverd;
@@ -580,6 +597,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_worker_device);
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_split_transport);
+    tcase_add_test(tc, test_weights);
     tcase_add_test(tc, test_malformed_yaml);
     tcase_add_test(tc, test_required);
     tcase_add_test(tc, test_files);

@@ -284,7 +284,8 @@ static int worker__open_engine(worker_t *w)
      * backbone peer's (on GPUs: its device's). */
     engine_opts_t eo = {.model = c->model, .tokenizer = c->tokenizer[0] ? c->tokenizer : NULL,
                         .want_tokenizer = 1, .device = c->device, .threads = c->threads,
-                        .place_end = river ? c->split_boundary : 0};
+                        .place_end = river ? c->split_boundary : 0,
+                        .keep_mapped = c->weights == CONFIG_WEIGHTS_MAPPED};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;
@@ -592,7 +593,7 @@ static int worker__open_backbone(worker_t *w)
     /* Only the layers from the boundary on are ever computed here. */
     engine_opts_t eo = {.model = c->model, .device = c->device, .threads = c->threads,
                         .place_begin = c->split_boundary, .place_end = 1 << 20,
-                        .place_no_ends = 1};
+                        .place_no_ends = 1, .keep_mapped = c->weights == CONFIG_WEIGHTS_MAPPED};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;
