@@ -12,7 +12,7 @@
 
 /* Set once from a command's options before cli_env_open; commands run one per process. */
 static char cli_device[32] = "cpu";
-static int cli_keep_mapped;
+static backend_weights_t cli_weights = BACKEND_WEIGHTS_COPY;
 
 int cli_env_set_device(const char *name)
 {
@@ -28,7 +28,7 @@ int cli_env_set_device(const char *name)
 int cli_env_set_weights(const char *mode)
 {
     if (!strcmp(mode, "copy") || !strcmp(mode, "mapped")) {
-        cli_keep_mapped = mode[0] == 'm';
+        cli_weights = mode[0] == 'm' ? BACKEND_WEIGHTS_MAPPED : BACKEND_WEIGHTS_COPY;
         return 0;
     }
     return river_err_set(RIVER_EINVAL, "weights '%s': use copy (large matrices in huge "
@@ -82,7 +82,7 @@ int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, i
 {
     engine_opts_t o = {.model = model_path, .tokenizer = tok_path, .want_tokenizer = want_tok,
                        .device = cli_device, .threads = n_threads,
-                       .keep_mapped = cli_keep_mapped};
+                       .weights = cli_weights};
     return engine_open(env, &o);
 }
 

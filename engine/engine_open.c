@@ -68,8 +68,7 @@ int engine_open(engine_env_t *env, const engine_opts_t *o)
     int threads = o->threads;
     if (threads == 0 && model_bytes_per_token(env->model) < (64 << 20))
         threads = 1;
-    if ((e = backend_open(&env->be, o->device, threads,
-                          o->keep_mapped ? BACKEND_WEIGHTS_MAPPED : BACKEND_WEIGHTS_COPY)))
+    if ((e = backend_open(&env->be, o->device, threads, o->weights)))
         goto fail;
     int begin = o->place_begin, end = o->place_end;
     if (!begin && !end)

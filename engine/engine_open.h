@@ -11,6 +11,7 @@
 
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 
 typedef struct engine_opts {
@@ -23,9 +24,8 @@ typedef struct engine_opts {
     /* Layers to place on the backend (model_place_layers); both 0: the whole model. */
     int place_begin, place_end;
     int place_no_ends;     /* leave the embedding, final norm and heads unplaced */
-    int keep_mapped;       /* host weights stay in the mapped checkpoint, where backbone
-                              offloading can release them (BACKEND_WEIGHTS_MAPPED); 0: large
-                              matrices are copied into huge pages, read faster */
+    backend_weights_t weights; /* host weights: copied into huge pages (the default) or
+                                  kept in the mapped checkpoint (kernels/backend.h) */
 } engine_opts_t;
 
 /* What an opened engine holds. The fields are the caller's to use, engine_close's to free. */

@@ -189,7 +189,13 @@ static const char *worker__model_name(const char *path, char *buf, size_t cap)
     return slash && slash[1] ? slash + 1 : buf;
 }
 
-/* Logs what this process holds in memory: all of it, and the model's mapped weights. */
+/* The weights key as engine_open takes it. */
+static backend_weights_t worker__weights(const config_worker_t *c)
+{
+    return c->weights == CONFIG_WEIGHTS_MAPPED ? BACKEND_WEIGHTS_MAPPED : BACKEND_WEIGHTS_COPY;
+}
+
+/* Logs what this process holds in memory: all of it, and the model's weights. */
 static void worker__log_resident(const worker_t *w, const char *what)
 {
     int64_t rss = offload_rss_bytes();
@@ -285,7 +291,7 @@ static int worker__open_engine(worker_t *w)
     engine_opts_t eo = {.model = c->model, .tokenizer = c->tokenizer[0] ? c->tokenizer : NULL,
                         .want_tokenizer = 1, .device = c->device, .threads = c->threads,
                         .place_end = river ? c->split_boundary : 0,
-                        .keep_mapped = c->weights == CONFIG_WEIGHTS_MAPPED};
+                        .weights = worker__weights(c)};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;
@@ -593,7 +599,7 @@ static int worker__open_backbone(worker_t *w)
     /* Only the layers from the boundary on are ever computed here. */
     engine_opts_t eo = {.model = c->model, .device = c->device, .threads = c->threads,
                         .place_begin = c->split_boundary, .place_end = 1 << 20,
-                        .place_no_ends = 1, .keep_mapped = c->weights == CONFIG_WEIGHTS_MAPPED};
+                        .place_no_ends = 1, .weights = worker__weights(c)};
     int e = engine_open(&w->env, &eo);
     if (e)
         return e;

@@ -597,12 +597,11 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * scattered over physical memory; a decode step streams every matrix once, and from such
  * pages it read 12-14 % slower than from the same bytes in 2 MiB pages (huge_pages.h;
  * README, performance). So every matrix of at least CPU_HUGE_BYTES is copied into such
- * memory, and the file's
- * pages are handed back (MADV_PAGEOUT, which loses nothing: the pages come back from the
- * file, and memory the caller owns is only swapped, if at all). Q4 codes that this level's
- * integer kernels want in Q4X8 (q4x8.h) are repacked into such memory. A backend told to
- * keep weights mapped (cpu_backend_keep_mapped, for backbone offloading: the copies cannot
- * be released) reads every other weight in place. */
+ * memory, and the source's pages are handed back (MADV_PAGEOUT, which loses nothing: file
+ * pages come back from the file, and memory the caller owns is only swapped, if at all).
+ * Q4 codes that this level's integer kernels want in Q4X8 (q4x8.h) are repacked into such
+ * memory. A backend told to keep weights mapped (cpu_backend_keep_mapped, for backbone
+ * offloading: the copies cannot be released) reads every other weight in place. */
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
  * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
  * refused at every placement, naming it, rather than read as one or the other. */
@@ -639,20 +638,15 @@ static void *cpu__owned_alloc(ops_ctx_t *ctx, size_t bytes)
     return p;
 }
 
-/* The whole pages of [p, p + bytes) leave this process's memory: advice, whose failure
- * (an old kernel) costs resident memory, not data. */
-static void cpu__page_out(const void *p, size_t bytes)
+/* Advice on the whole pages inside [p, p + bytes), so a neighbour's bytes stay untouched.
+ * A failure leaves the pages as they were, which costs memory or time, not results. */
+static void cpu__advise(const void *p, size_t bytes, int advice)
 {
-#ifdef MADV_PAGEOUT
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p, b = a + bytes;
     uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
     if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_PAGEOUT);
-#else
-    (void)p;
-    (void)bytes;
-#endif
+        (void)madvise((void *)lo, hi - lo, advice);
 }
 
 static int cpu__owns(const ops_ctx_t *ctx, const void *p);
@@ -679,7 +673,10 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
         cpu_q4x8_repack(w, p);
     else
         memcpy(p, w->data, bytes);
-    cpu__page_out(w->data, bytes);
+#ifdef MADV_PAGEOUT
+    /* The source's pages leave this process (an old kernel: they stay resident). */
+    cpu__advise(w->data, bytes, MADV_PAGEOUT);
+#endif
     w->data = p;
     if (repack)
         w->dtype = DTYPE_Q4X8;
@@ -694,8 +691,7 @@ static int cpu__owns(const ops_ctx_t *ctx, const void *p)
     return 0;
 }
 
-/* Only whole pages inside the tensor are advised, so a neighbour's bytes stay untouched.
- * Advice cannot lose data on a read-only file mapping: released pages come back from the
+/* Advice cannot lose data on a read-only file mapping: released pages come back from the
  * file when read. */
 static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
 {
@@ -707,13 +703,8 @@ static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
                              "backend's copy (huge pages or repacked codes), which cannot be "
                              "released; open the backend with weights kept mapped",
                              dtype_name(w->dtype), (long long)w->rows, (long long)w->cols);
-    size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)w->data, b = a + bytes;
-    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
-    /* A failure leaves the pages as they were, which costs memory or time, not results. */
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, resident ? MADV_WILLNEED : MADV_DONTNEED);
+    cpu__advise(w->data, dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows,
+                resident ? MADV_WILLNEED : MADV_DONTNEED);
     return 0;
 }
 
