@@ -46,9 +46,34 @@ PROTO_OBJ   := $(PROTO_GEN_C:.c=.o)
 SIMD_AVX2   := -mavx2 -mfma -mf16c
 SIMD_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2
 
-LIB_SRC     := $(wildcard common/*.c engine/*.c kernels/*.c kernels/cpu/*.c kernels/opaque/*.c)
-LIB_OBJ     := $(LIB_SRC:%.c=$(BUILD)/%.o)
-LIB         := $(BUILD)/libriver.a
+# The libraries, one a folder (docs/ARCHITECTURE.md, "Folders"), each its own archive under
+# $(BUILD)/lib. A program links the ones it needs, highest first: LIB is the whole stack
+# (offline/ is the river tool's alone). scripts/check-layers.sh keeps the includes to the
+# same order, so a library never calls into one above it.
+COMMON_SRC  := $(wildcard common/*.c)
+KERNELS_SRC := $(wildcard kernels/*.c kernels/cpu/*.c kernels/opaque/*.c)
+TEXT_SRC    := $(wildcard text/*.c)
+MODEL_SRC   := $(wildcard model/*.c)
+ENGINE_SRC  := $(wildcard engine/*.c)
+OFFLINE_SRC := $(wildcard offline/*.c)
+COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/%.o)
+KERNELS_OBJ := $(KERNELS_SRC:%.c=$(BUILD)/%.o)
+TEXT_OBJ    := $(TEXT_SRC:%.c=$(BUILD)/%.o)
+MODEL_OBJ   := $(MODEL_SRC:%.c=$(BUILD)/%.o)
+ENGINE_OBJ  := $(ENGINE_SRC:%.c=$(BUILD)/%.o)
+OFFLINE_OBJ := $(OFFLINE_SRC:%.c=$(BUILD)/%.o)
+COMMON_LIB  := $(BUILD)/lib/libriver_common.a
+KERNELS_LIB := $(BUILD)/lib/libriver_kernels.a
+TEXT_LIB    := $(BUILD)/lib/libriver_text.a
+MODEL_LIB   := $(BUILD)/lib/libriver_model.a
+ENGINE_LIB  := $(BUILD)/lib/libriver_engine.a
+OFFLINE_LIB := $(BUILD)/lib/libriver_offline.a
+LIB_OBJ     := $(COMMON_OBJ) $(KERNELS_OBJ) $(TEXT_OBJ) $(MODEL_OBJ) $(ENGINE_OBJ) $(OFFLINE_OBJ)
+# The runtime stack a worker links, and the whole one.
+RUNTIME_LIB := $(ENGINE_LIB) $(MODEL_LIB) $(TEXT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
+LIB         := $(OFFLINE_LIB) $(RUNTIME_LIB)
+# Everything in one archive, for programs outside this tree (make install).
+INSTALL_LIB := $(BUILD)/libriver.a
 
 CLI_SRC     := $(wildcard cli/*.c)
 CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -92,10 +117,10 @@ TEST_SCRIPTS := scripts/test-openai.sh
 # The rules below come before `all`, which stays the default goal.
 .DEFAULT_GOAL := all
 $(GATEWAY_OBJ): | $(PROTO_GEN_H)
-$(BUILD)/bin/river-gateway: $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(LIB)
+$(BUILD)/bin/river-gateway: $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(LIB) \
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB) \
 		$(LDLIBS) $(SERVE_LIBS) $(GATEWAY_LIBS)
 .PHONY: test-openai build-test-openai
 test-openai: deps-check
@@ -145,12 +170,12 @@ NVCC_FLAGS  := -std=c++17 -O2 -g -lineinfo -I. -I$(BUILD)/gen -MMD -MP -Werror a
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 CUDA_C_SRC  := $(wildcard kernels/cuda/*.c)
 CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/%.o)
-CUDA_LIB    := $(BUILD)/libriver_cuda.a
 ALL_CFLAGS  += -DRIVER_CUDA
-# libriver.a again after the CUDA archive: the link lines name it first.
+# The CUDA objects are members of the kernels archive; the toolkit's libraries follow the
+# archives on every link line.
 # NCCL (the split pair's device hand-off, kernels/cuda/cuda_nccl.c) ships in the toolkit's
 # lib/ and include/ here; the C files of kernels/cuda/ see the toolkit's headers.
-LDLIBS      := $(CUDA_LIB) $(LIB) -L$(CUDA_ROOT)/lib64 -Wl,-rpath,$(CUDA_ROOT)/lib64 \
+LDLIBS      := -L$(CUDA_ROOT)/lib64 -Wl,-rpath,$(CUDA_ROOT)/lib64 \
                -lnccl -lcublas -lcublasLt -lcudart -lstdc++ $(LDLIBS)
 $(CUDA_C_SRC:%.c=$(BUILD)/%.o): ALL_CFLAGS += -I$(CUDA_ROOT)/include
 endif
@@ -173,7 +198,7 @@ all test demo install bench bench-serving soak: deps-check
 deps-check:
 	$(Q)scripts/install-deps.sh --quiet
 
-build-all: $(LIB) $(CLIENT_LIB) $(RIVER_BIN) $(SERVE_BINS) $(SOAK_BIN) $(TEST_BIN)
+build-all: $(LIB) $(INSTALL_LIB) $(CLIENT_LIB) $(RIVER_BIN) $(SERVE_BINS) $(SOAK_BIN) $(TEST_BIN)
 
 deps:
 	scripts/install-deps.sh
@@ -206,19 +231,14 @@ $(BUILD)/%.o: %.cu
 	@echo "  NVCC    $<"
 	$(Q)$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-$(CUDA_LIB): $(CUDA_OBJ)
-	@echo "  AR      $@"
-	$(Q)rm -f $@ && ar rcs $@ $^
-
 $(CUDA_OBJ): | $(PROTO_GEN_H)
-$(RIVER_BIN) $(SERVE_BINS) $(TEST_BIN): $(CUDA_LIB)
 
 # river-cuda-bench (ops/river-cuda-bench.c): per-kernel GB/s against a device-to-device copy.
 CUDA_BENCH_BIN := $(BUILD)/bin/river-cuda-bench
-$(CUDA_BENCH_BIN): $(BUILD)/ops/river-cuda-bench.o $(CUDA_LIB) $(LIB)
+$(CUDA_BENCH_BIN): $(BUILD)/ops/river-cuda-bench.o $(KERNELS_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(KERNELS_LIB) $(COMMON_LIB) $(LDLIBS)
 build-all: $(CUDA_BENCH_BIN)
 -include $(BUILD)/ops/river-cuda-bench.d
 endif
@@ -244,11 +264,26 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 $(PROTO_OBJ) $(LIB_OBJ) $(CLI_OBJ) $(TEST_BIN:=.o) $(TEST_COMMON_OBJ): | $(PROTO_GEN_H)
 $(WORKER_OBJ) $(DAEMON_OBJ) $(OPS_OBJ) $(SOAK_OBJ) $(CLIENT_OBJ): | $(PROTO_GEN_H)
 
-$(LIB): $(PROTO_OBJ)
-
-$(LIB): $(LIB_OBJ)
+$(COMMON_LIB): $(COMMON_OBJ) $(PROTO_OBJ)
+$(KERNELS_LIB): $(KERNELS_OBJ) $(CUDA_OBJ)
+$(TEXT_LIB): $(TEXT_OBJ)
+$(MODEL_LIB): $(MODEL_OBJ)
+$(ENGINE_LIB): $(ENGINE_OBJ)
+$(OFFLINE_LIB): $(OFFLINE_OBJ)
+$(LIB) $(INSTALL_LIB):
+	@mkdir -p $(dir $@)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
+$(INSTALL_LIB): $(LIB_OBJ) $(PROTO_OBJ) $(CUDA_OBJ)
+
+# One target a library: `make lib-text` builds text/ alone.
+.PHONY: lib-common lib-kernels lib-text lib-model lib-engine lib-offline
+lib-common: $(COMMON_LIB)
+lib-kernels: $(KERNELS_LIB)
+lib-text: $(TEXT_LIB)
+lib-model: $(MODEL_LIB)
+lib-engine: $(ENGINE_LIB)
+lib-offline: $(OFFLINE_LIB)
 
 $(RIVER_BIN): $(CLI_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -259,27 +294,27 @@ $(CLIENT_LIB): $(CLIENT_OBJ)
 	@echo "  AR      $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# The worker opens its engine through engine/engine_open.c, as the river commands do; it
-# links nothing from cli/.
-$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(LIB)
+# Each program links only the libraries its folder may include (docs/ARCHITECTURE.md): the
+# worker the runtime stack and nothing from cli/ or offline/, riverd common/ alone.
+$(BUILD)/bin/river-worker: $(WORKER_OBJ) $(RUNTIME_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(RUNTIME_LIB) $(LDLIBS) $(SERVE_LIBS)
 
-$(BUILD)/bin/riverd: $(DAEMON_OBJ) $(LIB)
+$(BUILD)/bin/riverd: $(DAEMON_OBJ) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(COMMON_LIB) $(LDLIBS) $(SERVE_LIBS)
 
-$(BUILD)/bin/riverctl: $(OPS_OBJ) $(CLIENT_LIB) $(LIB)
+$(BUILD)/bin/riverctl: $(OPS_OBJ) $(CLIENT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(OPS_OBJ) $(CLIENT_LIB) $(LIB) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(OPS_OBJ) $(CLIENT_LIB) $(COMMON_LIB) $(LDLIBS) $(SERVE_LIBS)
 
-$(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(LIB)
+$(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(SOAK_OBJ) $(CLIENT_LIB) $(LIB) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(SOAK_OBJ) $(CLIENT_LIB) $(COMMON_LIB) $(LDLIBS)
 
 # Test binaries run from the repository root; integration suites start the serving
 # binaries, so those are built first.
@@ -417,10 +452,10 @@ build-install: build-all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/river $(DESTDIR)$(PREFIX)/lib \
 		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/river/configs
 	install -m 755 $(RIVER_BIN) $(SERVE_BINS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(LIB) $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(INSTALL_LIB) $(CLIENT_LIB) $(DESTDIR)$(PREFIX)/lib/
 	# Engine headers keep their directories, so their own includes resolve with
 	# -I$(PREFIX)/include/river; river_client.h is the one header a client needs.
-	for h in kernels/ops.h engine/model.h engine/tokenizer.h common/err.h; do \
+	for h in kernels/ops.h model/model.h text/tokenizer.h common/err.h; do \
 		install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/river/$$h; done
 	install -m 644 client/river_client.h $(DESTDIR)$(PREFIX)/include/river/
 	sed 's|/usr/local|$(PREFIX)|g' deploy/riverd.service \

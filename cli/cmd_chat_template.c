@@ -7,7 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 static void chat_template_usage(FILE *f)
 {

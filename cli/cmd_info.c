@@ -6,7 +6,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
-#include "engine/model.h"
+#include "model/model.h"
 
 static void info_usage(FILE *f)
 {

@@ -8,10 +8,10 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/quant.h"
 #include "engine/river.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 static void quant_usage(FILE *f)
 {

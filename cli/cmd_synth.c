@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
-#include "engine/synth.h"
+#include "offline/synth.h"
 
 static void synth_usage(FILE *f)
 {

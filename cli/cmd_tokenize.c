@@ -9,7 +9,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 static void tokenize_usage(FILE *f)
 {

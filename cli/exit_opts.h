@@ -6,7 +6,7 @@
 #include <getopt.h>
 
 #include "engine/exit.h"
-#include "engine/model.h"
+#include "model/model.h"
 
 enum {
     EXIT_OPT_POLICY = 0x100,

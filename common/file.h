@@ -1,5 +1,5 @@
 /* Whole-file reads shared by the tools and loaders that parse text (tokenizer.json,
- * prompts, calibration text). Large binary files are mapped instead (engine/safetensors.c). */
+ * prompts, calibration text). Large binary files are mapped instead (model/safetensors.c). */
 #ifndef RIVER_COMMON_FILE_H
 #define RIVER_COMMON_FILE_H
 

@@ -9,8 +9,8 @@
 
 #include <stddef.h>
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 

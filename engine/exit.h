@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "engine/model.h"
+#include "model/model.h"
 
 typedef enum {
     EXIT_RULE_NONE = 0, /* the full backbone */

@@ -5,7 +5,7 @@
 #define RIVER_ENGINE_EXIT_SETUP_H
 
 #include "engine/exit.h"
-#include "engine/model.h"
+#include "model/model.h"
 
 typedef struct river river_t;
 typedef struct router_set router_set_t;

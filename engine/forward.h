@@ -12,7 +12,7 @@
 
 #include "engine/exit.h"
 #include "engine/kv_pool.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "kernels/ops.h"
 
 typedef struct fwd_batch {

@@ -13,11 +13,11 @@
 
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/spec_cost.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 typedef enum {
     GEN_RUNNING = 0,

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/river.h"
 #include "engine/router.h"
 

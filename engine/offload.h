@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "engine/model.h"
+#include "model/model.h"
 
 typedef struct offload offload_t;
 

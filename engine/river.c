@@ -14,7 +14,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 #include "kernels/cpu/threadpool.h"
 
 #define RIVER_FORMAT "river"

@@ -22,7 +22,7 @@
 
 #include <stddef.h>
 
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/quant.h"
 
 #define RIVER_DEFAULT_START_LAYER 1

@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #define ROUTER_FORMAT "river-router"
 #define ROUTER_VERSION "1"

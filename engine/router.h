@@ -20,8 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 #include "kernels/ops.h"
 
 #define ROUTER_HIDDEN 128

@@ -5,7 +5,7 @@
  * thread owns the river_client_t connection, since a client connection is not
  * thread-safe). Requests are parsed and validated by gateway/openai.c, which also builds
  * the response and chunk JSON; chat requests are rendered with the model's chat template
- * (gateway/models.c, engine/chat_template.h) into a prompt that carries its special tokens
+ * (gateway/models.c, text/chat_template.h) into a prompt that carries its special tokens
  * as text. Errors map to OpenAI's error object through one table (gateway/errors.c).
  *
  * The declarations below are shared by the gateway's files only. */

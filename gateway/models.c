@@ -1,5 +1,5 @@
 /* The served models and their chat templates. Each model's template is compiled once at
- * start (engine/chat_template.h), from the model directory's tokenizer_config.json or from
+ * start (text/chat_template.h), from the model directory's tokenizer_config.json or from
  * a template file the configuration names; a chat request renders it into a prompt that
  * carries its special tokens as text, which the worker encodes without adding BOS. */
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "daemon/log.h"
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 #include "gateway/gateway.h"
 
 typedef struct gw_model {

@@ -15,7 +15,7 @@
 #include "engine/offload.h"
 #include "engine/river.h"
 #include "engine/router.h"
-#include "engine/synth.h"
+#include "offline/synth.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 
 #include "common/err.h"
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 #include "tests/testutil.h"
 
 #define CT_DIR TEST_DATA "/chat-templates"

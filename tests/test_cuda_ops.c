@@ -27,7 +27,7 @@
 
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "kernels/cuda/cuda.h"
 #endif
 

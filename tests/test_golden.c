@@ -10,9 +10,9 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "kernels/cpu/cpu.h"
 #include "tests/testutil.h"
 

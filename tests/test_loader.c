@@ -10,10 +10,10 @@
 #include <sys/stat.h>
 
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/model_internal.h"
-#include "engine/safetensors.h"
-#include "engine/synth.h"
+#include "model/model.h"
+#include "model/model_internal.h"
+#include "model/safetensors.h"
+#include "offline/synth.h"
 #include "kernels/half.h"
 #include "tests/testutil.h"
 

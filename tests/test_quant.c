@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "engine/quant.h"
 #include "engine/quant_internal.h"
 #include "engine/river.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"
 #include "tests/proc.h"

@@ -11,7 +11,7 @@
 
 #include "common/err.h"
 #include "engine/router.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "tests/testutil.h"
 

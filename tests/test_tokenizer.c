@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tests/testutil.h"
 
 #define TOK_DIR TEST_DATA "/tokenizers"

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
+#include "model/model.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 

@@ -64,7 +64,7 @@
 
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "kernels/ops.h"
 
 /* Version of the pair protocol (PairHello.protocol). */

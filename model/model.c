@@ -1,7 +1,7 @@
 /* Model loading (format detection, Hugging Face safetensors checkpoints), configuration
  * checks and the size accounting used by the roofline. llama2.c files are read in
  * llama2c.c and config.json in hfconfig.c. */
-#include "engine/model.h"
+#include "model/model.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/model_internal.h"
-#include "engine/safetensors.h"
+#include "model/model_internal.h"
+#include "model/safetensors.h"
 #include "kernels/half.h"
 
 const char *arch_name(arch_t a)

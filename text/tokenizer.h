@@ -5,8 +5,8 @@
  * text, normalizer, pre-tokenizer, BPE model, post-processor); decoding agrees with its
  * decode(). Failures return a river_err code with a detail naming the file and the
  * problem, and leave no allocation behind. */
-#ifndef RIVER_ENGINE_TOKENIZER_H
-#define RIVER_ENGINE_TOKENIZER_H
+#ifndef RIVER_TEXT_TOKENIZER_H
+#define RIVER_TEXT_TOKENIZER_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* The chat-template parser: tokens to an AST (engine/jinja.h), by recursive descent with
+/* The chat-template parser: tokens to an AST (text/jinja.h), by recursive descent with
  * Jinja2's grammar and operator precedence (jinja2/parser.py): conditional expression, or,
  * and, not, comparisons and "in", + -, ~, * / // %, **, unary - +, then postfix (.name,
  * [index], [slice], calls) and filters / tests, which bind tighter than every binary
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 typedef struct parser {
     jarena_t *a;

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_internal.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_internal.h"
 
 struct tok_stream {
     const tokenizer_t *t;

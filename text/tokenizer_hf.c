@@ -21,7 +21,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 /* ---- model structures ------------------------------------------------------------------- */
 

@@ -13,8 +13,8 @@
  * The writer streams: declare every tensor first (name, dtype, shape), then write their
  * bytes in the order declared. The file is written under "<path>.part" and renamed to
  * `path` only when complete, so an interrupted writer never leaves a loadable half file. */
-#ifndef RIVER_ENGINE_SAFETENSORS_H
-#define RIVER_ENGINE_SAFETENSORS_H
+#ifndef RIVER_MODEL_SAFETENSORS_H
+#define RIVER_MODEL_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

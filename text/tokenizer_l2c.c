@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 struct l2c_tok {
     int n;

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/model_internal.h"
+#include "model/model_internal.h"
 
 #define L2C_HEADER_BYTES 28
 /* Header values beyond these are corrupt; they also keep the size arithmetic in int64. */

@@ -4,8 +4,8 @@
  *
  * A template is compiled once and rendered many times; a compiled template is read-only
  * while rendering, so several threads may render it at once. */
-#ifndef RIVER_ENGINE_CHAT_TEMPLATE_H
-#define RIVER_ENGINE_CHAT_TEMPLATE_H
+#ifndef RIVER_TEXT_CHAT_TEMPLATE_H
+#define RIVER_TEXT_CHAT_TEMPLATE_H
 
 #include <stddef.h>
 

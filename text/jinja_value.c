@@ -9,7 +9,7 @@
 #include <utf8proc.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 /* ---- Arena ---- */
 

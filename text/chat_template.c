@@ -1,14 +1,14 @@
-/* Chat templates (engine/chat_template.h): compiles a template once (engine/jinja_lex.c,
- * engine/jinja_parse.c) and renders it with a JSON context (engine/jinja_eval.c); reads a
+/* Chat templates (text/chat_template.h): compiles a template once (text/jinja_lex.c,
+ * text/jinja_parse.c) and renders it with a JSON context (text/jinja_eval.c); reads a
  * model directory's tokenizer_config.json for its template and special tokens. */
-#include "engine/chat_template.h"
+#include "text/chat_template.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 /* The most bytes of template source (the largest real templates are ~10 KB). */
 #define CHAT_TEMPLATE_MAX_SOURCE (1u << 20)

@@ -1,5 +1,5 @@
 /* Random-weight checkpoints of real model shapes (see synth.h). */
-#include "engine/synth.h"
+#include "offline/synth.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 #include "kernels/half.h"
 
 typedef struct synth_shape {

@@ -1,14 +1,14 @@
 /* The chat-template engine's insides: an arena, the values a template computes with, the
  * lexer's tokens, the parser's AST and the tables of filters, tests and methods. Only
- * engine/jinja_*.c and engine/chat_template.c include this; the public API is
- * engine/chat_template.h.
+ * engine/jinja_*.c and text/chat_template.c include this; the public API is
+ * text/chat_template.h.
  *
  * Memory: a compiled template keeps its tokens, AST and constants in one arena; a rendering
  * allocates every value in an arena of its own, dropped whole at the end. Values therefore
  * need no reference counts, cycles (a list appended to itself) cannot leak, and an error
  * anywhere unwinds by returning. */
-#ifndef RIVER_ENGINE_JINJA_H
-#define RIVER_ENGINE_JINJA_H
+#ifndef RIVER_TEXT_JINJA_H
+#define RIVER_TEXT_JINJA_H
 
 #include <jansson.h>
 #include <stddef.h>
@@ -230,7 +230,7 @@ const jbuiltin_t *jinja_global_find(const char *name);
 int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const json_t *defaults,
                  char **out, size_t *out_len);
 
-/* ---- What the evaluator offers the builtins (engine/jinja_eval.c) ---- */
+/* ---- What the evaluator offers the builtins (text/jinja_eval.c) ---- */
 
 /* Records "<template>:<line>: message" and returns err. */
 int jr_fail(jrender_t *r, const jnode_t *at, int err, const char *fmt, ...)

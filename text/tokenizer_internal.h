@@ -1,14 +1,14 @@
 /* Internals shared by the tokenizer modules: the tokenizer object, growable buffers, a string
  * hash map, UTF-8 helpers, and the entry points of the two formats (Hugging Face
  * tokenizer.json in tokenizer_hf.c, llama2.c tok*.bin in tokenizer_l2c.c). Nothing here is
- * part of the public interface in engine/tokenizer.h. */
-#ifndef RIVER_ENGINE_TOKENIZER_INTERNAL_H
-#define RIVER_ENGINE_TOKENIZER_INTERNAL_H
+ * part of the public interface in text/tokenizer.h. */
+#ifndef RIVER_TEXT_TOKENIZER_INTERNAL_H
+#define RIVER_TEXT_TOKENIZER_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* A growable byte buffer. Zero-initialised is empty and valid. */
 typedef struct tok_buf {

@@ -1,9 +1,9 @@
 /* Shared between the loader's files (model.c, hfconfig.c, llama2c.c); not public. */
-#ifndef RIVER_ENGINE_MODEL_INTERNAL_H
-#define RIVER_ENGINE_MODEL_INTERNAL_H
+#ifndef RIVER_MODEL_MODEL_INTERNAL_H
+#define RIVER_MODEL_MODEL_INTERNAL_H
 
-#include "engine/model.h"
-#include "engine/safetensors.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 
 /* Everything the weights of a model point at: the mapped checkpoint files and the owned
  * float32 copies of its vectors. */

@@ -4,8 +4,8 @@
  * shards named by model.safetensors.index.json) or a llama2.c .bin file. Every malformed
  * input fails with a river_err code and a detail naming the file and the problem; on
  * failure nothing stays allocated or mapped. */
-#ifndef RIVER_ENGINE_MODEL_H
-#define RIVER_ENGINE_MODEL_H
+#ifndef RIVER_MODEL_MODEL_H
+#define RIVER_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>

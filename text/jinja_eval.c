@@ -1,4 +1,4 @@
-/* The chat-template evaluator: walks the AST over values (engine/jinja.h) with Jinja2's
+/* The chat-template evaluator: walks the AST over values (text/jinja.h) with Jinja2's
  * semantics: undefined values that print as nothing but fail on attribute access, calls
  * and arithmetic; attribute lookup before item lookup for "a.b" and the reverse for
  * "a[b]"; for loops with a loop object, an "if" filter, "else" and break/continue, each
@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 typedef struct jscope {
     struct jscope *parent;

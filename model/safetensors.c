@@ -1,5 +1,5 @@
 /* Safetensors reader (mmap + header validation) and streaming writer. */
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

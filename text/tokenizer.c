@@ -12,8 +12,8 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_internal.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_internal.h"
 
 /* ---- buffers ---------------------------------------------------------------------------- */
 

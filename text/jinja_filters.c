@@ -13,7 +13,7 @@
 #include <utf8proc.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 #define BIND(what, ...)                                                        \
     static const char *const params_[] = {__VA_ARGS__, NULL};                  \

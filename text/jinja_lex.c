@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/jinja.h"
 
 typedef struct lexer {
     jarena_t *a;

@@ -8,8 +8,8 @@
  * in a sane range. Every tensor's values depend only on the seed and the tensor's name, so
  * sharded and unsharded outputs of one seed hold identical tensors. Generation streams: the
  * memory used is a few buffers, whatever the model size. */
-#ifndef RIVER_ENGINE_SYNTH_H
-#define RIVER_ENGINE_SYNTH_H
+#ifndef RIVER_OFFLINE_SYNTH_H
+#define RIVER_OFFLINE_SYNTH_H
 
 #include <stdint.h>
 

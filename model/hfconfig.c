@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "common/err.h"
-#include "engine/model_internal.h"
+#include "model/model_internal.h"
 
 static const struct {
     const char *cls;  /* architectures[0] */
