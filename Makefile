@@ -113,7 +113,7 @@ GATEWAY_BIN := $(if $(GATEWAY_SRC),$(BUILD)/bin/river-gateway)
 GATEWAY_LIBS := $(shell pkg-config --libs nettle 2>/dev/null)
 GATEWAY_FUZZ_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/openai.o $(BUILD)/gateway/errors.o)
 SERVE_BINS  += $(GATEWAY_BIN)
-TEST_SCRIPTS := scripts/test-openai.sh
+TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh
 # The rules below come before `all`, which stays the default goal.
 .DEFAULT_GOAL := all
 $(GATEWAY_OBJ): | $(PROTO_GEN_H)
@@ -322,6 +322,12 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
+
+# The include matrix of scripts/check-layers.sh (docs/ARCHITECTURE.md, "Folders"); `make
+# test` runs it as a suite (scripts/test-check-layers.sh), with a tree that breaks it.
+.PHONY: check-layers
+check-layers:
+	$(Q)scripts/check-layers.sh
 
 build-test: build-all
 	$(Q)BUILD=$(BUILD) scripts/run-tests.sh $(filter-out $(MULTIHOST_BIN),$(TEST_BIN)) $(TEST_SCRIPTS)
