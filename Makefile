@@ -102,7 +102,7 @@ OPS_BIN     := $(if $(OPS_SRC),$(BUILD)/bin/riverctl)
 SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
 
 # river-gateway (gateway/): the OpenAI-compatible HTTP server, a client of riverd over the
-# client library; it shares riverd's log (daemon/log.c) and takes SHA-256 from nettle for
+# client library; it logs like riverd (common/log.c) and takes SHA-256 from nettle for
 # its API key file. gateway/openai.c (the request parser) is also in the fuzz binaries.
 # `make test-openai` runs the official `openai` npm package against it (scripts/
 # test-openai.sh: installed under $(BUILD)/npm at test time, never vendored); `make test`
@@ -117,10 +117,10 @@ TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh
 # The rules below come before `all`, which stays the default goal.
 .DEFAULT_GOAL := all
 $(GATEWAY_OBJ): | $(PROTO_GEN_H)
-$(BUILD)/bin/river-gateway: $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB)
+$(BUILD)/bin/river-gateway: $(GATEWAY_OBJ) $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $(GATEWAY_OBJ) $(BUILD)/daemon/log.o $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB) \
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(GATEWAY_OBJ) $(CLIENT_LIB) $(TEXT_LIB) $(COMMON_LIB) \
 		$(LDLIBS) $(SERVE_LIBS) $(GATEWAY_LIBS)
 .PHONY: test-openai build-test-openai
 test-openai: deps-check
@@ -362,10 +362,10 @@ build-test-multihost: build-all
 # parsers never reach a GPU, so the fuzz build leaves CUDA out. Its first build is slow
 # (clang instruments the AVX-512 kernels for minutes); later runs reuse it.
 FUZZ_SECONDS ?= 60
-# The split-pair target drives the worker's pair code (and what it calls of the link and
-# the log); the regression suite, which runs every target, links it too.
+# The split-pair target drives the worker's pair code (and what it calls of the link; the
+# log is common/log.c); the regression suite, which runs every target, links it too.
 FUZZ_WORKER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard workers/pair*.c)) \
-                   $(BUILD)/workers/link.o $(BUILD)/workers/wlog.o \
+                   $(BUILD)/workers/link.o \
                    $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
 FUZZ_BUILD   ?= build-fuzz

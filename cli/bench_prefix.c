@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "engine/generate.h"
 #include "kernels/cpu/cpu.h"
@@ -23,13 +24,6 @@ typedef struct bp_turn {
     int n, cap;
     int cached;
 } bp_turn_t;
-
-static double bp__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* CPU time of every thread of the process: on a machine other programs share, the work a
  * turn took rather than how long it waited for a core. */
@@ -46,7 +40,7 @@ static void bp__on_token(void *user, const gen_event_t *ev)
     if (ev->id < 0)
         return;
     if (!t->first) {
-        t->first = bp__now();
+        t->first = clock_now_s();
         t->cfirst = bp__cpu();
     }
     if (t->n < t->cap)
@@ -65,7 +59,7 @@ static int bp__run(gen_t *g, int32_t *const *prompts, const size_t *n_prompt, in
                            .max_tokens = gen_len, .ignore_eos = 1,
                            .on_token = bp__on_token, .user = &out[k]};
         int seq;
-        out[k].t0 = bp__now();
+        out[k].t0 = clock_now_s();
         out[k].c0 = bp__cpu();
         int e = gen_submit(g, &r, &seq);
         if (!e)

@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "cli/eval_lossless.h"
 #include "cli/exit_opts.h"
+#include "common/clock.h"
 #include "engine/exit_setup.h"
 #include "common/err.h"
 #include "common/file.h"
@@ -36,13 +37,6 @@ typedef struct eval_result {
     int64_t *hist;       /* (n_layers + 1) tokens by depth */
     double river_layers; /* mean layers a token ran on the river */
 } eval_result_t;
-
-static double eval__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* KL(p || q) of two logit rows, in nats. */
 static double eval__kl(const float *lp, const float *lq, int n)
@@ -101,7 +95,7 @@ static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const i
             depth[0] = dep[last];
         done += (size_t)n;
     }
-    double t0 = eval__now();
+    double t0 = clock_now_s();
     for (int t = 1; !e && t < n_gen; t++) {
         int32_t tok = feed ? feed[t - 1] : out_gen[t - 1], p = (int32_t)n_ids + t - 1, row = 0;
         if (!feed)
@@ -112,7 +106,7 @@ static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const i
         e = forward_step(f, kv, &b, logits + (size_t)t * (size_t)vocab);
         depth[t] = dep[0];
     }
-    *decode_s = eval__now() - t0;
+    *decode_s = clock_now_s() - t0;
     if (!e && !feed)
         out_gen[n_gen - 1] = sampler_argmax(logits + (size_t)(n_gen - 1) * (size_t)vocab, vocab);
     kv_seq_free(&seq, kv);

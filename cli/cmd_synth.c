@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "offline/synth.h"
 
@@ -100,13 +101,11 @@ int cmd_synth(int argc, char **argv)
     }
     o.shard_bytes = shard_mb << 20;
 
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_now_s();
     int err = synth_write(&o);
     if (err)
         return cli_fail("synth", err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double secs = clock_now_s() - t0;
     if (o.progress)
         fprintf(stderr, "synth: wrote %s (%s, %s, %.2f GB of weights) in %.1f s\n", o.out_dir,
                 o.shape, dtype, (double)synth_data_bytes(o.shape, o.dtype) / 1e9, secs);

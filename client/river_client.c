@@ -11,6 +11,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
 #include "common/keys.h"
@@ -27,13 +28,6 @@
 #define CLIENT_MONITOR_ENDPOINT "inproc://river-client-monitor"
 #define ADMIN_MONITOR_ENDPOINT "inproc://river-admin-monitor"
 #define ADMIN_TIMEOUT_DEFAULT_MS 5000
-
-static int64_t client__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *const client__codes[] = {
     "OK",          "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
@@ -385,7 +379,7 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     memcpy(r->id, id, sizeof id);
     r->cb = cb;
     r->user = user;
-    r->last_ms = client__now_ms();
+    r->last_ms = clock_now_ms();
     r->timeout_ms = o->timeout_ms;
     if (id_out)
         memcpy(id_out, id, sizeof id);
@@ -443,7 +437,7 @@ static void client__on_reply(river_client_t *c, const River__Client__ClientReply
         return;
     client_req_t *r = &c->reqs[i];
     r->replied = true;
-    r->last_ms = client__now_ms();
+    r->last_ms = clock_now_ms();
     switch (m->kind_case) {
     case RIVER__CLIENT__CLIENT_REPLY__KIND_CHUNK:
         ev.kind = RIVER_EVENT_CHUNK;
@@ -599,7 +593,7 @@ static int64_t client__next_expiry(const river_client_t *c)
 
 int river_client_poll(river_client_t *c, int timeout_ms)
 {
-    int64_t now = client__now_ms();
+    int64_t now = clock_now_ms();
     int64_t exp = client__next_expiry(c);
     long wait = timeout_ms;
     if (exp >= 0 && (wait < 0 || exp - now < wait))
@@ -632,7 +626,7 @@ int river_client_poll(river_client_t *c, int timeout_ms)
         frame_free(&msg);
     }
     client__end_lost(c);
-    client__expire(c, client__now_ms());
+    client__expire(c, clock_now_ms());
     return c->n;
 }
 
@@ -804,9 +798,9 @@ static int admin__call(river_admin_t *a, River__Admin__AdminRequest *req,
     int rc = client__send(a->sock, &req->base);
     if (rc < 0)
         return rc;
-    int64_t until = client__now_ms() + a->timeout_ms;
+    int64_t until = clock_now_ms() + a->timeout_ms;
     for (;;) {
-        int64_t left = until - client__now_ms();
+        int64_t left = until - clock_now_ms();
         if (left <= 0)
             return river_err_set(RIVER_ETIMEOUT, "riverd did not answer within %d ms",
                                  a->timeout_ms);

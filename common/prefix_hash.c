@@ -2,13 +2,7 @@
 
 #include <string.h>
 
-/* splitmix64's finalizer: every input bit reaches every output bit. */
-static uint64_t prefix__mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "common/rng.h"
 
 static uint64_t prefix__text(uint64_t h, const char *s)
 {
@@ -17,7 +11,7 @@ static uint64_t prefix__text(uint64_t h, const char *s)
         h ^= (unsigned char)*s;
         h *= 0x100000001B3ull;
     }
-    return prefix__mix(h);
+    return rng_mix(h);
 }
 
 uint64_t prefix_hash_seed(const char *model_fingerprint, const char *river_fingerprint)
@@ -29,10 +23,10 @@ uint64_t prefix_hash_seed(const char *model_fingerprint, const char *river_finge
 
 uint64_t prefix_hash_page(uint64_t parent, const int32_t *ids, size_t n)
 {
-    uint64_t h = prefix__mix(parent ^ 0x9E3779B97F4A7C15ull);
+    uint64_t h = rng_mix(parent ^ RNG_GOLDEN);
     for (size_t i = 0; i < n; i++)
-        h = prefix__mix(h ^ ((uint64_t)(uint32_t)ids[i] + 0x9E3779B97F4A7C15ull * (i + 1)));
-    h = prefix__mix(h ^ (uint64_t)n);
+        h = rng_mix(h ^ ((uint64_t)(uint32_t)ids[i] + RNG_GOLDEN * (i + 1)));
+    h = rng_mix(h ^ (uint64_t)n);
     return h ? h : 1;
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -42,7 +43,7 @@ static int admin__status(admin_ctx_t *c, const River__Admin__AdminRequest *req)
     int ready, draining, dead, dispatchable;
     workers_count(rd, &ready, &draining, &dead, &dispatchable);
     s->version = (char *)RIVERD_VERSION;
-    s->uptime_s = (uint64_t)(riverd_now_ms() - rd->started_ms) / 1000;
+    s->uptime_s = (uint64_t)(clock_now_ms() - rd->started_ms) / 1000;
     s->workers_ready = (uint32_t)dispatchable;
     s->workers_total = (uint32_t)(ready + draining + dead + supervise_starting(rd, NULL, 0));
     s->queue_length = (uint32_t)rd->n_queued;
@@ -77,7 +78,7 @@ static int admin__workers(admin_ctx_t *c, const River__Admin__AdminRequest *req)
     c->caps = calloc(n ? n : 1, sizeof *c->caps);
     if (!c->infos || !c->info_ptrs || !c->caps)
         return river_err_set(RIVER_ENOMEM, "workers reply");
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     size_t k = 0;
     for (int i = 0; i < rd->n_table && k < n; i++, k++) {
         worker_t *w = rd->table[i];

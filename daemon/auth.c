@@ -28,6 +28,7 @@
 
 #include <czmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/keys.h"
 #include "daemon/riverd.h"
@@ -237,7 +238,7 @@ static bool auth__drop_seen(void *user, const void *key, size_t len, void *val)
  * not logged since the last time. */
 static bool auth__should_log(auth_t *a, const char *what, uint64_t *suppressed)
 {
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     size_t len = strlen(what);
     auth_seen_t *s = hmap_get(a->seen, what, len);
     if (!s) {

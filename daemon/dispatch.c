@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/prefix_hash.h"
 #include "daemon/riverd.h"
@@ -242,7 +243,7 @@ static int dispatch__owe(riverd_t *rd, const route_t *to, const River__Client__C
     }
     o->next = NULL;
     o->client = *to;
-    o->since_ms = riverd_now_ms();
+    o->since_ms = clock_now_ms();
     o->len = len;
     memcpy(o->frame, buf, len);
     free(buf);
@@ -591,7 +592,7 @@ static worker_t *dispatch__pick(riverd_t *rd, request_t *req)
         }
     }
     if (s)
-        s->last_used_ms = riverd_now_ms();
+        s->last_used_ms = clock_now_ms();
     return best;
 }
 
@@ -603,7 +604,7 @@ static int dispatch__submit(riverd_t *rd, request_t *req, worker_t *w)
     g.request_id = (char *)"";
     g.max_tokens = req->max_tokens;
     if (req->deadline_ms) {
-        int64_t left = req->deadline_ms - riverd_now_ms();
+        int64_t left = req->deadline_ms - clock_now_ms();
         g.deadline_ms = left > 0 ? (uint32_t)left : 1;
     }
     River__Worker__Submit s;
@@ -701,7 +702,7 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
     River__Client__Generate *g = env->generate;
     River__Client__Error__Code code = RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT;
     char why[512];
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     for (size_t i = 0; i < sizeof dispatch__checks / sizeof dispatch__checks[0]; i++)
         if (!dispatch__checks[i](&rd->cfg, g, why, sizeof why))
             goto refuse;
@@ -909,7 +910,7 @@ void dispatch_on_tokens(riverd_t *rd, worker_t *w, const River__Worker__Tokens *
     river__client__client_reply__init(&r);
     r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_CHUNK;
     r.chunk = &c;
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     if (n && !req->first_token_ms) {
         req->first_token_ms = now;
         metrics_on_first_token(rd, (double)(now - req->received_ms) / 1000.0);
@@ -1125,7 +1126,7 @@ int dispatch_init(riverd_t *rd)
         (rc = hmap_new(&rd->req_by_client)) < 0 || (rc = hmap_new(&rd->client_load)) < 0 ||
         (rc = hmap_new(&rd->sessions)) < 0)
         return rc;
-    rd->next_session_sweep_ms = riverd_now_ms() + DISPATCH_SESSION_SWEEP_MS;
+    rd->next_session_sweep_ms = clock_now_ms() + DISPATCH_SESSION_SWEEP_MS;
     return 0;
 }
 

@@ -11,6 +11,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -56,7 +57,7 @@ void riverd_begin_shutdown(riverd_t *rd, uint32_t deadline_ms, const char *why)
 {
     if (rd->draining)
         return;
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     uint32_t d = deadline_ms ? deadline_ms : (uint32_t)rd->cfg.drain_timeout_ms;
     rd->draining = true;
     /* Workers get d to finish; riverd gives them two heartbeats more to report back
@@ -97,7 +98,7 @@ int main(int argc, char **argv)
         riverd__usage(stderr);
         return 2;
     }
-    log_init("riverd");
+    log_init(&(log_opts_t){.name = "riverd", .journal = true});
 
     static riverd_t rd_storage;
     riverd_t *rd = &rd_storage;
@@ -132,7 +133,7 @@ int main(int argc, char **argv)
         log_warn("auth.mode is plain: serving clients, workers and riverctl WITHOUT "
                  "authentication or encryption; anyone who can reach an endpoint can use it");
     log_set_level(rd->cfg.log_level);
-    rd->started_ms = riverd_now_ms();
+    rd->started_ms = clock_now_ms();
     int exit_code = 1;
 
     if ((rc = hmap_new(&rd->by_route)) < 0)

@@ -12,6 +12,7 @@
 
 #include <microhttpd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -175,7 +176,7 @@ char *metrics_render(riverd_t *rd, size_t *len)
         return NULL;
     b.s[0] = '\0';
     const metrics_t *m = &rd->metrics;
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     char lab[256];
 
     metrics__head(&b, "river_requests_total", "counter",

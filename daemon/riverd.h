@@ -15,7 +15,7 @@
  *   reload.c     SIGHUP and admin Reload: what changes live and what needs a restart
  *   metrics.c    counters, Prometheus text, the HTTP endpoint (libmicrohttpd)
  *   supervise.c  local workers: fork/exec, restart with back-off, scale
- *   hmap.c, log.c  helpers */
+ *   hmap.c       the hash map of requests and peers (the log is common/log.c) */
 #ifndef RIVER_DAEMON_RIVERD_H
 #define RIVER_DAEMON_RIVERD_H
 
@@ -25,8 +25,8 @@
 
 #include "common/config.h"
 #include "common/frame.h"
+#include "common/log.h"
 #include "daemon/hmap.h"
-#include "daemon/log.h"
 
 #define RIVERD_VERSION "0.1.0"
 /* Worker link version riverd speaks (Ready.protocol). */
@@ -358,7 +358,6 @@ struct riverd {
     int64_t next_trim_ms;       /* next malloc_trim (router.c) */
 };
 
-int64_t riverd_now_ms(void);
 /* Sends to a client; RIVER_EIO when the client is gone, RIVER_EFULL when it is not reading
  * (limits.max_client_backlog replies wait for it already). */
 int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r);

@@ -13,6 +13,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -32,13 +33,6 @@
 #define ROUTER_OVERSIZE_FACTOR 4
 /* How often riverd hands the heap pages freed since to the kernel (malloc_trim). */
 #define ROUTER_TRIM_MS 30000
-
-int64_t riverd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- Sockets ---- */
 
@@ -360,7 +354,7 @@ int router_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMes
 {
     int rc = router__send(rd->workers, &w->route, &m->base);
     if (rc == 0)
-        w->last_sent_ms = riverd_now_ms();
+        w->last_sent_ms = clock_now_ms();
     else if (w->state != WORKER_DEAD && !w->unreachable) {
         /* Marked here, handled in workers_tick: the caller may be walking a list that
          * declaring the worker dead would change. */
@@ -505,7 +499,7 @@ static void router__on_admin(riverd_t *rd)
  * stopping the process under a debugger. */
 static void router__malloc_info(void)
 {
-    fprintf(stderr, "riverd: malloc_info at %lld ms\n", (long long)riverd_now_ms());
+    fprintf(stderr, "riverd: malloc_info at %lld ms\n", (long long)clock_now_ms());
     if (malloc_info(0, stderr) != 0)
         log_warn("malloc_info: %s", strerror(errno));
     fflush(stderr);
@@ -619,7 +613,7 @@ int router_run(riverd_t *rd)
      * of the three ROUTER sockets. */
     enum { P_CLIENTS, P_WORKERS, P_SIGNALS, P_ADMIN, P_HTTP, P_AUTH, P_COUNT = P_AUTH + 4 };
     while (!rd->stop) {
-        int64_t now = riverd_now_ms();
+        int64_t now = clock_now_ms();
         router__tick(rd, now);
         if (rd->stop)
             break;

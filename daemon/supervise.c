@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -157,7 +158,7 @@ static int supervise__spawn(supervise_t *s, slot_t *sl)
         _exit(127);
     }
     sl->pid = pid;
-    sl->started_ms = riverd_now_ms();
+    sl->started_ms = clock_now_ms();
     sl->term_sent = false;
     log_info("started worker %s: %s --config %s --riverd %s (pid %d)", sl->id, s->bin,
              sl->config, s->endpoint, (int)pid);
@@ -204,7 +205,7 @@ void supervise_destroy(riverd_t *rd, supervise_t **ps, int64_t wait_ms)
     for (int i = 0; i < s->n; i++)
         if (s->slots[i]->pid > 0 && kill(s->slots[i]->pid, SIGTERM) != 0 && errno != ESRCH)
             log_warn("kill %d: %s", (int)s->slots[i]->pid, strerror(errno));
-    int64_t until = riverd_now_ms() + wait_ms;
+    int64_t until = clock_now_ms() + wait_ms;
     for (;;) {
         int left = 0;
         for (int i = 0; i < s->n; i++) {
@@ -215,7 +216,7 @@ void supervise_destroy(riverd_t *rd, supervise_t **ps, int64_t wait_ms)
         }
         if (!left)
             break;
-        if (riverd_now_ms() >= until) {
+        if (clock_now_ms() >= until) {
             for (int i = 0; i < s->n; i++) {
                 slot_t *sl = s->slots[i];
                 if (sl->pid > 0) {
@@ -256,7 +257,7 @@ void supervise_reap(riverd_t *rd)
             snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(st));
         else
             snprintf(how, sizeof how, "ended");
-        int64_t now = riverd_now_ms();
+        int64_t now = clock_now_ms();
         sl->pid = 0;
         worker_t *w = sl->w;
         if (w) {

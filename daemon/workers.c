@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "daemon/riverd.h"
 
@@ -123,7 +124,7 @@ void workers_mark_dead(riverd_t *rd, worker_t *w, const char *why)
         return;
     log_warn("worker %s is dead (%s); %d requests to re-dispatch", w->id, why, w->assigned);
     w->state = WORKER_DEAD;
-    w->state_since_ms = riverd_now_ms();
+    w->state_since_ms = clock_now_ms();
     w->kv_pages_free = 0;
     w->running = w->queue_length = 0;
     rd->metrics.worker_deaths++;
@@ -150,7 +151,7 @@ static void workers__send_heartbeat(riverd_t *rd, worker_t *w)
 static void workers__send_reconnect(riverd_t *rd, const route_t *to, worker_t *w,
                                     const char *why)
 {
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     /* A dead worker may still be streaming; one Reconnect per interval is enough. */
     if (w && now - w->last_sent_ms < rd->cfg.heartbeat_ms)
         return;
@@ -173,7 +174,7 @@ int workers_drain(riverd_t *rd, worker_t *w, uint32_t deadline_ms)
         return river_err_set(RIVER_ESTATE, "worker %s is dead", w->id);
     if (deadline_ms == 0)
         deadline_ms = (uint32_t)rd->cfg.drain_timeout_ms;
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     w->state = WORKER_DRAINING;
     w->state_since_ms = now;
     w->drain_deadline_ms = deadline_ms ? now + deadline_ms : 0;
@@ -253,7 +254,7 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, const char *pee
             return;
         }
     }
-    int64_t now = riverd_now_ms();
+    int64_t now = clock_now_ms();
     snprintf(w->id, sizeof w->id, "%s", id);
     snprintf(w->peer, sizeof w->peer, "%s", peer);
     w->role = r->role;
@@ -309,7 +310,7 @@ static void workers__on_heartbeat(riverd_t *rd, const route_t *from, const char 
     /* A worker may drain on its own (it got SIGTERM): take nothing new to it. */
     if (hb->draining && w->state == WORKER_READY) {
         w->state = WORKER_DRAINING;
-        w->state_since_ms = riverd_now_ms();
+        w->state_since_ms = clock_now_ms();
         dispatch_forget_worker(rd, w);
         log_info("worker %s is draining on its own", w->id);
     }
@@ -353,7 +354,7 @@ void workers_on_message(riverd_t *rd, const route_t *from, const char *peer,
     worker_t *w = workers_by_route(rd, from);
     unsigned k = (unsigned)env->kind_case;
     if (w)
-        w->last_seen_ms = riverd_now_ms();
+        w->last_seen_ms = clock_now_ms();
     if (k >= sizeof workers__handlers / sizeof workers__handlers[0] ||
         !workers__handlers[k].fn) {
         /* frame_decode only lets known kinds through; a newer peer may know more. */

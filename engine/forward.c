@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "engine/offload.h"
 
@@ -64,13 +65,6 @@ struct forward {
         if (fwd__e)            \
             return fwd__e;     \
     } while (0)
-
-static double fwd__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int forward_new(forward_t **out, const model_t *m, backend_t *be, int max_rows)
 {
@@ -257,10 +251,10 @@ static int forward__layer(forward_t *f, const layer_weights_t *w, int l, void *x
     FWD_TRY(o->rope(ctx, f->q, ab->pos, n, c->n_heads, &f->rope));
     FWD_TRY(o->rope(ctx, f->k, ab->pos, n, c->n_kv_heads, &f->rope));
     FWD_TRY(o->kv_write(ctx, kv, l, ab, f->k, f->v));
-    double ta = fwd__now();
+    double ta = clock_now_s();
     FWD_TRY(o->attention(ctx, f->att, f->q, kv, l, ab, c->n_heads, c->n_kv_heads,
                          c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
-    f->stats.attn_s += fwd__now() - ta;
+    f->stats.attn_s += clock_now_s() - ta;
     FWD_TRY(o->matmul(ctx, f->xb, f->att, &w->wo, n));
     FWD_TRY(o->add(ctx, x, f->xb, (size_t)n * (size_t)c->dim));
 
@@ -654,9 +648,9 @@ static int forward__exit_layer(forward_t *f, int l, int n, int n_ext, const kv_v
     if (nb && nr)
         f->stats.splits++;
     if (f->ex.policy.rule == EXIT_RULE_COSINE) {
-        double t0 = fwd__now();
+        double t0 = clock_now_s();
         FWD_TRY(f->be->ops->gather_rows(f->be->ctx, f->xprev, f->x, f->iota, n, m->cfg.dim));
-        f->stats.decide_s += fwd__now() - t0;
+        f->stats.decide_s += clock_now_s() - t0;
     }
     if (nb && f->has_remote && l >= f->remote.boundary) {
         f->stats.layer_rows_backbone += nb;
@@ -799,7 +793,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
         return river_err_set(RIVER_EUNSUPPORTED, "forward: the %s strategy cannot run "
                              "backbone layers on a remote (no validity maps or K/V-only "
                              "passes cross the split)", exit_kv_name(f->ex.policy.kv));
-    double t0 = fwd__now();
+    double t0 = clock_now_s();
     for (int r = 0; r < n; r++) {
         f->pos[r] = b->pos[r];
         f->tokens[r] = b->tokens[r];
@@ -875,10 +869,10 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
                 FWD_TRY(o->to_host(ctx, f->host_hidden, f->x, 0, (size_t)n * (size_t)c->dim));
                 f->hook(f->hook_user, l, f->host_hidden, n, c->dim);
             }
-            double td = fwd__now();
+            double td = clock_now_s();
             FWD_TRY(forward__decide(f, l, n, n_ext));
             FWD_TRY(forward__apply_exits(f, l, n));
-            f->stats.decide_s += fwd__now() - td;
+            f->stats.decide_s += clock_now_s() - td;
             FWD_TRY(forward__save(f, b, l));
         }
         if (kvs == EXIT_KV_RECOMPUTE)
@@ -901,7 +895,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
     if (b->depth)
         memcpy(b->depth, f->depth, sizeof *b->depth * (size_t)n);
     int e = b->n_logits > 0 ? forward__logits(f, b, logits) : o->sync(ctx);
-    f->stats.step_s += fwd__now() - t0;
+    f->stats.step_s += clock_now_s() - t0;
     f->stats.steps++;
     return e;
 }
@@ -969,12 +963,12 @@ static int forward__time_stack(forward_t *f, const layer_weights_t *const *river
     attn_batch_t ab = {.n = n, .pos = f->sub_pos, .page_table = f->sub_tables};
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = fwd__now();
+        double t0 = clock_now_s();
         for (int l = first; l < L; l++)
             FWD_TRY(forward__layer(f, river ? river[l] : &f->m->layers[l], l, f->xs,
                                    kv_pool_view(kv), &ab));
         FWD_TRY(f->be->ops->sync(f->be->ctx));
-        double dt = fwd__now() - t0;
+        double dt = clock_now_s() - t0;
         best = dt < best ? dt : best;
     }
     *secs = best / (double)(L - first);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 
 typedef struct gseq {
@@ -97,13 +98,6 @@ const char *gen_finish_name(gen_finish_t f)
     static const char *names[] = {"running", "length", "eos", "stop", "context", "cancel",
                                   "error"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
-}
-
-static double gen__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be,
@@ -909,7 +903,7 @@ int gen_step(gen_t *g)
     if (n == 0)
         return 0;
 
-    double t0 = gen__now();
+    double t0 = clock_now_s();
     fwd_batch_t b = {.n = n, .tokens = g->tokens, .pos = g->pos, .page_table = g->tables,
                      .n_logits = n_logits, .logit_rows = g->logit_rows, .group = g->group,
                      .exit_seq = g->exit_seqs, .depth = g->depth, .row_exit = g->row_exit,
@@ -920,7 +914,7 @@ int gen_step(gen_t *g)
                      .save_layer = n_draft_rows ? g->save_layer : NULL,
                      .saved_hidden = g->saved_hidden};
     int e = forward_step(g->fwd, g->kv, &b, g->logits);
-    double dt = gen__now() - t0;
+    double dt = clock_now_s() - t0;
     if (e) {
         for (int i = 0; i < g->cfg.max_seqs; i++)
             if (g->seqs[i].used) {

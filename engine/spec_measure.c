@@ -3,15 +3,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "engine/spec_cost.h"
-
-static double sm__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int sm__cmp(const void *a, const void *b)
 {
@@ -37,9 +31,9 @@ static int sm__time(forward_t *f, kv_pool_t *kv, const int32_t *pages, int ctx, 
     double t[64];
     int e = forward_step(f, kv, &b, logits);
     for (int r = 0; r < runs && !e; r++) {
-        double t0 = sm__now();
+        double t0 = clock_now_s();
         e = forward_step(f, kv, &b, logits);
-        t[r] = sm__now() - t0;
+        t[r] = clock_now_s() - t0;
     }
     if (!e) {
         qsort(t, (size_t)runs, sizeof *t, sm__cmp);

@@ -3,6 +3,7 @@
  * would open a downloaded checkpoint. Handlers of a peer's frames are driven through their
  * real sockets: the target plays the peer (riverd for the client library, the other half
  * for the split pair) over ipc:// in the same directory. */
+#include "common/clock.h"
 #include "fuzz/targets.h"
 
 #include <errno.h>
@@ -36,7 +37,7 @@
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
 #include "workers/pair.h"
-#include "workers/wlog.h"
+#include "common/log.h"
 
 /* A per-process directory, created on first use and removed at exit with what is in it;
  * NULL when it cannot be made (the file targets then do nothing: no input can be blamed). */
@@ -800,7 +801,7 @@ static int fuzz_pair_bb_exchange(void *sock, const void *data, size_t len, bool 
         int k = pair_backbone_poll_items(fz_pair.bb, it + 1);
         if (zmq_poll(it, 1 + k, 100) < 0 && errno != EINTR)
             return -1;
-        pair_backbone_on_poll(fz_pair.bb, it + 1, k, link_clock_ms());
+        pair_backbone_on_poll(fz_pair.bb, it + 1, k, clock_now_ms());
         if (it[0].revents & ZMQ_POLLIN) {
             while (zmq_recv(sock, NULL, 0, ZMQ_DONTWAIT) >= 0)
                 ;
@@ -846,7 +847,8 @@ static void fuzz_pair_river_new(void)
 static void fuzz_pair_setup(void)
 {
     /* The pair logs every frame it refuses, and the fuzzer sends millions. */
-    wlog_init("fuzz", -1);
+    log_init(&(log_opts_t){.name = "river-worker", .tag = "fuzz", .utc = true});
+    log_set_level(LOG_NONE);
     fz_pair.m = fuzz_tiny();
     const model_config_t *c = &fz_pair.m->cfg;
     if (cpu_backend_new(&fz_pair.be, 1, CPU_SIMD_COUNT) < 0 ||
@@ -874,7 +876,7 @@ static void fuzz_pair_setup(void)
     fz_pair.stranger = fuzz_pair_dealer(fz_pair.bb_endpoint);
     fz_pair.fake = fuzz_router_bind(fz_pair.zctx, "river.sock", fz_pair.rv_endpoint,
                                     sizeof fz_pair.rv_endpoint);
-    fz_pair.clock = link_clock_ms();
+    fz_pair.clock = clock_now_ms();
     atexit(fuzz_pair_close);
     fuzz_pair_pair();
     fuzz_pair_river_new();

@@ -6,8 +6,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "gateway/gateway.h"
 
 /* How long the thread waits in river_client_poll while requests are in flight: the most a
@@ -36,13 +37,6 @@ struct gw_bridge {
     size_t n_live, cap_live;
     uint32_t timeout_ms; /* the client library's own limit per request */
 };
-
-double gw_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- Calls ---- */
 
@@ -118,7 +112,7 @@ static void gw_call__fail_locked(gw_call_t *c, river_code_t code, const char *me
     c->ok = 0;
     c->code = code;
     snprintf(c->message, sizeof c->message, "%s", message);
-    c->t_end = gw_now();
+    c->t_end = clock_now_s();
     pthread_cond_broadcast(&c->cv);
 }
 
@@ -138,7 +132,7 @@ static void gw_bridge__event(void *user, const river_event_t *ev)
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    double now = gw_now();
+    double now = clock_now_s();
     switch (ev->kind) {
     case RIVER_EVENT_CHUNK:
         if (gw_call__grow((void **)&c->text, &c->cap_text, c->n_text + ev->text_len + 1, 1) ||
@@ -356,7 +350,7 @@ static int gw_bridge__push(gw_bridge_t *b, gw_call_t *c, int cancel)
 
 int gw_bridge_submit(gw_bridge_t *b, gw_call_t *call)
 {
-    call->t_start = gw_now();
+    call->t_start = clock_now_s();
     return gw_bridge__push(b, call, 0);
 }
 

@@ -243,6 +243,4 @@ int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);
 int gw_http_port(const gw_http_t *h);
 void gw_http_stop(gw_http_t **h);
 
-double gw_now(void); /* monotonic seconds */
-
 #endif

@@ -20,7 +20,7 @@
 #include <microhttpd.h>
 
 #include "common/err.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "gateway/gateway.h"
 
 /* A stream with nothing new for this long gets an SSE comment line. */

@@ -17,7 +17,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "common/err.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "gateway/gateway.h"
 
 /* As riverd: sysexits' EX_CONFIG for a configuration that does not load, 2 for usage. */
@@ -117,7 +117,7 @@ int main(int argc, char **argv)
         gw__usage(stderr);
         return 2;
     }
-    log_init("river-gateway");
+    log_init(&(log_opts_t){.name = "river-gateway", .journal = true});
     /* Response ids only need to differ between runs, not to be secret. */
     srandom((unsigned)time(NULL) ^ (unsigned)getpid());
     gw_config_t cfg;

@@ -9,7 +9,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "text/chat_template.h"
 #include "gateway/gateway.h"
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/rng.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "kernels/half.h"
@@ -188,21 +189,13 @@ int64_t synth_data_bytes(const char *shape, dtype_t dtype)
 
 /* ---- values ---- */
 
-/* splitmix64: one multiply-xorshift step per 64 random bits, and good enough statistically
- * for weights (it passes BigCrush). */
-static inline uint64_t synth_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return z ^ (z >> 31);
-}
-
-/* An approximately standard normal value: the sum of four 16-bit uniforms has mean
+/* An approximately standard normal value from 64 bits of splitmix64 (common/rng.h: one
+ * multiply-xorshift step, and good enough statistically for weights, since it passes
+ * BigCrush): the sum of four 16-bit uniforms has mean
  * 4 * 32767.5 and standard deviation sqrt(4 * (65536^2 - 1) / 12). */
 static inline float synth_normal(uint64_t *s)
 {
-    uint64_t r = synth_next(s);
+    uint64_t r = rng_next(s);
     uint32_t sum = (uint32_t)(r & 0xffff) + (uint32_t)((r >> 16) & 0xffff) +
                    (uint32_t)((r >> 32) & 0xffff) + (uint32_t)(r >> 48);
     return ((float)sum - 131070.0f) * (1.0f / 37837.22f);
@@ -214,7 +207,7 @@ static uint64_t synth_tensor_seed(uint64_t seed, const char *name)
     for (const unsigned char *p = (const unsigned char *)name; *p; p++)
         h = (h ^ *p) * UINT64_C(0x100000001b3);
     uint64_t s = seed;
-    return h ^ synth_next(&s);
+    return h ^ rng_next(&s);
 }
 
 #define SYNTH_CHUNK (1u << 22) /* elements generated per write */

@@ -18,16 +18,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/half.h"
-
-static double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t bench_rng = 0x2545f4914f6cdd1dull;
 
@@ -130,12 +124,12 @@ static int bench_matmuls(backend_t *be, int reps, double copy_gbs)
         e = o->matmul(be->ctx, y, x, &w, s->n); /* warm-up */
         if (!e)
             e = o->sync(be->ctx);
-        double t0 = bench_now();
+        double t0 = clock_now_s();
         for (int r = 0; r < reps && !e; r++)
             e = o->matmul(be->ctx, y, x, &w, s->n);
         if (!e)
             e = o->sync(be->ctx);
-        double dt = (bench_now() - t0) / reps;
+        double dt = (clock_now_s() - t0) / reps;
         o->buf_free(be->ctx, x);
         o->buf_free(be->ctx, y);
         if (e)
@@ -183,13 +177,13 @@ static int bench_attention(backend_t *be, int reps, double copy_gbs, int rows, i
     e = o->attention(be->ctx, out, q, &kv, 0, &b, H, KVH, HD, scale);
     if (!e)
         e = o->sync(be->ctx);
-    double t0 = bench_now();
+    double t0 = clock_now_s();
     for (int r = 0; r < reps && !e; r++)
         e = o->attention(be->ctx, out, q, &kv, 0, &b, H, KVH, HD, scale);
     if (!e)
         e = o->sync(be->ctx);
     if (!e) {
-        double dt = (bench_now() - t0) / reps;
+        double dt = (clock_now_s() - t0) / reps;
         double bytes = (double)rows * (2.0 * len * kv_dim * 4.0 + 2.0 * H * HD * 4.0);
         char name[64];
         snprintf(name, sizeof name, "attention %d rows ctx %d", rows, len);

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "client/river_client.h"
+#include "common/clock.h"
 #include "common/err.h"
 
 #define SOAK_ENDPOINT_DEFAULT "tcp://127.0.0.1:5555"
@@ -139,15 +140,6 @@ static const char *const soak_prompts[] = {
     "Ben wanted to build a tower",
 };
 
-static int64_t soak_now_us(void)
-{
-    struct timespec ts;
-    /* CLOCK_MONOTONIC cannot fail on Linux; 0 only keeps the value defined. */
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static int soak_series_add(soak_series_t *s, double v)
 {
     if (s->n == s->cap) {
@@ -172,7 +164,7 @@ static void soak_on_event(void *user, const river_event_t *ev)
      * ends a request once), but a stale one must not touch the current one. */
     if (!st->busy || strcmp(ev->request_id, st->rid) != 0)
         return;
-    int64_t now = soak_now_us();
+    int64_t now = clock_now_us();
     switch (ev->kind) {
     case RIVER_EVENT_CHUNK:
         if (ev->seq != st->next_seq)
@@ -255,7 +247,7 @@ static int soak_submit(soak_client_t *cl, soak_stream_t *st)
     st->first_us = 0;
     st->bad_sequence = false;
     snprintf(st->rid, sizeof st->rid, "%s", id);
-    st->submit_us = soak_now_us();
+    st->submit_us = clock_now_us();
     int rc = river_client_submit(cl->c, &g, id, soak_on_event, st, NULL);
     if (rc < 0) {
         st->busy = false;
@@ -488,13 +480,13 @@ static int soak_wait_workers(const soak_opts_t *o)
     int rc = river_admin_new_secure(&a, o->admin, 2000, o->keys.secret_key ? &o->keys : NULL);
     if (rc < 0)
         return rc;
-    int64_t until = soak_now_us() + 120 * 1000000LL;
+    int64_t until = clock_now_us() + 120 * 1000000LL;
     for (;;) {
         river_status_t st;
         rc = river_admin_status(a, &st);
         if (rc == 0 && (int)st.workers_ready >= o->workers)
             break;
-        if (soak_now_us() > until || soak_interrupted) {
+        if (clock_now_us() > until || soak_interrupted) {
             rc = river_err_set(RIVER_ETIMEOUT, "riverd has not %d ready workers after 120 s",
                                o->workers);
             break;
@@ -634,7 +626,7 @@ int main(int argc, char **argv)
            o.streams, o.clients, (double)o.run_ms / 1000, (double)o.warmup_ms / 1000,
            o.warmup_requests, (double)o.run_ms / 2000, o.endpoint);
     fflush(stdout);
-    int64_t t0 = soak_now_us();
+    int64_t t0 = clock_now_us();
     for (int i = 0; i < o.clients; i++) {
         int e = pthread_create(&cls[i].thread, NULL, soak_client_main, &cls[i]);
         if (e != 0) {
@@ -659,7 +651,7 @@ int main(int argc, char **argv)
     int64_t warm_at = 0, next_rss = 0;
     /* The main thread keeps time: warm-up, progress lines, the end of the run. */
     for (;;) {
-        int64_t now = soak_now_us();
+        int64_t now = clock_now_us();
         if (!warm && now >= t0 + o.warmup_ms * 1000 &&
             (soak_min_ended(cls, o.clients) >= (uint64_t)o.warmup_requests ||
              now >= t0 + o.run_ms * 1000 / 2)) {
@@ -713,20 +705,20 @@ int main(int argc, char **argv)
     }
     /* No new requests; those running may finish within the grace period. */
     atomic_store(&soak_phase, SOAK_DRAIN);
-    int64_t drain_until = soak_now_us() + o.grace_ms * 1000;
+    int64_t drain_until = clock_now_us() + o.grace_ms * 1000;
     for (;;) {
         /* Each thread returns once its streams are idle. */
         int running = 0;
         for (int i = 0; i < o.clients; i++)
             running += !atomic_load(&cls[i].finished);
-        if (!running || soak_now_us() >= drain_until)
+        if (!running || clock_now_us() >= drain_until)
             break;
         struct timespec ts = {0, 100 * 1000000L};
         if (nanosleep(&ts, NULL) != 0 && errno != EINTR)
             break;
     }
     atomic_store(&soak_phase, SOAK_DONE);
-    int64_t t_drained = soak_now_us();
+    int64_t t_drained = clock_now_us();
 
     soak_series_t e2e = {0}, ttft = {0};
     int unfinished = 0, thread_errors = 0;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "client/river_client.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/keys.h"
 
@@ -266,13 +267,6 @@ static void ctl__on_sigint(int sig)
     ctl__interrupted = 1;
 }
 
-static double ctl__now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void ctl__on_event(void *user, const river_event_t *ev)
 {
     gen_out_t *o = user;
@@ -287,7 +281,7 @@ static void ctl__on_event(void *user, const river_event_t *ev)
         return;
     }
     /* Decode speed is measured from the first chunk on, so prefill does not count. */
-    double now = ctl__now_s();
+    double now = clock_now_s();
     if (o->first_s == 0)
         o->first_s = now;
     else
@@ -402,7 +396,7 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
 
     char id[RIVER_CLIENT_ID_MAX];
-    double t0 = ctl__now_s();
+    double t0 = clock_now_s();
     int rc = river_client_submit(cl, &go, NULL, ctl__on_event, &out, id);
     /* The library reports the end through the callback; keep the result beside it. */
     bool cancelled = false;
@@ -415,7 +409,7 @@ static int ctl_generate(const ctl_t *c, int argc, char **argv)
         if (rc > 0)
             rc = 0;
     }
-    double dt = ctl__now_s() - t0;
+    double dt = clock_now_s() - t0;
     river_client_destroy(&cl);
     int status = 0;
     if (rc < 0) {

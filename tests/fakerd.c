@@ -1,5 +1,6 @@
 /* A fake riverd: riverd's end of the worker link, driven by a test; tests/fakerd.h says
  * what each function does. */
+#include "common/clock.h"
 #include "tests/fakerd.h"
 
 #include <signal.h>
@@ -96,7 +97,7 @@ void wk_send_raw(wk_t *w, const void *data, size_t len, int more_parts)
     if (more_parts)
         ck_assert_int_ge(zmq_send(w->router, "x", 1, ZMQ_SNDMORE), 0);
     ck_assert_int_ge(zmq_send(w->router, data, len, 0), 0);
-    w->last_sent_ms = test_now_ms();
+    w->last_sent_ms = clock_now_ms();
 }
 
 void wk_send(wk_t *w, River__Worker__DaemonMessage *m)
@@ -120,16 +121,16 @@ void wk_send_heartbeat(wk_t *w)
     size_t len = river__worker__daemon_message__pack(&m, buf);
     if (zmq_send(w->router, w->route, w->route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
         zmq_send(w->router, buf, len, ZMQ_DONTWAIT);
-    w->last_sent_ms = test_now_ms();
+    w->last_sent_ms = clock_now_ms();
 }
 
 /* Polls in slices of at most one heartbeat interval, so that riverd's heartbeats go out
  * on time however long the caller waits. */
 River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
 {
-    int64_t end = test_now_ms() + timeout_ms;
+    int64_t end = clock_now_ms() + timeout_ms;
     for (;;) {
-        int64_t now = test_now_ms();
+        int64_t now = clock_now_ms();
         if (w->hb_ms && !w->silent && now - w->last_sent_ms >= w->hb_ms)
             wk_send_heartbeat(w);
         if (now >= end)
@@ -176,9 +177,9 @@ River__Worker__WorkerMessage *wk_recv(wk_t *w, int timeout_ms)
 River__Worker__WorkerMessage *wk_expect(wk_t *w, River__Worker__WorkerMessage__KindCase kind,
                                         int timeout_ms)
 {
-    int64_t end = test_now_ms() + timeout_ms;
+    int64_t end = clock_now_ms() + timeout_ms;
     for (;;) {
-        int left = (int)(end - test_now_ms());
+        int left = (int)(end - clock_now_ms());
         River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
         ck_assert_msg(m != NULL, "no %d message from the worker within %d ms", kind, timeout_ms);
         if (m->kind_case == kind)

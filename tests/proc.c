@@ -1,5 +1,6 @@
 /* Time, file and process helpers for the suites that run River's programs as processes;
  * tests/proc.h says what each does. */
+#include "common/clock.h"
 #include "tests/proc.h"
 
 #include <errno.h>
@@ -19,20 +20,6 @@
 #include "tests/testutil.h"
 
 /* ---- Time ---- */
-
-double test_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-int64_t test_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void test_sleep_ms(int ms)
 {
@@ -64,7 +51,7 @@ void test_write(const char *path, const char *text)
 
 int test_log_has(const char *path, const char *text, int ms)
 {
-    double until = test_now() + ms / 1000.0;
+    double until = clock_now_s() + ms / 1000.0;
     do {
         size_t len;
         char *log = test_read_file(path, &len);
@@ -73,7 +60,7 @@ int test_log_has(const char *path, const char *text, int ms)
         if (found)
             return 1;
         test_sleep_ms(50);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     return 0;
 }
 
@@ -177,7 +164,7 @@ pid_t test_spawn(char *const argv[], const char *log, const char *const *env)
  * not this process's child, or was reaped already) is a mistake in the test. */
 int test_wait_exit(pid_t pid, int ms, int *status)
 {
-    double until = test_now() + ms / 1000.0;
+    double until = clock_now_s() + ms / 1000.0;
     do {
         int st;
         pid_t r = waitpid(pid, &st, WNOHANG);
@@ -188,7 +175,7 @@ int test_wait_exit(pid_t pid, int ms, int *status)
             return 1;
         }
         test_sleep_ms(10);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     return 0;
 }
 

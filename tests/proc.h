@@ -14,10 +14,6 @@
 
 /* ---- Time ---- */
 
-/* Seconds on the monotonic clock, for deadlines and durations. */
-double test_now(void);
-/* The same clock in whole milliseconds. */
-int64_t test_now_ms(void);
 /* Sleeps ms milliseconds, the whole time even when a signal interrupts it. */
 void test_sleep_ms(int ms);
 

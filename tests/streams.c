@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
@@ -91,7 +92,7 @@ void streams_on_event(void *user, const river_event_t *ev)
     s->code = ev->code;
     s->finish = ev->finish;
     s->completion = ev->completion_tokens;
-    s->end_at = test_now();
+    s->end_at = clock_now_s();
     snprintf(s->msg, sizeof s->msg, "%s", ev->message ? ev->message : "");
 }
 
@@ -157,8 +158,8 @@ void *streams_job_run(void *arg)
         return NULL;
     }
     j->rc = river_client_submit(c, &j->opts, NULL, streams_on_event, j->st, NULL);
-    double until = test_now() + STREAMS_LIMIT_S;
-    while (j->rc >= 0 && !j->st->ended && test_now() < until)
+    double until = clock_now_s() + STREAMS_LIMIT_S;
+    while (j->rc >= 0 && !j->st->ended && clock_now_s() < until)
         j->rc = river_client_poll(c, 100);
     if (j->rc < 0)
         snprintf(j->err, sizeof j->err, "%s", river_err_detail());
@@ -191,8 +192,8 @@ void streams_load_start(streams_load_t *l, const char *endpoint, const river_key
 
 long streams_load_wait(streams_load_t *l, long tokens)
 {
-    double until = test_now() + 30;
-    while (atomic_load(&l->progress) < tokens && test_now() < until)
+    double until = clock_now_s() + 30;
+    while (atomic_load(&l->progress) < tokens && clock_now_s() < until)
         test_sleep_ms(2);
     return atomic_load(&l->progress);
 }
@@ -237,9 +238,9 @@ static river_admin_t *streams__admin(const char *admin, const river_keys_t *keys
 void streams_wait_ready(const char *admin, const river_keys_t *keys, int n, int ms,
                         const char *dir)
 {
-    double until = test_now() + ms / 1000.0;
+    double until = clock_now_s() + ms / 1000.0;
     uint32_t ready = 0;
-    while (test_now() < until) {
+    while (clock_now_s() < until) {
         river_admin_t *a = streams__admin(admin, keys);
         river_status_t st;
         int rc = river_admin_status(a, &st);

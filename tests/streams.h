@@ -60,7 +60,7 @@ typedef struct streams_stream {
     river_finish_t finish;
     uint32_t completion;
     char msg[512];
-    double end_at;     /* test_now() at the end */
+    double end_at;     /* clock_now_s() at the end */
     atomic_long *progress; /* tokens seen, shared by a load */
 } streams_stream_t;
 

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "client/river_client.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "tests/proc.h"
 #include "tests/streams.h"
@@ -133,10 +134,10 @@ static const char *tf_worker_state(const tf_srv_t *s, const char *id)
 /* Polls until riverd shows worker id in `state`; the seconds it took, or -1. */
 static double tf_wait_state(const tf_srv_t *s, const char *id, const char *state, int ms)
 {
-    double t0 = test_now(), until = t0 + ms / 1000.0;
-    while (test_now() < until) {
+    double t0 = clock_now_s(), until = t0 + ms / 1000.0;
+    while (clock_now_s() < until) {
         if (!strcmp(tf_worker_state(s, id), state))
-            return test_now() - t0;
+            return clock_now_s() - t0;
         test_sleep_ms(10);
     }
     return -1;
@@ -245,9 +246,9 @@ START_TEST(test_riverd_restart)
     streams_load_t l;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 0);
     long at_kill = streams_load_wait(&l, N * 16);
-    double t_kill = test_now();
+    double t_kill = clock_now_s();
     test_kill(&s.pid, SIGKILL);
-    while (!mine.ended && test_now() < t_kill + STREAMS_LIMIT_S)
+    while (!mine.ended && clock_now_s() < t_kill + STREAMS_LIMIT_S)
         ck_assert_int_ge(river_client_poll(c, 100), 0);
     int complete =
         streams_load_finish(&l, "riverd killed") + streams_check(&mine, "riverd killed, mine");
@@ -272,10 +273,10 @@ START_TEST(test_riverd_restart)
      * riverd's liveness, so that they have given it up and reconnect on their own): the
      * workers come back by themselves. */
     test_sleep_ms(1500);
-    double t_start = test_now();
+    double t_start = clock_now_s();
     tf_riverd_start(&s, NULL);
     streams_wait_ready(s.admin, NULL, 2, 20000, s.dir);
-    double rejoin = test_now() - t_start;
+    double rejoin = clock_now_s() - t_start;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "after the restart"), N);
     streams_load_free(&l);
@@ -319,7 +320,7 @@ START_TEST(test_slow_client)
     /* Requests until riverd says the client's queue overflowed: how many that takes
      * depends on the socket buffers of the system. */
     int n = 0;
-    double t0 = test_now();
+    double t0 = clock_now_s();
     while (n < MAX_REQS && streams_metric(s.admin, NULL, "river_requests_total{outcome=\"resource_exhausted\"}")
                                == 0) {
         st[n].want = &want[n % STREAMS_N_PROMPTS];
@@ -332,17 +333,17 @@ START_TEST(test_slow_client)
     /* Everything the client has is cancelled on the worker or finished: nothing runs. */
     river_admin_t *a = tf_admin(&s);
     river_status_t rs;
-    double until = test_now() + 20;
+    double until = clock_now_s() + 20;
     do {
         ck_assert_int_eq(river_admin_status(a, &rs), 0);
         if (rs.running == 0 && rs.queue_length == 0)
             break;
         test_sleep_ms(20);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     river_admin_destroy(&a);
     ck_assert_msg(rs.running == 0 && rs.queue_length == 0, "%u running, %u queued", rs.running,
                   rs.queue_length);
-    double stalled = test_now() - t0;
+    double stalled = clock_now_s() - t0;
 
     /* Others are served meanwhile (short streams: fewer chunks than the backlog, so that
      * a reader descheduled for a moment cannot overflow it). */
@@ -354,8 +355,8 @@ START_TEST(test_slow_client)
     streams_load_free(&l);
 
     /* The slow client reads at last: every request ends, explicitly. */
-    until = test_now() + 30;
-    while (river_client_in_flight(slow) > 0 && test_now() < until)
+    until = clock_now_s() + 30;
+    while (river_client_in_flight(slow) > 0 && clock_now_s() < until)
         ck_assert_int_ge(river_client_poll(slow, 100), 0);
     int complete = 0, exhausted = 0;
     size_t tokens = 0;

@@ -52,6 +52,7 @@
 #include <jansson.h>
 
 #include "client/river_client.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "tests/proc.h"
 #include "tests/streams.h"
@@ -296,7 +297,7 @@ static int mh_dir_read(mh_relay_t *r, mh_dir_t *d)
     c->next = NULL;
     c->len = (size_t)n;
     c->off = 0;
-    c->due_ms = test_now_ms() + atomic_load(&r->delay_ms);
+    c->due_ms = clock_now_ms() + atomic_load(&r->delay_ms);
     if (d->tail)
         d->tail->next = c;
     else
@@ -334,7 +335,7 @@ static void *mh_relay_run(void *arg)
         struct pollfd p[1 + 2 * MH_RELAY_CONNS];
         int n = 0;
         p[n++] = (struct pollfd){.fd = r->listen_fd, .events = POLLIN};
-        int64_t now = test_now_ms(), wait = 20;
+        int64_t now = clock_now_ms(), wait = 20;
         for (int i = 0; i < MH_RELAY_CONNS; i++)
             for (int k = 0; k < 2; k++) {
                 mh_dir_t *d = &r->dirs[i][k];
@@ -368,7 +369,7 @@ static void *mh_relay_run(void *arg)
                     close(in);
             }
         }
-        now = test_now_ms();
+        now = clock_now_ms();
         for (int i = 0, at = 1; i < MH_RELAY_CONNS; i++) {
             int gone = 0;
             for (int k = 0; k < 2; k++, at++) {
@@ -568,10 +569,10 @@ static const char *mh_worker_state(const mh_srv_t *s, const char *id, char *addr
 /* Polls until riverd shows worker id in `state`; the seconds it took, or -1. */
 static double mh_wait_state(const mh_srv_t *s, const char *id, const char *state, int ms)
 {
-    double t0 = test_now(), until = t0 + ms / 1000.0;
-    while (test_now() < until) {
+    double t0 = clock_now_s(), until = t0 + ms / 1000.0;
+    while (clock_now_s() < until) {
         if (!strcmp(mh_worker_state(s, id, NULL, 0), state))
-            return test_now() - t0;
+            return clock_now_s() - t0;
         test_sleep_ms(20);
     }
     return -1;
@@ -660,13 +661,13 @@ START_TEST(test_link_cut)
     streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 30000);
     long at_cut = streams_load_wait(&l, N * 16);
     mh_link(MH_W0, 0);
-    double t_cut = test_now();
+    double t_cut = clock_now_s();
     double dead_after = mh_wait_state(&s, "w0", "dead", 10000);
     ck_assert_msg(dead_after >= 0, "riverd did not declare the cut-off worker dead");
     /* Down long enough for the worker to give riverd up too and to try again. */
     test_sleep_ms(2500);
     mh_link(MH_W0, 1);
-    double t_up = test_now();
+    double t_up = clock_now_s();
     int complete = streams_load_finish(&l, "link cut");
     /* The other worker answered throughout, so every stream could finish there. */
     ck_assert_int_eq(complete, N);
@@ -675,7 +676,7 @@ START_TEST(test_link_cut)
     ck_assert_int_ge(mh_metric(&s, "river_requests_redispatched_total"), 1);
     ck_assert_msg(mh_wait_state(&s, "w0", "ready", 20000) >= 0,
                   "the worker did not come back after its link did");
-    double back = test_now() - t_up;
+    double back = clock_now_s() - t_up;
     long stale = mh_metric(&s, "river_worker_stale_messages_total");
     /* The entry is new (the old one was forgotten), and so is its token count. */
     long w0_before = mh_worker_tokens(&s, "w0");
@@ -718,12 +719,12 @@ START_TEST(test_loss_delay)
     mh_worker_state(&s, "w0", addr, sizeof addr);
     ck_assert_str_eq(addr, mh_addr(MH_W0));
 
-    double t0 = test_now();
+    double t0 = clock_now_s();
     streams_load_t l;
     streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
     ck_assert_int_eq(streams_load_finish(&l, "clean link"), N);
     streams_load_free(&l);
-    double clean = test_now() - t0;
+    double clean = clock_now_s() - t0;
     long w0_clean = mh_worker_tokens(&s, "w0");
 
     const char *ns = mh_ns(MH_W0);
@@ -733,10 +734,10 @@ START_TEST(test_loss_delay)
                            "random --probability 0.2 -j DROP",
                            mh_ip, ns, mh_ip, ns), 0);
     atomic_store(&relay.delay_ms, 50);
-    t0 = test_now();
+    t0 = clock_now_s();
     streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
     int complete = streams_load_finish(&l, "loss and delay");
-    double lossy = test_now() - t0;
+    double lossy = clock_now_s() - t0;
     ck_assert_int_eq(complete, N);
     streams_load_free(&l);
     long w0_tokens = mh_worker_tokens(&s, "w0") - w0_clean;
@@ -788,7 +789,7 @@ START_TEST(test_riverd_cut)
     streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 0);
     long at_cut = streams_load_wait(&l, N * 16);
     mh_link(MH_RD, 0);
-    double t_cut = test_now();
+    double t_cut = clock_now_s();
     int complete = streams_load_finish(&l, "riverd's link cut");
     double slowest = 0;
     int unavailable = 0;
@@ -807,9 +808,9 @@ START_TEST(test_riverd_cut)
     streams_load_free(&l);
 
     mh_link(MH_RD, 1);
-    double t_up = test_now();
+    double t_up = clock_now_s();
     mh_wait_ready(&s, 2, 30000);
-    double rejoin = test_now() - t_up;
+    double rejoin = clock_now_s() - t_up;
     /* The cap, the worker's liveness window of its last attempt, and the handshake. */
     ck_assert_msg(rejoin <= cap_s + liveness_s + 2.0, "workers back %.2f s after riverd, "
                   "past the %.1f s cap", rejoin, cap_s);
@@ -850,7 +851,7 @@ START_TEST(test_moved)
     int moved = mh_worker_start(&s, "w0", "w0", MH_W2, MH_SLOW_MODEL, NULL, NULL);
     ck_assert_int_eq(streams_load_finish(&l, "worker moved"), N);
     streams_load_free(&l);
-    double t0 = test_now();
+    double t0 = clock_now_s();
     ck_assert_msg(mh_wait_state(&s, "w0", "ready", 30000) >= 0, "w0 not back");
     char *out;
     ck_assert_int_eq(mh_riverctl(&s, &out, "--output", "json", "workers"), 0);
@@ -886,7 +887,7 @@ START_TEST(test_moved)
     printf("multihost: w0 killed on %s after %ld of %d tokens and started on %s: every "
            "stream exact, w0 listed at %s %.2f s later and serving\n",
            mh_addr(MH_W0), at_kill, N * TOKENS, mh_addr(MH_W2), mh_addr(MH_W2),
-           test_now() - t0);
+           clock_now_s() - t0);
     (void)moved;
     mh_stop(&s);
 }
@@ -967,8 +968,8 @@ START_TEST(test_firewall)
 {
     mh_srv_t s = {0};
     mh_riverd_start(&s, "firewall", 200, 3, NULL);
-    double until = test_now() + 20;
-    while (!mh_can_connect(MH_CL, MH_PORT_CLIENTS, 1000) && test_now() < until)
+    double until = clock_now_s() + 20;
+    while (!mh_can_connect(MH_CL, MH_PORT_CLIENTS, 1000) && clock_now_s() < until)
         test_sleep_ms(100);
     ck_assert_msg(mh_can_connect(MH_CL, MH_PORT_CLIENTS, 2000), "clients' host refused");
     ck_assert(mh_can_connect(MH_CL, MH_PORT_ADMIN, 2000));

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "engine/router.h"
 #include "model/safetensors.h"
@@ -17,13 +18,6 @@
 
 #define KJV TEST_DATA "/kjv-12l"
 #define CAL_TEXT "data/calibration/kjv-heldout.txt"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static model_t *load_model(const char *path)
 {
@@ -439,7 +433,7 @@ END_TEST
  * ones mostly positive, and the middle ones balanced. */
 START_TEST(test_calibrate_kjv)
 {
-    double t0 = now_s();
+    double t0 = clock_now_s();
     model_t *m = load_model(KJV);
     tokenizer_t *tok = NULL;
     ck_assert_msg(tokenizer_load(&tok, KJV "/tokenizer.json", 0) == 0, "%s",
@@ -454,7 +448,7 @@ START_TEST(test_calibrate_kjv)
     router_calib_opts_t co = {.interval = 2, .max_tokens = 6000, .window = 256};
     ck_assert_msg(router_calib_collect(&c, m, tok, be, text, len, &co) == 0, "%s",
                   river_err_detail());
-    double t1 = now_s();
+    double t1 = clock_now_s();
     ck_assert_int_eq(c->n, 6000);
     ck_assert_int_eq(c->n_ckpt, 5);
     ck_assert_int_gt(c->n_windows, 1);
@@ -487,7 +481,7 @@ START_TEST(test_calibrate_kjv)
     o.n_threads = 2;
     router_train_report_t reps[5];
     ck_assert_msg(router_set_train(s, c, &o, reps) == 0, "%s", river_err_detail());
-    double t2 = now_s();
+    double t2 = clock_now_s();
     fprintf(stderr, "trained 5 routers, %d epochs, label tau %.4f, in %.1f s\n", o.epochs,
             (double)tau, t2 - t1);
     fprintf(stderr, "layer  pos     majority  held-acc  loss first -> last\n");
@@ -569,7 +563,7 @@ START_TEST(test_calibrate_kjv)
     backend_destroy(&be);
     tokenizer_destroy(&tok);
     model_destroy(&m);
-    fprintf(stderr, "calibration test: %.1f s\n", now_s() - t0);
+    fprintf(stderr, "calibration test: %.1f s\n", clock_now_s() - t0);
 }
 END_TEST
 

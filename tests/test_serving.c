@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "client/river_client.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
 #include "tests/proc.h"
@@ -113,8 +114,8 @@ static int ts_ready_workers(const ts_srv_t *s)
 /* Polls cond(s) every 20 ms for up to ms; true when it held. */
 static int ts_wait_ready_n(const ts_srv_t *s, int n, int ms)
 {
-    double until = test_now() + ms / 1000.0;
-    while (test_now() < until) {
+    double until = clock_now_s() + ms / 1000.0;
+    while (clock_now_s() < until) {
         if (ts_ready_workers(s) == n)
             return 1;
         test_sleep_ms(20);
@@ -202,7 +203,7 @@ static double ts_load(const char *endpoint, int n, streams_stream_t *streams,
 {
     ts_job_t *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t *th = calloc((size_t)n, sizeof *th);
-    double t0 = test_now();
+    double t0 = clock_now_s();
     for (int i = 0; i < n; i++) {
         memset(&streams[i], 0, sizeof streams[i]);
         streams[i].want = &want[i % STREAMS_N_PROMPTS];
@@ -219,7 +220,7 @@ static double ts_load(const char *endpoint, int n, streams_stream_t *streams,
         pthread_join(th[i], NULL);
         ck_assert_msg(jobs[i].rc >= 0, "client %d: %s", i, river_err_detail());
     }
-    double dt = test_now() - t0;
+    double dt = clock_now_s() - t0;
     free(jobs);
     free(th);
     return dt;
@@ -238,10 +239,10 @@ static river_worker_info_t *ts_workers(const ts_srv_t *s, size_t *n)
 /* Polls the first worker's free KV pages until they are `total` (2 s at most). */
 static uint32_t ts_wait_kv_free(const ts_srv_t *s, uint32_t total)
 {
-    double until = test_now() + 2;
+    double until = clock_now_s() + 2;
     uint32_t free_now = 0;
     size_t nw;
-    while (test_now() < until) {
+    while (clock_now_s() < until) {
         river_worker_info_t *w = ts_workers(s, &nw);
         free_now = nw ? w[0].kv_pages_free : 0;
         free(w);
@@ -313,9 +314,9 @@ START_TEST(test_greedy_matches_engine)
     o.max_tokens = 400;
     o.ignore_eos = 1;
     river_result_t res;
-    double t0 = test_now();
+    double t0 = clock_now_s();
     ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &ls, &res), 0);
-    double dt = test_now() - t0;
+    double dt = clock_now_s() - t0;
     streams_check_complete(&ls, "long stream");
     printf("serving: one stream of %zu tokens: %.0f tokens/s through riverd, %.0f tokens/s "
            "decode in-process (river run)\n",
@@ -367,14 +368,14 @@ START_TEST(test_concurrent_clients)
     river_admin_destroy(&a);
     ck_assert(ts_wait_ready_n(&s, 1, 5000));
     /* The retired worker drains and leaves the table. */
-    double until = test_now() + 5;
+    double until = clock_now_s() + 5;
     do {
         w = ts_workers(&s, &nw);
         free(w);
         if (nw == 1)
             break;
         test_sleep_ms(50);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     ck_assert_uint_eq(nw, 1);
 
     double one = ts_load(s.clients, N, streams, want, TOKENS, 1, NULL);
@@ -419,8 +420,8 @@ START_TEST(test_kill_worker_midstream)
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
     /* Kill once every stream is well under way. */
-    double until = test_now() + 20;
-    while (atomic_load(&progress) < N * TOKENS / 4 && test_now() < until)
+    double until = clock_now_s() + 20;
+    while (atomic_load(&progress) < N * TOKENS / 4 && clock_now_s() < until)
         test_sleep_ms(5);
     long at_kill = atomic_load(&progress);
     ck_assert_int_lt(at_kill, N * TOKENS);
@@ -504,8 +505,8 @@ START_TEST(test_lossless_kill_worker)
         jobs[i] = (streams_job_t){.endpoint = s.clients, .opts = o, .st = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, streams_job_run, &jobs[i]), 0);
     }
-    double until = test_now() + 30;
-    while (atomic_load(&progress) < N * TOKENS / 4 && test_now() < until)
+    double until = clock_now_s() + 30;
+    while (atomic_load(&progress) < N * TOKENS / 4 && clock_now_s() < until)
         test_sleep_ms(5);
     long at_kill = atomic_load(&progress);
     ck_assert_int_lt(at_kill, N * TOKENS);
@@ -670,13 +671,13 @@ START_TEST(test_cancel_frees_kv)
     river_admin_t *a;
     ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
     river_status_t rs;
-    double until = test_now() + 2;
+    double until = clock_now_s() + 2;
     do {
         ck_assert_int_eq(river_admin_status(a, &rs), 0);
         if (rs.running == 0)
             break;
         test_sleep_ms(20);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     ck_assert_uint_eq(rs.running, 0);
     river_admin_destroy(&a);
     ts_stop(&s);
@@ -700,9 +701,9 @@ START_TEST(test_deadline)
     o.deadline_ms = 40;
     o.timeout_ms = 10000;
     river_result_t res;
-    double t0 = test_now();
+    double t0 = clock_now_s();
     ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &st, &res), RIVER_EPROTO);
-    double dt = test_now() - t0;
+    double dt = clock_now_s() - t0;
     ck_assert_int_eq(res.code, RIVER_CODE_DEADLINE_EXCEEDED);
     streams_check_prefix(&st, "deadline stream");
     ck_assert_uint_lt(st.n_ids, want.n);
@@ -829,9 +830,9 @@ START_TEST(test_limits_and_queue)
     o.timeout_ms = 10000;
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st[i], idv[i]), 0);
-    double until = test_now() + 10;
+    double until = clock_now_s() + 10;
     int exhausted = -1;
-    while (exhausted < 0 && test_now() < until) {
+    while (exhausted < 0 && clock_now_s() < until) {
         river_client_poll(c, 100);
         for (int i = 0; i < 4; i++)
             if (st[i].ended && st[i].end == RIVER_EVENT_ERROR) {
@@ -1047,8 +1048,8 @@ START_TEST(test_drain_worker)
         jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
-    double until = test_now() + 10;
-    while (atomic_load(&progress) < N * 10 && test_now() < until)
+    double until = clock_now_s() + 10;
+    while (atomic_load(&progress) < N * 10 && clock_now_s() < until)
         test_sleep_ms(5);
     char *out;
     char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "drain", "ext-0", NULL};
@@ -1068,13 +1069,13 @@ START_TEST(test_drain_worker)
     s.ext[0] = 0;
     /* ...and leaves the table; new work goes to the other. */
     size_t nw = 0;
-    until = test_now() + 3;
+    until = clock_now_s() + 3;
     do {
         free(ts_workers(&s, &nw));
         if (nw == 1)
             break;
         test_sleep_ms(50);
-    } while (test_now() < until);
+    } while (clock_now_s() < until);
     ck_assert_uint_eq(nw, 1);
     river_worker_info_t *w = ts_workers(&s, &nw);
     ck_assert_str_eq(w[0].id, "ext-1");
@@ -1171,9 +1172,9 @@ START_TEST(test_supervision)
     pid_t victim = kids[0];
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
     /* Its death is seen at once (SIGCHLD), and a new process takes its slot. */
-    double until = test_now() + 5;
+    double until = clock_now_s() + 5;
     int back = 0;
-    while (!back && test_now() < until) {
+    while (!back && clock_now_s() < until) {
         test_sleep_ms(50);
         int n = ts_children(s.pid, kids, 8);
         back = n == 2 && kids[0] != victim && kids[1] != victim && ts_ready_workers(&s) == 2;
@@ -1199,9 +1200,9 @@ START_TEST(test_supervision)
     ck_assert_int_eq(test_capture(down, NULL, 1, &out), 0);
     free(out);
     ck_assert(ts_wait_ready_n(&s, 1, 5000));
-    until = test_now() + 5;
+    until = clock_now_s() + 5;
     int n_kids = -1;
-    while (test_now() < until && (n_kids = ts_children(s.pid, kids, 8)) != 1)
+    while (clock_now_s() < until && (n_kids = ts_children(s.pid, kids, 8)) != 1)
         test_sleep_ms(50);
     ck_assert_int_eq(n_kids, 1);
     ts_stop(&s);
@@ -1239,11 +1240,11 @@ START_TEST(test_reload)
     /* SIGHUP does the same. */
     ts_write_config(&s, "queue_length: 9\n");
     ck_assert_int_eq(kill(s.pid, SIGHUP), 0);
-    double until = test_now() + 3;
+    double until = clock_now_s() + 3;
     do {
         test_sleep_ms(20);
         ck_assert_int_eq(river_admin_status(a, &st), 0);
-    } while (st.queue_capacity != 9 && test_now() < until);
+    } while (st.queue_capacity != 9 && clock_now_s() < until);
     ck_assert_uint_eq(st.queue_capacity, 9);
 
     /* A broken file: an error with the place, and the old values stay. */
@@ -1278,8 +1279,8 @@ START_TEST(test_systemd_notify)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 1}, env);
     int ready = 0, status = 0, watchdog = 0;
-    double until = test_now() + 3;
-    while (test_now() < until && !(ready && status && watchdog >= 3)) {
+    double until = clock_now_s() + 3;
+    while (clock_now_s() < until && !(ready && status && watchdog >= 3)) {
         char buf[1024];
         ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
         if (n <= 0)
@@ -1470,9 +1471,9 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
             o.timeout_ms = 10000;
             ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st[k], NULL), 0);
         }
-        int64_t until = test_now_ms() + 20000;
+        int64_t until = clock_now_ms() + 20000;
         while (river_client_in_flight(c) > 0) {
-            ck_assert_msg(test_now_ms() < until, "round %d did not end", t);
+            ck_assert_msg(clock_now_ms() < until, "round %d did not end", t);
             ck_assert_int_ge(river_client_poll(c, 200), 0);
         }
         for (int k = 0; k < TP_SESSIONS; k++) {

@@ -15,6 +15,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
 #include "engine/forward.h"
@@ -141,14 +142,14 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
 static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms,
                             size_t until_tokens)
 {
-    int64_t end = test_now_ms() + timeout_ms;
+    int64_t end = clock_now_ms() + timeout_ms;
     for (;;) {
         int open = 0;
         for (int i = 0; i < n_streams; i++)
             open += !streams[i].ended;
         if (!open || (until_tokens && streams[0].n >= until_tokens))
             return;
-        int left = (int)(end - test_now_ms());
+        int left = (int)(end - clock_now_ms());
         River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
         ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -676,14 +677,14 @@ START_TEST(test_backbone_protocol)
     /* Round trips: one decode row, and a prefill chunk of 32 rows. */
     for (int k = 0; k < 2; k++) {
         int n = k ? 32 : 1, reps = k ? 20 : 200;
-        int64_t t0 = test_now_ms();
+        int64_t t0 = clock_now_ms();
         for (int i = 0; i < reps; i++)
             ck_assert_ptr_null(fr_layer(s, seq++, BOUNDARY, n, pos, table, 2, x, out, dim));
-        double us = (double)(test_now_ms() - t0) * 1000.0 / reps;
-        int64_t t1 = test_now_ms();
+        double us = (double)(clock_now_ms() - t0) * 1000.0 / reps;
+        int64_t t1 = clock_now_ms();
         for (int i = 0; i < reps; i++)
             ck_assert_int_eq(forward_layer_rows(f, local, BOUNDARY, n, pos, tables, ref), 0);
-        double local_us = (double)(test_now_ms() - t1) * 1000.0 / reps;
+        double local_us = (double)(clock_now_ms() - t1) * 1000.0 / reps;
         printf("split pair, kjv-12l layer %d, %d row%s: %.0f us per round trip to the backbone "
                "worker (the layer alone in this process: %.0f us)\n", BOUNDARY, n,
                n > 1 ? "s" : "", us, local_us);
@@ -768,10 +769,10 @@ START_TEST(test_backbone_notices_river_exit)
     fr_hello(&r, s, &o);
     expect_error(s, "is paired");
     test_kill(&child, SIGKILL);
-    int64_t t0 = test_now_ms();
+    int64_t t0 = clock_now_ms();
     fr_hello(&r, s, &o);
     expect_hello_ok(s);
-    ck_assert_int_lt(test_now_ms() - t0, 1000);
+    ck_assert_int_lt(clock_now_ms() - t0, 1000);
     zmq_close(s);
     fr_close(&r);
     test_kill(&bb, SIGKILL);
@@ -851,12 +852,12 @@ START_TEST(test_pair_matches_full)
     streams_collect(&w, &st, 1, 20000, 5);
     ck_assert_int_eq(st.ended, 0);
     test_kill(&bb, SIGKILL);
-    int64_t t0 = test_now_ms();
+    int64_t t0 = clock_now_ms();
     streams_collect(&w, &st, 1, 5000, 0);
     ck_assert_int_eq(st.ended, 2);
     ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
     ck_assert_msg(strstr(st.message, "backbone"), "%s", st.message);
-    ck_assert_int_lt(test_now_ms() - t0, 3000);
+    ck_assert_int_lt(clock_now_ms() - t0, 3000);
     /* Nothing new is taken while the backbone is gone. */
     stream_t late = {.id = 301};
     wk_submit_text(&w, 301, prompts[2], 5);
@@ -866,7 +867,7 @@ START_TEST(test_pair_matches_full)
 
     /* A new backbone: the river worker pairs again and serves the same tokens. */
     bb = start_backbone(peer, 1);
-    int64_t end = test_now_ms() + 15000;
+    int64_t end = clock_now_ms() + 15000;
     uint64_t id = 400;
     for (;;) {
         memset(&one_pair, 0, sizeof one_pair);
@@ -876,7 +877,7 @@ START_TEST(test_pair_matches_full)
         if (one_pair.ended == 1)
             break;
         ck_assert_int_eq(one_pair.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
-        ck_assert_msg(test_now_ms() < end, "the river worker did not pair again: %s",
+        ck_assert_msg(clock_now_ms() < end, "the river worker did not pair again: %s",
                       one_pair.message);
         test_sleep_ms(200);
     }

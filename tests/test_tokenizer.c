@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "text/tokenizer.h"
 #include "tests/testutil.h"
@@ -16,13 +17,6 @@
 
 static const char *const hf_names[] = {"qwen3", "llama3", "mistral-7b", "tinystories-656k"};
 #define N_HF (int)(sizeof hf_names / sizeof hf_names[0])
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static tokenizer_t *load_ok(const char *path, int hint)
 {
@@ -812,9 +806,9 @@ START_TEST(test_speed)
 {
     static const int big[] = {0, 1};
     for (int k = 0; k < 2; k++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         tokenizer_t *t = load_hf(big[k]);
-        double load = now_s() - t0;
+        double load = clock_now_s() - t0;
         fprintf(stderr, "load %s: %.3f s\n", hf_names[big[k]], load);
         ck_assert_msg(load < 3.0, "%s took %.2f s to load", hf_names[big[k]], load);
         tokenizer_destroy(&t);
@@ -833,13 +827,13 @@ START_TEST(test_speed)
         tokenizer_t *t = load_hf(i);
         int32_t *ids;
         size_t n;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         ck_assert_int_eq(tokenizer_encode(t, aaa, n_a, 0, &ids, &n), 0);
-        double ta = now_s() - t0;
+        double ta = clock_now_s() - t0;
         free(ids);
-        t0 = now_s();
+        t0 = clock_now_s();
         ck_assert_int_eq(tokenizer_encode(t, mix, n_mix, 0, &ids, &n), 0);
-        double tm = now_s() - t0;
+        double tm = clock_now_s() - t0;
         fprintf(stderr, "%s: 200k 'a' %.3f s; %.1f MB mixed text %.3f s (%zu tokens, %.1f MB/s)\n",
                 hf_names[i], ta, n_mix / 1e6, tm, n, n_mix / 1e6 / tm);
         ck_assert_msg(ta < 5.0 && tm < 20.0, "%s: encoding is too slow", hf_names[i]);
@@ -849,9 +843,9 @@ START_TEST(test_speed)
     tokenizer_t *t = load_ok(l2c[1].tok, 0);
     int32_t *ids;
     size_t n;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     ck_assert_int_eq(tokenizer_encode(t, aaa, n_a, 0, &ids, &n), 0);
-    fprintf(stderr, "tok2048: 200k 'a' %.3f s\n", now_s() - t0);
+    fprintf(stderr, "tok2048: 200k 'a' %.3f s\n", clock_now_s() - t0);
     free(ids);
     tokenizer_destroy(&t);
     free(aaa);

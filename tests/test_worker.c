@@ -13,6 +13,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
 #include "common/prefix_hash.h"
@@ -133,14 +134,14 @@ static int stream_take(stream_t *streams, int n_streams, const River__Worker__Wo
 /* Receives until every stream ended. */
 static void streams_collect(wk_t *w, stream_t *streams, int n_streams, int timeout_ms)
 {
-    int64_t end = test_now_ms() + timeout_ms;
+    int64_t end = clock_now_ms() + timeout_ms;
     for (;;) {
         int open = 0;
         for (int i = 0; i < n_streams; i++)
             open += !streams[i].ended;
         if (!open)
             return;
-        int left = (int)(end - test_now_ms());
+        int left = (int)(end - clock_now_ms());
         River__Worker__WorkerMessage *m = wk_recv(w, left > 0 ? left : 0);
         ck_assert_msg(m != NULL, "streams not ended within %d ms", timeout_ms);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -219,11 +220,11 @@ static void ref_run_exit(const char *model, const char *tok_path, const char *pr
     gen_request_t q = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
                        .ignore_eos = ignore_eos, .on_token = ref_on_token, .user = r};
     int seq;
-    int64_t t0 = test_now_ms();
+    int64_t t0 = clock_now_ms();
     ck_assert_int_eq(gen_submit(g, &q, &seq), 0);
     ck_assert_int_eq(gen_run_all(g), 0);
     if (tok_s)
-        *tok_s = (double)r->n * 1000.0 / (double)(test_now_ms() - t0 + 1);
+        *tok_s = (double)r->n * 1000.0 / (double)(clock_now_ms() - t0 + 1);
     gen_destroy(&g);
     river_destroy(&rv);
     free(ids);
@@ -302,8 +303,8 @@ START_TEST(test_serve_matches_engine)
             ck_assert_int_eq(st[i].layers[t], (int)w.caps.n_layers);
     }
     int before = w.heartbeats;
-    int64_t t0 = test_now_ms();
-    while (test_now_ms() - t0 < 300) {
+    int64_t t0 = clock_now_ms();
+    while (clock_now_ms() - t0 < 300) {
         River__Worker__WorkerMessage *m = wk_recv(&w, 50);
         if (m)
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -434,9 +435,9 @@ START_TEST(test_lossless)
     /* Three now, three once the first tokens came back. */
     for (int i = 0; i < 3; i++)
         wk_submit(&w, &q[i]);
-    int64_t end = test_now_ms() + 20000;
+    int64_t end = clock_now_ms() + 20000;
     while (st[0].n < 5) {
-        River__Worker__WorkerMessage *msg = wk_recv(&w, (int)(end - test_now_ms()));
+        River__Worker__WorkerMessage *msg = wk_recv(&w, (int)(end - clock_now_ms()));
         ck_assert_ptr_nonnull(msg);
         if (msg->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
             ck_assert(stream_take(st, 6, msg));
@@ -499,10 +500,10 @@ START_TEST(test_cancel_frees_pages)
                .ignore_eos = 1};
     wk_submit(&w, &q);
     /* A heartbeat that shows the request holding pages. */
-    int64_t end = test_now_ms() + 10000;
+    int64_t end = clock_now_ms() + 10000;
     stream_t st = {.id = 7};
     while (!(w.last_hb.running == 1 && w.last_hb.kv_pages_free < w.caps.kv_pages_total)) {
-        ck_assert_msg(test_now_ms() < end, "no heartbeat with the request running");
+        ck_assert_msg(clock_now_ms() < end, "no heartbeat with the request running");
         River__Worker__WorkerMessage *m = wk_recv(&w, 1000);
         ck_assert_ptr_nonnull(m);
         if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
@@ -775,8 +776,8 @@ START_TEST(test_deadline)
     wk_submit(&w, &b);
     stream_t st[2] = {{.id = 1}, {.id = 2}};
     streams_collect(&w, st, 2, 20000);
-    int64_t t0 = test_now_ms();
-    while (test_now_ms() - t0 < 200) {
+    int64_t t0 = clock_now_ms();
+    while (clock_now_ms() - t0 < 200) {
         River__Worker__WorkerMessage *m = wk_recv(&w, 50);
         if (m)
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -798,8 +799,8 @@ START_TEST(test_heartbeats_and_reconnect)
     wk_t w;
     wk_start(&w, TINY, 4, NULL, 40, 3);
     River__Worker__WorkerMessage *m;
-    int64_t t0 = test_now_ms();
-    while (test_now_ms() - t0 < 500) {
+    int64_t t0 = clock_now_ms();
+    while (clock_now_ms() - t0 < 500) {
         m = wk_recv(&w, 100);
         if (m) {
             ck_assert_int_eq(m->kind_case, RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT);
@@ -852,7 +853,7 @@ START_TEST(test_throughput)
         int n = pass ? 4 : 1;
         static stream_t st[4];
         memset(st, 0, sizeof st);
-        int64_t t0 = test_now_ms();
+        int64_t t0 = clock_now_ms();
         for (int i = 0; i < n; i++) {
             st[i].id = 1000 + (uint64_t)(pass * 10 + i);
             req_t q = {.id = st[i].id, .text = "Once upon a time", .max_tokens = 256,
@@ -860,7 +861,7 @@ START_TEST(test_throughput)
             wk_submit(&w, &q);
         }
         streams_collect(&w, st, n, 30000);
-        rate[pass] = 256.0 * n * 1000.0 / (double)(test_now_ms() - t0 + 1);
+        rate[pass] = 256.0 * n * 1000.0 / (double)(clock_now_ms() - t0 + 1);
         for (int i = 0; i < n; i++) {
             ck_assert_int_eq(st[i].ended, 1);
             ck_assert_uint_eq(st[i].n, ref.n);
@@ -896,8 +897,8 @@ START_TEST(test_systemd_notify)
     const char *env[] = {notify_env, "WATCHDOG_USEC=200000", NULL};
     pid_t pid = wk_spawn("notify.yaml", cfg, NULL, NULL, env);
     int ready = 0, pings = 0;
-    int64_t end = test_now_ms() + 5000;
-    while (test_now_ms() < end && pings < 3) {
+    int64_t end = clock_now_ms() + 5000;
+    while (clock_now_ms() < end && pings < 3) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, 500) <= 0)
             continue;

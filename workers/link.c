@@ -9,9 +9,10 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
-#include "workers/wlog.h"
+#include "common/log.h"
 
 /* Frames handled per link_recv: enough to empty the socket in normal traffic, few enough
  * that a flood of frames cannot hold the engine up for long. */
@@ -50,13 +51,6 @@ struct link {
     unsigned monitors;        /* monitors made, for their endpoint names */
 };
 
-int64_t link_clock_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- Sending ---- */
 
 static int link__send(link_t *l, River__Worker__WorkerMessage *env)
@@ -69,8 +63,8 @@ static int link__send(link_t *l, River__Worker__WorkerMessage *env)
     int e = frame_encode_msg(&env->base, &m);
     if (e) {
         zmq_msg_close(&m);
-        wlog(WLOG_ERROR, "cannot encode %s: %s", frame_case_name(&env->base),
-             river_err_detail());
+        log_error("cannot encode %s: %s", frame_case_name(&env->base),
+                  river_err_detail());
         return e;
     }
     /* Never block the engine on the network: the socket has no high-water mark, so a send
@@ -79,9 +73,9 @@ static int link__send(link_t *l, River__Worker__WorkerMessage *env)
         int err = errno;
         zmq_msg_close(&m);
         if (l->dropped++ % 1000 == 0)
-            wlog(WLOG_WARN, "cannot send %s to riverd: %s (%llu dropped so far)",
-                 frame_case_name(&env->base), zmq_strerror(err),
-                 (unsigned long long)l->dropped);
+            log_warn("cannot send %s to riverd: %s (%llu dropped so far)",
+                     frame_case_name(&env->base), zmq_strerror(err),
+                     (unsigned long long)l->dropped);
         return river_err_set(RIVER_ESYS, "zmq_msg_send: %s", zmq_strerror(err));
     }
     return 0;
@@ -121,7 +115,7 @@ int link_send_heartbeat(link_t *l)
     River__Worker__WorkerMessage env = RIVER__WORKER__WORKER_MESSAGE__INIT;
     env.kind_case = RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT;
     env.heartbeat = &hb;
-    l->last_beat_ms = link_clock_ms();
+    l->last_beat_ms = clock_now_ms();
     return link__send(l, &env);
 }
 
@@ -286,7 +280,7 @@ static int64_t link__next_backoff(link_t *l)
 static void link__disconnect(link_t *l, int64_t now, const char *why)
 {
     int64_t wait = link__next_backoff(l);
-    wlog(WLOG_WARN, "%s; reconnecting to %s in %lld ms", why, l->endpoint, (long long)wait);
+    log_warn("%s; reconnecting to %s in %lld ms", why, l->endpoint, (long long)wait);
     l->h.reset(l->h.user, why);
     if (l->sock)
         zmq_close(l->sock);
@@ -345,7 +339,7 @@ int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_hand
     if (getrandom(&l->jitter_state, sizeof l->jitter_state, 0) !=
             (ssize_t)sizeof l->jitter_state ||
         !l->jitter_state)
-        l->jitter_state = (uint64_t)link_clock_ms() * 0x9e3779b97f4a7c15ull | 1;
+        l->jitter_state = (uint64_t)clock_now_ms() * 0x9e3779b97f4a7c15ull | 1;
     *out = l;
     return 0;
 fail:
@@ -358,10 +352,10 @@ fail:
 
 int link_start(link_t *l)
 {
-    int e = link__connect(l, link_clock_ms());
+    int e = link__connect(l, clock_now_ms());
     if (e && !l->sock)
         return e;
-    wlog(WLOG_INFO, "connected to %s, Ready sent", l->endpoint);
+    log_info("connected to %s, Ready sent", l->endpoint);
     return 0;
 }
 
@@ -395,17 +389,17 @@ static void link__on_welcome(link_t *l, const River__Worker__DaemonMessage *m)
     if (w->heartbeat_ms >= LINK_HEARTBEAT_MIN_MS && w->heartbeat_ms <= LINK_HEARTBEAT_MAX_MS)
         l->heartbeat_ms = w->heartbeat_ms;
     else if (w->heartbeat_ms)
-        wlog(WLOG_WARN, "Welcome: heartbeat %u ms out of [%d, %d]; keeping %lld ms",
-             w->heartbeat_ms, LINK_HEARTBEAT_MIN_MS, LINK_HEARTBEAT_MAX_MS,
-             (long long)l->heartbeat_ms);
+        log_warn("Welcome: heartbeat %u ms out of [%d, %d]; keeping %lld ms",
+                 w->heartbeat_ms, LINK_HEARTBEAT_MIN_MS, LINK_HEARTBEAT_MAX_MS,
+                 (long long)l->heartbeat_ms);
     if (w->liveness >= 1 && w->liveness <= LINK_LIVENESS_MAX)
         l->liveness = (int)w->liveness;
     /* Reconnection backs off from riverd's interval: what it expects of its workers. */
     l->backoff_ms = l->heartbeat_ms < l->cfg.backoff_max_ms ? l->heartbeat_ms
                                                             : l->cfg.backoff_max_ms;
     l->welcomed = true;
-    wlog(WLOG_INFO, "welcomed by riverd: heartbeat %lld ms, liveness %d",
-         (long long)l->heartbeat_ms, l->liveness);
+    log_info("welcomed by riverd: heartbeat %lld ms, liveness %d",
+             (long long)l->heartbeat_ms, l->liveness);
 }
 
 static void link__on_heartbeat(link_t *l, const River__Worker__DaemonMessage *m)
@@ -432,8 +426,8 @@ static void link__on_drain(link_t *l, const River__Worker__DaemonMessage *m)
 
 static void link__on_reconnect(link_t *l, const River__Worker__DaemonMessage *m)
 {
-    wlog(WLOG_WARN, "riverd asks for a new Ready (%s); dropping every request",
-         m->reconnect->reason[0] ? m->reconnect->reason : "no reason given");
+    log_warn("riverd asks for a new Ready (%s); dropping every request",
+             m->reconnect->reason[0] ? m->reconnect->reason : "no reason given");
     l->h.reset(l->h.user, "riverd sent Reconnect");
     link__send_ready(l);
 }
@@ -455,7 +449,7 @@ static void link__handle(link_t *l, zmq_msg_t *m, int parts)
     if (parts != 1) {
         /* The link is one envelope per frame; a multi-part message is a peer that does
          * not speak it. */
-        wlog(WLOG_WARN, "bad frame from riverd: %d parts, expected 1", parts);
+        log_warn("bad frame from riverd: %d parts, expected 1", parts);
         char msg[96];
         snprintf(msg, sizeof msg, "expected a message of one frame, got %d parts", parts);
         link_send_failed(l, 0, RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT, msg);
@@ -464,14 +458,14 @@ static void link__handle(link_t *l, zmq_msg_t *m, int parts)
     ProtobufCMessage *out = NULL;
     int e = frame_decode_msg(FRAME_DAEMON_MESSAGE, m, l->cfg.max_frame_bytes, &out);
     if (e) {
-        wlog(WLOG_WARN, "bad frame from riverd: %s", river_err_detail());
+        log_warn("bad frame from riverd: %s", river_err_detail());
         link_send_failed(l, 0, frame_error_code(e), river_err_detail());
         return;
     }
     River__Worker__DaemonMessage *dm = (River__Worker__DaemonMessage *)out;
     unsigned k = (unsigned)dm->kind_case;
     if (k < sizeof link__handlers / sizeof link__handlers[0] && link__handlers[k]) {
-        wlog(WLOG_DEBUG, "riverd: %s", frame_case_name(out));
+        log_debug("riverd: %s", frame_case_name(out));
         link__handlers[k](l, dm);
     }
     frame_free(&out);
@@ -486,11 +480,11 @@ void link_recv(link_t *l)
             int err = errno;
             zmq_msg_close(&m);
             if (err != EAGAIN && err != EINTR)
-                wlog(WLOG_ERROR, "receiving from riverd: %s", zmq_strerror(err));
+                log_error("receiving from riverd: %s", zmq_strerror(err));
             return;
         }
         /* A frame, even a bad one, proves riverd alive; the back-off starts over. */
-        l->last_recv_ms = link_clock_ms();
+        l->last_recv_ms = clock_now_ms();
         l->backoff_ms = l->heartbeat_ms < l->cfg.backoff_max_ms ? l->heartbeat_ms
                                                                 : l->cfg.backoff_max_ms;
         int parts = 1;
@@ -564,11 +558,11 @@ void link_tick(link_t *l, int64_t now)
             return;
         int e = link__connect(l, now);
         if (e && !l->sock) {
-            wlog(WLOG_ERROR, "reconnecting: %s", river_err_detail());
+            log_error("reconnecting: %s", river_err_detail());
             l->reconnect_at_ms = now + link__next_backoff(l);
             return;
         }
-        wlog(WLOG_INFO, "reconnected to %s, Ready sent", l->endpoint);
+        log_info("reconnected to %s, Ready sent", l->endpoint);
         return;
     }
     const char *refused = link__refused(l);

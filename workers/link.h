@@ -71,9 +71,6 @@ typedef struct link_config {
     const char *curve_public, *curve_secret, *curve_server;
 } link_config_t;
 
-/* The monotonic clock the link, the scheduler and the poll loop share, in ms. */
-int64_t link_clock_ms(void);
-
 /* A link that is not connected yet. zctx is the process's ZMQ context. */
 int link_new(link_t **out, void *zctx, const link_config_t *cfg, const link_handlers_t *h);
 /* Connects and sends Ready (which asks the status handler for the free pages).
@@ -90,7 +87,7 @@ void link_recv(link_t *l);
 /* Heartbeats due, riverd's liveness, reconnection; a handshake riverd refused (the key)
  * is logged and the link backs off before it tries again. */
 void link_tick(link_t *l, int64_t now);
-/* When link_tick next has something to do (absolute, link_clock_ms). */
+/* When link_tick next has something to do (absolute, clock_now_ms). */
 int64_t link_next_ms(const link_t *l);
 /* Whether riverd welcomed this worker since its last Ready. */
 bool link_welcomed(const link_t *l);

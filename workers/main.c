@@ -30,6 +30,7 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "engine/exit_setup.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -45,7 +46,7 @@
 #include "workers/pair.h"
 #include "workers/pair_transport.h"
 #include "workers/sched.h"
-#include "workers/wlog.h"
+#include "common/log.h"
 
 /* What a signal leaves running requests before they fail with UNAVAILABLE. */
 #define WORKER_TERM_GRACE_MS 5000
@@ -111,7 +112,7 @@ static void worker__on_submit(void *user, const River__Worker__Submit *m)
         link_send_failed(w->link, m->request_id, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE, msg);
         return;
     }
-    sched_submit(w->sched, m, link_clock_ms());
+    sched_submit(w->sched, m, clock_now_ms());
 }
 
 static void worker__on_cancel(void *user, uint64_t request_id)
@@ -123,7 +124,7 @@ static void worker__on_cancel(void *user, uint64_t request_id)
 static void worker__on_drain(void *user, uint32_t deadline_ms)
 {
     worker_t *w = user;
-    sched_drain(w->sched, deadline_ms, link_clock_ms(), RIVER__CLIENT__ERROR__CODE__CANCELLED);
+    sched_drain(w->sched, deadline_ms, clock_now_ms(), RIVER__CLIENT__ERROR__CODE__CANCELLED);
 }
 
 static void worker__on_reset(void *user, const char *why)
@@ -200,8 +201,8 @@ static void worker__log_resident(const worker_t *w, const char *what)
 {
     int64_t rss = offload_rss_bytes();
     int64_t model = pair_model_resident_bytes(w->env.model);
-    wlog(WLOG_INFO, "%s: %.1f MiB resident, of which %.1f MiB of the model's weights", what,
-         rss > 0 ? (double)rss / (1 << 20) : 0.0, model > 0 ? (double)model / (1 << 20) : 0.0);
+    log_info("%s: %.1f MiB resident, of which %.1f MiB of the model's weights", what,
+             rss > 0 ? (double)rss / (1 << 20) : 0.0, model > 0 ? (double)model / (1 << 20) : 0.0);
 }
 
 /* Role river: the link to the backbone peer becomes the engine's remote for the layers
@@ -268,11 +269,11 @@ static int worker__open_spec(worker_t *w)
             return e;
         spec.k_max = k_max;
         spec.costs = &costs;
-        wlog(WLOG_INFO, "lossless: plain step %.3f ms, draft step %.3f ms, verify of 2 rows "
-             "%.3f ms, of %d rows %.3f ms: drafting %d at acceptance 0.9 to start", costs.t_plain * 1e3,
-             costs.t_draft * 1e3, costs.t_verify[1] * 1e3, k_max + 1,
-             costs.t_verify[k_max] * 1e3,
-             spec_pick_k(0.9, k_max, costs.t_plain, costs.t_draft, costs.t_verify, NULL));
+        log_info("lossless: plain step %.3f ms, draft step %.3f ms, verify of 2 rows "
+                 "%.3f ms, of %d rows %.3f ms: drafting %d at acceptance 0.9 to start", costs.t_plain * 1e3,
+                 costs.t_draft * 1e3, costs.t_verify[1] * 1e3, k_max + 1,
+                 costs.t_verify[k_max] * 1e3,
+                 spec_pick_k(0.9, k_max, costs.t_plain, costs.t_draft, costs.t_verify, NULL));
     }
     return gen_set_spec(w->gen, &spec);
 }
@@ -422,12 +423,12 @@ static int worker__open(worker_t *w)
         w->linked = true;
     }
     char be_name[96];
-    wlog(WLOG_INFO, "serving %s on %s (%d threads): %d layers, context %d, %d sequences, %d "
-         "rows, %d KV pages of %d, exit policy %s%s", lc.caps.model,
-         backend_describe(w->env.be, be_name, sizeof be_name), backend_threads(w->env.be),
-         mc->n_layers, mc->max_seq_len, w->cfg.max_seqs, w->cfg.max_batch_rows,
-         kv_pool_total_pages(kv), kv_pool_page_size(kv), exit_rule_name(w->xc.cfg.policy.rule),
-         w->xc.river ? " with the Exit River" : "");
+    log_info("serving %s on %s (%d threads): %d layers, context %d, %d sequences, %d "
+             "rows, %d KV pages of %d, exit policy %s%s", lc.caps.model,
+             backend_describe(w->env.be, be_name, sizeof be_name), backend_threads(w->env.be),
+             mc->n_layers, mc->max_seq_len, w->cfg.max_seqs, w->cfg.max_batch_rows,
+             kv_pool_total_pages(kv), kv_pool_page_size(kv), exit_rule_name(w->xc.cfg.policy.rule),
+             w->xc.river ? " with the Exit River" : "");
     return 0;
 }
 
@@ -441,18 +442,18 @@ static void worker__close(worker_t *w)
         double secs;
         pair_river_stats(w->pair, &trips, &secs);
         if (trips)
-            wlog(WLOG_INFO, "pair: %lld backbone layer round trips, %.0f us each on average "
-                 "(wire and backbone compute)", (long long)trips, secs * 1e6 / (double)trips);
+            log_info("pair: %lld backbone layer round trips, %.0f us each on average "
+                     "(wire and backbone compute)", (long long)trips, secs * 1e6 / (double)trips);
     }
     if (st.prefill_tokens) {
-        wlog(WLOG_INFO, "engine: %lld prefill tokens at %.0f tok/s, %lld decode tokens at "
-             "%.0f tok/s, %lld preemptions, prefix cache %lld of %lld prompt tokens",
-             (long long)st.prefill_tokens,
-             st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0,
-             (long long)st.decode_tokens,
-             st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0,
-             (long long)st.preemptions, (long long)st.prefix_hit_tokens,
-             (long long)st.prefix_query_tokens);
+        log_info("engine: %lld prefill tokens at %.0f tok/s, %lld decode tokens at "
+                 "%.0f tok/s, %lld preemptions, prefix cache %lld of %lld prompt tokens",
+                 (long long)st.prefill_tokens,
+                 st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0,
+                 (long long)st.decode_tokens,
+                 st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0,
+                 (long long)st.preemptions, (long long)st.prefix_hit_tokens,
+                 (long long)st.prefix_query_tokens);
     }
     sched_destroy(&w->sched);
     link_destroy(&w->link);
@@ -480,13 +481,13 @@ static void worker__on_signal(worker_t *w)
     struct signalfd_siginfo si;
     while (read(w->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (w->signals++ == 0) {
-            wlog(WLOG_INFO, "%s: finishing running requests (at most %d ms), then exiting",
-                 strsignal((int)si.ssi_signo), WORKER_TERM_GRACE_MS);
+            log_info("%s: finishing running requests (at most %d ms), then exiting",
+                     strsignal((int)si.ssi_signo), WORKER_TERM_GRACE_MS);
             /* UNAVAILABLE: riverd gives what is cut off to another worker. */
-            sched_drain(w->sched, WORKER_TERM_GRACE_MS, link_clock_ms(),
+            sched_drain(w->sched, WORKER_TERM_GRACE_MS, clock_now_ms(),
                         RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
         } else {
-            wlog(WLOG_WARN, "%s again: failing every request now", strsignal((int)si.ssi_signo));
+            log_warn("%s again: failing every request now", strsignal((int)si.ssi_signo));
             sched_fail_all(w->sched, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE,
                            "the worker is shutting down");
         }
@@ -500,7 +501,7 @@ static void worker__notify_ready(worker_t *w)
     uint64_t usec = 0;
     if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
         w->watchdog_ms = (int64_t)(usec / 2000);
-        w->watchdog_next = link_clock_ms() + w->watchdog_ms;
+        w->watchdog_next = clock_now_ms() + w->watchdog_ms;
     }
     sd_notifyf(0, "READY=1\nSTATUS=worker %s serving %s", w->id, w->cfg.model);
 }
@@ -520,7 +521,7 @@ static int64_t worker__watchdog(worker_t *w, int64_t now)
 static int worker__run(worker_t *w)
 {
     for (;;) {
-        int64_t now = link_clock_ms();
+        int64_t now = clock_now_ms();
         int timeout = 0;
         int64_t wd = worker__watchdog(w, now);
         if (!sched_busy(w->sched)) {
@@ -554,7 +555,7 @@ static int worker__run(worker_t *w)
             worker__on_signal(w);
         if (link_at > 0 && (items[link_at].revents & ZMQ_POLLIN))
             link_recv(w->link);
-        now = link_clock_ms();
+        now = clock_now_ms();
         if (w->pair) {
             pair_river_on_poll(w->pair, items + pair_at, n_pair, now);
             pair_river_tick(w->pair, now);
@@ -575,7 +576,7 @@ static int worker__run(worker_t *w)
         if (sched_drained(w->sched)) {
             /* The last word: draining, nothing queued, nothing running. */
             link_send_heartbeat(w->link);
-            wlog(WLOG_INFO, "drained; exiting");
+            log_info("drained; exiting");
             return 0;
         }
     }
@@ -621,9 +622,9 @@ static int worker__open_backbone(worker_t *w)
      * the model are the river worker's, so their pages go. */
     pair_release_weights(m, 0, c->split_boundary, true);
     worker__log_resident(w, "backbone half");
-    wlog(WLOG_INFO, "backbone of %s: layers %d..%d on %d threads, waiting for a river worker "
-         "at %s (transport %s)", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads,
-         c->split_peer, pair_transport_name(pc.transport));
+    log_info("backbone of %s: layers %d..%d on %d threads, waiting for a river worker "
+             "at %s (transport %s)", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads,
+             c->split_peer, pair_transport_name(pc.transport));
     return 0;
 }
 
@@ -633,7 +634,7 @@ static int worker__open_backbone(worker_t *w)
 static int worker__run_backbone(worker_t *w)
 {
     for (;;) {
-        int64_t now = link_clock_ms();
+        int64_t now = clock_now_ms();
         int64_t wait = pair_backbone_next_ms(w->bb) - now;
         int timeout = wait < 0 ? 0 : wait > 60000 ? 60000 : (int)wait;
         zmq_pollitem_t items[1 + PAIR_POLL_ITEMS] = {
@@ -645,11 +646,11 @@ static int worker__run_backbone(worker_t *w)
         if (items[0].revents & ZMQ_POLLIN) {
             struct signalfd_siginfo si;
             if (read(w->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                wlog(WLOG_INFO, "%s: exiting", strsignal((int)si.ssi_signo));
+                log_info("%s: exiting", strsignal((int)si.ssi_signo));
                 return 0;
             }
         }
-        now = link_clock_ms();
+        now = clock_now_ms();
         pair_backbone_on_poll(w->bb, items + 1, n, now);
         pair_backbone_tick(w->bb, now);
     }
@@ -731,24 +732,25 @@ int main(int argc, char **argv)
         host[sizeof host - 1] = '\0';
         snprintf(w.id, sizeof w.id, "%s-%d", host, (int)getpid());
     }
-    wlog_init(w.id, w.cfg.log_level);
+    log_init(&(log_opts_t){.name = "river-worker", .tag = w.id, .utc = true});
+    log_set_level(w.cfg.log_level);
     if (w.cfg.auth_mode == CONFIG_AUTH_PLAIN && w.cfg.role != CONFIG_ROLE_BACKBONE)
-        wlog(WLOG_WARN, "auth.mode is plain: the link to riverd is neither authenticated nor "
-             "encrypted");
+        log_warn("auth.mode is plain: the link to riverd is neither authenticated nor "
+                 "encrypted");
     int rc = 1;
     if (w.cfg.role == CONFIG_ROLE_BACKBONE) {
         if ((e = worker__open_backbone(&w)))
-            wlog(WLOG_ERROR, "start-up failed: %s", river_err_detail());
+            log_error("start-up failed: %s", river_err_detail());
         else if ((e = worker__run_backbone(&w)))
-            wlog(WLOG_ERROR, "%s", river_err_detail());
+            log_error("%s", river_err_detail());
         else
             rc = 0;
     } else if (!w.cfg.riverd) {
-        wlog(WLOG_ERROR, "out of memory");
+        log_error("out of memory");
     } else if ((e = worker__open(&w))) {
-        wlog(WLOG_ERROR, "start-up failed: %s", river_err_detail());
+        log_error("start-up failed: %s", river_err_detail());
     } else if (worker__notify_ready(&w), (e = worker__run(&w))) {
-        wlog(WLOG_ERROR, "%s", river_err_detail());
+        log_error("%s", river_err_detail());
         sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__INTERNAL, river_err_detail());
     } else {
         rc = 0;

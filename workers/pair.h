@@ -128,7 +128,7 @@ int pair_river_poll_items(pair_river_t *p, zmq_pollitem_t *items);
 void pair_river_on_poll(pair_river_t *p, const zmq_pollitem_t *items, int n, int64_t now);
 /* Hellos, pings, the peer's liveness. */
 void pair_river_tick(pair_river_t *p, int64_t now);
-/* When pair_river_tick next has something to do (absolute, link_clock_ms). */
+/* When pair_river_tick next has something to do (absolute, clock_now_ms). */
 int64_t pair_river_next_ms(const pair_river_t *p);
 /* Layer round trips so far and the seconds they took, wire and backbone compute. */
 void pair_river_stats(const pair_river_t *p, int64_t *trips, double *seconds);

@@ -1,5 +1,6 @@
 /* The backbone side of the split pair: answers hellos, runs the layers the river asks for
  * on the shared KV pool, watches the river's liveness (workers/pair.h). */
+#include "common/clock.h"
 #include "workers/pair.h"
 
 #include <errno.h>
@@ -17,7 +18,7 @@
 #include "workers/link.h"
 #include "workers/pair_transport.h"
 #include "workers/pair_wire.h"
-#include "workers/wlog.h"
+#include "common/log.h"
 
 /* ---- The backbone side ---- */
 
@@ -68,9 +69,9 @@ static void pair__backbone_end(pair_backbone_t *p, const char *why)
 {
     if (!p->paired)
         return;
-    wlog(WLOG_WARN, "session with river %s (pid %d) ended: %s; %lld layer requests served "
-         "in %.3f s; waiting for a new PairHello", p->river_id, (int)p->river_pid, why,
-         (long long)p->requests, p->busy_s);
+    log_warn("session with river %s (pid %d) ended: %s; %lld layer requests served "
+             "in %.3f s; waiting for a new PairHello", p->river_id, (int)p->river_pid, why,
+             (long long)p->requests, p->busy_s);
     pair__backbone_drop(p);
     if (p->pidfd >= 0)
         close(p->pidfd);
@@ -157,11 +158,11 @@ static void pair__backbone_send(pair_backbone_t *p, const uint8_t *route, size_t
                                 River__Pair__BackboneMessage *env)
 {
     if (zmq_send(p->sock, route, route_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
-        wlog(WLOG_WARN, "cannot reply to the river peer: %s", zmq_strerror(errno));
+        log_warn("cannot reply to the river peer: %s", zmq_strerror(errno));
         return;
     }
     if (pair_wire_send(p->sock, &env->base, 0))
-        wlog(WLOG_WARN, "cannot reply to the river peer: %s", river_err_detail());
+        log_warn("cannot reply to the river peer: %s", river_err_detail());
 }
 
 static void pair__backbone_error(pair_backbone_t *p, const uint8_t *route, size_t route_len,
@@ -317,15 +318,15 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
         e = river_err_set(RIVER_ESTATE, "this backbone is paired with river %s (pid %d), "
                           "which is alive", p->river_id, (int)p->river_pid);
     if (e) {
-        wlog(WLOG_WARN, "PairHello from river %s (pid %u) refused: %s", id, h->river_pid,
-             river_err_detail());
+        log_warn("PairHello from river %s (pid %u) refused: %s", id, h->river_pid,
+                 river_err_detail());
         pair__backbone_error(p, route, route_len, 0, river_err_detail());
         return;
     }
     pair__backbone_end(p, "the river said hello again");
     if ((e = pair__backbone_pair(p, h, route, route_len, now))) {
-        wlog(WLOG_WARN, "PairHello from river %s (pid %u): %s", id, h->river_pid,
-             river_err_detail());
+        log_warn("PairHello from river %s (pid %u): %s", id, h->river_pid,
+                 river_err_detail());
         pair__backbone_error(p, route, route_len, 0, river_err_detail());
         return;
     }
@@ -347,9 +348,9 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
         pair__backbone_end(p, why);
         return;
     }
-    wlog(WLOG_INFO, "paired with river %s (pid %d): layers %d..%d of %d rows at most, %u KV "
-         "pages of %u positions shared", p->river_id, (int)p->river_pid, p->cfg.boundary,
-         p->m->cfg.n_layers - 1, p->max_rows, h->kv->n_pages, h->kv->page_size);
+    log_info("paired with river %s (pid %d): layers %d..%d of %d rows at most, %u KV "
+             "pages of %u positions shared", p->river_id, (int)p->river_pid, p->cfg.boundary,
+             p->m->cfg.n_layers - 1, p->max_rows, h->kv->n_pages, h->kv->page_size);
 }
 
 /* Checks a layer request against the session and the pool; fills p->tables. */
@@ -402,7 +403,7 @@ static int pair__layer_check(pair_backbone_t *p, const River__Pair__LayerRequest
 
 static void pair__backbone_layer(pair_backbone_t *p, const River__Pair__LayerRequest *q)
 {
-    double t0 = pair_wire_now_s();
+    double t0 = clock_now_s();
     int e = pair__layer_check(p, q);
     if (!e)
         e = pair_transport_get(p->tr, p->x, (int)q->n, &q->hidden);
@@ -416,8 +417,8 @@ static void pair__backbone_layer(pair_backbone_t *p, const River__Pair__LayerReq
     if (!e)
         e = pair_transport_put(p->tr, p->x, (int)q->n, &r.hidden);
     if (e) {
-        wlog(WLOG_WARN, "layer request %" PRIu64 " of river %s: %s", q->seq, p->river_id,
-             river_err_detail());
+        log_warn("layer request %" PRIu64 " of river %s: %s", q->seq, p->river_id,
+                 river_err_detail());
         pair__backbone_error(p, p->route, p->route_len, q->seq, river_err_detail());
         return;
     }
@@ -427,7 +428,7 @@ static void pair__backbone_layer(pair_backbone_t *p, const River__Pair__LayerReq
     env.layer = &r;
     pair__backbone_send(p, p->route, p->route_len, &env);
     p->requests++;
-    p->busy_s += pair_wire_now_s() - t0;
+    p->busy_s += clock_now_s() - t0;
 }
 
 /* One message from a river: [routing id][envelope]. */
@@ -447,7 +448,7 @@ static void pair__backbone_handle(pair_backbone_t *p, const uint8_t *route, size
                              zmq_msg_size(body),
                              from_peer ? p->max_frame : PAIR_HELLO_MAX_BYTES, &out);
     if (e) {
-        wlog(WLOG_WARN, "bad frame from a river peer: %s", river_err_detail());
+        log_warn("bad frame from a river peer: %s", river_err_detail());
         pair__backbone_error(p, route, route_len, 0, river_err_detail());
         return;
     }
@@ -491,7 +492,7 @@ static void pair__backbone_drain(pair_backbone_t *p, int64_t now)
             int err = errno;
             zmq_msg_close(&id);
             if (err != EAGAIN && err != EINTR)
-                wlog(WLOG_ERROR, "receiving from river peers: %s", zmq_strerror(err));
+                log_error("receiving from river peers: %s", zmq_strerror(err));
             return;
         }
         uint8_t route[256];

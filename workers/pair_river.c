@@ -1,5 +1,6 @@
 /* The river side of the split pair: the hello, liveness, and one round trip per backbone
  * layer a batch needs (workers/pair.h). */
+#include "common/clock.h"
 #include "workers/pair.h"
 
 #include <errno.h>
@@ -17,7 +18,7 @@
 #include "workers/link.h"
 #include "workers/pair_transport.h"
 #include "workers/pair_wire.h"
-#include "workers/wlog.h"
+#include "common/log.h"
 
 /* ---- The river side ---- */
 
@@ -67,8 +68,8 @@ static void pair__river_close(pair_river_t *p)
 /* The backbone is gone: no request can reach it; hello again after one interval. */
 static void pair__river_lost(pair_river_t *p, int64_t now, const char *why)
 {
-    wlog(WLOG_WARN, "backbone peer at %s lost: %s; requests that need layers >= %d fail "
-         "with UNAVAILABLE until it is back", p->cfg.endpoint, why, p->cfg.boundary);
+    log_warn("backbone peer at %s lost: %s; requests that need layers >= %d fail "
+             "with UNAVAILABLE until it is back", p->cfg.endpoint, why, p->cfg.boundary);
     pair__river_close(p);
     p->state = PAIR_IDLE;
     p->backoff_ms = p->cfg.heartbeat_ms;
@@ -80,7 +81,7 @@ static void pair__river_lost(pair_river_t *p, int64_t now, const char *why)
  * with another, and may be fixed again: hello again after the back-off. */
 static void pair__river_refused(pair_river_t *p, int64_t now)
 {
-    wlog(WLOG_ERROR, "%s", p->refusal);
+    log_error("%s", p->refusal);
     if (!p->ever_paired)
         p->refused = true;
     pair__river_close(p);
@@ -272,7 +273,7 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
     int e = pair_wire_decode(&river__pair__backbone_message__descriptor, zmq_msg_data(msg),
                              zmq_msg_size(msg), p->max_reply, &out);
     if (e) {
-        wlog(WLOG_WARN, "bad frame from the backbone peer: %s", river_err_detail());
+        log_warn("bad frame from the backbone peer: %s", river_err_detail());
         return;
     }
     p->last_recv_ms = now;
@@ -301,9 +302,9 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
         p->backoff_ms = p->cfg.heartbeat_ms;
         p->peer_pid = (pid_t)ok->backbone_pid;
         p->pidfd = ok->backbone_pid > 0 ? pair_wire_pidfd(p->peer_pid) : -1;
-        wlog(WLOG_INFO, "paired with the backbone worker at %s (pid %u): layers %u..%u run "
-             "there, the KV pool is shared", p->cfg.endpoint, ok->backbone_pid,
-             ok->layer_begin, ok->layer_end ? ok->layer_end - 1 : 0);
+        log_info("paired with the backbone worker at %s (pid %u): layers %u..%u run "
+                 "there, the KV pool is shared", p->cfg.endpoint, ok->backbone_pid,
+                 ok->layer_begin, ok->layer_end ? ok->layer_end - 1 : 0);
     } else if (p->state == PAIR_HELLO &&
                bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR) {
         snprintf(p->refusal, sizeof p->refusal, "the backbone worker at %s refused the "
@@ -330,7 +331,7 @@ static void pair__river_drain(pair_river_t *p, int64_t now)
             int err = errno;
             zmq_msg_close(&m);
             if (err != EAGAIN && err != EINTR)
-                wlog(WLOG_ERROR, "receiving from the backbone peer: %s", zmq_strerror(err));
+                log_error("receiving from the backbone peer: %s", zmq_strerror(err));
             return;
         }
         pair__river_handle(p, &m, now);
@@ -368,17 +369,17 @@ void pair_river_tick(pair_river_t *p, int64_t now)
         if (now < p->hello_at || p->refused)
             return;
         if (!p->sock && pair__river_open(p)) {
-            wlog(WLOG_ERROR, "%s", river_err_detail());
+            log_error("%s", river_err_detail());
             p->hello_at = now + p->backoff_ms;
             return;
         }
         if (pair__river_hello(p, now)) {
-            wlog(WLOG_ERROR, "hello to the backbone peer: %s", river_err_detail());
+            log_error("hello to the backbone peer: %s", river_err_detail());
             pair__river_close(p);
             p->hello_at = now + p->backoff_ms;
             return;
         }
-        wlog(WLOG_DEBUG, "PairHello sent to %s", p->cfg.endpoint);
+        log_debug("PairHello sent to %s", p->cfg.endpoint);
         p->state = PAIR_HELLO;
         p->hello_deadline = now + p->cfg.heartbeat_ms * p->cfg.liveness;
         return;
@@ -387,8 +388,8 @@ void pair_river_tick(pair_river_t *p, int64_t now)
             return;
         /* A backbone that is not up yet: the hello may sit in a queue of a connection
          * that never comes; start over with a fresh socket after the back-off. */
-        wlog(p->ever_paired ? WLOG_DEBUG : WLOG_INFO, "no answer from the backbone worker "
-             "at %s yet; trying again in %lld ms", p->cfg.endpoint, (long long)p->backoff_ms);
+        log_msg(p->ever_paired ? CONFIG_LOG_DEBUG : CONFIG_LOG_INFO, "no answer from the "
+                "backbone worker at %s yet; trying again in %lld ms", p->cfg.endpoint, (long long)p->backoff_ms);
         pair__river_close(p);
         p->state = PAIR_IDLE;
         p->hello_at = now + p->backoff_ms;
@@ -476,11 +477,11 @@ static int pair__river_tables(pair_river_t *p, int n, const int32_t *pos,
 /* Waits for the reply to request p->seq and copies its hidden states into x. */
 static int pair__river_wait(pair_river_t *p, int layer, int rows, void *x)
 {
-    int64_t start = link_clock_ms();
+    int64_t start = clock_now_ms();
     int64_t deadline = start + p->cfg.reply_timeout_ms;
     char buf[128];
     for (;;) {
-        int64_t now = link_clock_ms();
+        int64_t now = clock_now_ms();
         if (now >= deadline) {
             char why[128];
             snprintf(why, sizeof why, "no reply for layer %d within %lld ms", layer,
@@ -495,7 +496,7 @@ static int pair__river_wait(pair_river_t *p, int layer, int rows, void *x)
                 continue;
             return river_err_set(RIVER_ESYS, "pair: zmq_poll: %s", zmq_strerror(errno));
         }
-        now = link_clock_ms();
+        now = clock_now_ms();
         if (n > 1 && (items[1].revents & ZMQ_POLLIN)) {
             pair__river_lost(p, now, "the backbone process exited");
             return river_err_set(RIVER_EUNAVAILABLE, "backbone peer: its process exited "
@@ -566,7 +567,7 @@ static int pair__river_trip(void *user, int layer, int n, const int32_t *pos,
                              p->cfg.endpoint);
     if (n <= 0 || n > p->cfg.max_rows)
         return river_err_set(RIVER_EINVAL, "pair: %d rows (max %d)", n, p->cfg.max_rows);
-    double t0 = pair_wire_now_s();
+    double t0 = clock_now_s();
     size_t n_tables = 0, n_pages = 0;
     int e = pair__river_tables(p, n, pos, page_table, &n_tables, &n_pages);
     if (e)
@@ -588,7 +589,7 @@ static int pair__river_trip(void *user, int layer, int n, const int32_t *pos,
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_LAYER;
     env.layer = &q;
-    int64_t now = link_clock_ms();
+    int64_t now = clock_now_ms();
     if ((e = pair__river_send(p, &env, now))) {
         char why[128];
         snprintf(why, sizeof why, "%s", river_err_detail());
@@ -598,7 +599,7 @@ static int pair__river_trip(void *user, int layer, int n, const int32_t *pos,
     if ((e = pair__river_wait(p, layer, n, x)))
         return e;
     p->trips++;
-    p->trip_s += pair_wire_now_s() - t0;
+    p->trip_s += clock_now_s() - t0;
     return 0;
 }
 

@@ -11,14 +11,7 @@
 #include <zmq.h>
 
 #include "common/err.h"
-#include "workers/wlog.h"
-
-double pair_wire_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "common/log.h"
 
 const char *pair_wire_printable(const char *s, char *buf, size_t cap)
 {
@@ -77,8 +70,8 @@ int pair_wire_pidfd(pid_t pid)
 {
     int fd = pidfd_open(pid, 0);
     if (fd < 0)
-        wlog(WLOG_WARN, "pidfd_open(%d): %s; the peer's end is noticed by heartbeats only",
-             (int)pid, strerror(errno));
+        log_warn("pidfd_open(%d): %s; the peer's end is noticed by heartbeats only",
+                 (int)pid, strerror(errno));
     return fd;
 }
 

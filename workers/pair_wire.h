@@ -17,9 +17,6 @@
 #define PAIR_HEARTBEAT_MAX_MS 3600000
 #define PAIR_LIVENESS_MAX 1000
 
-/* Monotonic seconds. */
-double pair_wire_now_s(void);
-
 /* Keeps a peer's string printable for the log: at most 80 bytes, control bytes as '?'. */
 const char *pair_wire_printable(const char *s, char *buf, size_t cap);
 

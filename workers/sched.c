@@ -5,10 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "common/log.h"
+#include "common/rng.h"
 #include "engine/kv_pool.h"
-#include "workers/wlog.h"
 
 typedef enum {
     SREQ_QUEUED = 0, /* waiting for an engine slot */
@@ -64,7 +66,8 @@ struct sched {
     bool quiet;                /* requests end without a message (reset, destroy) */
     char *text;                /* NUL-terminated copy of an event's text */
     size_t cap_text;
-    uint64_t seed_state;       /* for requests that come without a seed */
+    uint64_t seed_state;       /* rng_next state: seeds for requests that come without one
+                                  (riverd normally picks it) */
 };
 
 /* ---- Requests ---- */
@@ -112,7 +115,7 @@ static void sched__failed(sched_t *s, uint64_t id, River__Client__Error__Code co
 {
     if (s->quiet)
         return;
-    wlog(WLOG_DEBUG, "request %llu failed: %s", (unsigned long long)id, msg);
+    log_debug("request %llu failed: %s", (unsigned long long)id, msg);
     link_send_failed(s->link, id, code, msg);
 }
 
@@ -190,8 +193,8 @@ static void sched__on_event(void *user, const gen_event_t *ev)
             link_send_tokens(s->link, r->id, r->n_msgs++, (uint32_t)ev->index, &ev->id,
                              &depth, ev->id >= 0 ? 1 : 0, s->text);
         else
-            wlog(WLOG_ERROR, "request %llu: %s", (unsigned long long)r->id,
-                 river_err_detail());
+            log_error("request %llu: %s", (unsigned long long)r->id,
+                      river_err_detail());
     }
     if (ev->finish == GEN_RUNNING)
         return;
@@ -204,8 +207,8 @@ static void sched__on_event(void *user, const gen_event_t *ev)
     } else {
         sched__done(s, r, sched__reasons[ev->finish]);
     }
-    wlog(WLOG_DEBUG, "request %llu ended: %s after %u tokens", (unsigned long long)r->id,
-         gen_finish_name(ev->finish), r->n_new);
+    log_debug("request %llu ended: %s after %u tokens", (unsigned long long)r->id,
+              gen_finish_name(ev->finish), r->n_new);
     sched__free(s, r);
 }
 
@@ -217,8 +220,8 @@ static void sched__end(sched_t *s, sreq_t *r, River__Client__Error__Code code, c
         r->fail_msg = msg;
         if (gen_cancel(s->g, r->seq) == 0)
             return; /* sched__on_event answered and freed it */
-        wlog(WLOG_ERROR, "request %llu: engine lost sequence %d", (unsigned long long)r->id,
-             r->seq);
+        log_error("request %llu: engine lost sequence %d", (unsigned long long)r->id,
+                  r->seq);
     }
     sched__failed(s, r->id, code, msg);
     sched__free(s, r);
@@ -291,14 +294,6 @@ static int sched__mode(const sched_t *s, const River__Client__ExitOverride *x, s
     return 0;
 }
 
-/* splitmix64: a seed for requests that come without one (riverd normally picks it). */
-static uint64_t sched__next_seed(sched_t *s)
-{
-    uint64_t z = (s->seed_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 /* Fills r from the Submit: prompt ids (tokenizing text), done ids, stop strings, sampling,
  * limits. An error is the request's fault (its detail is the Failed message). */
@@ -387,7 +382,7 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
         r->sampling.temperature = sp->temperature;
         r->sampling.top_k = (int)sp->top_k;
         r->sampling.top_p = sp->top_p;
-        r->sampling.seed = sp->opt_seed_case ? sp->seed : sched__next_seed(s);
+        r->sampling.seed = sp->opt_seed_case ? sp->seed : rng_next(&s->seed_state);
     }
     r->ignore_eos = gen->ignore_eos;
     r->deadline_ms = gen->deadline_ms ? now + gen->deadline_ms : 0;
@@ -398,9 +393,9 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
     if ((e = sched__mode(s, gen->exit, r)))
         return e;
     if (other_rule)
-        wlog(WLOG_DEBUG, "request %llu: exit.policy %s asked; the worker's rule %s applies "
-             "(with the request's thresholds)", (unsigned long long)r->id, gen->exit->policy,
-             exit_rule_name(s->cfg.policy.rule));
+        log_debug("request %llu: exit.policy %s asked; the worker's rule %s applies "
+                  "(with the request's thresholds)", (unsigned long long)r->id, gen->exit->policy,
+                  exit_rule_name(s->cfg.policy.rule));
     return 0;
 }
 
@@ -417,8 +412,8 @@ void sched_submit(sched_t *s, const River__Worker__Submit *m, int64_t now)
         /* riverd's ids are unique, so this is its bug. The request already here keeps
          * going and ends with its own Done or Failed; a Failed for the copy would carry
          * the same id and read as the end of the first one. */
-        wlog(WLOG_WARN, "request %llu submitted again while it runs; ignoring the copy",
-             (unsigned long long)id);
+        log_warn("request %llu submitted again while it runs; ignoring the copy",
+                 (unsigned long long)id);
         return;
     }
     if (s->draining) {
@@ -480,8 +475,8 @@ void sched_submit(sched_t *s, const River__Worker__Submit *m, int64_t now)
         sched__free(s, r);
         return;
     }
-    wlog(WLOG_DEBUG, "request %llu queued: %zu prompt tokens, %zu delivered, max %d",
-         (unsigned long long)id, r->n_prompt, r->n_done, r->max_tokens);
+    log_debug("request %llu queued: %zu prompt tokens, %zu delivered, max %d",
+              (unsigned long long)id, r->n_prompt, r->n_done, r->max_tokens);
 }
 
 /* ---- Control ---- */
@@ -491,7 +486,7 @@ void sched_cancel(sched_t *s, uint64_t request_id)
     sreq_t *r = sched__find(s, request_id);
     if (!r)
         return;
-    wlog(WLOG_DEBUG, "request %llu cancelled", (unsigned long long)request_id);
+    log_debug("request %llu cancelled", (unsigned long long)request_id);
     if (r->state == SREQ_RUNNING && gen_cancel(s->g, r->seq) == 0)
         return; /* the cancel event sent Done(CANCELLED) and freed it */
     sched__done(s, r, RIVER__CLIENT__FINAL__REASON__CANCELLED);
@@ -507,8 +502,8 @@ void sched_drain(sched_t *s, uint32_t deadline_ms, int64_t now,
         s->drain_code = code;
     }
     if (!s->draining)
-        wlog(WLOG_INFO, "draining: %d running, %d queued, deadline %s", s->n_running,
-             s->n_queued, deadline_ms ? "set" : "none");
+        log_info("draining: %d running, %d queued, deadline %s", s->n_running,
+                 s->n_queued, deadline_ms ? "set" : "none");
     s->draining = true;
 }
 
@@ -531,8 +526,8 @@ static void sched__expire(sched_t *s, int64_t now)
 {
     if (s->draining && s->drain_deadline_ms && now >= s->drain_deadline_ms) {
         if (s->head)
-            wlog(WLOG_WARN, "drain deadline: cancelling %d running, %d queued", s->n_running,
-                 s->n_queued);
+            log_warn("drain deadline: cancelling %d running, %d queued", s->n_running,
+                     s->n_queued);
         sched_fail_all(s, s->drain_code, "the worker's drain deadline passed");
     }
     sreq_t *next;
@@ -587,7 +582,7 @@ int sched_step(sched_t *s, int64_t now)
         return 0;
     int e = gen_step(s->g);
     if (e)
-        wlog(WLOG_ERROR, "engine step failed: %s", river_err_detail());
+        log_error("engine step failed: %s", river_err_detail());
     return e;
 }
 
@@ -633,7 +628,7 @@ int sched_new(sched_t **out, gen_t *g, const model_t *m, const tokenizer_t *tok,
     s->tok = tok;
     s->link = link;
     s->cfg = *cfg;
-    s->seed_state = (uint64_t)link_clock_ms() ^ 0x5DEECE66Dull;
+    s->seed_state = (uint64_t)clock_now_ms() ^ 0x5DEECE66Dull;
     *out = s;
     return 0;
 }

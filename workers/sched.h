@@ -69,7 +69,7 @@ void sched_fail_all(sched_t *s, River__Client__Error__Code code, const char *mes
 int sched_step(sched_t *s, int64_t now);
 /* Whether sched_step has work now (the poll loop then does not wait). */
 bool sched_busy(const sched_t *s);
-/* The next deadline (absolute, link_clock_ms), INT64_MAX when none. */
+/* The next deadline (absolute, clock_now_ms), INT64_MAX when none. */
 int64_t sched_next_ms(const sched_t *s);
 /* Draining, and nothing is left. */
 bool sched_drained(const sched_t *s);

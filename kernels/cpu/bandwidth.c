@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/simd.h"
@@ -30,14 +31,6 @@ static void bw_task(void *arg, int task, int thread)
     size_t u0 = units * (size_t)task / (size_t)j->n_tasks;
     size_t u1 = units * (size_t)(task + 1) / (size_t)j->n_tasks;
     j->sums[task] = j->k->read_sum(j->buf + u0 * 256, (u1 - u0) * 256);
-}
-
-static double bw_now(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0.0;
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t simd)
@@ -81,9 +74,9 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t 
     double best = 0.0;
     uint64_t sink = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = bw_now();
+        double t0 = clock_now_s();
         threadpool_run(pool, bw_task, j, j->n_tasks);
-        double dt = bw_now() - t0;
+        double dt = clock_now_s() - t0;
         for (int t = 0; t < j->n_tasks; t++)
             sink += j->sums[t];
         if (dt > 0.0 && (double)bytes / dt > best)

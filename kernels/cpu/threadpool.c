@@ -7,6 +7,7 @@
  * wait for the tasks to finish, not for every worker to notice the run. The job fields (fn,
  * arg) are read only after a successful claim, when the caller is still waiting for that
  * very task and so cannot have overwritten them. */
+#include "common/clock.h"
 #include "kernels/cpu/threadpool.h"
 
 #include <errno.h>
@@ -64,16 +65,6 @@ static inline void pool_pause(void)
     __builtin_ia32_pause();
 }
 
-static long pool_now_ns(void)
-{
-    struct timespec ts;
-    /* CLOCK_MONOTONIC cannot fail with a valid pointer; should it anyway, report a time
-     * far in the future so that spinning loops fall back to sleeping or yielding. */
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return LONG_MAX / 2;
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 /* futex(2) on the generation word. Waiting returns early with EAGAIN when the value has
  * already changed and with EINTR on a signal; both are ordinary, and the callers re-check
  * the word in a loop, so the result needs no other handling. */
@@ -121,7 +112,7 @@ static void pool_work(threadpool_t *pool, uint32_t g, int thread)
 /* Waits for a generation other than `seen`: spins first, then sleeps. */
 static uint32_t pool_wait_gen(threadpool_t *pool, uint32_t seen)
 {
-    long start = pool_now_ns();
+    long start = clock_now_ns();
     int yielding = 0;
     for (unsigned i = 1;; i++) {
         uint32_t g = atomic_load_explicit(&pool->futex_gen, memory_order_acquire);
@@ -132,7 +123,7 @@ static uint32_t pool_wait_gen(threadpool_t *pool, uint32_t seen)
         else
             pool_pause();
         if (yielding || (i & 63) == 0) {
-            long waited = pool_now_ns() - start;
+            long waited = clock_now_ns() - start;
             if (waited > POOL_SPIN_NS)
                 break;
             yielding = waited > POOL_PAUSE_NS;
@@ -269,7 +260,7 @@ void threadpool_run(threadpool_t *pool, threadpool_fn_t fn, void *arg, int n_tas
 
     if (atomic_load_explicit(&pool->finished, memory_order_acquire) == n_tasks)
         return;
-    long start = pool_now_ns();
+    long start = clock_now_ns();
     int yielding = 0;
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(&pool->finished, memory_order_acquire) == n_tasks)
@@ -281,6 +272,6 @@ void threadpool_run(threadpool_t *pool, threadpool_fn_t fn, void *arg, int n_tas
         else
             pool_pause();
         if (!yielding && (i & 63) == 0)
-            yielding = pool_now_ns() - start > POOL_PAUSE_NS;
+            yielding = clock_now_ns() - start > POOL_PAUSE_NS;
     }
 }

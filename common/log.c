@@ -1,7 +1,7 @@
-#include "daemon/log.h"
+/* The serving processes' log: the line forms of common/log.h. */
+#include "common/log.h"
 
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -9,7 +9,10 @@
 
 static int log__level = CONFIG_LOG_INFO;
 static bool log__journal;
-static const char *log__name = "riverd";
+static bool log__utc;
+static const char *log__name = "river";
+static char log__tag[128];
+static bool log__tagged;
 
 /* Indexed by config_log_level_t. */
 static const struct {
@@ -22,16 +25,20 @@ static const struct {
     [CONFIG_LOG_DEBUG] = {"debug", 7},
 };
 
-void log_init(const char *name)
+void log_init(const log_opts_t *opts)
 {
-    log__journal = getenv("JOURNAL_STREAM") != NULL;
-    if (name)
-        log__name = name;
+    if (opts->name)
+        log__name = opts->name;
+    log__tagged = opts->tag != NULL;
+    if (opts->tag)
+        snprintf(log__tag, sizeof log__tag, "%s", opts->tag);
+    log__utc = opts->utc;
+    log__journal = opts->journal && getenv("JOURNAL_STREAM") != NULL;
 }
 
 void log_set_level(int level)
 {
-    if (level >= CONFIG_LOG_ERROR && level <= CONFIG_LOG_DEBUG)
+    if (level >= LOG_NONE && level <= CONFIG_LOG_DEBUG)
         log__level = level;
 }
 
@@ -49,7 +56,6 @@ void log_msg(int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    /* One fprintf per line keeps lines whole when workers share the same stderr. */
     if (log__journal) {
         fprintf(stderr, "<%d>%s\n", log__levels[level].priority, line);
         return;
@@ -57,9 +63,15 @@ void log_msg(int level, const char *fmt, ...)
     struct timespec ts;
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
-    localtime_r(&ts.tv_sec, &tm);
+    if (log__utc)
+        gmtime_r(&ts.tv_sec, &tm);
+    else
+        localtime_r(&ts.tv_sec, &tm);
     char when[32];
     strftime(when, sizeof when, "%H:%M:%S", &tm);
-    fprintf(stderr, "%s.%03ld %s[%d] %s: %s\n", when, ts.tv_nsec / 1000000L, log__name,
-            (int)getpid(), log__levels[level].name, line);
+    char pid[16];
+    if (!log__tagged)
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+    fprintf(stderr, "%s.%03ld %s[%s] %s: %s\n", when, ts.tv_nsec / 1000000L, log__name,
+            log__tagged ? log__tag : pid, log__levels[level].name, line);
 }
