@@ -241,7 +241,7 @@ void admin_on_request(riverd_t *rd, const route_t *from, River__Admin__AdminRequ
         reply.error = &err;
         log_info("admin %s: %s", frame_case_name(&req->base), river_err_detail());
     }
-    if (router_send_admin(rd, from, &reply) < 0)
+    if (loop_send_admin(rd, from, &reply) < 0)
         log_warn("admin reply not sent: %s", river_err_detail());
     free(c.infos);
     free(c.info_ptrs);

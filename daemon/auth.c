@@ -18,7 +18,7 @@
  * (a refused peer retries every 100 ms) with the number left out: the endpoint from a ZMQ
  * socket monitor on each socket, the refused key and the peer's address from zauth's own
  * log lines (CZMQ sends them to an inproc PUB socket that riverd reads), the role mismatch
- * from the per-message check. Everything is read in the poll loop (router.c). */
+ * from the per-message check. Everything is read in the poll loop (loop.c). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
@@ -386,7 +386,7 @@ static void auth__read_monitor(auth_t *a, int index)
 void *auth_open_context(void)
 {
     /* CZMQ would catch SIGINT and SIGTERM itself; riverd reads them from a descriptor
-     * (router.c), so its handlers stay off. */
+     * (loop.c), so its handlers stay off. */
     zsys_handler_set(NULL);
     return zsys_init();
 }
@@ -523,7 +523,7 @@ void auth_stop(auth_t *a)
     if (a->log_sub)
         zmq_close(a->log_sub);
     a->log_sub = NULL;
-    /* The sockets zauth served are closed by now (router_close): no handshake can be left
+    /* The sockets zauth served are closed by now (loop_close): no handshake can be left
      * without its handler. */
     zactor_destroy(&a->zauth);
     if (!a->plain)

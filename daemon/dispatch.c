@@ -263,7 +263,7 @@ static int dispatch__owe(riverd_t *rd, const route_t *to, const River__Client__C
 static void dispatch__send_end(riverd_t *rd, const route_t *to, const char *rid,
                                const River__Client__ClientReply *r)
 {
-    int rc = router_send_client(rd, to, r);
+    int rc = loop_send_client(rd, to, r);
     if (rc == RIVER_EFULL && (rc = dispatch__owe(rd, to, r)) < 0)
         log_warn("the end of request '%s' is lost: the client is not reading and %s", rid,
                  river_err_detail());
@@ -292,7 +292,7 @@ static void dispatch__owed_tick(riverd_t *rd, int64_t now)
     dispatch_owed_t **pp = &rd->owed_head, *o;
     rd->owed_tail = NULL;
     while ((o = *pp)) {
-        int rc = router_send_client_frame(rd, &o->client, o->frame, o->len);
+        int rc = loop_send_client_frame(rd, &o->client, o->frame, o->len);
         if (rc == RIVER_EFULL && now - o->since_ms < DISPATCH_OWED_KEEP_MS) {
             rd->owed_tail = o;
             pp = &o->next;
@@ -323,7 +323,7 @@ static void dispatch__cancel_on_worker(riverd_t *rd, request_t *req)
     river__worker__daemon_message__init(&m);
     m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_CANCEL;
     m.cancel = &c;
-    router_send_worker(rd, w, &m);
+    loop_send_worker(rd, w, &m);
 }
 
 static void dispatch__finish_error(riverd_t *rd, request_t *req, River__Client__Error__Code code,
@@ -619,7 +619,7 @@ static int dispatch__submit(riverd_t *rd, request_t *req, worker_t *w)
     river__worker__daemon_message__init(&m);
     m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
     m.submit = &s;
-    int rc = router_send_worker(rd, w, &m);
+    int rc = loop_send_worker(rd, w, &m);
     if (rc < 0)
         return rc;
     dispatch__dequeue(rd, req);
@@ -824,7 +824,7 @@ void dispatch_on_client(riverd_t *rd, const route_t *from, River__Client__Client
         return;
     }
     /* frame_decode lets only known kinds through; this build may know fewer handlers. */
-    router_send_error(rd, from, "", RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT,
+    loop_send_error(rd, from, "", RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT,
                       "request kind %u is not served", k);
     ProtobufCMessage *m = &env->base;
     frame_free(&m);
@@ -917,7 +917,7 @@ void dispatch_on_tokens(riverd_t *rd, worker_t *w, const River__Worker__Tokens *
     }
     metrics_on_tokens(rd, n, c.exit_layers, c.n_exit_layers, now);
     w->tokens += n;
-    int rc = router_send_client(rd, &req->client, &r);
+    int rc = loop_send_client(rd, &req->client, &r);
     if (rc == RIVER_EFULL) {
         /* The client stopped reading: its queue is full. The worker stops at once, and
          * the client reads the tokens it was sent, then this error (owed until it fits). */

@@ -1,7 +1,7 @@
 /* riverd --config FILE: the River router daemon (DESIGN.md §1, §6).
  *
  * Start-up: configuration, sockets, the HTTP metrics endpoint, local workers, then
- * READY=1 to systemd (Type=notify) once everything listens. The poll loop (router.c)
+ * READY=1 to systemd (Type=notify) once everything listens. The poll loop (loop.c)
  * runs until a drain completes: SIGTERM/SIGINT or admin Drain with no worker named stop
  * taking requests, let the running ones finish (up to drain_timeout) and leave. */
 #include <getopt.h>
@@ -140,10 +140,10 @@ int main(int argc, char **argv)
         goto fail_config;
     if ((rc = dispatch_init(rd)) < 0)
         goto fail_dispatch;
-    if ((rc = router_open(rd)) < 0)
+    if ((rc = loop_open(rd)) < 0)
         goto fail_dispatch;
     if ((rc = http_start(rd, &rd->http)) < 0)
-        goto fail_router;
+        goto fail_loop;
     if ((rc = supervise_new(rd, &rd->sup)) < 0)
         goto fail_http;
 
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
     riverd_notify_status(rd, rd->started_ms, true);
     log_info("riverd %s ready; auth: %s", RIVERD_VERSION, auth_line);
 
-    rc = router_run(rd);
+    rc = loop_run(rd);
     if (rc == 0)
         exit_code = 0;
     sd_notify(0, "STOPPING=1");
@@ -166,8 +166,8 @@ int main(int argc, char **argv)
     supervise_destroy(rd, &rd->sup, RIVERD_CHILD_WAIT_MS);
 fail_http:
     http_stop(&rd->http);
-fail_router:
-    router_close(rd);
+fail_loop:
+    loop_close(rd);
 fail_dispatch:
     /* Workers first: forgetting one touches the requests and sessions. */
     workers_destroy_all(rd);

@@ -3,11 +3,11 @@
  * riverd owns no model math (DESIGN.md §1). It keeps a table of workers, a queue of
  * requests and the map from requests to the workers running them, and moves frames
  * between three ZMQ ROUTER sockets: clients, workers and the admin endpoint. Everything
- * runs on one thread in one poll loop (router.c), so none of these records needs a lock.
+ * runs on one thread in one poll loop (loop.c), so none of these records needs a lock.
  *
  * Files, by responsibility:
  *   main.c       command line, start-up, systemd notification, shutdown
- *   router.c     sockets, signals, the poll loop and its timers, frame I/O
+ *   loop.c       sockets, signals, the poll loop and its timers, frame I/O
  *   workers.c    the worker table: Ready, heartbeats both ways, liveness, drain
  *   dispatch.c   admission, the queue, session affinity, deadlines, streaming, re-dispatch
  *   admin.c      the admin API (a table of commands)
@@ -303,7 +303,7 @@ uint64_t auth_refused(const auth_t *a, int role);
 /* Closes what auth_start and auth_secure_socket opened; after riverd's own sockets. */
 void auth_stop(auth_t *a);
 
-/* ---- The process (router.c, main.c) ---- */
+/* ---- The process (loop.c, main.c) ---- */
 
 struct riverd {
     const char *config_path;
@@ -355,25 +355,25 @@ struct riverd {
     int64_t next_watchdog_ms;
     int64_t next_status_ms;
     char status[256];
-    int64_t next_trim_ms;       /* next malloc_trim (router.c) */
+    int64_t next_trim_ms;       /* next malloc_trim (loop.c) */
 };
 
 /* Sends to a client; RIVER_EIO when the client is gone, RIVER_EFULL when it is not reading
  * (limits.max_client_backlog replies wait for it already). */
-int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r);
+int loop_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r);
 /* The same for a ClientReply already encoded (a reply owed to a slow client). */
-int router_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len);
+int loop_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len);
 /* Sends an Error reply; NULL rid reads as "". */
-int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
+int loop_send_error(riverd_t *rd, const route_t *to, const char *rid,
                       River__Client__Error__Code code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-int router_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMessage *m);
+int loop_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMessage *m);
 /* Sends to a worker route that may have no table entry (Reconnect). */
-int router_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m);
-int router_send_admin(riverd_t *rd, const route_t *to, const River__Admin__AdminReply *r);
-int router_open(riverd_t *rd);
-void router_close(riverd_t *rd);
-int router_run(riverd_t *rd);
+int loop_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m);
+int loop_send_admin(riverd_t *rd, const route_t *to, const River__Admin__AdminReply *r);
+int loop_open(riverd_t *rd);
+void loop_close(riverd_t *rd);
+int loop_run(riverd_t *rd);
 
 /* main.c: systemd notification and the start of a full drain. */
 void riverd_notify_status(riverd_t *rd, int64_t now, bool force);

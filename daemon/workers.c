@@ -145,7 +145,7 @@ static void workers__send_heartbeat(riverd_t *rd, worker_t *w)
     river__worker__daemon_message__init(&m);
     m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_HEARTBEAT;
     m.heartbeat = &hb;
-    router_send_worker(rd, w, &m);
+    loop_send_worker(rd, w, &m);
 }
 
 static void workers__send_reconnect(riverd_t *rd, const route_t *to, worker_t *w,
@@ -164,7 +164,7 @@ static void workers__send_reconnect(riverd_t *rd, const route_t *to, worker_t *w
     m.reconnect = &rc;
     if (w)
         w->last_sent_ms = now;
-    if (router_send_route(rd, to, &m) < 0)
+    if (loop_send_route(rd, to, &m) < 0)
         log_debug("Reconnect not sent: %s", river_err_detail());
 }
 
@@ -185,7 +185,7 @@ int workers_drain(riverd_t *rd, worker_t *w, uint32_t deadline_ms)
     river__worker__daemon_message__init(&m);
     m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_DRAIN;
     m.drain = &d;
-    router_send_worker(rd, w, &m);
+    loop_send_worker(rd, w, &m);
     /* New requests of its sessions go elsewhere from now on. */
     dispatch_forget_worker(rd, w);
     log_info("worker %s draining (%d requests left, deadline %u ms)", w->id, w->assigned,
@@ -280,7 +280,7 @@ static void workers__on_ready(riverd_t *rd, const route_t *from, const char *pee
     river__worker__daemon_message__init(&dm);
     dm.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_WELCOME;
     dm.welcome = &wel;
-    router_send_worker(rd, w, &dm);
+    loop_send_worker(rd, w, &dm);
     log_info("worker %s ready%s%s: model %s, %u sequences, %u of %u KV pages free%s", w->id,
              w->peer[0] ? " from " : "", w->peer, w->caps.model, w->caps.max_seqs,
              w->kv_pages_free, w->caps.kv_pages_total, w->slot >= 0 ? " (supervised)" : "");

@@ -1,6 +1,6 @@
 /* The poll loop: three ROUTER sockets, the signal descriptor and the HTTP server's epoll
  * descriptor in one zmq_poll whose timeout is the next timer; periodic work in one place
- * (router__tick). Also the frame I/O every other part goes through. */
+ * (loop__tick). Also the frame I/O every other part goes through. */
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
@@ -19,31 +19,31 @@
 
 /* Messages read from one socket before the loop looks at the others, so that a flood on
  * one link cannot starve the rest. */
-#define ROUTER_BATCH 256
+#define LOOP_BATCH 256
 /* Longest wait of the poll loop when no timer is due: a ceiling, not a tick. */
-#define ROUTER_MAX_WAIT_MS 60000
+#define LOOP_MAX_WAIT_MS 60000
 /* Messages queued to one worker: Submits and Cancels are few, so reaching this means
  * the worker stopped reading. */
-#define ROUTER_WORKER_HWM 100000
+#define LOOP_WORKER_HWM 100000
 /* Frames beyond two per allowed request that a client connection may have waiting (pings
  * of the library, a request refused and sent again). */
-#define ROUTER_CLIENT_RCVHWM_SLACK 16
+#define LOOP_CLIENT_RCVHWM_SLACK 16
 /* Frames past max_frame_bytes up to this many times it still reach riverd and get an
  * error reply; larger ones make ZMQ drop the connection before they use the memory. */
-#define ROUTER_OVERSIZE_FACTOR 4
+#define LOOP_OVERSIZE_FACTOR 4
 /* How often riverd hands the heap pages freed since to the kernel (malloc_trim). */
-#define ROUTER_TRIM_MS 30000
+#define LOOP_TRIM_MS 30000
 
 /* ---- Sockets ---- */
 
-static int router__socket(riverd_t *rd, void **out, const char *what, bool mandatory,
+static int loop__socket(riverd_t *rd, void **out, const char *what, bool mandatory,
                           int sndhwm, int rcvhwm)
 {
     void *s = zmq_socket(rd->zctx, ZMQ_ROUTER);
     if (!s)
         return river_err_set(RIVER_ESYS, "%s socket: %s", what, zmq_strerror(zmq_errno()));
     int one = 1, linger = 1000;
-    int64_t maxmsg = (int64_t)rd->cfg.max_frame_bytes * ROUTER_OVERSIZE_FACTOR;
+    int64_t maxmsg = (int64_t)rd->cfg.max_frame_bytes * LOOP_OVERSIZE_FACTOR;
     /* ROUTER_MANDATORY turns a reply to a peer that went away into EHOSTUNREACH instead
      * of a silent drop, which is how riverd learns that a client left or a worker's
      * connection is gone. */
@@ -60,7 +60,7 @@ static int router__socket(riverd_t *rd, void **out, const char *what, bool manda
     return 0;
 }
 
-static int router__bind(void *s, const char *endpoint, const char *what, char *bound,
+static int loop__bind(void *s, const char *endpoint, const char *what, char *bound,
                         size_t cap)
 {
     if (zmq_bind(s, endpoint) != 0)
@@ -83,7 +83,7 @@ static int router__bind(void *s, const char *endpoint, const char *what, char *b
     return 0;
 }
 
-int router_open(riverd_t *rd)
+int loop_open(riverd_t *rd)
 {
     int rc;
     rd->sig_fd = -1;
@@ -114,11 +114,11 @@ int router_open(riverd_t *rd)
      * a Generate and a Cancel for each request it may have (limits.max_requests_per_client)
      * and a few more. Past it ZMQ stops reading that connection (TCP pushes back on the
      * client) instead of queueing up to its default of 1000 frames, each of up to
-     * ROUTER_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. It is set
+     * LOOP_OVERSIZE_FACTOR times limits.max_frame_bytes, per connection. It is set
      * when the socket is made and a reload leaves it: it only holds back a client that
      * outruns this loop, while dispatch.c applies the limit itself live. */
-    int client_rcvhwm = 2 * rd->cfg.max_requests_per_client + ROUTER_CLIENT_RCVHWM_SLACK;
-    rc = router__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog,
+    int client_rcvhwm = 2 * rd->cfg.max_requests_per_client + LOOP_CLIENT_RCVHWM_SLACK;
+    rc = loop__socket(rd, &rd->clients, "client", true, rd->cfg.max_client_backlog,
                         client_rcvhwm);
     if (rc < 0)
         goto fail;
@@ -126,9 +126,9 @@ int router_open(riverd_t *rd)
     if (rc < 0)
         goto fail;
     for (int i = 0; i < rd->cfg.clients.n; i++)
-        if ((rc = router__bind(rd->clients, rd->cfg.clients.v[i], "clients", NULL, 0)) < 0)
+        if ((rc = loop__bind(rd->clients, rd->cfg.clients.v[i], "clients", NULL, 0)) < 0)
             goto fail;
-    rc = router__socket(rd, &rd->workers, "worker", true, ROUTER_WORKER_HWM, 0);
+    rc = loop__socket(rd, &rd->workers, "worker", true, LOOP_WORKER_HWM, 0);
     if (rc < 0)
         goto fail;
     rc = auth_secure_socket(rd->auth, rd->zctx, rd->workers, AUTH_ROLE_WORKER, "worker");
@@ -151,18 +151,18 @@ int router_open(riverd_t *rd)
         const char *ep = rd->cfg.workers.v[i];
         if (!strncmp(ep, "ipc://", 6) && strncmp(rd->worker_endpoint, "ipc://", 6))
             rd->worker_endpoint[0] = '\0';
-        if ((rc = router__bind(rd->workers, ep, "workers", rd->worker_endpoint,
+        if ((rc = loop__bind(rd->workers, ep, "workers", rd->worker_endpoint,
                                sizeof rd->worker_endpoint)) < 0)
             goto fail;
     }
     if (rd->cfg.admin[0]) {
-        rc = router__socket(rd, &rd->admin, "admin", false, 0, 0);
+        rc = loop__socket(rd, &rd->admin, "admin", false, 0, 0);
         if (rc < 0)
             goto fail;
         rc = auth_secure_socket(rd->auth, rd->zctx, rd->admin, AUTH_ROLE_ADMIN, "admin");
         if (rc < 0)
             goto fail;
-        if ((rc = router__bind(rd->admin, rd->cfg.admin, "admin", NULL, 0)) < 0)
+        if ((rc = loop__bind(rd->admin, rd->cfg.admin, "admin", NULL, 0)) < 0)
             goto fail;
     }
 
@@ -177,11 +177,11 @@ int router_open(riverd_t *rd)
     }
     return 0;
 fail:
-    router_close(rd);
+    loop_close(rd);
     return rc;
 }
 
-void router_close(riverd_t *rd)
+void loop_close(riverd_t *rd)
 {
     if (rd->sig_fd >= 0)
         close(rd->sig_fd);
@@ -206,7 +206,7 @@ void router_close(riverd_t *rd)
  * 2 when the message had the wrong shape, 3 when its sender's key may not use this socket
  * (`role`; auth.c logged it, river_err_detail() says why): in both cases it is consumed and
  * *from is valid. <0 on error. */
-static int router__recv(riverd_t *rd, void *s, int role, route_t *from, zmq_msg_t *payload)
+static int loop__recv(riverd_t *rd, void *s, int role, route_t *from, zmq_msg_t *payload)
 {
     zmq_msg_t f;
     zmq_msg_init(&f);
@@ -279,7 +279,7 @@ static int router__recv(riverd_t *rd, void *s, int role, route_t *from, zmq_msg_
 
 /* Sends m (taken) to `to`. A full queue (the peer is not reading) is RIVER_EFULL, anything
  * else that fails RIVER_EIO. */
-static int router__send_msg(void *s, const route_t *to, zmq_msg_t *m)
+static int loop__send_msg(void *s, const route_t *to, zmq_msg_t *m)
 {
     if (zmq_send(s, to->id, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         goto fail;
@@ -296,7 +296,7 @@ fail:;
     return river_err_set(RIVER_EIO, "%s", e == EHOSTUNREACH ? "peer is gone" : zmq_strerror(e));
 }
 
-static int router__send(void *s, const route_t *to, const ProtobufCMessage *env)
+static int loop__send(void *s, const route_t *to, const ProtobufCMessage *env)
 {
     if (!s)
         return river_err_set(RIVER_EIO, "socket closed");
@@ -307,15 +307,15 @@ static int router__send(void *s, const route_t *to, const ProtobufCMessage *env)
         log_error("cannot encode a %s: %s", frame_case_name(env), river_err_detail());
         return rc;
     }
-    return router__send_msg(s, to, &m);
+    return loop__send_msg(s, to, &m);
 }
 
-int router_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r)
+int loop_send_client(riverd_t *rd, const route_t *to, const River__Client__ClientReply *r)
 {
-    return router__send(rd->clients, to, &r->base);
+    return loop__send(rd->clients, to, &r->base);
 }
 
-int router_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len)
+int loop_send_client_frame(riverd_t *rd, const route_t *to, const void *frame, size_t len)
 {
     if (!rd->clients)
         return river_err_set(RIVER_EIO, "socket closed");
@@ -323,10 +323,10 @@ int router_send_client_frame(riverd_t *rd, const route_t *to, const void *frame,
     if (zmq_msg_init_size(&m, len) != 0)
         return river_err_set(RIVER_ENOMEM, "reply of %zu bytes", len);
     memcpy(zmq_msg_data(&m), frame, len);
-    return router__send_msg(rd->clients, to, &m);
+    return loop__send_msg(rd->clients, to, &m);
 }
 
-int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
+int loop_send_error(riverd_t *rd, const route_t *to, const char *rid,
                       River__Client__Error__Code code, const char *fmt, ...)
 {
     char msg[1024];
@@ -342,17 +342,17 @@ int router_send_error(riverd_t *rd, const route_t *to, const char *rid,
         zmq_msg_close(&m);
         return rc;
     }
-    return router__send_msg(rd->clients, to, &m);
+    return loop__send_msg(rd->clients, to, &m);
 }
 
-int router_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m)
+int loop_send_route(riverd_t *rd, const route_t *to, const River__Worker__DaemonMessage *m)
 {
-    return router__send(rd->workers, to, &m->base);
+    return loop__send(rd->workers, to, &m->base);
 }
 
-int router_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMessage *m)
+int loop_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMessage *m)
 {
-    int rc = router__send(rd->workers, &w->route, &m->base);
+    int rc = loop__send(rd->workers, &w->route, &m->base);
     if (rc == 0)
         w->last_sent_ms = clock_now_ms();
     else if (w->state != WORKER_DEAD && !w->unreachable) {
@@ -365,19 +365,19 @@ int router_send_worker(riverd_t *rd, worker_t *w, const River__Worker__DaemonMes
     return rc;
 }
 
-int router_send_admin(riverd_t *rd, const route_t *to, const River__Admin__AdminReply *r)
+int loop_send_admin(riverd_t *rd, const route_t *to, const River__Admin__AdminReply *r)
 {
-    return router__send(rd->admin, to, &r->base);
+    return loop__send(rd->admin, to, &r->base);
 }
 
 /* ---- Readers, one per socket ---- */
 
-static void router__on_clients(riverd_t *rd)
+static void loop__on_clients(riverd_t *rd)
 {
-    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+    for (int i = 0; i < LOOP_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd, rd->clients, AUTH_ROLE_CLIENT, &from, &p);
+        int rc = loop__recv(rd, rd->clients, AUTH_ROLE_CLIENT, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("clients: %s", river_err_detail());
@@ -386,13 +386,13 @@ static void router__on_clients(riverd_t *rd)
         if (rc == 3) {
             /* The key is allowed somewhere (its handshake passed), just not here: say so,
              * which tells its owner nothing they do not know. */
-            router_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__UNAUTHENTICATED,
+            loop_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__UNAUTHENTICATED,
                               "%s", river_err_detail());
             continue;
         }
         rd->metrics.bad_frames += rc == 2;
         if (rc == 2) {
-            router_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT,
+            loop_send_error(rd, &from, "", RIVER__CLIENT__ERROR__CODE__INVALID_ARGUMENT,
                               "frame: expected one ClientRequest frame after the routing "
                               "id");
             continue;
@@ -405,7 +405,7 @@ static void router__on_clients(riverd_t *rd)
             rd->metrics.bad_frames++;
             log_debug("bad client frame: %s", river_err_detail());
             /* An oversize frame is a breach of a configured limit: the reply names it. */
-            router_send_error(rd, &from, "", frame_error_code(e), "%s%s", river_err_detail(),
+            loop_send_error(rd, &from, "", frame_error_code(e), "%s%s", river_err_detail(),
                               e == RIVER_ERANGE ? " (limits.max_frame_bytes)" : "");
             continue;
         }
@@ -413,12 +413,12 @@ static void router__on_clients(riverd_t *rd)
     }
 }
 
-static void router__on_workers(riverd_t *rd)
+static void loop__on_workers(riverd_t *rd)
 {
-    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+    for (int i = 0; i < LOOP_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd, rd->workers, AUTH_ROLE_WORKER, &from, &p);
+        int rc = loop__recv(rd, rd->workers, AUTH_ROLE_WORKER, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("workers: %s", river_err_detail());
@@ -454,12 +454,12 @@ static void router__on_workers(riverd_t *rd)
     }
 }
 
-static void router__on_admin(riverd_t *rd)
+static void loop__on_admin(riverd_t *rd)
 {
-    for (int i = 0; i < ROUTER_BATCH && !rd->stop; i++) {
+    for (int i = 0; i < LOOP_BATCH && !rd->stop; i++) {
         route_t from;
         zmq_msg_t p;
-        int rc = router__recv(rd, rd->admin, AUTH_ROLE_ADMIN, &from, &p);
+        int rc = loop__recv(rd, rd->admin, AUTH_ROLE_ADMIN, &from, &p);
         if (rc <= 0) {
             if (rc < 0)
                 log_error("admin: %s", river_err_detail());
@@ -485,7 +485,7 @@ static void router__on_admin(riverd_t *rd)
             river__admin__admin_reply__init(&r);
             r.kind_case = RIVER__ADMIN__ADMIN_REPLY__KIND_ERROR;
             r.error = &err;
-            router_send_admin(rd, &from, &r);
+            loop_send_admin(rd, &from, &r);
             continue;
         }
         admin_on_request(rd, &from, (River__Admin__AdminRequest *)m);
@@ -497,7 +497,7 @@ static void router__on_admin(riverd_t *rd)
  * arena, what it holds from the system and what of that is free) on stderr, the log, so
  * that memory growth can be told apart into live allocations and fragmentation without
  * stopping the process under a debugger. */
-static void router__malloc_info(void)
+static void loop__malloc_info(void)
 {
     fprintf(stderr, "riverd: malloc_info at %lld ms\n", (long long)clock_now_ms());
     if (malloc_info(0, stderr) != 0)
@@ -505,7 +505,7 @@ static void router__malloc_info(void)
     fflush(stderr);
 }
 
-static void router__on_signals(riverd_t *rd)
+static void loop__on_signals(riverd_t *rd)
 {
     struct signalfd_siginfo si;
     ssize_t n;
@@ -530,7 +530,7 @@ static void router__on_signals(riverd_t *rd)
             supervise_reap(rd);
             break;
         case SIGUSR1:
-            router__malloc_info();
+            loop__malloc_info();
             break;
         default:
             break;
@@ -546,7 +546,7 @@ static void router__on_signals(riverd_t *rd)
  * the one before: reloads and restarts first, then worker liveness (which may put
  * requests back in the queue), then dispatch (deadlines and the queue), then the drain
  * and what systemd is told. */
-static void router__tick(riverd_t *rd, int64_t now)
+static void loop__tick(riverd_t *rd, int64_t now)
 {
     if (rd->reload_pending) {
         rd->reload_pending = false;
@@ -565,7 +565,7 @@ static void router__tick(riverd_t *rd, int64_t now)
      * rather than at the highest it ever used; it costs a walk of the free lists. */
     if (now >= rd->next_trim_ms) {
         malloc_trim(0);
-        rd->next_trim_ms = now + ROUTER_TRIM_MS;
+        rd->next_trim_ms = now + LOOP_TRIM_MS;
     }
     if (rd->draining) {
         if (rd->n_queued == 0 && rd->n_running == 0) {
@@ -582,42 +582,42 @@ static void router__tick(riverd_t *rd, int64_t now)
     riverd_notify_status(rd, now, false);
 }
 
-static int64_t router__next(riverd_t *rd, int64_t now)
+static int64_t loop__next(riverd_t *rd, int64_t now)
 {
-    int64_t next = now + ROUTER_MAX_WAIT_MS;
-#define ROUTER_MIN(t)                                                                     \
+    int64_t next = now + LOOP_MAX_WAIT_MS;
+#define LOOP_MIN(t)                                                                     \
     do {                                                                                  \
         int64_t t_ = (t);                                                                 \
         if (t_ > 0 && t_ < next)                                                          \
             next = t_;                                                                    \
     } while (0)
-    ROUTER_MIN(workers_next_ms(rd, now));
-    ROUTER_MIN(dispatch_next_ms(rd, now));
-    ROUTER_MIN(supervise_next_ms(rd, now));
+    LOOP_MIN(workers_next_ms(rd, now));
+    LOOP_MIN(dispatch_next_ms(rd, now));
+    LOOP_MIN(supervise_next_ms(rd, now));
     int64_t h = http_timeout_ms(rd->http);
     if (h >= 0)
-        ROUTER_MIN(now + h);
+        LOOP_MIN(now + h);
     if (rd->watchdog_ms)
-        ROUTER_MIN(rd->next_watchdog_ms);
-    ROUTER_MIN(rd->next_status_ms);
-    ROUTER_MIN(rd->next_trim_ms);
+        LOOP_MIN(rd->next_watchdog_ms);
+    LOOP_MIN(rd->next_status_ms);
+    LOOP_MIN(rd->next_trim_ms);
     if (rd->draining)
-        ROUTER_MIN(rd->drain_deadline_ms);
-#undef ROUTER_MIN
+        LOOP_MIN(rd->drain_deadline_ms);
+#undef LOOP_MIN
     return next;
 }
 
-int router_run(riverd_t *rd)
+int loop_run(riverd_t *rd)
 {
     /* Authentication watches up to four sockets of its own: zauth's log and the monitors
      * of the three ROUTER sockets. */
     enum { P_CLIENTS, P_WORKERS, P_SIGNALS, P_ADMIN, P_HTTP, P_AUTH, P_COUNT = P_AUTH + 4 };
     while (!rd->stop) {
         int64_t now = clock_now_ms();
-        router__tick(rd, now);
+        loop__tick(rd, now);
         if (rd->stop)
             break;
-        int64_t wait = router__next(rd, now) - now;
+        int64_t wait = loop__next(rd, now) - now;
         if (wait < 0)
             wait = 0;
 
@@ -657,10 +657,10 @@ int router_run(riverd_t *rd)
             if (!(items[i].revents & ZMQ_POLLIN))
                 continue;
             switch (kinds[i]) {
-            case P_CLIENTS: router__on_clients(rd); break;
-            case P_WORKERS: router__on_workers(rd); break;
-            case P_SIGNALS: router__on_signals(rd); break;
-            case P_ADMIN: router__on_admin(rd); break;
+            case P_CLIENTS: loop__on_clients(rd); break;
+            case P_WORKERS: loop__on_workers(rd); break;
+            case P_SIGNALS: loop__on_signals(rd); break;
+            case P_ADMIN: loop__on_admin(rd); break;
             default: break;
             }
         }
