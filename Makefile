@@ -321,7 +321,7 @@ $(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(COMMON_LIB)
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $(SERVE_BINS) $(RIVER_BIN)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ) $(SCHEMA_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
 
 # The include matrix of scripts/check-layers.sh (docs/ARCHITECTURE.md, "Folders"); `make
 # test` runs it as a suite (scripts/test-check-layers.sh), with a tree that breaks it.
@@ -364,10 +364,14 @@ build-test-multihost: build-all
 FUZZ_SECONDS ?= 60
 # The split-pair target drives the worker's pair code (and what it calls of the link; the
 # log is common/log.c); the regression suite, which runs every target, links it too.
+# riverd's and the worker's configuration schemas, for the config suite and the targets that
+# read those files without the programs.
+SCHEMA_OBJ := $(BUILD)/daemon/config_schema.o $(BUILD)/workers/config_schema.o
 FUZZ_WORKER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard workers/pair*.c)) \
-                   $(BUILD)/workers/link.o \
+                   $(BUILD)/workers/link.o $(SCHEMA_OBJ) \
                    $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
+$(BUILD)/tests/test_config: $(SCHEMA_OBJ)
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)
 FUZZ         ?= $(FUZZ_ALL)

@@ -466,7 +466,7 @@ int cmd_eval(int argc, char **argv)
                 "{s:s, s:s, s:s, s:f, s:f, s:o, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}",
                 "policy", exit_rule_name(sc.policy.rule), "strategy",
                 exit_kv_name(sc.policy.kv), "aggregation",
-                sc.policy.agg == EXIT_AGG_ROW ? "row" : "min", "tau", (double)sc.policy.tau,
+                exit_agg_name(sc.policy.agg), "tau", (double)sc.policy.tau,
                 "mean_exit_layer", mean_depth, "exit_histogram", h, "match_rate",
                 (double)match / (double)n_tok, "kl", kl / (double)n_tok, "tok_s", tok_s,
                 "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup", ideal,

@@ -53,14 +53,13 @@ int exit_opts_parse(exit_opts_t *xo, int c, const char *arg)
         xo->policy.kv = (exit_kv_t)r;
         return 1;
     }
-    case EXIT_OPT_AGGREGATION:
-        if (!strcmp(arg, "min"))
-            xo->policy.agg = EXIT_AGG_MIN;
-        else if (!strcmp(arg, "row"))
-            xo->policy.agg = EXIT_AGG_ROW;
-        else
+    case EXIT_OPT_AGGREGATION: {
+        int r = exit_agg_parse(arg);
+        if (r < 0)
             return -1;
+        xo->policy.agg = (exit_agg_t)r;
         return 1;
+    }
     case EXIT_OPT_RIVER: xo->river_path = arg; return 1;
     case EXIT_OPT_ROUTERS: xo->routers_path = arg; return 1;
     case EXIT_OPT_NO_COST_MODEL: xo->policy.split_cost_model = 0; return 1;

@@ -1,4 +1,6 @@
-/* YAML configuration for riverd and river-worker, read with libyaml against a schema.
+/* YAML configuration files, read with libyaml against a schema that each program keeps
+ * with its own code (riverd: daemon/config.h, river-worker: workers/config.h,
+ * river-gateway: gateway/gateway.h).
  *
  * A schema is a table of keys, each with its type, where it lives in the configuration
  * struct, its range, its default (as YAML text) and a line of documentation. Nested
@@ -110,8 +112,9 @@ int config_write(const config_schema_t *s, const void *cfg, FILE *f);
 /* The key of that dotted name, or NULL. */
 const config_key_t *config_find_key(const config_schema_t *s, const char *name);
 
-/* ---- The two configurations ---- */
+/* ---- What every process's schema shares ---- */
 
+/* log_level of riverd, river-worker and river-gateway (common/log.h). */
 typedef enum {
     CONFIG_LOG_ERROR = 0,
     CONFIG_LOG_WARN,
@@ -119,105 +122,15 @@ typedef enum {
     CONFIG_LOG_DEBUG,
 } config_log_level_t;
 
-typedef enum {
-    CONFIG_ROLE_FULL = 0, /* the whole model */
-    CONFIG_ROLE_RIVER,    /* split pair: shallow backbone and the Exit River */
-    CONFIG_ROLE_BACKBONE, /* split pair: the backbone past the offload boundary */
-} config_role_t;
-
-/* In the order of the weights key's names: a CPU worker's matrices copied into huge pages,
- * or read in the mapped checkpoint (BACKEND_WEIGHTS_COPY / _MAPPED, kernels/backend.h). */
-typedef enum {
-    CONFIG_WEIGHTS_COPY = 0,
-    CONFIG_WEIGHTS_MAPPED,
-} config_weights_t;
-
-/* auth.mode of riverd and river-worker. */
+/* auth.mode of riverd, river-worker and river-gateway. */
 typedef enum {
     CONFIG_AUTH_CURVE = 0, /* CurveZMQ: encrypted, every peer's key checked (the default) */
     CONFIG_AUTH_PLAIN,     /* ZMQ's NULL mechanism: neither encryption nor authentication */
 } config_auth_mode_t;
 
-/* riverd's placement of requests that have no session binding. */
-typedef enum {
-    CONFIG_PLACEMENT_PREFIX = 0, /* the longest cached prefix, then load (the default) */
-    CONFIG_PLACEMENT_LOAD,       /* free sequence slots, then free KV pages */
-} config_placement_t;
-
-/* One entry of riverd's local_workers: workers riverd starts and restarts itself. */
-typedef struct config_local_workers {
-    int count;
-    char *config; /* the workers' configuration file */
-} config_local_workers_t;
-
-typedef struct config_riverd {
-    config_strv_t clients;     /* endpoints.clients: ZMQ addresses bound for clients */
-    config_strv_t workers;     /* endpoints.workers: ... for workers */
-    char *admin;               /* endpoints.admin */
-    int metrics_port;          /* endpoints.metrics_port, 0: off */
-    char *metrics_address;     /* endpoints.metrics_address: IPv4 address the HTTP port binds */
-    int queue_length;          /* requests waiting for a worker before RESOURCE_EXHAUSTED */
-    int placement;             /* config_placement_t */
-    int max_prompt_tokens;     /* limits.* */
-    int max_prompt_bytes;      /* text prompts, before the worker tokenizes them */
-    int max_tokens;
-    int max_stop_strings;
-    int max_stop_length;       /* bytes of one stop string */
-    int max_frame_bytes;
-    int max_requests_per_client; /* queued or running, per client connection */
-    int max_client_backlog;    /* replies queued to one client that does not read them */
-    int64_t heartbeat_ms;      /* heartbeat.interval */
-    int heartbeat_liveness;    /* heartbeat.liveness: missed beats before a peer is dead */
-    int64_t drain_timeout_ms;
-    config_items_t local_workers; /* config_local_workers_t */
-    int log_level;             /* config_log_level_t */
-    /* auth.*: key paths relative to the configuration file's directory. */
-    int auth_mode;             /* config_auth_mode_t */
-    char *auth_secret_key;     /* riverd's secret certificate (NAME.key_secret) */
-    char *auth_clients;        /* directories of the public certificates (NAME.key) */
-    char *auth_workers;        /*   allowed on each endpoint */
-    char *auth_admin;
-} config_riverd_t;
-
-typedef struct config_worker {
-    char *riverd;              /* riverd's worker endpoint */
-    char *id;                  /* "": host name and process id */
-    int role;                  /* config_role_t */
-    char *model;
-    char *tokenizer;           /* "": beside the model */
-    char *river;               /* Exit River file, "": none */
-    char *routers;             /* router file, "": none */
-    char *device;              /* "cpu", "cuda", "cuda:N" (kernels/backend.h) */
-    int threads;               /* 0: every core */
-    int weights;               /* config_weights_t */
-    int max_batch_rows;
-    int max_seqs;
-    int prefill_chunk;
-    int kv_page_size;          /* kv.page_size */
-    int kv_pages;              /* kv.pages, 0: enough for max_seqs full contexts */
-    bool prefix_cache_enabled; /* prefix_cache.enabled */
-    int prefix_cache_pages;    /* prefix_cache.pages, 0: the pool */
-    int exit_rule;             /* exit.rule: exit_rule_t (engine/exit.h) */
-    double exit_tau;
-    double exit_theta;
-    int exit_layer;
-    int exit_aggregation;      /* exit.aggregation: exit_agg_t */
-    int exit_mode;             /* exit.mode: 0 lossy, 1 lossless (CONFIG_EXIT_MODE_*) */
-    int exit_draft_tokens;     /* exit.draft_tokens: most draft tokens per verify pass */
-    int split_boundary;        /* split.boundary: first layer on the backbone worker */
-    char *split_peer;          /* split.peer */
-    int split_transport;       /* split.transport: pair_transport_kind_t (workers/
-                                  pair_transport.h) */
-    int64_t reconnect_backoff_max_ms; /* reconnect.backoff_max */
-    int log_level;             /* config_log_level_t */
-    int auth_mode;             /* auth.mode: config_auth_mode_t */
-    char *auth_secret_key;     /* this worker's secret certificate */
-    char *auth_server_key;     /* riverd's public certificate */
-} config_worker_t;
-
-enum { CONFIG_EXIT_MODE_LOSSY = 0, CONFIG_EXIT_MODE_LOSSLESS };
-
-extern const config_schema_t config_schema_riverd; /* config_riverd_t */
-extern const config_schema_t config_schema_worker; /* config_worker_t */
+/* Their names, in the order of the enums, NULL-terminated: the `choices` of the log_level
+ * and auth.mode keys of every schema. */
+extern const char *const config_log_level_names[];
+extern const char *const config_auth_mode_names[];
 
 #endif

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "daemon/config.h"
 #include "common/frame.h"
 #include "common/log.h"
 #include "daemon/hmap.h"

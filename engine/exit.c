@@ -3,13 +3,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const exit__rules[] = {"none", "cosine", "router", "fixed"};
+/* NULL-terminated, so that configuration schemas can take them as an enum's choices. */
+const char *const exit_rule_names[] = {"none", "cosine", "router", "fixed", NULL};
+const char *const exit_agg_names[] = {"min", "row", NULL};
 static const char *const exit__kvs[] = {"river", "mask", "propagate", "recompute", "mono",
                                         "posthoc"};
 
+/* The name at index i of a NULL-terminated table, "?" past its end. */
+static const char *exit__name(const char *const *names, unsigned i)
+{
+    for (unsigned k = 0; names[k]; k++)
+        if (k == i)
+            return names[k];
+    return "?";
+}
+
+static int exit__parse(const char *const *names, const char *s)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(s, names[i]))
+            return i;
+    return -1;
+}
+
 const char *exit_rule_name(exit_rule_t r)
 {
-    return (unsigned)r < sizeof exit__rules / sizeof exit__rules[0] ? exit__rules[r] : "?";
+    return exit__name(exit_rule_names, (unsigned)r);
+}
+
+const char *exit_agg_name(exit_agg_t a)
+{
+    return exit__name(exit_agg_names, (unsigned)a);
 }
 
 const char *exit_kv_name(exit_kv_t k)
@@ -19,10 +43,12 @@ const char *exit_kv_name(exit_kv_t k)
 
 int exit_rule_parse(const char *s)
 {
-    for (size_t i = 0; i < sizeof exit__rules / sizeof exit__rules[0]; i++)
-        if (!strcmp(s, exit__rules[i]))
-            return (int)i;
-    return -1;
+    return exit__parse(exit_rule_names, s);
+}
+
+int exit_agg_parse(const char *s)
+{
+    return exit__parse(exit_agg_names, s);
 }
 
 int exit_kv_parse(const char *s)

@@ -20,7 +20,7 @@
 #include <zmq.h>
 
 #include "client/river_client.h"
-#include "common/config.h"
+#include "daemon/config.h"
 #include "common/err.h"
 #include "common/frame.h"
 #include "text/chat_template.h"
@@ -35,6 +35,7 @@
 #include "gateway/gateway.h"
 #include "kernels/cpu/cpu.h"
 #include "proto/river_pair.pb-c.h"
+#include "workers/config.h"
 #include "workers/link.h"
 #include "workers/pair.h"
 #include "common/log.h"

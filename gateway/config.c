@@ -5,9 +5,6 @@
 
 #include "gateway/gateway.h"
 
-static const char *const gw_config__log_levels[] = {"error", "warn", "info", "debug", NULL};
-static const char *const gw_config__auth_modes[] = {"curve", "plain", NULL};
-
 #define GW_ENUM(...) CONFIG_ENUM_KEY(gw_config_t, __VA_ARGS__)
 
 #define MD(...) CONFIG_KEY(gw_model_cfg_t, __VA_ARGS__)
@@ -43,7 +40,7 @@ static const config_key_t gw_config__keys[] = {
                          "to this file's directory."),
     GW("riverd.endpoint", CONFIG_STRING, riverd_endpoint, 0, 0, "tcp://127.0.0.1:5555",
        "riverd's client endpoint (endpoints.clients in riverd.yaml)."),
-    GW_ENUM("riverd.auth_mode", auth_mode, gw_config__auth_modes, "curve",
+    GW_ENUM("riverd.auth_mode", auth_mode, config_auth_mode_names, "curve",
             "curve (riverd's default), or plain for a riverd whose auth.mode is plain."),
     GW("riverd.secret_key", CONFIG_STRING, secret_key, 0, 0, "keys/gateway.key_secret",
        "The gateway's secret key (riverctl keygen gateway); its public half goes into "
@@ -80,7 +77,7 @@ static const config_key_t gw_config__keys[] = {
     CONFIG_SECTION_KEY("sampling", "Defaults for what a request leaves out."),
     GW("sampling.default_temperature", CONFIG_FLOAT, default_temperature, 0, 2, "1.0",
        "Temperature of a request without one; OpenAI's default is 1 (0: greedy)."),
-    GW_ENUM("log_level", log_level, gw_config__log_levels, "info",
+    GW_ENUM("log_level", log_level, config_log_level_names, "info",
             "Least severe messages logged: error, warn, info or debug."),
 };
 #undef GW

@@ -5,7 +5,9 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "daemon/config.h"
 #include "engine/exit.h"
+#include "workers/config.h"
 #include "workers/pair_transport.h"
 #include "tests/testutil.h"
 

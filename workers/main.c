@@ -32,7 +32,6 @@
 
 #include "common/clock.h"
 #include "engine/exit_setup.h"
-#include "common/config.h"
 #include "common/err.h"
 #include "common/keys.h"
 #include "engine/engine_open.h"
@@ -43,6 +42,7 @@
 #include "engine/river.h"
 #include "kernels/backend.h"
 #include "workers/link.h"
+#include "workers/config.h"
 #include "workers/pair.h"
 #include "workers/pair_transport.h"
 #include "workers/sched.h"

@@ -27,7 +27,7 @@
 #include "kernels/ops.h"
 #include "proto/river_pair.pb-c.h"
 
-/* In the order of split.transport's names (common/config_schema.c) and PairHello.transport. */
+/* In the order of split.transport's names (workers/config_schema.c) and PairHello.transport. */
 typedef enum {
     PAIR_TRANSPORT_AUTO = 0, /* configuration only: what the backend asks for */
     PAIR_TRANSPORT_ZMQ,
