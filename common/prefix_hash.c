@@ -1,8 +1,8 @@
 #include "common/prefix_hash.h"
+#include "common/rng.h"
 
 #include <string.h>
 
-#include "common/rng.h"
 
 static uint64_t prefix__text(uint64_t h, const char *s)
 {

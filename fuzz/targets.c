@@ -3,7 +3,6 @@
  * would open a downloaded checkpoint. Handlers of a peer's frames are driven through their
  * real sockets: the target plays the peer (riverd for the client library, the other half
  * for the split pair) over ipc:// in the same directory. */
-#include "common/clock.h"
 #include "fuzz/targets.h"
 
 #include <errno.h>
@@ -21,8 +20,10 @@
 
 #include "client/river_client.h"
 #include "daemon/config.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "common/log.h"
 #include "text/chat_template.h"
 #include "engine/kv_pool.h"
 #include "model/model.h"
@@ -38,7 +39,6 @@
 #include "workers/config.h"
 #include "workers/link.h"
 #include "workers/pair.h"
-#include "common/log.h"
 
 /* A per-process directory, created on first use and removed at exit with what is in it;
  * NULL when it cannot be made (the file targets then do nothing: no input can be blamed). */

@@ -1,6 +1,5 @@
 /* A fake riverd: riverd's end of the worker link, driven by a test; tests/fakerd.h says
  * what each function does. */
-#include "common/clock.h"
 #include "tests/fakerd.h"
 
 #include <signal.h>
@@ -10,6 +9,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"

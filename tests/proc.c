@@ -1,6 +1,5 @@
 /* Time, file and process helpers for the suites that run River's programs as processes;
  * tests/proc.h says what each does. */
-#include "common/clock.h"
 #include "tests/proc.h"
 
 #include <errno.h>
@@ -17,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "tests/testutil.h"
 
 /* ---- Time ---- */

@@ -30,11 +30,12 @@
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
-#include "common/clock.h"
 #include "engine/exit_setup.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/keys.h"
 #include "engine/engine_open.h"
+#include "common/log.h"
 #include "common/prefix_hash.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
@@ -46,7 +47,6 @@
 #include "workers/pair.h"
 #include "workers/pair_transport.h"
 #include "workers/sched.h"
-#include "common/log.h"
 
 /* What a signal leaves running requests before they fail with UNAVAILABLE. */
 #define WORKER_TERM_GRACE_MS 5000

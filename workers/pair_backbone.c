@@ -1,6 +1,5 @@
 /* The backbone side of the split pair: answers hellos, runs the layers the river asks for
  * on the shared KV pool, watches the river's liveness (workers/pair.h). */
-#include "common/clock.h"
 #include "workers/pair.h"
 
 #include <errno.h>
@@ -12,13 +11,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "kernels/backend.h"
 #include "proto/river_pair.pb-c.h"
 #include "workers/link.h"
 #include "workers/pair_transport.h"
 #include "workers/pair_wire.h"
-#include "common/log.h"
 
 /* ---- The backbone side ---- */
 

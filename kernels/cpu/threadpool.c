@@ -7,7 +7,6 @@
  * wait for the tasks to finish, not for every worker to notice the run. The job fields (fn,
  * arg) are read only after a successful claim, when the caller is still waiting for that
  * very task and so cannot have overwritten them. */
-#include "common/clock.h"
 #include "kernels/cpu/threadpool.h"
 
 #include <errno.h>
@@ -23,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 
 /* How long an idle worker polls before it sleeps: long enough to cover the gap between
