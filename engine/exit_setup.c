@@ -1,3 +1,5 @@
+/* Opening what an exit policy needs (exit_setup.h): the Exit River, found beside the model
+ * when none is named, and the TIDE routers, placed where the model is. */
 #include "engine/exit_setup.h"
 
 #include <stdlib.h>

@@ -147,6 +147,18 @@ static int exitriver_declare(safetensors_writer_t *wr, const model_t *m,
     return 0;
 }
 
+/* One quantized matrix's data, in the order exitriver_declare added its tensors. */
+static int exitriver_write(safetensors_writer_t *wr, const quant_matrix_t *q)
+{
+    size_t gbytes = quant_matrix_group_count(q) * sizeof(uint16_t);
+    int err;
+    if ((err = safetensors_writer_write(wr, q->scales, gbytes)) ||
+        (err = safetensors_writer_write(wr, q->zeros, gbytes)) ||
+        (err = safetensors_writer_write(wr, q->codes, quant_matrix_code_bytes(q))))
+        return err;
+    return 0;
+}
+
 int exitriver_build(const model_t *m, const char *path, const exitriver_build_opts_t *o,
                     quant_stats_t *total)
 {
@@ -183,10 +195,7 @@ int exitriver_build(const model_t *m, const char *path, const exitriver_build_op
         if ((err = quant_matrix_new(&q, w->rows, w->cols, hp.bits, hp.group)) ||
             (err = quant_weight(q, w, &hp, pool, &st)))
             goto fail;
-        size_t gbytes = quant_matrix_group_count(q) * sizeof(uint16_t);
-        if ((err = safetensors_writer_write(wr, q->scales, gbytes)) ||
-            (err = safetensors_writer_write(wr, q->zeros, gbytes)) ||
-            (err = safetensors_writer_write(wr, q->codes, quant_matrix_code_bytes(q))))
+        if ((err = exitriver_write(wr, q)))
             goto fail;
         quant_matrix_destroy(&q);
     }
@@ -206,10 +215,7 @@ int exitriver_build(const model_t *m, const char *path, const exitriver_build_op
                               why);
                 goto fail;
             }
-            size_t gbytes = quant_matrix_group_count(q) * sizeof(uint16_t);
-            if ((err = safetensors_writer_write(wr, q->scales, gbytes)) ||
-                (err = safetensors_writer_write(wr, q->zeros, gbytes)) ||
-                (err = safetensors_writer_write(wr, q->codes, quant_matrix_code_bytes(q))))
+            if ((err = exitriver_write(wr, q)))
                 goto fail;
             quant_matrix_destroy(&q);
             quant_stats_add(&layer, &st);

@@ -106,7 +106,7 @@ static int router_calib__line_blank(const char *p, const char *end)
 /* Splits text at blank lines and encodes each document on its own, without special tokens
  * (the caller adds BOS per window). Stops once `enough` tokens are there (0: no limit). */
 static int router_calib__tokenize(calib_docs_t *d, const tokenizer_t *tok, const char *text,
-                            size_t len, int64_t enough)
+                                  size_t len, int64_t enough)
 {
     const char *p = text, *end = text + len;
     while (p < end && (!enough || d->total < enough)) {
