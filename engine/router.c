@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "engine/router_vec.h"
 #include "model/fingerprint.h"
 #include "model/safetensors.h"
 
@@ -57,71 +58,6 @@ float router_softplus(float z)
     return fmaxf(z, 0.0f) + log1pf(expf(-fabsf(z)));
 }
 
-/* The hot loops are written with GCC vector types, 8 floats wide, so that they vectorise at
- * -O2 whatever the cost model, and the two functions that run them are compiled for several
- * x86 levels and picked at load time (target_clones): AVX-512 or AVX2 where the processor
- * has them, SSE2 otherwise. The helpers are always inlined into those clones. Every clone
- * adds the same lanes in the same order (ISO C mode contracts no FMAs), so all of them give
- * bit-identical results. */
-typedef float router_vf __attribute__((vector_size(32)));
-#define ROUTER_INLINE static inline __attribute__((always_inline))
-/* ThreadSanitizer's runtime is not up yet when the dynamic loader runs ifunc resolvers, and
- * an instrumented resolver crashes there: a TSan build gets the default clone only. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define ROUTER_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ROUTER_CLONES
-#endif
-
-/* Unaligned loads and stores through memcpy (a macro: a function returning a 32-byte vector
- * would change the ABI between the clones). */
-#define ROUTER_LD(v, p) memcpy(&(v), (p), sizeof(v))
-#define ROUTER_ST(p, v) memcpy((p), &(v), sizeof(v))
-
-/* sum a[i]*b[i]*c[i] (c may be NULL). */
-ROUTER_INLINE float router__dot3(const float *restrict a, const float *restrict b,
-                                 const float *restrict c, int n)
-{
-    router_vf acc = {0}, va, vb, vc;
-    int i = 0;
-    if (c) {
-        for (; i + 8 <= n; i += 8) {
-            ROUTER_LD(va, a + i);
-            ROUTER_LD(vb, b + i);
-            ROUTER_LD(vc, c + i);
-            acc += va * (vb * vc);
-        }
-    } else {
-        for (; i + 8 <= n; i += 8) {
-            ROUTER_LD(va, a + i);
-            ROUTER_LD(vb, b + i);
-            acc += va * vb;
-        }
-    }
-    float s = 0;
-    for (; i < n; i++)
-        s += a[i] * b[i] * (c ? c[i] : 1.0f);
-    for (int k = 0; k < 8; k++)
-        s += acc[k];
-    return s;
-}
-
-ROUTER_INLINE void router__axpy(float *restrict y, float a, const float *restrict x, int n)
-{
-    int i = 0;
-    router_vf vy, vx;
-    for (; i + 8 <= n; i += 8) {
-        ROUTER_LD(vy, y + i);
-        ROUTER_LD(vx, x + i);
-        vy += a * vx;
-        ROUTER_ST(y + i, vy);
-    }
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
 ROUTER_CLONES
 float router_logit(const router_t *r, const float *h, float *nrm, float *pre)
 {
@@ -143,50 +79,6 @@ float router_logit(const router_t *r, const float *h, float *nrm, float *pre)
         z += r->w_up[j] * (a * router_sigmoid(a));
     }
     return z;
-}
-
-size_t router_scratch_floats(const router_t *r)
-{
-    return 3 * (size_t)r->dim + ROUTER_HIDDEN;
-}
-
-ROUTER_CLONES
-float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
-                       float *scratch)
-{
-    int d = r->dim;
-    float *nrm = scratch;       /* (d) h / rms(h) */
-    float *x = nrm + d;         /* (d) norm * h / rms(h): the input of W_down */
-    float *dx = x + d;          /* (d) dL/dx */
-    float *pre = dx + d;        /* (ROUTER_HIDDEN) W_down . x */
-    float z = router_logit(r, h, nrm, pre);
-    float p = router_sigmoid(z);
-    /* -log p = softplus(-z), -log(1-p) = softplus(z); their z-derivatives are p-1 and p. */
-    float loss = w_pos * y * router_softplus(-z) + (1.0f - y) * router_softplus(z);
-    float dz = w_pos * y * (p - 1.0f) + (1.0f - y) * p;
-    float *g_norm = grad;
-    float *g_down = grad + d;
-    float *g_up = g_down + (size_t)ROUTER_HIDDEN * (size_t)d;
-    for (int i = 0; i < d; i++) {
-        x[i] = r->norm[i] * nrm[i];
-        dx[i] = 0;
-    }
-    for (int j = 0; j < ROUTER_HIDDEN; j++) {
-        float a = pre[j];
-        float s = router_sigmoid(a);
-        g_up[j] += dz * a * s;
-        /* silu'(a) = s * (1 + a * (1 - s)) */
-        float da = dz * r->w_up[j] * s * (1.0f + a * (1.0f - s));
-        if (da == 0.0f)
-            continue;
-        router__axpy(g_down + (size_t)j * (size_t)d, da, x, d);
-        router__axpy(dx, da, r->w_down + (size_t)j * (size_t)d, d);
-    }
-    /* x_i = norm_i * nrm_i, so dL/dnorm_i = dx_i * nrm_i. The input h is data, so the
-     * gradient stops here. */
-    for (int i = 0; i < d; i++)
-        g_norm[i] += dx[i] * nrm[i];
-    return loss;
 }
 
 int router_checkpoints(int n_layers, int interval, int *layers, int cap)

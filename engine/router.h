@@ -54,14 +54,6 @@ float router_sigmoid(float z);
 /* log(1 + e^z) without overflow: the BCE of a logit, -log p = softplus(-z). */
 float router_softplus(float z);
 
-/* Floats of scratch router_loss_grad needs: 3*dim + ROUTER_HIDDEN. */
-size_t router_scratch_floats(const router_t *r);
-/* Weighted BCE of one sample on the logit: -(w_pos*y*log p + (1-y)*log(1-p)). Adds the
- * gradient of that loss with respect to every parameter to grad (n_params floats, the same
- * layout as r->params) and returns the loss. */
-float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
-                       float *scratch);
-
 /* Checkpoint layers for a model of n_layers layers: writes up to cap of them to layers and
  * returns how many there are (0 when interval >= n_layers: no checkpoint below the last
  * layer), or RIVER_EINVAL for interval < 1. */

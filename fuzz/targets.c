@@ -23,7 +23,6 @@
 #include "common/err.h"
 #include "common/frame.h"
 #include "model/fingerprint.h"
-#include "offline/exitriver_build.h"
 #include "text/chat_template.h"
 #include "engine/kv_pool.h"
 #include "model/model.h"

@@ -22,7 +22,8 @@ typedef struct exitriver_build_opts {
     void *progress_arg;
 } exitriver_build_opts_t;
 
-/* Default quantization (quant_params_default), start EXITRIVER_DEFAULT_START_LAYER, all cores. */
+/* Default quantization (quant_params_default), start EXITRIVER_DEFAULT_START_LAYER, all
+ * cores. */
 exitriver_build_opts_t exitriver_build_opts_default(void);
 
 /* The largest group size up to `most` that divides the columns of every matrix the river

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "engine/router_vec.h"
 
 /* ---- Random numbers ------------------------------------------------------------------- */
 
@@ -70,6 +71,52 @@ int router_set_new(router_set_t **out, const model_t *m, int interval, float lab
         router_init_params(router_set_at(s, i), seed + (uint64_t)i);
     *out = s;
     return 0;
+}
+
+/* ---- The loss and its gradient ------------------------------------------------------- */
+
+size_t router_scratch_floats(const router_t *r)
+{
+    return 3 * (size_t)r->dim + ROUTER_HIDDEN;
+}
+
+ROUTER_CLONES
+float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
+                       float *scratch)
+{
+    int d = r->dim;
+    float *nrm = scratch;       /* (d) h / rms(h) */
+    float *x = nrm + d;         /* (d) norm * h / rms(h): the input of W_down */
+    float *dx = x + d;          /* (d) dL/dx */
+    float *pre = dx + d;        /* (ROUTER_HIDDEN) W_down . x */
+    float z = router_logit(r, h, nrm, pre);
+    float p = router_sigmoid(z);
+    /* -log p = softplus(-z), -log(1-p) = softplus(z); their z-derivatives are p-1 and p. */
+    float loss = w_pos * y * router_softplus(-z) + (1.0f - y) * router_softplus(z);
+    float dz = w_pos * y * (p - 1.0f) + (1.0f - y) * p;
+    float *g_norm = grad;
+    float *g_down = grad + d;
+    float *g_up = g_down + (size_t)ROUTER_HIDDEN * (size_t)d;
+    for (int i = 0; i < d; i++) {
+        x[i] = r->norm[i] * nrm[i];
+        dx[i] = 0;
+    }
+    for (int j = 0; j < ROUTER_HIDDEN; j++) {
+        float a = pre[j];
+        float s = router_sigmoid(a);
+        g_up[j] += dz * a * s;
+        /* silu'(a) = s * (1 + a * (1 - s)) */
+        float da = dz * r->w_up[j] * s * (1.0f + a * (1.0f - s));
+        if (da == 0.0f)
+            continue;
+        router__axpy(g_down + (size_t)j * (size_t)d, da, x, d);
+        router__axpy(dx, da, r->w_down + (size_t)j * (size_t)d, d);
+    }
+    /* x_i = norm_i * nrm_i, so dL/dnorm_i = dx_i * nrm_i. The input h is data, so the
+     * gradient stops here. */
+    for (int i = 0; i < d; i++)
+        g_norm[i] += dx[i] * nrm[i];
+    return loss;
 }
 
 /* ---- Training ------------------------------------------------------------------------ */

@@ -14,6 +14,14 @@
  * drawn from a generator seeded with `seed`. */
 void router_init_params(router_t *r, uint64_t seed);
 
+/* Floats of scratch router_loss_grad needs: 3*dim + ROUTER_HIDDEN. */
+size_t router_scratch_floats(const router_t *r);
+/* Weighted BCE of one sample on the logit: -(w_pos*y*log p + (1-y)*log(1-p)). Adds the
+ * gradient of that loss with respect to every parameter to grad (n_params floats, the same
+ * layout as r->params) and returns the loss. */
+float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
+                       float *scratch);
+
 /* A set of freshly initialised routers (seeded) for model m. RIVER_EINVAL when the interval
  * leaves no checkpoint. */
 int router_set_new(router_set_t **out, const model_t *m, int interval, float label_tau,
