@@ -22,10 +22,11 @@ size_t router_scratch_floats(const router_t *r);
 float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
                        float *scratch);
 
-/* A set of freshly initialised routers (seeded) for model m. RIVER_EINVAL when the interval
- * leaves no checkpoint. */
+/* A set of freshly initialised routers (router i seeded seed + i, the model's norm epsilon)
+ * for model m. RIVER_EINVAL when the interval leaves no checkpoint. */
 int router_set_new(router_set_t **out, const model_t *m, int interval, float label_tau,
                    uint64_t seed);
+
 typedef struct router_train_opts {
     int epochs;        /* 100 */
     int batch;         /* samples per Adam step, 64 */
