@@ -10,7 +10,7 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "engine/generate.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
 
 static int bench__cmp(const void *a, const void *b)
@@ -32,12 +32,12 @@ static double bench__median(double *v, int n)
 static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
 {
     const model_t *m = env->model;
-    river_t *r = NULL;
+    exitriver_t *r = NULL;
     forward_t *f = NULL;
     kv_pool_t *kv = NULL;
     const layer_weights_t **rl = NULL;
-    int e = river_load(&r, m, river_path);
-    int L = m->cfg.n_layers, first = r ? river_start_layer(r) : 0;
+    int e = exitriver_load(&r, m, river_path);
+    int L = m->cfg.n_layers, first = r ? exitriver_start_layer(r) : 0;
     if (!e)
         e = forward_new(&f, m, env->be, 64);
     if (!e)
@@ -45,7 +45,7 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     if (!e && !(rl = calloc((size_t)L, sizeof *rl)))
         e = river_err_set(RIVER_ENOMEM, "bench: river layer table");
     for (int l = first; !e && l < L; l++)
-        rl[l] = river_layer(r, l);
+        rl[l] = exitriver_layer(r, l);
     if (!e && first >= L)
         e = river_err_set(RIVER_EINVAL, "%s: the river has no layers", river_path);
     static const int ns[] = {1, 2, 4, 8, 16, 32, 64};
@@ -78,7 +78,7 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     free(rl);
     kv_pool_destroy(&kv);
     forward_destroy(&f);
-    river_destroy(&r);
+    exitriver_destroy(&r);
     return e ? cli_fail("bench", e) : 0;
 }
 

@@ -14,6 +14,8 @@
 #include "common/file.h"
 #include "engine/generate.h"
 #include "engine/router.h"
+#include "offline/router_calib.h"
+#include "offline/router_train.h"
 
 static double cal__now(void)
 {

@@ -9,8 +9,9 @@
 #include "cli/cli.h"
 #include "common/err.h"
 #include "model/model.h"
-#include "engine/quant.h"
-#include "engine/river.h"
+#include "offline/exitriver_build.h"
+#include "offline/quant.h"
+#include "engine/exitriver.h"
 #include "model/safetensors.h"
 
 static void quant_usage(FILE *f)
@@ -30,7 +31,7 @@ static void quant_usage(FILE *f)
             "--head-bits (default 8) also stores a quantized copy of the LM head, used for\n"
             "the logits of tokens that exited; 0 keeps the backbone's head for them.\n"
             "--threads defaults to one per core.\n",
-            RIVER_DEFAULT_START_LAYER);
+            EXITRIVER_DEFAULT_START_LAYER);
 }
 
 static double quant_now(void)
@@ -103,7 +104,7 @@ static const char *quant_optval(int argc, char **argv, int *i, const char *opt, 
 
 int cmd_quant(int argc, char **argv)
 {
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     const char *model_path = NULL, *out = NULL;
     long start = -1;
     int group_set = 0;
@@ -187,7 +188,7 @@ int cmd_quant(int argc, char **argv)
     /* The default group size gives way to the largest one that divides every matrix (a
      * group named with --group is kept, and refused if it does not fit). */
     if (!group_set) {
-        int fit = river_group_fit(m, &o, o.quant.group);
+        int fit = exitriver_group_fit(m, &o, o.quant.group);
         if (fit > 0 && fit != o.quant.group) {
             fprintf(stderr, "river quant: no group of %d divides every matrix of %s; using "
                     "the largest that does, %d\n", o.quant.group, m->path, fit);
@@ -197,7 +198,7 @@ int cmd_quant(int argc, char **argv)
     char path[PATH_MAX];
     if (out) {
         snprintf(path, sizeof path, "%s", out);
-    } else if ((err = river_default_path(m, &o.quant, path, sizeof path))) {
+    } else if ((err = exitriver_default_path(m, &o.quant, path, sizeof path))) {
         cli_fail("quant", err);
         goto done;
     }
@@ -215,7 +216,7 @@ int cmd_quant(int argc, char **argv)
             m->cfg.n_layers - 1);
     double t1 = quant_now();
     quant_stats_t total;
-    if ((err = river_build(m, path, &o, &total))) {
+    if ((err = exitriver_build(m, path, &o, &total))) {
         cli_fail("quant", err);
         goto done;
     }

@@ -1,3 +1,5 @@
+/* Opening what an exit policy needs (exit_setup.h): the Exit River, found beside the model
+ * when none is named, and the TIDE routers, placed where the model is. */
 #include "engine/exit_setup.h"
 
 #include <stdlib.h>
@@ -5,7 +7,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "engine/router.h"
 
 int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *river_path,
@@ -20,11 +22,11 @@ int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *r
     char found[4096];
     if (!river_path && policy->rule != EXIT_RULE_NONE && policy->kv == EXIT_KV_RIVER) {
         quant_params_t qp = quant_params_default();
-        if (river_default_path(m, &qp, found, sizeof found) == 0 && access(found, R_OK) == 0)
+        if (exitriver_default_path(m, &qp, found, sizeof found) == 0 && access(found, R_OK) == 0)
             river_path = found;
     }
     if (river_path) {
-        e = river_load(&xc->river, m, river_path);
+        e = exitriver_load(&xc->river, m, river_path);
         if (e)
             goto fail;
         xc->layers = calloc((size_t)L, sizeof *xc->layers);
@@ -33,10 +35,10 @@ int exit_setup_open(exit_setup_t *xc, const exit_policy_t *policy, const char *r
             goto fail;
         }
         for (int l = 0; l < L; l++)
-            xc->layers[l] = river_layer(xc->river, l);
+            xc->layers[l] = exitriver_layer(xc->river, l);
         xc->cfg.river = xc->layers;
-        xc->cfg.river_start = river_start_layer(xc->river);
-        xc->cfg.river_head = river_head(xc->river);
+        xc->cfg.river_start = exitriver_start_layer(xc->river);
+        xc->cfg.river_head = exitriver_head(xc->river);
     }
     if (routers_path) {
         e = router_set_load(&xc->routers, m, routers_path);
@@ -76,7 +78,7 @@ fail:
 void exit_setup_close(exit_setup_t *xc)
 {
     if (xc->river)
-        river_destroy(&xc->river);
+        exitriver_destroy(&xc->river);
     if (xc->routers)
         router_set_destroy(&xc->routers);
     free(xc->layers);

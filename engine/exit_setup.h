@@ -1,5 +1,5 @@
 /* Everything an exit policy needs besides the policy itself, opened from files: the Exit
- * River (river_load) and the TIDE routers (router_set_load), wired into an exit_config_t
+ * River (exitriver_load) and the TIDE routers (router_set_load), wired into an exit_config_t
  * for forward_set_exit / gen_set_exit. Used by `river run`, `river eval` and river-worker. */
 #ifndef RIVER_ENGINE_EXIT_SETUP_H
 #define RIVER_ENGINE_EXIT_SETUP_H
@@ -7,12 +7,12 @@
 #include "engine/exit.h"
 #include "model/model.h"
 
-typedef struct river river_t;
+typedef struct exitriver exitriver_t;
 typedef struct router_set router_set_t;
 
 typedef struct exit_setup {
     exit_config_t cfg;
-    river_t *river;
+    exitriver_t *river;
     router_set_t *routers;
     const layer_weights_t **layers; /* (n_layers) river layers, NULL below the start */
 } exit_setup_t;

@@ -2,14 +2,11 @@
  *
  * The loader maps the checkpoint; where the weights must live is the backend's decision,
  * asked through ops->weight_upload, so this file walks the model and the kernels never see
- * a model_t. The fingerprints that tie a river and a router set to their model hash weight
- * bytes, so they are taken here, from the mapped file, before anything moves. */
-#include <string.h>
-
+ * a model_t. The fingerprint that ties a river and a router set to their model hashes weight
+ * bytes, so it is taken here, from the mapped file, before anything moves. */
 #include "common/err.h"
+#include "model/fingerprint.h"
 #include "model/model.h"
-#include "engine/river.h"
-#include "engine/router.h"
 
 int model_place(model_t *m, backend_t *be)
 {
@@ -23,12 +20,9 @@ int model_place_layers(model_t *m, backend_t *be, int begin, int end, int ends)
     if (m->backend)
         return river_err_set(RIVER_ESTATE, "%s: the model is placed on a backend already",
                              m->path);
-    char fp[RIVER_FINGERPRINT_LEN];
-    int e = river_fingerprint(m, fp);
+    int e = model_fingerprint(m, m->fingerprint);
     if (e)
         return e;
-    m->router_fingerprint = router_model_fingerprint(m);
-    memcpy(m->fingerprint, fp, sizeof fp);
 
     /* Decided before the embedding moves: a tied head shares the table's copy instead of
      * taking a second one (525 MB for Llama 3.2 1B in bf16). */

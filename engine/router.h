@@ -12,8 +12,10 @@
  *
  * Calibration runs the frozen model over text, keeps h_k at every checkpoint and the cosine
  * cos(h_k, h_L) to the last layer's output for every token, labels a token converged at k
- * when that cosine exceeds label_tau, and trains each router with BCE and Adam. A router set
- * is stored as safetensors beside the model; loading it for another model fails. */
+ * when that cosine exceeds label_tau, and trains each router with BCE and Adam; that is
+ * offline work (offline/router_calib.h, offline/router_train.h). A router set is stored as
+ * safetensors beside the model, tied to it by model_fingerprint (model/fingerprint.h);
+ * loading it for another model fails. */
 #ifndef RIVER_ENGINE_ROUTER_H
 #define RIVER_ENGINE_ROUTER_H
 
@@ -21,7 +23,6 @@
 #include <stdint.h>
 
 #include "model/model.h"
-#include "text/tokenizer.h"
 #include "kernels/ops.h"
 
 #define ROUTER_HIDDEN 128
@@ -40,27 +41,18 @@ typedef struct router {
     float *w_up;     /* (ROUTER_HIDDEN) inside params */
 } router_t;
 
-/* Allocates a router with zero parameters; router_release frees it. */
+/* Allocates a router with zero parameters; router_release frees it. Training initialises
+ * them (offline/router_train.h). */
 int router_init(router_t *r, int layer, int dim, float eps);
 void router_release(router_t *r);
-/* Norm weight 1, W_down and w_up uniform in +-1/sqrt(fan_in) (PyTorch's Linear default),
- * drawn from a generator seeded with `seed`. */
-void router_init_params(router_t *r, uint64_t seed);
-
 /* The router math, in one place (a device kernel mirrors this function): the logit
  * z = w_up . silu(W_down . (norm * h / rms(h))). p = sigmoid(z). O(ROUTER_HIDDEN * dim).
  * nrm (dim) and pre (ROUTER_HIDDEN), when not NULL, receive h / rms(h) and W_down . x for
  * backpropagation. Non-finite input gives a non-finite logit. */
 float router_logit(const router_t *r, const float *h, float *nrm, float *pre);
 float router_sigmoid(float z);
-
-/* Floats of scratch router_loss_grad needs: 3*dim + ROUTER_HIDDEN. */
-size_t router_scratch_floats(const router_t *r);
-/* Weighted BCE of one sample on the logit: -(w_pos*y*log p + (1-y)*log(1-p)). Adds the
- * gradient of that loss with respect to every parameter to grad (n_params floats, the same
- * layout as r->params) and returns the loss. */
-float router_loss_grad(const router_t *r, const float *h, float y, float w_pos, float *grad,
-                       float *scratch);
+/* log(1 + e^z) without overflow: the BCE of a logit, -log p = softplus(-z). */
+float router_softplus(float z);
 
 /* Checkpoint layers for a model of n_layers layers: writes up to cap of them to layers and
  * returns how many there are (0 when interval >= n_layers: no checkpoint below the last
@@ -71,17 +63,18 @@ int router_checkpoints(int n_layers, int interval, int *layers, int cap);
 
 typedef struct router_set router_set_t;
 
-/* A set of freshly initialised routers (seeded) for model m. RIVER_EINVAL when the interval
- * leaves no checkpoint. */
-int router_set_new(router_set_t **out, const model_t *m, int interval, float label_tau,
-                   uint64_t seed);
+/* A set with every router's parameters zero (norm epsilon eps) for model m: what loading
+ * fills, and what offline training initialises. RIVER_EINVAL when the interval leaves no
+ * checkpoint. */
+int router_set_create(router_set_t **out, const model_t *m, int interval, float label_tau,
+                      float eps);
 /* Loads routers written by router_set_save. Fails with RIVER_ECONFIG when they were
- * calibrated for another model (dimensions or weight fingerprint differ), RIVER_EFORMAT /
+ * calibrated for another model (dimensions or model_fingerprint differ), RIVER_EFORMAT /
  * RIVER_ETRUNC / RIVER_ESHAPE / RIVER_EDTYPE for a malformed file; the detail names the
  * file and the problem. */
 int router_set_load(router_set_t **out, const model_t *m, const char *path);
 /* Writes the set as safetensors (tensors router.<layer>.{norm,down,up}.weight, F32; metadata
- * with the interval, label_tau and the model's dimensions and fingerprint). */
+ * with the interval, label_tau and the model's dimensions and model_fingerprint). */
 int router_set_save(const router_set_t *s, const char *path);
 void router_set_destroy(router_set_t **s);
 
@@ -125,104 +118,5 @@ int router_set_first_exit(const router_set_t *s, const float *const *h_by_layer,
 /* The same, considering only checkpoints at or after min_layer (TIDE's k_min). */
 int router_set_first_exit_from(const router_set_t *s, const float *const *h_by_layer,
                                float theta, int min_layer);
-
-/* An identity of the model's weights: FNV-1a 64 over its configuration dimensions, the
- * first embedding row, every layer's norm weights and the final norm. Cheap (a few KB per
- * layer), and differs between checkpoints of the same shape. */
-uint64_t router_model_fingerprint(const model_t *m);
-
-/* ---- Calibration: collecting hidden states -------------------------------------------- */
-
-/* Hidden states of calibration text at every checkpoint and their cosine to the last
- * layer's output, one sample per text token (BOS rows are left out: every window's BOS is
- * the same token at the same position, so it would only repeat one sample). */
-typedef struct router_calib {
-    int dim;
-    int n_ckpt;
-    int *layers;     /* (n_ckpt) checkpoint layers, owned */
-    int64_t n;       /* samples collected */
-    int64_t cap;     /* samples allocated */
-    float *h;        /* (n_ckpt, cap, dim) h_k of each sample */
-    float *cos;      /* (n_ckpt, cap) cos(h_k, h_L) of each sample */
-    int64_t n_docs;  /* documents read */
-    int64_t n_windows; /* forward windows run */
-} router_calib_t;
-
-typedef struct router_calib_opts {
-    int interval;       /* checkpoint interval (>= 1) */
-    int64_t max_tokens; /* stop after this many samples (0: no limit) */
-    int window;         /* positions per window including BOS (0: min(context, 1024)) */
-} router_calib_opts_t;
-
-/* Tokenises `text` (documents separated by blank lines, each encoded on its own), runs the
- * frozen model over windows of up to `window` positions that each start with BOS, and
- * collects the samples. RIVER_EINVAL when the text has no tokens or the interval leaves no
- * checkpoint. */
-int router_calib_collect(router_calib_t **out, const model_t *m, const tokenizer_t *tok,
-                         backend_t *be, const char *text, size_t len,
-                         const router_calib_opts_t *o);
-void router_calib_destroy(router_calib_t **c);
-
-/* Quantiles (q in [0,1]) of checkpoint i's cosines; i = -1 pools every checkpoint. NaN when
- * there is nothing to rank. */
-float router_calib_cos_quantile(const router_calib_t *c, int i, double q);
-/* Fraction of checkpoint i's samples with cos > tau. */
-double router_calib_pos_frac(const router_calib_t *c, int i, float tau);
-/* A label tau that makes the task meaningful on any model: the median cosine over every
- * checkpoint and token, so that half of all (token, checkpoint) pairs count as converged
- * (early checkpoints mostly not, late ones mostly so). TIDE's fixed 0.98 leaves every label
- * 0 on small models, whose intermediate states stay far from the last one. */
-float router_calib_auto_tau(const router_calib_t *c);
-
-/* ---- Calibration: training ------------------------------------------------------------ */
-
-typedef struct router_train_opts {
-    int epochs;        /* 100 */
-    int batch;         /* samples per Adam step, 64 */
-    float lr;          /* 1e-3 */
-    float beta1, beta2, adam_eps; /* 0.9, 0.999, 1e-8 */
-    float pos_weight;  /* weight of positive samples in the loss; 1 plain BCE, 0 balanced
-                          (n_neg / n_pos of the training split) */
-    float holdout;     /* fraction of samples held out, 0.1 */
-    uint64_t seed;     /* shuffles and initialisation */
-    int n_threads;     /* routers trained at once (each router is trained by one thread, so
-                          the result does not depend on this) */
-} router_train_opts_t;
-
-/* The defaults above. */
-router_train_opts_t router_train_defaults(void);
-
-typedef struct router_train_report {
-    int layer;
-    int64_t n_samples, n_train, n_held;
-    double pos_frac;       /* positive fraction over all samples (label balance) */
-    double pos_weight;     /* the positive weight used */
-    double majority_acc;   /* held-out accuracy of always answering the training majority */
-    double held_acc;       /* held-out accuracy at p > 0.5 */
-    double held_precision; /* of held-out samples with p > 0.5, the fraction truly positive
-                              (a false exit is the costly error); NaN when none */
-    double held_recall;    /* of truly positive held-out samples, the fraction found; NaN
-                              when none */
-    double held_loss;      /* mean weighted BCE on the held-out split after training */
-    double train_acc;      /* training accuracy after training */
-    double loss_first;     /* mean weighted training BCE over the first epoch */
-    double loss_last;      /* ... over the last epoch */
-    float *loss_curve;     /* (epochs) mean training loss per epoch, malloc'd; free it */
-    int epochs;
-} router_train_report_t;
-
-/* Trains one router on n samples h (n, dim) with labels y (n, 0 or 1): initialises it from
- * o->seed, splits 90/10 by a seeded shuffle, runs Adam on mini-batches for o->epochs and
- * fills rep (may be NULL). Deterministic for a given seed. */
-int router_train(router_t *r, const float *h, const uint8_t *y, int64_t n,
-                 const router_train_opts_t *o, router_train_report_t *rep);
-
-/* Labels the calibration samples with cos > the set's label_tau and trains every router of
- * the set (router i on checkpoint i of c, seeded o->seed + i), o->n_threads at a time.
- * reps receives router_set_count entries (may be NULL). */
-int router_set_train(router_set_t *s, const router_calib_t *c, const router_train_opts_t *o,
-                     router_train_report_t *reps);
-
-void router_train_report_free(router_train_report_t *rep);
 
 #endif

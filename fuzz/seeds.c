@@ -1,10 +1,13 @@
 /* Writes the seed corpora of the fuzz targets whose inputs only a real encoder makes:
- * river and router files built from the tiny model the targets load (river_build,
+ * river and router files built from the tiny model the targets load (exitriver_build,
  * router_set_save), and the frames riverd, the split pair's halves and riverd's admin
  * endpoint send (packed by protobuf-c from the messages those processes fill). Run from the
  * repository root, `make fuzz-seeds`; it rewrites fuzz/corpus/{river,router,client_reply,
  * admin_reply,pair}/. */
 #include "fuzz/targets.c"
+#include "model/fingerprint.h"
+#include "offline/exitriver_build.h"
+#include "offline/router_train.h"
 
 /* Writes data to fuzz/corpus/<target>/<name>; exits on failure (this is main's helper). */
 static void seed_write(const char *target, const char *name, const void *data, size_t len)
@@ -62,19 +65,19 @@ static void seeds_river(const model_t *m)
 {
     char path[160];
     snprintf(path, sizeof path, "%s/seed-river.safetensors", fuzz_dir);
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.n_threads = 1;
     o.quant.group = 8;
-    if (river_build(m, path, &o, NULL) < 0) {
-        fprintf(stderr, "seeds: river_build: %s\n", river_err_detail());
+    if (exitriver_build(m, path, &o, NULL) < 0) {
+        fprintf(stderr, "seeds: exitriver_build: %s\n", river_err_detail());
         exit(1);
     }
     seed_copy("river", "q4-g8-hqq", path);
     o.quant.bits = 8;
     o.quant.method = QUANT_RTN;
     o.head_bits = 4;
-    if (river_build(m, path, &o, NULL) < 0) {
-        fprintf(stderr, "seeds: river_build: %s\n", river_err_detail());
+    if (exitriver_build(m, path, &o, NULL) < 0) {
+        fprintf(stderr, "seeds: exitriver_build: %s\n", river_err_detail());
         exit(1);
     }
     seed_copy("river", "q8-g8-rtn-head4", path);
@@ -245,9 +248,9 @@ static void seeds_pair(const model_t *m)
     backend_t *be = NULL;
     kv_pool_t *kv = NULL;
     int memfd = -1;
-    char fp[RIVER_FINGERPRINT_LEN];
+    char fp[MODEL_FINGERPRINT_LEN];
     const model_config_t *c = &m->cfg;
-    if (cpu_backend_new(&be, 1, CPU_SIMD_COUNT) < 0 || river_fingerprint(m, fp) < 0 ||
+    if (cpu_backend_new(&be, 1, CPU_SIMD_COUNT) < 0 || model_fingerprint(m, fp) < 0 ||
         kv_pool_new_shared(&kv, be, c->n_layers, c->n_kv_heads * c->head_dim, FUZZ_PAIR_PAGE,
                            FUZZ_PAIR_PAGES, &memfd) < 0) {
         fprintf(stderr, "seeds: pair: %s\n", river_err_detail());

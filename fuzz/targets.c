@@ -24,12 +24,13 @@
 #include "common/err.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "model/fingerprint.h"
 #include "text/chat_template.h"
 #include "engine/kv_pool.h"
 #include "model/model.h"
 #include "model/model_internal.h"
-#include "engine/quant.h"
-#include "engine/river.h"
+#include "offline/quant.h"
+#include "engine/exitriver.h"
 #include "engine/router.h"
 #include "model/safetensors.h"
 #include "text/tokenizer.h"
@@ -341,15 +342,15 @@ static void fuzz_river(const uint8_t *d, size_t n)
     const char *p = fuzz_write("river.safetensors", d, n);
     if (!p)
         return;
-    river_t *r = NULL;
-    int e = river_load(&r, m, p);
+    exitriver_t *r = NULL;
+    int e = exitriver_load(&r, m, p);
     /* A bad file is an error code with its detail, never anything else. */
     if (e > 0 || (e < 0 && (r || !river_err_detail()[0])))
         abort();
     if (e)
         return;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        const layer_weights_t *L = river_layer(r, l);
+        const layer_weights_t *L = exitriver_layer(r, l);
         if (!L)
             continue;
         const weight_t *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
@@ -357,10 +358,10 @@ static void fuzz_river(const uint8_t *d, size_t n)
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             fuzz_weight_rows(mats[i]);
     }
-    if (river_head(r))
-        fuzz_weight_rows(river_head(r));
-    (void)river_fingerprint_of(r);
-    river_destroy(&r);
+    if (exitriver_head(r))
+        fuzz_weight_rows(exitriver_head(r));
+    (void)exitriver_fingerprint_of(r);
+    exitriver_destroy(&r);
 }
 
 static void fuzz_router(const uint8_t *d, size_t n)
@@ -721,7 +722,7 @@ static struct {
     backend_t *be;
     kv_pool_t *kv;            /* the river side's shared pool */
     int memfd;
-    char fingerprint[RIVER_FINGERPRINT_LEN];
+    char fingerprint[MODEL_FINGERPRINT_LEN];
     char backend[64];
     char bb_endpoint[160], rv_endpoint[160];
     pair_backbone_t *bb;      /* the backbone half under test */
@@ -853,7 +854,7 @@ static void fuzz_pair_setup(void)
     fz_pair.m = fuzz_tiny();
     const model_config_t *c = &fz_pair.m->cfg;
     if (cpu_backend_new(&fz_pair.be, 1, CPU_SIMD_COUNT) < 0 ||
-        river_fingerprint(fz_pair.m, fz_pair.fingerprint) < 0 ||
+        model_fingerprint(fz_pair.m, fz_pair.fingerprint) < 0 ||
         kv_pool_new_shared(&fz_pair.kv, fz_pair.be, c->n_layers, c->n_kv_heads * c->head_dim,
                            FUZZ_PAIR_PAGE, FUZZ_PAIR_PAGES, &fz_pair.memfd) < 0)
         fuzz_fail("pair: engine");

@@ -77,6 +77,9 @@ typedef struct layer_weights {
 
 typedef struct model_mapping model_mapping_t; /* opaque: mmaps and owned copies */
 
+/* A model fingerprint's 32 hex digits and a terminating NUL (model/fingerprint.h). */
+#define MODEL_FINGERPRINT_LEN 33
+
 typedef struct model {
     model_config_t cfg;
     weight_t embed;       /* (vocab, dim) */
@@ -90,10 +93,10 @@ typedef struct model {
     /* Where the weights live once model_place ran (borrowed; NULL before): the river and
      * offloading place and release their weights through it. */
     backend_t *backend;
-    /* Fingerprints of the weights as loaded, taken by model_place before any weight moves
-     * to a device (river.c, router.c read them from here then, never from device memory). */
-    char fingerprint[33];        /* river_fingerprint's 32 hex digits; "" before */
-    uint64_t router_fingerprint; /* router_model_fingerprint; valid when fingerprint is set */
+    /* The fingerprint of the weights as loaded, taken by model_place before any weight
+     * moves to a device (model_fingerprint reads it from here then, never from device
+     * memory). */
+    char fingerprint[MODEL_FINGERPRINT_LEN]; /* model_fingerprint's 32 hex digits; "" before */
 } model_t;
 
 /* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin.
@@ -106,7 +109,7 @@ int model_load(model_t **out, const char *path);
 void model_destroy(model_t **m);
 
 /* Places every weight on backend be (ops->weight_upload: host backends read the mapping in
- * place, device backends copy) after taking the model's fingerprints from the mapped file.
+ * place, device backends copy) after taking the model's fingerprint from the mapped file.
  * A tied LM head shares the embedding's copy. The backend must outlive the model's use and
  * be destroyed before the model. On failure some weights may already point at the device:
  * destroy the model. Placing a placed model again is RIVER_ESTATE. */

@@ -13,8 +13,10 @@
 #include "engine/engine_open.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "engine/router.h"
+#include "model/fingerprint.h"
+#include "offline/exitriver_build.h"
 #include "offline/synth.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
@@ -150,9 +152,8 @@ START_TEST(test_place_fingerprints)
     model_t *m = NULL, *ref = NULL;
     ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
     ck_assert_msg(model_load(&ref, KJV) == 0, "%s", river_err_detail());
-    char want[RIVER_FINGERPRINT_LEN], got[RIVER_FINGERPRINT_LEN];
-    ck_assert_int_eq(river_fingerprint(ref, want), 0);
-    uint64_t want_router = router_model_fingerprint(ref);
+    char want[MODEL_FINGERPRINT_LEN], got[MODEL_FINGERPRINT_LEN];
+    ck_assert_int_eq(model_fingerprint(ref, want), 0);
 
     ck_assert_msg(model_place(m, &P.be) == 0, "%s", river_err_detail());
     ck_assert_ptr_eq(m->backend, &P.be);
@@ -162,10 +163,11 @@ START_TEST(test_place_fingerprints)
     ck_assert_int_eq(((const unsigned char *)m->embed.data)[0], 0x5a);
     ck_assert_int_eq(((const unsigned char *)m->layers[3].wq.data)[7], 0x5a);
 
-    /* The fingerprints are the file's, taken before the weights moved. */
-    ck_assert_int_eq(river_fingerprint(m, got), 0);
+    /* The fingerprint is the file's, taken before the weights moved, and the model keeps
+     * it for the river and router checks. */
+    ck_assert_int_eq(model_fingerprint(m, got), 0);
     ck_assert_str_eq(got, want);
-    ck_assert_uint_eq(router_model_fingerprint(m), want_router);
+    ck_assert_str_eq(m->fingerprint, want);
     /* Placing twice is refused. */
     ck_assert_int_eq(model_place(m, &P.be), RIVER_ESTATE);
 
@@ -173,21 +175,21 @@ START_TEST(test_place_fingerprints)
      * matches) and lands on the same backend: seven matrices a layer and the head. */
     char path[512];
     snprintf(path, sizeof path, "%s/kjv-river.safetensors", test_tmpdir());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.quant.method = QUANT_RTN;
     o.start_layer = 4;
     o.n_threads = 1;
-    ck_assert_msg(river_build(ref, path, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(ref, path, &o, NULL) == 0, "%s", river_err_detail());
     int before = P.uploads;
-    river_t *r = NULL;
-    ck_assert_msg(river_load(&r, m, path) == 0, "%s", river_err_detail());
+    exitriver_t *r = NULL;
+    ck_assert_msg(exitriver_load(&r, m, path) == 0, "%s", river_err_detail());
     ck_assert_int_eq(P.uploads - before, 7 * (m->cfg.n_layers - 4) + 1);
-    const layer_weights_t *rl = river_layer(r, 5);
+    const layer_weights_t *rl = exitriver_layer(r, 5);
     ck_assert_int_eq(((const unsigned char *)rl->wq.data)[0], 0x5a);
     /* Norms come from the placed model. */
     ck_assert_ptr_eq(rl->attn_norm.data, m->layers[5].attn_norm.data);
-    ck_assert_ptr_eq(river_head(r)->data, P.owned[P.n_owned - 1]);
-    river_destroy(&r);
+    ck_assert_ptr_eq(exitriver_head(r)->data, P.owned[P.n_owned - 1]);
+    exitriver_destroy(&r);
     model_destroy(&m);
     model_destroy(&ref);
     poison_teardown();
@@ -224,7 +226,7 @@ START_TEST(test_engine_open)
     ck_assert_msg(engine_open(&env, &o) == 0, "%s", river_err_detail());
     ck_assert_ptr_nonnull(env.tok);
     ck_assert_ptr_eq(env.model->backend, env.be);
-    ck_assert_int_eq((int)strlen(env.model->fingerprint), RIVER_FINGERPRINT_LEN - 1);
+    ck_assert_int_eq((int)strlen(env.model->fingerprint), MODEL_FINGERPRINT_LEN - 1);
     /* A model that fits the caches gets one thread unless asked. */
     ck_assert_int_eq(backend_threads(env.be), 1);
     offload_t *off = NULL;

@@ -10,10 +10,12 @@
 #include "common/err.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "engine/router.h"
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
+#include "offline/exitriver_build.h"
+#include "offline/router_train.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
 
@@ -39,7 +41,7 @@ typedef struct fx {
     model_t *m;
     backend_t *be;
     backend_t counted; /* the same backend, kv_write counted */
-    river_t *river;
+    exitriver_t *river;
     const layer_weights_t *layers[16];
     char river_path[256];
 } fx_t;
@@ -52,16 +54,16 @@ static void fx_setup(void)
     ck_assert_msg(model_load(&F.m, MODEL) == 0, "%s", river_err_detail());
     /* An 8-bit river from layer 1: close to the backbone, so exits stay accurate. */
     snprintf(F.river_path, sizeof F.river_path, "%s/kjv-river-q8.safetensors", test_tmpdir());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.quant.bits = 8;
     o.quant.method = QUANT_RTN;
     o.start_layer = 1;
-    ck_assert_msg(river_build(F.m, F.river_path, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(F.m, F.river_path, &o, NULL) == 0, "%s", river_err_detail());
     /* Quantizing reads the mapped weights on the host; the backend gets them after. */
     test_backend_open(&F.be, 2, CPU_SIMD_COUNT, F.m);
-    ck_assert_msg(river_load(&F.river, F.m, F.river_path) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_load(&F.river, F.m, F.river_path) == 0, "%s", river_err_detail());
     for (int l = 0; l < F.m->cfg.n_layers; l++)
-        F.layers[l] = river_layer(F.river, l);
+        F.layers[l] = exitriver_layer(F.river, l);
     base_ops = F.be->ops;
     counting_ops = *base_ops;
     counting_ops.kv_write = count_kv_write;
@@ -71,7 +73,7 @@ static void fx_setup(void)
 
 static void fx_teardown(void)
 {
-    river_destroy(&F.river);
+    exitriver_destroy(&F.river);
     remove(F.river_path);
     backend_destroy(&F.be);
     model_destroy(&F.m);
@@ -147,7 +149,7 @@ static exit_config_t config(exit_rule_t rule, exit_kv_t kv, float tau, int k)
     ex.policy.tau = tau;
     ex.policy.exit_layer = k;
     ex.river = F.layers;
-    ex.river_start = river_start_layer(F.river);
+    ex.river_start = exitriver_start_layer(F.river);
     return ex;
 }
 

@@ -10,8 +10,9 @@
 #include "common/err.h"
 #include "common/prefix_hash.h"
 #include "engine/generate.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
+#include "offline/exitriver_build.h"
 #include "tests/testutil.h"
 
 #define MAX_IDS 1024
@@ -230,22 +231,22 @@ START_TEST(test_exact_after_lossy)
     env_open(&e, TEST_DATA "/tinystories-656k");
     char river_path[512];
     snprintf(river_path, sizeof river_path, "%s/prefix-river-q4.safetensors", test_tmpdir());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.quant.bits = 4;
     o.quant.method = QUANT_RTN;
     o.start_layer = 1;
-    ck_assert_msg(river_build(e.m, river_path, &o, NULL) == 0, "%s", river_err_detail());
-    river_t *river;
-    ck_assert_msg(river_load(&river, e.m, river_path) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(e.m, river_path, &o, NULL) == 0, "%s", river_err_detail());
+    exitriver_t *river;
+    ck_assert_msg(exitriver_load(&river, e.m, river_path) == 0, "%s", river_err_detail());
     const layer_weights_t *layers[64] = {0};
     for (int l = 0; l < e.m->cfg.n_layers; l++)
-        layers[l] = river_layer(river, l);
+        layers[l] = exitriver_layer(river, l);
     exit_config_t ex = {0};
     ex.policy.rule = EXIT_RULE_FIXED;
     ex.policy.exit_layer = 1;
     ex.policy.kv = EXIT_KV_RIVER;
     ex.river = layers;
-    ex.river_start = river_start_layer(river);
+    ex.river_start = exitriver_start_layer(river);
 
     rng_state = 11;
     prompt_t q = {.n = 0};
@@ -297,7 +298,7 @@ START_TEST(test_exact_after_lossy)
     gen_kv_acct_t a;
     ck_assert_msg(gen_check_kv(g, &a) == 0, "%s", river_err_detail());
     gen_destroy(&g);
-    river_destroy(&river);
+    exitriver_destroy(&river);
     remove(river_path);
     env_close(&e);
 }

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "model/fingerprint.h"
 #include "model/model.h"
-#include "engine/quant.h"
-#include "engine/quant_internal.h"
-#include "engine/river.h"
+#include "offline/exitriver_build.h"
+#include "offline/quant.h"
+#include "kernels/cpu/quant_groups_internal.h"
+#include "engine/exitriver.h"
 #include "model/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"
@@ -558,14 +560,14 @@ static const char *kjv_river(void)
         return path;
     snprintf(path, sizeof path, "%s", tmp_path("kjv-river.safetensors"));
     model_t *m = load(KJV);
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     int calls = 0;
     o.n_threads = 2;
     o.progress = layer_progress;
     o.progress_arg = &calls;
     quant_stats_t total;
-    int err = river_build(m, path, &o, &total);
-    ck_assert_msg(err == 0, "river_build: %s", river_err_detail());
+    int err = exitriver_build(m, path, &o, &total);
+    ck_assert_msg(err == 0, "exitriver_build: %s", river_err_detail());
     ck_assert_int_eq(calls, m->cfg.n_layers - 1);
     ck_assert(total.abs_err < total.rtn_abs_err);
     model_destroy(&m);
@@ -576,21 +578,21 @@ START_TEST(test_river_round_trip)
 {
     const char *path = kjv_river();
     model_t *m = load(KJV);
-    river_t *r = NULL;
-    int err = river_load(&r, m, path);
-    ck_assert_msg(err == 0, "river_load: %s", river_err_detail());
-    ck_assert_int_eq(river_start_layer(r), 1);
-    ck_assert_int_eq(river_bits(r), 4);
-    ck_assert_int_eq(river_group(r), 64);
-    ck_assert_int_eq(river_method(r), QUANT_HQQ);
-    ck_assert_str_eq(river_path(r), path);
-    char fp[RIVER_FINGERPRINT_LEN];
-    ck_assert_int_eq(river_fingerprint(m, fp), 0);
-    ck_assert_str_eq(river_fingerprint_of(r), fp);
+    exitriver_t *r = NULL;
+    int err = exitriver_load(&r, m, path);
+    ck_assert_msg(err == 0, "exitriver_load: %s", river_err_detail());
+    ck_assert_int_eq(exitriver_start_layer(r), 1);
+    ck_assert_int_eq(exitriver_bits(r), 4);
+    ck_assert_int_eq(exitriver_group(r), 64);
+    ck_assert_int_eq(exitriver_method(r), QUANT_HQQ);
+    ck_assert_str_eq(exitriver_path(r), path);
+    char fp[MODEL_FINGERPRINT_LEN];
+    ck_assert_int_eq(model_fingerprint(m, fp), 0);
+    ck_assert_str_eq(exitriver_fingerprint_of(r), fp);
     ck_assert_int_eq((int)strlen(fp), 32);
-    ck_assert_ptr_null(river_layer(r, 0));
-    ck_assert_ptr_null(river_layer(r, -1));
-    ck_assert_ptr_null(river_layer(r, m->cfg.n_layers));
+    ck_assert_ptr_null(exitriver_layer(r, 0));
+    ck_assert_ptr_null(exitriver_layer(r, -1));
+    ck_assert_ptr_null(exitriver_layer(r, m->cfg.n_layers));
 
     /* The metadata as written. */
     safetensors_t *f = NULL;
@@ -608,7 +610,7 @@ START_TEST(test_river_round_trip)
     safetensors_destroy(&f);
 
     /* The head is the 8-bit quantization of the model's LM head, at the river's group. */
-    const weight_t *rh = river_head(r);
+    const weight_t *rh = exitriver_head(r);
     ck_assert_ptr_nonnull(rh);
     ck_assert_int_eq(rh->dtype, DTYPE_Q8);
     ck_assert_int_eq(rh->rows, m->lm_head.rows);
@@ -624,7 +626,7 @@ START_TEST(test_river_round_trip)
     quant_params_t p = quant_params_default();
     float *a = malloc(sizeof(float) * 1024), *b = malloc(sizeof(float) * 1024);
     for (int l = 1; l < m->cfg.n_layers; l++) {
-        const layer_weights_t *L = river_layer(r, l), *B = &m->layers[l];
+        const layer_weights_t *L = exitriver_layer(r, l), *B = &m->layers[l];
         ck_assert_ptr_nonnull(L);
         ck_assert_ptr_eq(L->attn_norm.data, B->attn_norm.data);
         ck_assert_ptr_eq(L->ffn_norm.data, B->ffn_norm.data);
@@ -651,7 +653,7 @@ START_TEST(test_river_round_trip)
     }
     free(a);
     free(b);
-    river_destroy(&r);
+    exitriver_destroy(&r);
     ck_assert_ptr_null(r);
     model_destroy(&m);
     drop(path);
@@ -662,8 +664,8 @@ START_TEST(test_river_wrong_model)
 {
     const char *path = kjv_river();
     model_t *m = load(TINY);
-    river_t *r = NULL;
-    ck_assert_int_eq(river_load(&r, m, path), RIVER_EINVAL);
+    exitriver_t *r = NULL;
+    ck_assert_int_eq(exitriver_load(&r, m, path), RIVER_EINVAL);
     ck_assert_ptr_null(r);
     const char *d = river_err_detail();
     ck_assert_msg(strstr(d, path) && strstr(d, TINY) && strstr(d, "different model"), "%s", d);
@@ -678,10 +680,10 @@ END_TEST
 START_TEST(test_fingerprint)
 {
     model_t *a = load(KJV), *b = load(KJV), *c = load(TINY);
-    char fa[RIVER_FINGERPRINT_LEN], fb[RIVER_FINGERPRINT_LEN], fc[RIVER_FINGERPRINT_LEN];
-    ck_assert_int_eq(river_fingerprint(a, fa), 0);
-    ck_assert_int_eq(river_fingerprint(b, fb), 0);
-    ck_assert_int_eq(river_fingerprint(c, fc), 0);
+    char fa[MODEL_FINGERPRINT_LEN], fb[MODEL_FINGERPRINT_LEN], fc[MODEL_FINGERPRINT_LEN];
+    ck_assert_int_eq(model_fingerprint(a, fa), 0);
+    ck_assert_int_eq(model_fingerprint(b, fb), 0);
+    ck_assert_int_eq(model_fingerprint(c, fc), 0);
     ck_assert_str_eq(fa, fb);
     ck_assert_str_ne(fa, fc);
     /* One changed weight inside a sampled window changes it. */
@@ -689,7 +691,7 @@ START_TEST(test_fingerprint)
     memcpy(copy, b->layers[3].wq.data, (size_t)(b->layers[3].wq.rows * b->layers[3].wq.cols) * 4);
     copy[0] += 1.0f;
     b->layers[3].wq.data = copy;
-    ck_assert_int_eq(river_fingerprint(b, fb), 0);
+    ck_assert_int_eq(model_fingerprint(b, fb), 0);
     ck_assert_str_ne(fa, fb);
     b->layers[3].wq.data = a->layers[3].wq.data;
     free(copy);
@@ -711,17 +713,17 @@ START_TEST(test_river_truncated)
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         const char *p = test_write_tmp("cut.safetensors", bytes, cuts[i]);
         ck_assert_ptr_nonnull(p);
-        river_t *r = NULL;
-        int err = river_load(&r, m, p);
+        exitriver_t *r = NULL;
+        int err = exitriver_load(&r, m, p);
         ck_assert_msg(err < 0, "a river cut at %zu of %zu bytes loaded", cuts[i], len);
         ck_assert_ptr_null(r);
     }
     /* Garbage in the header length. */
     bytes[7] = 0x7f;
     const char *p = test_write_tmp("badlen.safetensors", bytes, len);
-    river_t *r = NULL;
-    ck_assert_int_lt(river_load(&r, m, p), 0);
-    ck_assert_int_eq(river_load(&r, m, tmp_path("no-such-river.safetensors")), RIVER_ENOTFOUND);
+    exitriver_t *r = NULL;
+    ck_assert_int_lt(exitriver_load(&r, m, p), 0);
+    ck_assert_int_eq(exitriver_load(&r, m, tmp_path("no-such-river.safetensors")), RIVER_ENOTFOUND);
     free(bytes);
     model_destroy(&m);
     drop(tmp_path("cut.safetensors"));
@@ -780,8 +782,8 @@ static const char *rewrite(const char *src, const char *dst, const char *key, co
 
 static void expect_load_error(const model_t *m, const char *path, int want, const char *needle)
 {
-    river_t *r = NULL;
-    int err = river_load(&r, m, path);
+    exitriver_t *r = NULL;
+    int err = exitriver_load(&r, m, path);
     ck_assert_msg(err == want, "%s: got %s (%s), want %s", path, river_err_name(err),
                   river_err_detail(), river_err_name(want));
     ck_assert_ptr_null(r);
@@ -796,9 +798,9 @@ START_TEST(test_river_corrupt)
     const char *dst = tmp_path("bad.safetensors");
     model_t *m = load(KJV);
     /* The unchanged copy loads: the rewriting itself is sound. */
-    river_t *r = NULL;
-    ck_assert_int_eq(river_load(&r, m, rewrite(src, dst, NULL, NULL, NULL, NULL)), 0);
-    river_destroy(&r);
+    exitriver_t *r = NULL;
+    ck_assert_int_eq(exitriver_load(&r, m, rewrite(src, dst, NULL, NULL, NULL, NULL)), 0);
+    exitriver_destroy(&r);
 
     expect_load_error(m, rewrite(src, dst, "format", "gguf", NULL, NULL), RIVER_EFORMAT,
                       "not a river file");
@@ -833,11 +835,11 @@ START_TEST(test_river_corrupt)
     expect_load_error(m, rewrite(src, dst, NULL, NULL, NULL, "layers.2.wk.scales"),
                       RIVER_ESHAPE, "layers.2.wk.scales");
     /* A river may start later than it was built to: layers before its start are ignored. */
-    ck_assert_int_eq(river_load(&r, m, rewrite(src, dst, "start_layer", "6", NULL, NULL)), 0);
-    ck_assert_int_eq(river_start_layer(r), 6);
-    ck_assert_ptr_null(river_layer(r, 5));
-    ck_assert_ptr_nonnull(river_layer(r, 6));
-    river_destroy(&r);
+    ck_assert_int_eq(exitriver_load(&r, m, rewrite(src, dst, "start_layer", "6", NULL, NULL)), 0);
+    ck_assert_int_eq(exitriver_start_layer(r), 6);
+    ck_assert_ptr_null(exitriver_layer(r, 5));
+    ck_assert_ptr_nonnull(exitriver_layer(r, 6));
+    exitriver_destroy(&r);
     /* A plain checkpoint is not a river. */
     expect_load_error(m, KJV "/model.safetensors", RIVER_EFORMAT, "not a river file");
     model_destroy(&m);
@@ -889,43 +891,43 @@ END_TEST
 START_TEST(test_river_stories260k)
 {
     model_t *m = load(STORIES);
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.n_threads = 1;
     const char *path = tmp_path("stories.safetensors");
-    int err = river_build(m, path, &o, NULL);
+    int err = exitriver_build(m, path, &o, NULL);
     ck_assert_int_eq(err, RIVER_ESHAPE);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "172"));
     ck_assert_int_eq(access(path, F_OK), -1);
 
     o.quant = params(8, 4, QUANT_RTN);
     o.start_layer = 2;
-    ck_assert_int_eq(river_build(m, path, &o, NULL), 0);
-    river_t *r = NULL;
-    ck_assert_int_eq(river_load(&r, m, path), 0);
-    ck_assert_int_eq(river_bits(r), 8);
-    ck_assert_int_eq(river_group(r), 4);
-    ck_assert_int_eq(river_method(r), QUANT_RTN);
-    ck_assert_ptr_null(river_layer(r, 1));
-    const layer_weights_t *L = river_layer(r, 4);
+    ck_assert_int_eq(exitriver_build(m, path, &o, NULL), 0);
+    exitriver_t *r = NULL;
+    ck_assert_int_eq(exitriver_load(&r, m, path), 0);
+    ck_assert_int_eq(exitriver_bits(r), 8);
+    ck_assert_int_eq(exitriver_group(r), 4);
+    ck_assert_int_eq(exitriver_method(r), QUANT_RTN);
+    ck_assert_ptr_null(exitriver_layer(r, 1));
+    const layer_weights_t *L = exitriver_layer(r, 4);
     ck_assert_ptr_nonnull(L);
     ck_assert_int_eq(L->w_down.dtype, DTYPE_Q8);
     ck_assert_int_eq(L->w_down.cols, 172);
     quant_error_t e;
     ck_assert_int_eq(quant_error(&m->layers[4].w_down, &L->w_down, 0.7, &e), 0);
     ck_assert(e.rel_fro < 0.01);
-    river_destroy(&r);
+    exitriver_destroy(&r);
 
     char def[1024];
-    ck_assert_int_eq(river_default_path(m, &o.quant, def, sizeof def), 0);
+    ck_assert_int_eq(exitriver_default_path(m, &o.quant, def, sizeof def), 0);
     ck_assert_str_eq(def, TEST_DATA "/stories260K/stories260K-river-q8-g4-rtn.safetensors");
     o.start_layer = 5;
-    ck_assert_int_eq(river_build(m, path, &o, NULL), RIVER_EINVAL);
+    ck_assert_int_eq(exitriver_build(m, path, &o, NULL), RIVER_EINVAL);
     model_destroy(&m);
     drop(path);
 
     m = load(KJV);
     quant_params_t p = quant_params_default();
-    ck_assert_int_eq(river_default_path(m, &p, def, sizeof def), 0);
+    ck_assert_int_eq(exitriver_default_path(m, &p, def, sizeof def), 0);
     ck_assert_str_eq(def, KJV "/river-q4-g64-hqq.safetensors");
     model_destroy(&m);
 }
@@ -938,10 +940,10 @@ START_TEST(test_quant_group_fit)
 {
     model_t *m = NULL;
     ck_assert_int_eq(model_load(&m, STORIES), 0);
-    river_build_opts_t o = river_build_opts_default();
-    ck_assert_int_eq(river_group_fit(m, &o, 64), 4);
+    exitriver_build_opts_t o = exitriver_build_opts_default();
+    ck_assert_int_eq(exitriver_group_fit(m, &o, 64), 4);
     o.quant.bits = 8;
-    ck_assert_int_eq(river_group_fit(m, &o, 3), 2);
+    ck_assert_int_eq(exitriver_group_fit(m, &o, 3), 2);
     char out_path[320];
     snprintf(out_path, sizeof out_path, "%s/fit.safetensors", test_tmpdir());
     char *argv[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
@@ -951,10 +953,10 @@ START_TEST(test_quant_group_fit)
     ck_assert_msg(strstr(out, "no group of 64 divides every matrix") &&
                   strstr(out, "using the largest that does, 4"), "river quant said: %.400s", out);
     free(out);
-    river_t *r = NULL;
-    ck_assert_msg(river_load(&r, m, out_path) == 0, "%s", river_err_detail());
-    ck_assert_int_eq(river_group(r), 4);
-    river_destroy(&r);
+    exitriver_t *r = NULL;
+    ck_assert_msg(exitriver_load(&r, m, out_path) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(exitriver_group(r), 4);
+    exitriver_destroy(&r);
     char *argv2[] = {(char *)test_bin("river"), "quant", "--model", STORIES, "--out", out_path,
                      "--group", "64", "--threads", "1", NULL};
     remove(out_path);

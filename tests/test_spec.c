@@ -13,8 +13,9 @@
 #include "common/err.h"
 #include "engine/exit_setup.h"
 #include "engine/generate.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
+#include "offline/exitriver_build.h"
 #include "tests/testutil.h"
 
 #define MAX_IDS 512
@@ -107,12 +108,12 @@ static void env_open(env_t *e, const char *model, const char *tag)
     ck_assert_int_eq(cpu_backend_new(&e->be, 2, CPU_SIMD_COUNT), 0);
     snprintf(e->river_path, sizeof e->river_path, "%s/%s-river.safetensors", test_tmpdir(),
              tag);
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.start_layer = 1;
     /* The largest group that divides every matrix of the model (stories260K: 4). */
     while (o.quant.group > 1 && (e->m->cfg.dim % o.quant.group || e->m->cfg.hidden_dim % o.quant.group))
         o.quant.group /= 2;
-    ck_assert_msg(river_build(e->m, e->river_path, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(e->m, e->river_path, &o, NULL) == 0, "%s", river_err_detail());
     exit_policy_t pol = {.rule = EXIT_RULE_COSINE, .tau = 0.95f, .agg = EXIT_AGG_ROW,
                          .kv = EXIT_KV_RIVER};
     ck_assert_msg(exit_setup_open(&e->xs, &pol, e->river_path, NULL, e->m) == 0, "%s",

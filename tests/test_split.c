@@ -21,8 +21,10 @@
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/kv_pool.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
+#include "model/fingerprint.h"
+#include "offline/exitriver_build.h"
 #include "proto/river_pair.pb-c.h"
 #include "tests/fakerd.h"
 #include "tests/proc.h"
@@ -190,12 +192,12 @@ static void build_river(char *path, size_t cap)
     snprintf(path, cap, "%s/kjv-river-q8-rtn.safetensors", test_tmpdir());
     model_t *m;
     ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.quant.bits = 8;
     o.quant.method = QUANT_RTN;
     o.start_layer = 1;
     o.n_threads = 1;
-    ck_assert_msg(river_build(m, path, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(m, path, &o, NULL) == 0, "%s", river_err_detail());
     model_destroy(&m);
 }
 
@@ -207,7 +209,7 @@ typedef struct fake_river {
     backend_t *be;
     kv_pool_t *kv;   /* the shared pool this process offers */
     int memfd;
-    char fingerprint[RIVER_FINGERPRINT_LEN];
+    char fingerprint[MODEL_FINGERPRINT_LEN];
     char backend[64];
 } fake_river_t;
 
@@ -364,7 +366,7 @@ static void fr_open(fake_river_t *r, int n_pages)
     memset(r, 0, sizeof *r);
     ck_assert_msg(model_load(&r->m, KJV) == 0, "%s", river_err_detail());
     test_backend_open(&r->be, 1, CPU_SIMD_COUNT, r->m);
-    ck_assert_int_eq(river_fingerprint(r->m, r->fingerprint), 0);
+    ck_assert_int_eq(model_fingerprint(r->m, r->fingerprint), 0);
     backend_describe(r->be, r->backend, sizeof r->backend);
     const model_config_t *c = &r->m->cfg;
     ck_assert_msg(kv_pool_new_shared(&r->kv, r->be, c->n_layers, c->n_kv_heads * c->head_dim,
@@ -457,13 +459,13 @@ START_TEST(test_engine_seam)
     build_river(river_file, sizeof river_file);
     model_t *m;
     backend_t *be;
-    river_t *rv;
+    exitriver_t *rv;
     ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
     test_backend_open(&be, 1, CPU_SIMD_COUNT, m);
-    ck_assert_msg(river_load(&rv, m, river_file) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_load(&rv, m, river_file) == 0, "%s", river_err_detail());
     const layer_weights_t *layers[12];
     for (int l = 0; l < 12; l++)
-        layers[l] = river_layer(rv, l);
+        layers[l] = exitriver_layer(rv, l);
     int kvd = m->cfg.n_kv_heads * m->cfg.head_dim, fd;
 
     /* The shared pool and its second mapping. */
@@ -516,7 +518,7 @@ START_TEST(test_engine_seam)
         exit_kv_t kind = kinds[k / 2];
         exit_config_t ex = {.policy = {.rule = EXIT_RULE_COSINE, .tau = taus[k % 2],
                                        .agg = EXIT_AGG_ROW, .kv = kind},
-                            .river = layers, .river_start = river_start_layer(rv)};
+                            .river = layers, .river_start = exitriver_start_layer(rv)};
         static seq_out_t plain[3], split[3];
         ck_assert_msg(seam_generate(m, be, NULL, NULL, &ex, plain) == 0, "%s",
                       river_err_detail());
@@ -547,14 +549,14 @@ START_TEST(test_engine_seam)
     for (size_t k = 0; k < 2; k++) {
         exit_config_t ex = {.policy = {.rule = EXIT_RULE_COSINE, .tau = 0.95f,
                                        .agg = EXIT_AGG_ROW, .kv = refused[k]},
-                            .river = layers, .river_start = river_start_layer(rv)};
+                            .river = layers, .river_start = exitriver_start_layer(rv)};
         static seq_out_t out[3];
         ck_assert_int_eq(seam_generate(m, be, shared, &r, &ex, out), RIVER_EUNSUPPORTED);
     }
     forward_destroy(&sm.f);
     kv_pool_destroy(&attached);
     kv_pool_destroy(&shared);
-    river_destroy(&rv);
+    exitriver_destroy(&rv);
     backend_destroy(&be);
     model_destroy(&m);
     remove(river_file);

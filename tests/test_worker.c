@@ -18,8 +18,9 @@
 #include "common/frame.h"
 #include "common/prefix_hash.h"
 #include "engine/generate.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
+#include "offline/exitriver_build.h"
 #include "tests/fakerd.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
@@ -206,15 +207,15 @@ static void ref_run_exit(const char *model, const char *tok_path, const char *pr
     gen_t *g;
     gen_config_t c = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};
     ck_assert_int_eq(gen_new(&g, m, tok, be, &c), 0);
-    river_t *rv = NULL;
+    exitriver_t *rv = NULL;
     const layer_weights_t *layers[64] = {0};
     if (river_file) {
-        ck_assert_msg(river_load(&rv, m, river_file) == 0, "%s", river_err_detail());
+        ck_assert_msg(exitriver_load(&rv, m, river_file) == 0, "%s", river_err_detail());
         ck_assert_int_le(m->cfg.n_layers, 64);
         for (int l = 0; l < m->cfg.n_layers; l++)
-            layers[l] = river_layer(rv, l);
+            layers[l] = exitriver_layer(rv, l);
         exit_config_t ex = {.policy = *policy, .river = layers,
-                            .river_start = river_start_layer(rv), .river_head = river_head(rv)};
+                            .river_start = exitriver_start_layer(rv), .river_head = exitriver_head(rv)};
         ck_assert_msg(gen_set_exit(g, &ex) == 0, "%s", river_err_detail());
     }
     gen_request_t q = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
@@ -226,7 +227,7 @@ static void ref_run_exit(const char *model, const char *tok_path, const char *pr
     if (tok_s)
         *tok_s = (double)r->n * 1000.0 / (double)(clock_now_ms() - t0 + 1);
     gen_destroy(&g);
-    river_destroy(&rv);
+    exitriver_destroy(&rv);
     free(ids);
     cpu_backend_destroy(&be);
     tokenizer_destroy(&tok);
@@ -331,10 +332,10 @@ START_TEST(test_exit_policy)
     snprintf(river_file, sizeof river_file, "%s/kjv-river-q4.safetensors", test_tmpdir());
     model_t *m;
     ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.start_layer = 2;
     o.n_threads = 1;
-    ck_assert_msg(river_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
     model_destroy(&m);
     exit_policy_t pol = {.rule = EXIT_RULE_FIXED, .exit_layer = 6, .agg = EXIT_AGG_MIN,
                          .kv = EXIT_KV_RIVER};
@@ -403,10 +404,10 @@ START_TEST(test_lossless)
     snprintf(river_file, sizeof river_file, "%s/kjv-river-ll.safetensors", test_tmpdir());
     model_t *m;
     ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
-    river_build_opts_t o = river_build_opts_default();
+    exitriver_build_opts_t o = exitriver_build_opts_default();
     o.start_layer = 1;
     o.n_threads = 1;
-    ck_assert_msg(river_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
+    ck_assert_msg(exitriver_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
     model_destroy(&m);
     static ref_t plain[3];
     for (int i = 0; i < 3; i++)

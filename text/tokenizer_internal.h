@@ -1,7 +1,8 @@
 /* Internals shared by the tokenizer modules: the tokenizer object, growable buffers, a string
  * hash map, UTF-8 helpers, and the entry points of the two formats (Hugging Face
- * tokenizer.json in tokenizer_hf.c, llama2.c tok*.bin in tokenizer_l2c.c). Nothing here is
- * part of the public interface in text/tokenizer.h. */
+ * tokenizer.json in tokenizer_hf.c and the hf_*.c files listed in text/hf_internal.h,
+ * llama2.c tok*.bin in tokenizer_l2c.c). Nothing here is part of the public interface in
+ * text/tokenizer.h. */
 #ifndef RIVER_TEXT_TOKENIZER_INTERNAL_H
 #define RIVER_TEXT_TOKENIZER_INTERNAL_H
 

@@ -40,8 +40,9 @@
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
-#include "engine/river.h"
+#include "engine/exitriver.h"
 #include "kernels/backend.h"
+#include "model/fingerprint.h"
 #include "workers/link.h"
 #include "workers/config.h"
 #include "workers/pair.h"
@@ -79,7 +80,7 @@ typedef struct worker {
     int sigfd;
     int signals;          /* SIGTERM/SIGINT received */
     /* Split pair. */
-    char fingerprint[RIVER_FINGERPRINT_LEN];
+    char fingerprint[MODEL_FINGERPRINT_LEN];
     kv_pool_t *kv;        /* role river: the shared pool the engine borrows */
     int memfd;            /* its descriptor, owned by the pool */
     pair_river_t *pair;   /* role river: the link to the backbone peer */
@@ -300,7 +301,7 @@ static int worker__open_engine(worker_t *w)
         return river_err_set(RIVER_ECONFIG, "split.boundary %d: must be in 1..%d for a model "
                              "of %d layers", c->split_boundary,
                              w->env.model->cfg.n_layers - 1, w->env.model->cfg.n_layers);
-    if (river && (e = river_fingerprint(w->env.model, w->fingerprint)))
+    if (river && (e = model_fingerprint(w->env.model, w->fingerprint)))
         return e;
     exit_policy_t pol = {.rule = (exit_rule_t)c->exit_rule, .tau = (float)c->exit_tau,
                          .theta = (float)c->exit_theta, .exit_layer = c->exit_layer,
@@ -319,14 +320,14 @@ static int worker__open_engine(worker_t *w)
     if (gc.prefix_cache) {
         /* Page names carry the model and river, so riverd never takes one worker's pages
          * for another model's (and the seed names the river a worker runs). */
-        char fp[RIVER_FINGERPRINT_LEN];
-        if ((e = river_fingerprint(w->env.model, fp)))
+        char fp[MODEL_FINGERPRINT_LEN];
+        if ((e = model_fingerprint(w->env.model, fp)))
             return e;
         char rfp[64] = "";
         if (w->xc.river)
-            snprintf(rfp, sizeof rfp, "%s/q%d/g%d/s%d", river_fingerprint_of(w->xc.river),
-                     river_bits(w->xc.river), river_group(w->xc.river),
-                     river_start_layer(w->xc.river));
+            snprintf(rfp, sizeof rfp, "%s/q%d/g%d/s%d", exitriver_fingerprint_of(w->xc.river),
+                     exitriver_bits(w->xc.river), exitriver_group(w->xc.river),
+                     exitriver_start_layer(w->xc.river));
         gc.prefix_seed = prefix_hash_seed(fp, rfp);
     }
     if (river) {
@@ -605,7 +606,7 @@ static int worker__open_backbone(worker_t *w)
     if (e)
         return e;
     const model_t *m = w->env.model;
-    if ((e = river_fingerprint(m, w->fingerprint)))
+    if ((e = model_fingerprint(m, w->fingerprint)))
         return e;
     pair_backbone_config_t pc = {
         .endpoint = c->split_peer,

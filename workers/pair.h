@@ -93,7 +93,7 @@ typedef struct pair_river_config {
     const char *endpoint;      /* the backbone worker's split.peer */
     const char *river_id;      /* this worker's id, for the backbone's logs */
     int boundary;              /* split.boundary */
-    const char *fingerprint;   /* river_fingerprint of the model */
+    const char *fingerprint;   /* model_fingerprint of the model */
     const char *backend;       /* pair_backend_name */
     int threads;               /* the backend's threads */
     int max_rows;              /* rows of the largest forward batch */
@@ -140,7 +140,7 @@ typedef struct pair_backbone pair_backbone_t;
 typedef struct pair_backbone_config {
     const char *endpoint;      /* split.peer, bound here */
     int boundary;              /* split.boundary: the first layer this side runs */
-    const char *fingerprint;   /* river_fingerprint of the model */
+    const char *fingerprint;   /* model_fingerprint of the model */
     const char *backend;       /* pair_backend_name */
     int threads;               /* the backend's threads */
     int transport;             /* pair_transport_kind_t a hello must ask for; auto: what the

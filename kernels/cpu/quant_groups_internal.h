@@ -1,4 +1,5 @@
-/* Shared between quant.c (the portable kernel) and quant_avx512.c; not public.
+/* Shared between quant_groups.c (the portable kernel), quant_groups_avx2.c and
+ * quant_groups_avx512.c; not public.
  *
  * A kernel quantizes a run of consecutive groups of float32 values. The per-group control
  * flow (scale and zero set-up, HQQ's iteration and stopping rule) lives here, once, as a
@@ -7,16 +8,14 @@
  * for a chosen zero). The inner loops of both kernels do the same float operations in the
  * same order, and sum element j of a group into lane j % 16 before adding the 16 lanes as a
  * fixed tree, so that the AVX-512 kernel gives exactly the portable kernel's bytes. */
-#ifndef RIVER_ENGINE_QUANT_INTERNAL_H
-#define RIVER_ENGINE_QUANT_INTERNAL_H
+#ifndef RIVER_KERNELS_CPU_QUANT_GROUPS_INTERNAL_H
+#define RIVER_KERNELS_CPU_QUANT_GROUPS_INTERNAL_H
 
 #include <math.h>
 #include <stdint.h>
 
-#include "engine/quant.h"
+#include "kernels/cpu/quant_groups.h"
 #include "kernels/half.h"
-
-#define QUANT_LANES 16
 
 /* |x|^(p-1) is computed as exp2((p-1) * log2(x)) with two short polynomials: log2(1+f) and
  * 2^f - 1 on [0, 1), least-squares fits of degree 4 (absolute error 1.2e-4 in log2 and
@@ -38,7 +37,7 @@
 /* What the driver hands the inner loops for one group. */
 typedef struct quant_gp {
     float scale;  /* the stored fp16 scale, widened: value = (q - zero) * scale */
-    float inv;    /* 1 / scale: s of DESIGN.md */
+    float inv;    /* 1 / scale: the s of W * s + z */
     float zero;   /* the fp16 zero being tried, widened */
     float qmax;   /* 2^bits - 1 */
     float expo;   /* p - 1 */
@@ -51,17 +50,6 @@ typedef struct quant_sums {
     float sq;    /* sum (W - Wr)^2 */
     float zsum;  /* iter: sum (Wq - (W - We) * s); final: sum W^2 */
 } quant_sums_t;
-
-/* The job of one kernel call: everything that does not change from group to group. */
-typedef struct quant_job {
-    int group;
-    int qmax;
-    int hqq;
-    int iters;
-    float beta;
-    float kappa;
-    float expo;
-} quant_job_t;
 
 typedef void (*quant_iter_fn)(const float *w, int g, const quant_gp_t *gp, quant_sums_t *out);
 typedef void (*quant_final_fn)(const float *w, int g, const quant_gp_t *gp, uint8_t *q,
@@ -186,15 +174,15 @@ static inline int quant_group_run(const quant_job_t *j, const float *w, float lo
     return 0;
 }
 
-/* The AVX-512 kernel (quant_avx512.c), for groups whose size is a multiple of 16; the
- * portable one is in quant.c. Both quantize n_groups consecutive groups of w and return 0,
+/* The AVX-512 kernel (quant_groups_avx512.c), for groups whose size is a multiple of 16;
+ * the portable one is in quant_groups.c. Both quantize n_groups consecutive groups of w and return 0,
  * or -1 - (index of the first group that does not fit an fp16 scale). */
 int quant_groups_avx512(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
                         uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
-/* The portable kernel (quant.c), for any group size. */
+/* The portable kernel (quant_groups.c), for any group size. */
 int quant_groups_scalar(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
                         uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
-/* The same with AVX2 (quant_avx2.c), for the same groups, giving the same bytes. */
+/* The same with AVX2 (quant_groups_avx2.c), for the same groups, giving the same bytes. */
 int quant_groups_avx2(const quant_job_t *j, const float *w, int64_t n_groups, uint8_t *q,
                       uint16_t *scales, uint16_t *zeros, quant_stats_t *st);
 

@@ -1,82 +1,19 @@
-/* RTN and HQQ weight quantization (see quant.h), with the portable kernel. The AVX-512 and
- * AVX2 kernels are in quant_avx512.c and quant_avx2.c; quant_internal.h holds what they
- * share. */
-#include "engine/quant.h"
+/* RTN and HQQ weight quantization of whole matrices (see quant.h), over the group kernels
+ * of kernels/cpu/quant_groups.h, and reading weights back for error measurements. */
+#include "offline/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/quant_internal.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/quant_groups.h"
 #include "kernels/half.h"
 
 /* Elements one task quantizes: a few rows, about 256 KB of float32, so that a row's
  * converted values stay in cache through all of its groups' iterations. */
 #define QUANT_TASK_ELEMS (64 * 1024)
-
-const char *quant_method_name(quant_method_t m)
-{
-    switch (m) {
-    case QUANT_RTN:
-        return "rtn";
-    case QUANT_HQQ:
-        return "hqq";
-    case QUANT_METHOD_COUNT:
-        break;
-    }
-    return "unknown";
-}
-
-int quant_method_parse(const char *s, quant_method_t *out)
-{
-    for (int m = 0; m < QUANT_METHOD_COUNT; m++)
-        if (!strcmp(s, quant_method_name((quant_method_t)m))) {
-            *out = (quant_method_t)m;
-            return 0;
-        }
-    return -1;
-}
-
-quant_params_t quant_params_default(void)
-{
-    return (quant_params_t){
-        .bits = 4,
-        .group = 64,
-        .method = QUANT_HQQ,
-        .hqq_p = 0.7f,
-        .hqq_beta = 10.0f,
-        .hqq_kappa = 1.01f,
-        .hqq_iters = 20,
-        .portable = 0,
-    };
-}
-
-int quant_params_check(const quant_params_t *p, int64_t cols, const char *what)
-{
-    if (p->bits != 4 && p->bits != 8)
-        return river_err_set(RIVER_EINVAL, "%s: %d bits; only 4 and 8 are supported", what,
-                             p->bits);
-    if (p->group <= 0)
-        return river_err_set(RIVER_EINVAL, "%s: group size %d must be positive", what,
-                             p->group);
-    if ((unsigned)p->method >= QUANT_METHOD_COUNT)
-        return river_err_set(RIVER_EINVAL, "%s: unknown quantization method %d", what,
-                             (int)p->method);
-    if (p->method == QUANT_HQQ &&
-        (!(p->hqq_p > 0 && p->hqq_p < 1) || !(p->hqq_beta > 0) || !(p->hqq_kappa >= 1) ||
-         !isfinite(p->hqq_beta) || !isfinite(p->hqq_kappa) || p->hqq_iters < 1 ||
-         p->hqq_iters > 1000))
-        return river_err_set(RIVER_EINVAL, "%s: HQQ needs 0 < p < 1, beta > 0, kappa >= 1 "
-                             "and 1..1000 iterations (got p %g, beta %g, kappa %g, %d)",
-                             what, (double)p->hqq_p, (double)p->hqq_beta,
-                             (double)p->hqq_kappa, p->hqq_iters);
-    if (cols > 0 && cols % p->group != 0)
-        return river_err_set(RIVER_ESHAPE, "%s: %lld columns are not a multiple of the group "
-                             "size %d", what, (long long)cols, p->group);
-    return 0;
-}
 
 /* ---- statistics ---- */
 
@@ -180,96 +117,6 @@ weight_t quant_matrix_weight(const quant_matrix_t *q)
     };
 }
 
-/* ---- the portable kernel ---- */
-
-/* |x|^e for x >= 1e-8, as described in quant_internal.h; the AVX-512 kernel does the same
- * operations lane by lane. */
-static inline float quant_pow(float x, float e)
-{
-    uint32_t b = half_f32_bits(x);
-    int32_t ex = (int32_t)(b >> 23) - 127;
-    float m = half_bits_f32((b & 0x007fffffu) | 0x3f800000u) - 1.0f;
-    float lg = (((QUANT_LOG2_C4 * m + QUANT_LOG2_C3) * m + QUANT_LOG2_C2) * m + QUANT_LOG2_C1) * m;
-    float y = e * ((float)ex + lg);
-    y = fminf(fmaxf(y, -126.0f), 126.0f);
-    int32_t yi = (int32_t)y;
-    if ((float)yi > y)
-        yi--;
-    float f = y - (float)yi;
-    float p = (((QUANT_EXP2_D4 * f + QUANT_EXP2_D3) * f + QUANT_EXP2_D2) * f + QUANT_EXP2_D1) * f +
-              1.0f;
-    return half_bits_f32(half_f32_bits(p) + (uint32_t)((uint32_t)yi << 23));
-}
-
-/* The code of value x: clamp(round(x * s + z), 0, qmax). Clamping to [-1, qmax + 1] first
- * keeps the magic-number rounding in its exact range without changing the result. */
-static inline float quant_code(float x, const quant_gp_t *gp)
-{
-    float t = x * gp->inv + gp->zero;
-    t = fminf(fmaxf(t, -1.0f), gp->qmax + 1.0f);
-    float r = (t + QUANT_ROUND_MAGIC) - QUANT_ROUND_MAGIC;
-    return fminf(fmaxf(r, 0.0f), gp->qmax);
-}
-
-static void scalar_iter(const float *w, int g, const quant_gp_t *gp, quant_sums_t *out)
-{
-    float sa[QUANT_LANES] = {0}, ss[QUANT_LANES] = {0}, sz[QUANT_LANES] = {0};
-    for (int k = 0; k < g; k++) {
-        float x = w[k];
-        float q = quant_code(x, gp);
-        float d = x - (q - gp->zero) * gp->scale;
-        float a = fabsf(d);
-        float pw = quant_pow(a + QUANT_POW_EPS, gp->expo);
-        float m = fmaxf(a - pw * gp->ibeta, 0.0f);
-        float we = copysignf(m, d);
-        int l = k % QUANT_LANES;
-        sa[l] += a;
-        ss[l] += d * d;
-        sz[l] += q - (x - we) * gp->inv;
-    }
-    out->abs = quant_lane_reduce(sa);
-    out->sq = quant_lane_reduce(ss);
-    out->zsum = quant_lane_reduce(sz);
-}
-
-static void scalar_final(const float *w, int g, const quant_gp_t *gp, uint8_t *qout,
-                         quant_sums_t *out)
-{
-    float sa[QUANT_LANES] = {0}, ss[QUANT_LANES] = {0}, sr[QUANT_LANES] = {0};
-    for (int k = 0; k < g; k++) {
-        float x = w[k];
-        float q = quant_code(x, gp);
-        float d = x - (q - gp->zero) * gp->scale;
-        int l = k % QUANT_LANES;
-        sa[l] += fabsf(d);
-        ss[l] += d * d;
-        sr[l] += x * x;
-        qout[k] = (uint8_t)q;
-    }
-    out->abs = quant_lane_reduce(sa);
-    out->sq = quant_lane_reduce(ss);
-    out->zsum = quant_lane_reduce(sr);
-}
-
-int quant_groups_scalar(const quant_job_t *j, const float *w, int64_t n_groups,
-                               uint8_t *q, uint16_t *scales, uint16_t *zeros,
-                               quant_stats_t *st)
-{
-    int g = j->group;
-    for (int64_t i = 0; i < n_groups; i++) {
-        const float *wg = w + i * g;
-        float lo = wg[0], hi = wg[0];
-        for (int k = 1; k < g; k++) {
-            lo = fminf(lo, wg[k]);
-            hi = fmaxf(hi, wg[k]);
-        }
-        if (quant_group_run(j, wg, lo, hi, q + i * g, &scales[i], &zeros[i], st, scalar_iter,
-                            scalar_final) != 0)
-            return (int)(-1 - i);
-    }
-    return 0;
-}
-
 /* ---- one matrix ---- */
 
 typedef struct quant_task_ctx {
@@ -346,9 +193,7 @@ static void quant_task(void *arg, int task, int thread)
             return;
         }
         uint16_t *sc = out->scales + r * ng, *ze = out->zeros + r * ng;
-        int rc = c->level == CPU_SIMD_AVX512 ? quant_groups_avx512(&c->job, x, ng, codes, sc, ze, st)
-                 : c->level == CPU_SIMD_AVX2 ? quant_groups_avx2(&c->job, x, ng, codes, sc, ze, st)
-                                             : quant_groups_scalar(&c->job, x, ng, codes, sc, ze, st);
+        int rc = quant_groups(c->level, &c->job, x, ng, codes, sc, ze, st);
         if (rc != 0) {
             c->err[task] = RIVER_ERANGE;
             c->bad_row[task] = r;

@@ -1,16 +1,16 @@
 /* The AVX2 quantization kernel: groups whose size is a multiple of 16, one group at a time.
  * Compiled with AVX2/FMA flags and called only when the selected SIMD level has them
- * (quant.c decides).
+ * (quant_groups.c decides).
  *
- * It is quant_avx512.c with each 16-lane vector held as two 8-lane halves (lanes 0-7 and
- * 8-15): every vector operation mirrors one float operation of the portable kernel in
- * quant.c, in the same order, with no fused multiply-adds, and lane l sums elements l,
- * l+16, l+32... of the group; the halves are added first (i + (i+8)), then the 8 lanes as
- * the portable tree does. So this kernel, too, gives the portable kernel's bytes exactly. */
+ * It is quant_groups_avx512.c with each 16-lane vector held as two 8-lane halves (lanes 0-7
+ * and 8-15): every vector operation mirrors one float operation of the portable kernel in
+ * quant_groups.c, in the same order, with no fused multiply-adds, and lane l sums elements
+ * l, l+16, l+32... of the group; the halves are added first (i + (i+8)), then the 8 lanes
+ * as the portable tree does. So this kernel, too, gives the portable kernel's bytes exactly. */
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "engine/quant_internal.h"
+#include "kernels/cpu/quant_groups_internal.h"
 
 #define AI static inline __attribute__((always_inline))
 

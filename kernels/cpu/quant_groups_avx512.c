@@ -1,15 +1,15 @@
 /* The AVX-512 quantization kernel: groups whose size is a multiple of 16, one group at a
  * time, 16 values per vector. Compiled with AVX-512 flags and called only after
- * cpu_simd_detect() found them (quant.c decides).
+ * cpu_simd_detect() found them (quant_groups.c decides).
  *
  * Every vector operation here mirrors one float operation of the portable kernel in
- * quant.c, in the same order, with no fused multiply-adds, and lane l of an accumulator
+ * quant_groups.c, in the same order, with no fused multiply-adds, and lane l of an accumulator
  * sums elements l, l+16, l+32... of the group exactly as the portable lane sums do; that is
  * what makes the two kernels agree to the bit. */
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "engine/quant_internal.h"
+#include "kernels/cpu/quant_groups_internal.h"
 
 #define AI static inline __attribute__((always_inline))
 

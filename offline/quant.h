@@ -18,58 +18,19 @@
  * thread count, and the portable, AVX2 and AVX-512 kernels give identical results (they
  * perform the same float operations in the same order). The SIMD kernel is the one of the
  * level the CPU backend selects (RIVER_SIMD honoured). */
-#ifndef RIVER_ENGINE_QUANT_H
-#define RIVER_ENGINE_QUANT_H
+#ifndef RIVER_OFFLINE_QUANT_H
+#define RIVER_OFFLINE_QUANT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/quant_params.h"
+#include "kernels/cpu/quant_groups.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/ops.h"
 
-typedef enum {
-    QUANT_RTN = 0,
-    QUANT_HQQ,
-    QUANT_METHOD_COUNT
-} quant_method_t;
-
-/* "rtn" or "hqq". */
-const char *quant_method_name(quant_method_t m);
-/* The method named s; -1 when s names none. */
-int quant_method_parse(const char *s, quant_method_t *out);
-
-typedef struct quant_params {
-    int bits;              /* 4 or 8 */
-    int group;             /* inputs per group; must divide the columns of every matrix */
-    quant_method_t method;
-    float hqq_p;           /* the lp-norm HQQ minimises, 0.7 */
-    float hqq_beta;        /* initial beta of the proximal solver, 10 */
-    float hqq_kappa;       /* beta's growth per iteration, 1.01 */
-    int hqq_iters;         /* iterations at most, 20 */
-    int portable;          /* 1: use the portable kernel even where AVX2/AVX-512 is present */
-} quant_params_t;
-
-/* 4 bits, group 64, HQQ with DESIGN.md's parameters. */
-quant_params_t quant_params_default(void);
-
-/* Checks the parameters for a matrix of `cols` inputs (cols <= 0: skips the divisibility
- * check). `what` names the matrix in the error detail. */
-int quant_params_check(const quant_params_t *p, int64_t cols, const char *what);
-
-/* Error sums of one quantization, in double so that a billion elements add up exactly
- * enough. The rtn_* fields hold the same sums for plain RTN (equal to the others when the
- * method is RTN). */
-typedef struct quant_stats {
-    int64_t n;           /* elements */
-    int64_t groups;
-    int64_t iters;       /* HQQ iterations run, over all groups */
-    double abs_err;      /* sum of |W - dequant| */
-    double sq_err;       /* sum of (W - dequant)^2 */
-    double sq_ref;       /* sum of W^2 */
-    double rtn_abs_err;
-    double rtn_sq_err;
-} quant_stats_t;
-
+/* The error sums (quant_stats_t) are those the kernels of kernels/cpu/quant_groups.h add
+ * up. */
 void quant_stats_add(quant_stats_t *into, const quant_stats_t *s);
 /* Mean absolute error, and the relative Frobenius error ||W - dequant|| / ||W|| (0 for an
  * all-zero W), of the method used and of RTN. */
