@@ -10,19 +10,13 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "engine/generate.h"
 #include "engine/router.h"
 #include "offline/router_calib.h"
 #include "offline/router_train.h"
-
-static double cal__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void cal__usage(FILE *f)
 {
@@ -432,12 +426,12 @@ int cmd_calibrate(int argc, char **argv)
     }
     if ((e = river_read_file(text_path, &text, &len)))
         goto done;
-    double t0 = cal__now();
+    double t0 = clock_now_s();
     router_calib_opts_t co = {.interval = (int)interval, .max_tokens = max_tokens,
                               .window = (int)window};
     if ((e = router_calib_collect(&cal, env.model, env.tok, env.be, text, len, &co)))
         goto done;
-    double t1 = cal__now();
+    double t1 = clock_now_s();
     printf("river calibrate: %lld tokens from %lld documents (%lld windows) in %.1f s; "
            "checkpoints after layers", (long long)cal->n, (long long)cal->n_docs,
            (long long)cal->n_windows, t1 - t0);
@@ -480,7 +474,7 @@ int cmd_calibrate(int argc, char **argv)
     fflush(stdout);
     if ((e = router_set_train(set, cal, &to, reps)))
         goto done;
-    double t2 = cal__now();
+    double t2 = clock_now_s();
     cal__print_reports(reps, n, (float)tau, cal);
     if ((e = router_set_save(set, out_path)))
         goto done;

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "model/model.h"
 #include "offline/exitriver_build.h"
@@ -32,13 +33,6 @@ static void quant_usage(FILE *f)
             "the logits of tokens that exited; 0 keeps the backbone's head for them.\n"
             "--threads defaults to one per core.\n",
             EXITRIVER_DEFAULT_START_LAYER);
-}
-
-static double quant_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 typedef struct quant_progress {
@@ -168,7 +162,7 @@ int cmd_quant(int argc, char **argv)
         return 2;
     }
 
-    double t0 = quant_now();
+    double t0 = clock_now_s();
     model_t *m = NULL;
     int err = model_load(&m, model_path);
     if (err)
@@ -214,13 +208,13 @@ int cmd_quant(int argc, char **argv)
     fprintf(stderr, "river quant: %d-bit, groups of %d, %s, layers %d..%d\n", o.quant.bits,
             o.quant.group, quant_method_name(o.quant.method), o.start_layer,
             m->cfg.n_layers - 1);
-    double t1 = quant_now();
+    double t1 = clock_now_s();
     quant_stats_t total;
     if ((err = exitriver_build(m, path, &o, &total))) {
         cli_fail("quant", err);
         goto done;
     }
-    double t2 = quant_now();
+    double t2 = clock_now_s();
     struct stat st;
     double mb = stat(path, &st) == 0 ? (double)st.st_size / 1e6 : 0;
     if (o.quant.method == QUANT_HQQ)

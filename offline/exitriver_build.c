@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/threadpool.h"
@@ -20,13 +21,6 @@ exitriver_build_opts_t exitriver_build_opts_default(void)
         .head_bits = 8,
         .n_threads = 0,
     };
-}
-
-static double exitriver_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* ---- building ---- */
@@ -200,7 +194,7 @@ int exitriver_build(const model_t *m, const char *path, const exitriver_build_op
         quant_matrix_destroy(&q);
     }
     for (int l = o->start_layer; l < m->cfg.n_layers; l++) {
-        double t0 = exitriver_now();
+        double t0 = clock_now_s();
         quant_stats_t layer = {0};
         for (int i = 0; i < EXITRIVER_N_MATRICES; i++) {
             const weight_t *w = exitriver_matrix(&m->layers[l], i);
@@ -222,7 +216,7 @@ int exitriver_build(const model_t *m, const char *path, const exitriver_build_op
         }
         quant_stats_add(&sum, &layer);
         if (o->progress)
-            o->progress(o->progress_arg, l, &layer, exitriver_now() - t0);
+            o->progress(o->progress_arg, l, &layer, clock_now_s() - t0);
     }
     if ((err = safetensors_writer_finish(wr)))
         goto fail;

@@ -9,30 +9,23 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/rng.h"
 #include "engine/router_vec.h"
 
 /* ---- Random numbers ------------------------------------------------------------------- */
 
-/* splitmix64: small, seedable, and the same sequence on every platform, which keeps
- * calibration reproducible from its seed. */
-static uint64_t router_train__rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1) with 24 bits, exact in a float. */
+/* Uniform in [0, 1) with 24 bits, exact in a float. The bits come from splitmix64
+ * (common/rng.h), whose sequence is the same on every platform, which keeps calibration
+ * reproducible from its seed. */
 static float router_train__rng_unit(uint64_t *s)
 {
-    return (float)(router_train__rng_next(s) >> 40) * (1.0f / 16777216.0f);
+    return (float)(rng_next(s) >> 40) * (1.0f / 16777216.0f);
 }
 
 /* Uniform in [0, n) without modulo bias worth worrying about for n far below 2^64. */
 static int64_t router_train__rng_below(uint64_t *s, int64_t n)
 {
-    return (int64_t)(router_train__rng_next(s) % (uint64_t)n);
+    return (int64_t)(rng_next(s) % (uint64_t)n);
 }
 
 static void router_train__shuffle(int64_t *a, int64_t n, uint64_t *s)
