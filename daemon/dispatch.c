@@ -27,6 +27,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/exit_names.h"
 #include "common/prefix_hash.h"
 #include "daemon/riverd.h"
 
@@ -462,14 +463,11 @@ static bool dispatch__check_sampling(const config_riverd_t *c,
 static bool dispatch__check_exit(const config_riverd_t *c, const River__Client__Generate *g,
                                  char *why, size_t cap)
 {
-    static const char *const policies[] = {"", "none", "cosine", "router", "fixed"};
     const River__Client__ExitOverride *x = g->exit;
     if (!x)
         return true;
-    bool known = false;
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++)
-        known |= !strcmp(x->policy, policies[i]);
-    if (!known)
+    /* "": the worker's rule. */
+    if (x->policy[0] && exit_names_find(exit_names_rules, x->policy) < 0)
         return snprintf(why, cap, "exit.policy '%.64s' is not none, cosine, router or fixed",
                         x->policy),
                false;

@@ -3,9 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* NULL-terminated, so that configuration schemas can take them as an enum's choices. */
-const char *const exit_rule_names[] = {"none", "cosine", "router", "fixed", NULL};
-const char *const exit_agg_names[] = {"min", "row", NULL};
+#include "common/exit_names.h"
+
 static const char *const exit__kvs[] = {"river", "mask", "propagate", "recompute", "mono",
                                         "posthoc"};
 
@@ -18,22 +17,14 @@ static const char *exit__name(const char *const *names, unsigned i)
     return "?";
 }
 
-static int exit__parse(const char *const *names, const char *s)
-{
-    for (int i = 0; names[i]; i++)
-        if (!strcmp(s, names[i]))
-            return i;
-    return -1;
-}
-
 const char *exit_rule_name(exit_rule_t r)
 {
-    return exit__name(exit_rule_names, (unsigned)r);
+    return exit__name(exit_names_rules, (unsigned)r);
 }
 
 const char *exit_agg_name(exit_agg_t a)
 {
-    return exit__name(exit_agg_names, (unsigned)a);
+    return exit__name(exit_names_aggs, (unsigned)a);
 }
 
 const char *exit_kv_name(exit_kv_t k)
@@ -43,12 +34,12 @@ const char *exit_kv_name(exit_kv_t k)
 
 int exit_rule_parse(const char *s)
 {
-    return exit__parse(exit_rule_names, s);
+    return exit_names_find(exit_names_rules, s);
 }
 
 int exit_agg_parse(const char *s)
 {
-    return exit__parse(exit_agg_names, s);
+    return exit_names_find(exit_names_aggs, s);
 }
 
 int exit_kv_parse(const char *s)

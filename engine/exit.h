@@ -34,11 +34,8 @@ typedef enum {
     EXIT_KV_COUNT
 } exit_kv_t;
 
-/* The rules' and aggregations' names, in the order of their enums and NULL-terminated:
- * the one spelling of them for the command line, the worker's configuration and logs. */
-extern const char *const exit_rule_names[];
-extern const char *const exit_agg_names[];
-
+/* The rules' and aggregations' names are common/exit_names.h's, in the order of the enums
+ * above. */
 const char *exit_rule_name(exit_rule_t r);
 const char *exit_agg_name(exit_agg_t a);
 const char *exit_kv_name(exit_kv_t k);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/exit_names.h"
 #include "gateway/gateway.h"
 
 #define GW_MAX_STOP 64          /* riverd's limits.max_stop_strings decides below this */
@@ -222,15 +223,12 @@ static int oa__river(gw_request_t *r, gw_error_t *err)
         return gw_error_set(err, GW_ERR_INVALID, "river", "'river' must be an object");
     json_t *p = json_object_get(x, "policy");
     if (p && !json_is_null(p)) {
-        static const char *const policies[] = {"none", "cosine", "router", "fixed"};
         const char *s = json_string_value(p);
-        size_t k = 0;
-        while (s && k < 4 && strcmp(s, policies[k]))
-            k++;
-        if (k == 4 || !s)
+        int k = s ? exit_names_find(exit_names_rules, s) : -1;
+        if (k < 0)
             return gw_error_set(err, GW_ERR_INVALID, "river.policy",
                                 "'river.policy' must be one of none, cosine, router, fixed");
-        r->policy = policies[k];
+        r->policy = exit_names_rules[k];
     }
     json_int_t layer = 0;
     if (oa__number(x, "tau", "river.tau", -1, 1, &r->has_tau, &r->tau, err) ||

@@ -1,11 +1,12 @@
 /* river-worker's configuration schema: every key of its file, its type, default and what
  * it does (tables over code; common/config.h). The exit rules' and aggregations' names are
- * the engine's (engine/exit.h), the device names the backends' (kernels/backend.h). */
+ * common/exit_names.h's, the device names the backends' (kernels/backend.h). */
 #include "workers/config.h"
 
 #include <stddef.h>
 
 #include "common/err.h"
+#include "common/exit_names.h"
 #include "engine/exit.h"
 #include "kernels/backend.h"
 
@@ -82,7 +83,7 @@ static const config_key_t config__worker_keys[] = {
        "given back before a running request would be preempted)."),
     CONFIG_SECTION_KEY("exit", "Early-exit policy; a request may override rule, tau, theta "
                             "and exit_layer."),
-    CONFIG_ENUM_KEY(config_worker_t, "exit.rule", exit_rule, exit_rule_names, "none",
+    CONFIG_ENUM_KEY(config_worker_t, "exit.rule", exit_rule, exit_names_rules, "none",
                  "none: the full backbone; cosine: River-LLM's similarity rule (tau); "
                  "router: TIDE's routers (theta); fixed: every token exits after "
                  "exit_layer layers."),
@@ -92,7 +93,7 @@ static const config_key_t config__worker_keys[] = {
        "Router rule: a token exits when its router's probability > theta."),
     WK("exit.exit_layer", CONFIG_INT, exit_layer, 0, 4096, "0",
        "Fixed rule: backbone layers every token runs."),
-    CONFIG_ENUM_KEY(config_worker_t, "exit.aggregation", exit_aggregation, exit_agg_names,
+    CONFIG_ENUM_KEY(config_worker_t, "exit.aggregation", exit_aggregation, exit_names_aggs,
                  "min",
                  "min: a decode batch exits when every row passes (the papers); row: each "
                  "row decides and the batch splits where the cost model says it pays."),
