@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "kernels/backend_driver.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/q4x8.h"
@@ -853,6 +854,22 @@ int cpu_backend_keep_mapped(backend_t *b)
     b->ctx->keep_mapped = 1;
     return 0;
 }
+
+/* The device "cpu" (kernels/backend_driver.h): at the selected SIMD level, weights placed as
+ * `weights` says. */
+static int cpu_driver_open(backend_t **out, int index, int n_threads,
+                           backend_weights_t weights)
+{
+    (void)index;
+    int e = cpu_backend_new(out, n_threads, CPU_SIMD_COUNT);
+    if (e)
+        return e;
+    if (weights == BACKEND_WEIGHTS_MAPPED)
+        (void)cpu_backend_keep_mapped(*out); /* a CPU backend: cannot fail */
+    return 0;
+}
+
+const backend_driver_t cpu_backend_driver = {.name = "cpu", .open = cpu_driver_open};
 
 void cpu_backend_destroy(backend_t **bp)
 {
