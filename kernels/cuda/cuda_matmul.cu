@@ -62,25 +62,6 @@ __device__ __forceinline__ void load8(const dweight &w, int64_t r, int c, float 
     }
 }
 
-/* Sums of one output feature r over the rows of x of this pass: to y, or with split-K to
- * this split's slice of the partials (summed by k_splitk_sum). */
-__device__ __forceinline__ void gemv_store(float *y, float *part, const float acc[GEMV_ROWS],
-                                           int64_t rows, int64_t r, int n, int i0, int nr,
-                                           int lane)
-{
-#pragma unroll
-    for (int i = 0; i < GEMV_ROWS; i++) {
-        float s = warp_sum(acc[i]);
-        if (lane == 0 && i < nr) {
-            int64_t at = (int64_t)(i0 + i) * rows + r;
-            if (gridDim.z == 1)
-                y[at] = s;
-            else
-                part[(int64_t)blockIdx.z * n * rows + at] = s;
-        }
-    }
-}
-
 /* What one warp of a GEMV block takes: output feature r (one warp each), rows i0..i0+nr-1
  * of x (blockIdx.y picks which GEMV_ROWS) and the columns [kbeg, kend) of split blockIdx.z
  * (kchunk each); the kernels start their sums from acc. */
@@ -108,6 +89,24 @@ __device__ __forceinline__ bool gemv_part_of(const dweight &w, int n, int kchunk
     return p.r < w.rows;
 }
 
+/* Sums of the warp's output feature over its rows of x: to y, or with split-K to this
+ * split's slice of the partials (summed by k_splitk_sum). */
+__device__ __forceinline__ void gemv_store(float *y, float *part, const float acc[GEMV_ROWS],
+                                           int64_t rows, int n, const gemv_part &p)
+{
+#pragma unroll
+    for (int i = 0; i < GEMV_ROWS; i++) {
+        float s = warp_sum(acc[i]);
+        if (p.lane == 0 && i < p.nr) {
+            int64_t at = (int64_t)(p.i0 + i) * rows + p.r;
+            if (gridDim.z == 1)
+                y[at] = s;
+            else
+                part[(int64_t)blockIdx.z * n * rows + at] = s;
+        }
+    }
+}
+
 /* y (n, rows) = x (n, cols) W^T for up to GEMV_ROWS rows of x (blockIdx.y picks which) and
  * the columns of split blockIdx.z (kchunk each): one warp per output feature, each lane
  * issuing GEMV_UNROLL independent 16-byte (f32: 32-byte) coalesced loads before it uses
@@ -120,24 +119,22 @@ k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
     float acc[GEMV_ROWS];
     if (!gemv_part_of(w, n, kchunk, p, acc))
         return;
-    int lane = p.lane, i0 = p.i0, nr = p.nr, kbeg = p.kbeg, kend = p.kend;
-    int64_t r = p.r;
     int cols = (int)w.cols;
-    for (int c0 = kbeg + lane * 8; c0 < kend; c0 += GEMV_STEP) {
+    for (int c0 = p.kbeg + p.lane * 8; c0 < p.kend; c0 += GEMV_STEP) {
         float v[GEMV_UNROLL][8];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++)
-            if (c0 + u * 256 < kend)
-                load8<DT>(w, r, c0 + u * 256, v[u]);
+            if (c0 + u * 256 < p.kend)
+                load8<DT>(w, p.r, c0 + u * 256, v[u]);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             int c = c0 + u * 256;
-            if (c >= kend)
+            if (c >= p.kend)
                 break;
 #pragma unroll
             for (int i = 0; i < GEMV_ROWS; i++) {
-                if (i < nr) {
-                    const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * cols + c);
+                if (i < p.nr) {
+                    const float4 *xp = (const float4 *)(x + (int64_t)(p.i0 + i) * cols + c);
                     float4 a = __ldg(xp), b = __ldg(xp + 1);
                     acc[i] += v[u][0] * a.x + v[u][1] * a.y + v[u][2] * a.z + v[u][3] * a.w +
                               v[u][4] * b.x + v[u][5] * b.y + v[u][6] * b.z + v[u][7] * b.w;
@@ -145,7 +142,7 @@ k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
             }
         }
     }
-    gemv_store(y, part, acc, w.rows, r, n, i0, nr, lane);
+    gemv_store(y, part, acc, w.rows, n, p);
 }
 
 /* W4A16 with wide loads: each lane reads 16 bytes (32 columns, one group: group % 32 == 0)
@@ -157,12 +154,10 @@ k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
     float acc[GEMV_ROWS];
     if (!gemv_part_of(w, n, kchunk, p, acc))
         return;
-    int lane = p.lane, i0 = p.i0, nr = p.nr, kbeg = p.kbeg, kend = p.kend;
-    int64_t r = p.r;
     int cols = (int)w.cols;
-    const uint8_t *wr = (const uint8_t *)w.data + r * (w.cols / 2);
-    const uint16_t *sr = w.scales + r * w.ngroups, *zr = w.zeros + r * w.ngroups;
-    for (int c = kbeg + lane * 32; c < kend; c += 32 * 32) {
+    const uint8_t *wr = (const uint8_t *)w.data + p.r * (w.cols / 2);
+    const uint16_t *sr = w.scales + p.r * w.ngroups, *zr = w.zeros + p.r * w.ngroups;
+    for (int c = p.kbeg + p.lane * 32; c < p.kend; c += 32 * 32) {
         uint4 q = *(const uint4 *)(wr + c / 2);
         int g = group_of(w, c);
         float s = h2f(sr[g]), z = h2f(zr[g]);
@@ -173,8 +168,8 @@ k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
             v[k] = ((float)((u[k / 8] >> (4 * (k % 8))) & 0xfu) - z) * s;
 #pragma unroll
         for (int i = 0; i < GEMV_ROWS; i++) {
-            if (i < nr) {
-                const float4 *xp = (const float4 *)(x + (int64_t)(i0 + i) * cols + c);
+            if (i < p.nr) {
+                const float4 *xp = (const float4 *)(x + (int64_t)(p.i0 + i) * cols + c);
                 float t = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -186,7 +181,7 @@ k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
             }
         }
     }
-    gemv_store(y, part, acc, w.rows, r, n, i0, nr, lane);
+    gemv_store(y, part, acc, w.rows, n, p);
 }
 
 /* Any shape and group: one element at a time (columns not a multiple of 8, odd groups). */
@@ -197,16 +192,14 @@ k_gemv_any(float *y, const float *x, dweight w, int n)
     float acc[GEMV_ROWS];
     if (!gemv_part_of(w, n, (int)w.cols, p, acc)) /* launched with one split */
         return;
-    int lane = p.lane, i0 = p.i0, nr = p.nr;
-    int64_t r = p.r;
-    for (int64_t c = lane; c < w.cols; c += 32) {
-        float v = w_at(w, r, c);
+    for (int64_t c = p.lane; c < w.cols; c += 32) {
+        float v = w_at(w, p.r, c);
 #pragma unroll
         for (int i = 0; i < GEMV_ROWS; i++)
-            if (i < nr)
-                acc[i] += v * x[(int64_t)(i0 + i) * w.cols + c];
+            if (i < p.nr)
+                acc[i] += v * x[(int64_t)(p.i0 + i) * w.cols + c];
     }
-    gemv_store(y, NULL, acc, w.rows, r, n, i0, nr, lane);
+    gemv_store(y, NULL, acc, w.rows, n, p);
 }
 
 /* y[k] = sum over the ks splits of part[z][k], in split order (deterministic, unlike
