@@ -209,7 +209,7 @@ void cluster_riverd_stop(cluster_t *c)
     if (c->pid <= 0)
         return;
     kill(c->pid, SIGTERM);
-    int st = 0, ended = test_wait_exit(c->pid, 10000, &st);
+    int st = 0, ended = test_wait_exit(c->pid, 15000, &st);
     if (!ended)
         test_kill(&c->pid, SIGKILL);
     c->pid = 0;

@@ -100,7 +100,7 @@ const char *cluster_worker_state(const cluster_t *c, const char *id, char *addr,
 /* Polls until riverd lists worker id in `state`; the seconds it took, or -1 after ms. */
 double cluster_wait_state(const cluster_t *c, const char *id, const char *state, int ms);
 
-/* Stops riverd with SIGTERM; it must exit 0 within 10 s (also what a sanitizer build's
+/* Stops riverd with SIGTERM; it must exit 0 within 15 s (also what a sanitizer build's
  * leak check says), else it is killed and the test fails. Nothing when it is not running. */
 void cluster_riverd_stop(cluster_t *c);
 /* Kills the workers (continuing a stopped one first), then cluster_riverd_stop. */
