@@ -3,7 +3,7 @@
  * library and raw ZMQ sockets. Binaries are found in <builddir>/bin, builddir being two
  * levels above this test binary.
  *
- * What must hold (DESIGN.md §6): the tokens through riverd are the in-process engine's
+ * What must hold: the tokens through riverd are the in-process engine's
  * (greedy); every stream is complete with consecutive sequence numbers or ends with an
  * explicit error, also when a worker is killed mid-stream; cancel frees the KV pages;
  * deadlines, limits and a full queue give their error codes; bad frames get error replies
