@@ -79,7 +79,7 @@ CLI_SRC     := $(wildcard cli/*.c)
 CLI_OBJ     := $(CLI_SRC:%.c=$(BUILD)/%.o)
 RIVER_BIN   := $(BUILD)/bin/river
 
-# The serving processes: one directory each, one binary each (DESIGN.md §7). The client
+# The serving processes: one directory each, one binary each. The client
 # library is what other programs link to talk to riverd.
 SERVE_LIBS  := $(shell pkg-config --libs libmicrohttpd libsystemd 2>/dev/null)
 CLIENT_SRC  := $(wildcard client/*.c)

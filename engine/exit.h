@@ -1,5 +1,5 @@
 /* Early-exit policies: when a token leaves the full-precision backbone, and what happens
- * to the layers it skips (DESIGN.md §3).
+ * to the layers it skips (docs/ARCHITECTURE.md, "The exit engine").
  *
  * One code path in the forward pass serves every policy. A rule decides per row after each
  * backbone layer; rows are aggregated into groups that exit together (a prefill chunk is

@@ -1,5 +1,5 @@
 /* The Exit River file: the 4-bit (or 8-bit) copy of a model's decoder layers from the river
- * start layer L_s to the last one (DESIGN.md §3), built once by `river quant` and mapped
+ * start layer L_s to the last one, built once by `river quant` and mapped
  * beside the full-precision backbone at run time. The builder is offline/exitriver_build.h.
  *
  * Format: one safetensors file. For each layer l >= L_s and each matrix M of wq, wk, wv,
@@ -15,7 +15,7 @@
  * its parameters. Norms and biases are not stored: they
  * stay full precision and are shared with the backbone.
  *
- * Default start layer: 1. DESIGN.md's decode loop moves a token to the river after layer l
+ * Default start layer: 1. The decode loop moves a token to the river after layer l
  * when l+1 >= L_s, so L_s = 1 lets a token exit after any layer, the first included; layer
  * 0 is never needed (a river from 0 would be a fully quantized model). */
 #ifndef RIVER_ENGINE_EXITRIVER_H

@@ -67,7 +67,7 @@ int forward_step(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, float *logit
 int forward_layer_host(forward_t *f, kv_pool_t *kv, const fwd_batch_t *b, int layer,
                        const float *x_in, float *x_out);
 
-/* Backbone layers run elsewhere: the split pair's seam (DESIGN.md §1). When a remote is
+/* Backbone layers run elsewhere: the split pair's seam (workers/pair.h). When a remote is
  * set, every backbone layer l >= boundary is not computed here: the rows that run it on the
  * backbone are gathered, copied to the host, handed to `run`, and its result is copied back
  * and scattered. River layers, exit decisions, the embedding and the LM heads stay local.

@@ -18,7 +18,7 @@ int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int pa
                 int n_pages);
 void kv_pool_destroy(kv_pool_t **p);
 
-/* The pool of a split pair (DESIGN.md §1), in memory two processes map: one shared buffer
+/* The pool of a split pair (workers/pair.h), in memory two processes map: one shared buffer
  * of the backend (ops->shared_alloc) holds every K value, then every V value. On host
  * backends it is a sealed memfd, whose descriptor *fd_out receives (the pool owns it;
  * kv_pool_destroy closes it) and the peer opens as /proc/<this pid>/fd/<fd>; on CUDA it is

@@ -1,5 +1,5 @@
 /* Backbone offloading: the deep backbone layers that almost no token reaches are released
- * from memory while the river stays resident (DESIGN.md §3).
+ * from memory while the river stays resident.
  *
  * An exit-depth histogram says, for every layer, which fraction of tokens still ran it on
  * the backbone. A layer reached by fewer than `threshold` of the tokens is evicted: on the

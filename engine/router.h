@@ -1,5 +1,5 @@
 /* TIDE routers: small MLPs at checkpoint layers that predict whether a token's residual
- * stream has already converged to what the last layer will produce (DESIGN.md section 5).
+ * stream has already converged to what the last layer will produce (the TIDE method).
  *
  * A checkpoint sits after every `interval` layers: after layer k for k = interval-1,
  * 2*interval-1, ... below n_layers-1 (the last layer is the full model, so no router sits

@@ -2,10 +2,11 @@
  * which it is.
  *
  * A device name is "cpu", "cuda" (GPU 0), "cuda:N", or "opaque": the test backend of
- * kernels/opaque/opaque.h, which proves on the CPU that nothing touches device memory. This is the one place that turns a
- * name into a backend: the engine, the workers and the tools hold a backend_t and ask it
- * (backend_info) whether its memory is host memory, how many threads it runs, and so on;
- * nothing compares backend names. */
+ * kernels/opaque/opaque.h, which proves on the CPU that nothing touches device memory. This
+ * is the one place that turns a name into a backend (the table of kernels/backend.c): the
+ * engine, the workers and the tools hold a backend_t and ask it (backend_info) whether its
+ * memory is host memory, how many threads it runs, and so on; nothing compares backend
+ * names. */
 #ifndef RIVER_KERNELS_BACKEND_H
 #define RIVER_KERNELS_BACKEND_H
 
@@ -21,6 +22,10 @@ typedef enum {
  * for anything else; RIVER_EUNSUPPORTED for "cuda" in a build without the CUDA backend.
  * index is the GPU for cuda, 0 for cpu. */
 int backend_parse_device(const char *device, backend_kind_t *kind, int *index);
+
+/* Every form a device name takes, as a list for messages: "cpu, cuda, cuda:N or opaque"
+ * (the kinds a build lacks included, since backend_parse_device knows them). Static. */
+const char *backend_device_forms(void);
 
 /* What placement (ops->weight_upload) may do with a host backend's weights. */
 typedef enum {
@@ -47,5 +52,23 @@ int backend_threads(const backend_t *be);
 /* "name-variant", e.g. "cpu-avx512": two processes whose results must agree bit for bit
  * (the split pair) compare these. Written to buf (cap bytes); returns buf. */
 const char *backend_describe(const backend_t *be, char *buf, size_t cap);
+
+/* The peer hand-off of two processes of one host, each on its own device (the split pair's
+ * hidden states, ops->peer_*): rank 0 makes an id (backend_peer_id) and sends it to rank 1
+ * by its own means; both open the link with it. A backend without one (the CPU, the opaque
+ * backend) answers RIVER_EUNSUPPORTED, naming itself, and nothing changes. */
+int backend_peer_id(backend_t *be, unsigned char id[OPS_PEER_ID_BYTES]);
+/* Joins the link of that id as `rank` (0 or 1) and waits until the other rank has joined
+ * too. On failure *out is untouched. */
+int backend_peer_open(backend_t *be, ops_peer_t **out,
+                      const unsigned char id[OPS_PEER_ID_BYTES], int rank);
+/* Closes *peer and sets it to NULL; NULL is fine. */
+void backend_peer_close(backend_t *be, ops_peer_t **peer);
+/* Sends n floats of backend buffer buf to the other rank, ordered after the backend's own
+ * queued work only if the caller synced it (ops->sync); buf must stay unchanged until the
+ * next backend_peer_recv. */
+int backend_peer_send(backend_t *be, ops_peer_t *peer, const void *buf, size_t n);
+/* Receives n floats from the other rank into backend buffer buf and waits for them. */
+int backend_peer_recv(backend_t *be, ops_peer_t *peer, void *buf, size_t n);
 
 #endif

@@ -142,6 +142,12 @@ typedef struct shared_handle {
     unsigned char ipc[64]; /* SHARED_CUDA_IPC: the handle's bytes */
 } shared_handle_t;
 
+/* A link between two processes of one host, each on its own device, that moves backend
+ * buffers directly (the CUDA backend: a two-rank NCCL communicator); each backend that has
+ * one defines the struct. Rank 0 makes the id that both join with. */
+typedef struct ops_peer ops_peer_t;
+#define OPS_PEER_ID_BYTES 128
+
 typedef struct ops {
     const char *name;
 
@@ -231,6 +237,15 @@ typedef struct ops {
      * fails, nothing recorded has run, and the caller runs the same ops again unrecorded. */
     int (*graph_begin)(ops_ctx_t *ctx, int *active);
     int (*graph_end)(ops_ctx_t *ctx, int abort);
+    /* Optional (NULL where a backend has none, as on the CPU): the peer link of
+     * kernels/backend.h (backend_peer_open and the rest, which check the arguments and
+     * say so for a backend without one). */
+    int (*peer_id)(ops_ctx_t *ctx, unsigned char id[OPS_PEER_ID_BYTES]);
+    int (*peer_open)(ops_ctx_t *ctx, ops_peer_t **out,
+                     const unsigned char id[OPS_PEER_ID_BYTES], int rank);
+    void (*peer_close)(ops_ctx_t *ctx, ops_peer_t *peer);
+    int (*peer_send)(ops_ctx_t *ctx, ops_peer_t *peer, const void *buf, size_t n);
+    int (*peer_recv)(ops_ctx_t *ctx, ops_peer_t *peer, void *buf, size_t n);
 } ops_t;
 
 /* A backend instance: the table plus its state. */

@@ -1,7 +1,7 @@
 /* Weight quantizers for the Exit River: round-to-nearest (RTN) and HQQ, to 4 or 8 bits with
  * one fp16 scale and zero per group of consecutive inputs of a row.
  *
- * Conventions. DESIGN.md §4 writes the quantizer as W_q = clamp(round(W*s + z), 0, 2^b - 1)
+ * Conventions. The quantizer is written W_q = clamp(round(W*s + z), 0, 2^b - 1)
  * and the dequantization as (W_q - z) / s. A weight_t of dtype Q4/Q8 stores
  * value = (q - zero) * scale, so what is stored is scale = 1/s and zero = z (in code units).
  * Both are rounded to fp16, and every code is computed from the rounded values
@@ -9,7 +9,7 @@
  * measured and optimised, and dequantizing a stored matrix reproduces it bit for bit.
  *
  * RTN takes s from the group's min/max so that the codes span 0..2^b-1, and z = -min*s.
- * HQQ starts there and refines z alone with DESIGN.md's half-quadratic solver (p = 0.7,
+ * HQQ starts there and refines z alone with HQQ's half-quadratic solver (p = 0.7,
  * beta 10 growing by 1.01, at most 20 iterations). Every group is independent, so each group
  * stops on its own when its mean absolute error stops improving and keeps its best zero; the
  * first iterate is RTN's zero, so HQQ's error is never above RTN's.

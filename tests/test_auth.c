@@ -25,35 +25,17 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/keys.h"
+#include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
 
 #define TA_MODEL TEST_DATA "/tinystories-656k"
 
-/* ---- Files ---- */
-
-static void ta_copy(const char *from, const char *to)
-{
-    size_t len;
-    char *text = test_read_file(from, &len);
-    ck_assert_msg(text, "%s", from);
-    test_write(to, text);
-    free(text);
-}
-
-static void ta_mkdir(const char *path)
-{
-    ck_assert_msg(mkdir(path, 0755) == 0 || errno == EEXIST, "%s: %s", path, strerror(errno));
-}
-
 /* ---- Keys, configurations, riverd ---- */
 
 typedef struct ta_env {
-    char dir[256];
-    char riverd_yaml[320], log[320];
-    char clients[320], workers[320], admin[320];
+    cluster_t c;
     char server_key[320];  /* riverd's public key */
-    pid_t riverd;
 } ta_env_t;
 
 /* The path of a file under the test's directory, in one of a few rotating buffers. */
@@ -62,26 +44,13 @@ static const char *ta_path(const ta_env_t *e, const char *rel)
     static char out[8][PATH_MAX];
     static int k;
     char *p = out[k++ % 8];
-    snprintf(p, PATH_MAX, "%s/%s", e->dir, rel);
+    snprintf(p, PATH_MAX, "%s/%s", e->c.dir, rel);
     return p;
 }
 
-/* riverctl keygen NAME --dir DIR; returns the public key. */
-static void ta_keygen(const char *dir, const char *name, char pub[KEYS_Z85_LEN + 1])
+static void ta_mkdir(const char *path)
 {
-    char *argv[] = {(char *)test_bin("riverctl"), "--output", "json", "keygen",
-                    (char *)name, "--dir", (char *)dir, NULL};
-    char *out;
-    ck_assert_msg(test_capture(argv, NULL, 1, &out) == 0, "keygen %s: %s", name, out);
-    json_error_t je;
-    json_t *o = json_loads(out, 0, &je);
-    ck_assert_msg(o, "keygen output: %s", out);
-    const char *k = json_string_value(json_object_get(o, "public_key"));
-    ck_assert_ptr_nonnull(k);
-    ck_assert_uint_eq(strlen(k), KEYS_Z85_LEN);
-    memcpy(pub, k, KEYS_Z85_LEN + 1);
-    json_decref(o);
-    free(out);
+    ck_assert_msg(mkdir(path, 0755) == 0 || errno == EEXIST, "%s: %s", path, strerror(errno));
 }
 
 /* Public keys of the test's peers. */
@@ -94,93 +63,52 @@ typedef struct ta_keys {
 static void ta_make_keys(ta_env_t *e, ta_keys_t *k)
 {
     const char *keys = ta_path(e, "keys"), *own = ta_path(e, "own");
-    ta_keygen(keys, "riverd", k->riverd);
-    ta_keygen(own, "w1", k->w1);
-    ta_keygen(own, "c1", k->c1);
-    ta_keygen(own, "a1", k->a1);
-    ta_keygen(own, "stranger", k->stranger);
-    ta_keygen(own, "stranger2", k->stranger2);
+    cluster_keygen(keys, "riverd", k->riverd);
+    cluster_keygen(own, "w1", k->w1);
+    cluster_keygen(own, "c1", k->c1);
+    cluster_keygen(own, "a1", k->a1);
+    cluster_keygen(own, "stranger", k->stranger);
+    cluster_keygen(own, "stranger2", k->stranger2);
     ta_mkdir(ta_path(e, "keys/clients"));
     ta_mkdir(ta_path(e, "keys/workers"));
     ta_mkdir(ta_path(e, "keys/admin"));
-    ta_copy(ta_path(e, "own/c1.key"), ta_path(e, "keys/clients/c1.key"));
-    ta_copy(ta_path(e, "own/w1.key"), ta_path(e, "keys/workers/w1.key"));
-    ta_copy(ta_path(e, "own/a1.key"), ta_path(e, "keys/admin/a1.key"));
-    snprintf(e->server_key, sizeof e->server_key, "%s/keys/riverd.key", e->dir);
+    cluster_copy(ta_path(e, "own/c1.key"), ta_path(e, "keys/clients/c1.key"));
+    cluster_copy(ta_path(e, "own/w1.key"), ta_path(e, "keys/workers/w1.key"));
+    cluster_copy(ta_path(e, "own/a1.key"), ta_path(e, "keys/admin/a1.key"));
+    snprintf(e->server_key, sizeof e->server_key, "%s/keys/riverd.key", e->c.dir);
 }
 
 static void ta_init(ta_env_t *e)
 {
     memset(e, 0, sizeof *e);
-    snprintf(e->dir, sizeof e->dir, "%s", test_tmpdir());
-    snprintf(e->riverd_yaml, sizeof e->riverd_yaml, "%s/riverd.yaml", e->dir);
-    snprintf(e->log, sizeof e->log, "%s/riverd.log", e->dir);
-    snprintf(e->clients, sizeof e->clients, "ipc://%s/clients.sock", e->dir);
-    snprintf(e->workers, sizeof e->workers, "ipc://%s/workers.sock", e->dir);
-    snprintf(e->admin, sizeof e->admin, "ipc://%s/admin.sock", e->dir);
+    cluster_opts_t o = {0};
+    cluster_init(&e->c, &o);
 }
 
 /* riverd's configuration: the endpoints, then `auth` (YAML, may be "" for the defaults). */
-static void ta_write_riverd(const ta_env_t *e, const char *auth)
+static void ta_write_riverd(ta_env_t *e, const char *auth)
 {
-    char y[4096];
-    snprintf(y, sizeof y,
-             "endpoints:\n"
-             "  clients: [\"%s\"]\n"
-             "  workers: [\"%s\"]\n"
-             "  admin: \"%s\"\n"
-             "  metrics_port: 0\n"
-             "heartbeat:\n"
-             "  interval: 200ms\n"
-             "%s",
-             e->clients, e->workers, e->admin, auth);
-    test_write(e->riverd_yaml, y);
-}
-
-static void ta_start_riverd(ta_env_t *e)
-{
-    char *argv[] = {(char *)test_bin("riverd"), "--config", e->riverd_yaml, NULL};
-    e->riverd = test_spawn(argv, e->log, NULL);
-}
-
-/* Stops riverd with SIGTERM; it must exit 0. */
-static void ta_stop_riverd(ta_env_t *e)
-{
-    if (e->riverd <= 0)
-        return;
-    kill(e->riverd, SIGTERM);
-    int st = 0;
-    int ended = test_wait_exit(e->riverd, 10000, &st);
-    if (!ended)
-        test_kill(&e->riverd, SIGKILL);
-    e->riverd = 0;
-    ck_assert_msg(ended, "riverd did not stop on SIGTERM");
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d", st);
+    cluster_opts_t o = {.extra = auth};
+    cluster_write_config(&e->c, &o);
 }
 
 /* A worker with the keys `secret` (own/NAME.key_secret, relative to its configuration) and
  * riverd's public key; NULL secret: plain mode. */
-static pid_t ta_start_worker_on(const ta_env_t *e, const char *id, const char *secret,
+static pid_t ta_start_worker_on(ta_env_t *e, const char *id, const char *secret,
                                 const char *server_key, const char *model_dir)
 {
-    char y[8192], auth[600], rel[128], path[400], log[400];
+    char auth[600], cfg[128];
     if (secret)
         snprintf(auth, sizeof auth, "auth:\n  secret_key: \"%s\"\n  server_key: \"%s\"\n",
                  secret, server_key ? server_key : "keys/riverd.key");
     else
         snprintf(auth, sizeof auth, "auth:\n  mode: plain\n");
-    snprintf(y, sizeof y, "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nmax_seqs: 4\n%s",
-             e->workers, test_abs_path(model_dir), auth);
-    snprintf(rel, sizeof rel, "worker-%s.yaml", id);
-    snprintf(path, sizeof path, "%s/%s", e->dir, rel);
-    snprintf(log, sizeof log, "%s/%s.log", e->dir, id);
-    test_write(path, y);
-    char *argv[] = {(char *)test_bin("river-worker"), "--config", path, "--id", (char *)id,
-                    NULL};
-    return test_spawn(argv, log, NULL);
+    snprintf(cfg, sizeof cfg, "worker-%s", id);
+    cluster_worker_opts_t w = {.model = model_dir, .max_seqs = 4, .yaml = auth, .cfg_name = cfg};
+    return e->c.wk[cluster_worker_start(&e->c, id, &w)].pid;
 }
 
-static pid_t ta_start_worker(const ta_env_t *e, const char *id, const char *secret,
+static pid_t ta_start_worker(ta_env_t *e, const char *id, const char *secret,
                              const char *server_key)
 {
     return ta_start_worker_on(e, id, secret, server_key, TA_MODEL);
@@ -210,7 +138,7 @@ static int ta_worker_ids(const ta_env_t *e, const river_keys_t *admin_keys, char
                          size_t cap)
 {
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new_secure(&a, e->admin, 1000, admin_keys), 0);
+    ck_assert_int_eq(river_admin_new_secure(&a, e->c.admin, 1000, admin_keys), 0);
     river_worker_info_t *w;
     size_t n;
     int rc = river_admin_workers(a, &w, &n);
@@ -272,7 +200,7 @@ static int ta_request(river_client_t *c, int ms, ta_stream_t *s)
 static void ta_expect_refused(const ta_env_t *e, const river_keys_t *keys, const char *what)
 {
     river_client_t *c;
-    ck_assert_int_eq(river_client_new_secure(&c, e->clients, keys), 0);
+    ck_assert_int_eq(river_client_new_secure(&c, e->c.clients, keys), 0);
     ta_stream_t s;
     /* Twice: the second request finds the refusal already known (or meets it). */
     for (int i = 0; i < 2; i++) {
@@ -299,7 +227,7 @@ START_TEST(test_keygen)
     ta_init(&e);
     const char *dir = ta_path(&e, "new-keys");
     char pub[KEYS_Z85_LEN + 1];
-    ta_keygen(dir, "alice", pub);
+    cluster_keygen(dir, "alice", pub);
 
     struct stat st;
     ck_assert_int_eq(stat(ta_path(&e, "new-keys/alice.key_secret"), &st), 0);
@@ -343,7 +271,7 @@ START_TEST(test_keygen)
     ck_assert_int_eq(keys_load_secret(ta_path(&e, "new-keys/alice.key_secret"), &again),
                      RIVER_EINVAL);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "chmod 600"));
-    ta_copy(ta_path(&e, "new-keys/alice.key"), ta_path(&e, "public-as-secret"));
+    cluster_copy(ta_path(&e, "new-keys/alice.key"), ta_path(&e, "public-as-secret"));
     ck_assert_int_eq(chmod(ta_path(&e, "public-as-secret"), 0600), 0);
     ck_assert_int_eq(keys_load_secret(ta_path(&e, "public-as-secret"), &again), RIVER_EFORMAT);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "holds no secret key"));
@@ -369,7 +297,7 @@ START_TEST(test_curve_serving)
                         "  clients: keys/clients\n"
                         "  workers: keys/workers\n"
                         "  admin: keys/admin\n");
-    ta_start_riverd(&e);
+    cluster_riverd_start(&e.c, NULL);
     pid_t w1 = ta_start_worker(&e, "w1", "own/w1.key_secret", NULL);
     /* A worker with a key riverd does not know, and one with a client's key. */
     pid_t intruder = ta_start_worker(&e, "intruder", "own/stranger.key_secret", NULL);
@@ -383,7 +311,7 @@ START_TEST(test_curve_serving)
         ta_worker_ids(&e, &admin, ids, sizeof ids);
         test_sleep_ms(50);
     }
-    ck_assert_msg(strstr(ids, "w1(ready)"), "workers: '%s'; see %s", ids, e.log);
+    ck_assert_msg(strstr(ids, "w1(ready)"), "workers: '%s'; see %s", ids, e.c.log);
     for (int i = 0; i < 20; i++) {
         ck_assert_int_eq(ta_worker_ids(&e, &admin, ids, sizeof ids), 1);
         ck_assert_msg(!strstr(ids, "intruder") && !strstr(ids, "impostor"), "workers: %s", ids);
@@ -405,20 +333,20 @@ START_TEST(test_curve_serving)
     ck_assert_int_eq(zmq_setsockopt(hijack, ZMQ_CURVE_SERVERKEY, server_pub, 40), 0);
     ck_assert_int_eq(zmq_setsockopt(hijack, ZMQ_CURVE_PUBLICKEY, c1_pair.public_txt, 40), 0);
     ck_assert_int_eq(zmq_setsockopt(hijack, ZMQ_CURVE_SECRETKEY, c1_pair.secret_txt, 40), 0);
-    ck_assert_int_eq(zmq_connect(hijack, e.workers), 0);
+    ck_assert_int_eq(zmq_connect(hijack, e.c.workers), 0);
     test_sleep_ms(300);
 
     /* An authenticated client generates, through the library and through riverctl. */
     river_keys_t c1 = ta_keys(&e, "own/c1.key_secret");
     river_client_t *c;
-    ck_assert_int_eq(river_client_new_secure(&c, e.clients, &c1), 0);
+    ck_assert_int_eq(river_client_new_secure(&c, e.c.clients, &c1), 0);
     ta_stream_t s;
     ck_assert_int_eq(ta_request(c, 10000, &s), 0);
     ck_assert_msg(s.ended && s.end == RIVER_EVENT_FINAL, "ended %d with %s: %s", s.ended,
                   river_code_name(s.code), s.msg);
     ck_assert_uint_eq(s.n_ids, 16);
     river_client_destroy(&c);
-    char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", e.clients, "--key",
+    char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", e.c.clients, "--key",
                     (char *)ta_path(&e, "own/c1.key_secret"), "--server-key", e.server_key,
                     "--output", "json", "generate", "Once upon a time", "--max-tokens", "8",
                     NULL};
@@ -435,7 +363,7 @@ START_TEST(test_curve_serving)
     char env_key[400], env_server[400], env_admin[400];
     snprintf(env_key, sizeof env_key, "RIVER_KEY=%s", ta_path(&e, "own/a1.key_secret"));
     snprintf(env_server, sizeof env_server, "RIVER_SERVER_KEY=%s", e.server_key);
-    snprintf(env_admin, sizeof env_admin, "RIVER_ADMIN=%s", e.admin);
+    snprintf(env_admin, sizeof env_admin, "RIVER_ADMIN=%s", e.c.admin);
     const char *env[] = {env_key, env_server, env_admin, NULL};
     char *status[] = {(char *)test_bin("riverctl"), "status", NULL};
     ck_assert_int_eq(test_capture(status, env, 1, &out), 0);
@@ -447,24 +375,24 @@ START_TEST(test_curve_serving)
     ta_expect_refused(&e, NULL, "client without keys");
     /* riverd hears why (no CURVE) or only that the peer left the handshake, whichever end
      * of the connection notices first. */
-    ck_assert_msg(test_log_has(e.log, "clients endpoint ipc://", 3000) &&
-                      (test_log_has(e.log, "does not speak CURVE", 1000) ||
-                       test_log_has(e.log, "ended during its handshake", 1000)),
-                  "no refusal of the client without keys in %s", e.log);
+    ck_assert_msg(test_log_has(e.c.log, "clients endpoint ipc://", 3000) &&
+                      (test_log_has(e.c.log, "does not speak CURVE", 1000) ||
+                       test_log_has(e.c.log, "ended during its handshake", 1000)),
+                  "no refusal of the client without keys in %s", e.c.log);
     river_keys_t unknown = ta_keys(&e, "own/stranger2.key_secret");
     ta_expect_refused(&e, &unknown, "client with an unknown key");
     char want[200];
     snprintf(want, sizeof want, "refused CURVE key %s", k.stranger2);
-    ck_assert_msg(test_log_has(e.log, want, 3000), "riverd did not log '%s'", want);
-    ck_assert(test_log_has(e.log, "refused a connection: its CURVE key is not allowed", 3000));
+    ck_assert_msg(test_log_has(e.c.log, want, 3000), "riverd did not log '%s'", want);
+    ck_assert(test_log_has(e.c.log, "refused a connection: its CURVE key is not allowed", 3000));
     river_keys_t wrong_server = ta_keys(&e, "own/c1.key_secret");
     wrong_server.server_key = ta_keep(ta_path(&e, "own/stranger.key"));
     ta_expect_refused(&e, &wrong_server, "client with the wrong server key");
-    ck_assert(test_log_has(e.log, "does not decrypt", 3000));
+    ck_assert(test_log_has(e.c.log, "does not decrypt", 3000));
 
     /* A known key on the wrong endpoint: riverd answers UNAUTHENTICATED, serves nothing. */
     river_keys_t w1_as_client = ta_keys(&e, "own/w1.key_secret");
-    ck_assert_int_eq(river_client_new_secure(&c, e.clients, &w1_as_client), 0);
+    ck_assert_int_eq(river_client_new_secure(&c, e.c.clients, &w1_as_client), 0);
     ck_assert_int_eq(ta_request(c, 5000, &s), 0);
     ck_assert_msg(s.ended && s.end == RIVER_EVENT_ERROR && s.code == RIVER_CODE_UNAUTHENTICATED,
                   "worker key as client: %s %s", river_code_name(s.code), s.msg);
@@ -479,7 +407,7 @@ START_TEST(test_curve_serving)
     for (size_t i = 0; i < 3; i++) {
         river_keys_t key = ta_keys(&e, not_admin[i]);
         river_admin_t *a;
-        ck_assert_int_eq(river_admin_new_secure(&a, e.admin, 5000, &key), 0);
+        ck_assert_int_eq(river_admin_new_secure(&a, e.c.admin, 5000, &key), 0);
         river_status_t st;
         double t0 = clock_now_s();
         int rc = river_admin_status(a, &st);
@@ -492,15 +420,15 @@ START_TEST(test_curve_serving)
         river_admin_destroy(&a);
     }
     snprintf(want, sizeof want, "admin endpoint: refused a message from key %s", k.c1);
-    ck_assert_msg(test_log_has(e.log, want, 3000), "riverd did not log '%s'", want);
-    char *ctl_status[] = {(char *)test_bin("riverctl"), "--admin", e.admin, "--key",
+    ck_assert_msg(test_log_has(e.c.log, want, 3000), "riverd did not log '%s'", want);
+    char *ctl_status[] = {(char *)test_bin("riverctl"), "--admin", e.c.admin, "--key",
                           (char *)ta_path(&e, "own/c1.key_secret"), "--server-key",
                           e.server_key, "status", NULL};
     ck_assert_int_eq(test_capture(ctl_status, NULL, 1, &out), 1);
     ck_assert_msg(strstr(out, "UNAUTHENTICATED"), "%s", out);
     free(out);
     /* riverctl without keys against a CURVE riverd fails and says why. */
-    char *no_keys[] = {(char *)test_bin("riverctl"), "--admin", e.admin, "status", NULL};
+    char *no_keys[] = {(char *)test_bin("riverctl"), "--admin", e.c.admin, "status", NULL};
     ck_assert_int_eq(test_capture(no_keys, NULL, 1, &out), 1);
     free(out);
     /* The admin key still works, and nothing the refused keys asked for happened. */
@@ -509,10 +437,10 @@ START_TEST(test_curve_serving)
     /* The two bad workers: riverd logged both, each worker logged that it was refused, and
      * neither ever joined. */
     snprintf(want, sizeof want, "refused CURVE key %s", k.stranger);
-    ck_assert_msg(test_log_has(e.log, want, 3000), "riverd did not log '%s'", want);
-    ck_assert(test_log_has(e.log, "workers endpoint ipc://", 3000));
+    ck_assert_msg(test_log_has(e.c.log, want, 3000), "riverd did not log '%s'", want);
+    ck_assert(test_log_has(e.c.log, "workers endpoint ipc://", 3000));
     snprintf(want, sizeof want, "workers endpoint: refused a message from key %s", k.c1);
-    ck_assert_msg(test_log_has(e.log, want, 3000), "riverd did not log '%s'", want);
+    ck_assert_msg(test_log_has(e.c.log, want, 3000), "riverd did not log '%s'", want);
     ck_assert_msg(test_log_has(ta_path(&e, "intruder.log"), "riverd refused this worker", 8000),
                   "the intruder did not log its refusal");
     ck_assert_int_eq(ta_worker_ids(&e, &admin, ids, sizeof ids), 1);
@@ -520,7 +448,7 @@ START_TEST(test_curve_serving)
 
     /* The refusals are counted for Prometheus, by endpoint. */
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new_secure(&a, e.admin, 2000, &admin), 0);
+    ck_assert_int_eq(river_admin_new_secure(&a, e.c.admin, 2000, &admin), 0);
     char *metrics;
     ck_assert_int_eq(river_admin_metrics(a, &metrics), 0);
     river_admin_destroy(&a);
@@ -537,7 +465,7 @@ START_TEST(test_curve_serving)
     test_kill(&intruder, SIGKILL);
     test_kill(&impostor, SIGKILL);
     test_kill(&w1, SIGKILL);
-    ta_stop_riverd(&e);
+    cluster_riverd_stop(&e.c);
     test_remove_tree(test_tmpdir());
 }
 END_TEST
@@ -553,8 +481,8 @@ START_TEST(test_limit_per_key)
     ta_keys_t k;
     ta_make_keys(&e, &k);
     char c2[41];
-    ta_keygen(ta_path(&e, "own"), "c2", c2);
-    ta_copy(ta_path(&e, "own/c2.key"), ta_path(&e, "keys/clients/c2.key"));
+    cluster_keygen(ta_path(&e, "own"), "c2", c2);
+    cluster_copy(ta_path(&e, "own/c2.key"), ta_path(&e, "keys/clients/c2.key"));
     ta_write_riverd(&e, "limits:\n"
                         "  max_requests_per_client: 1\n"
                         "auth:\n"
@@ -563,7 +491,7 @@ START_TEST(test_limit_per_key)
                         "  clients: keys/clients\n"
                         "  workers: keys/workers\n"
                         "  admin: keys/admin\n");
-    ta_start_riverd(&e);
+    cluster_riverd_start(&e.c, NULL);
     pid_t w1 = ta_start_worker_on(&e, "w1", "own/w1.key_secret", NULL, TEST_DATA "/kjv-12l");
     river_keys_t admin = ta_keys(&e, "own/a1.key_secret");
     char ids[512] = "";
@@ -572,11 +500,11 @@ START_TEST(test_limit_per_key)
         ta_worker_ids(&e, &admin, ids, sizeof ids);
         test_sleep_ms(50);
     }
-    ck_assert_msg(strstr(ids, "w1(ready)"), "workers: '%s'; see %s", ids, e.log);
+    ck_assert_msg(strstr(ids, "w1(ready)"), "workers: '%s'; see %s", ids, e.c.log);
 
     river_keys_t kc1 = ta_keys(&e, "own/c1.key_secret"), kc2 = ta_keys(&e, "own/c2.key_secret");
     river_client_t *a, *b, *other;
-    ck_assert_int_eq(river_client_new_secure(&a, e.clients, &kc1), 0);
+    ck_assert_int_eq(river_client_new_secure(&a, e.c.clients, &kc1), 0);
     ta_stream_t sa, sb, so;
     /* One short request first, so that a's connection is up before the long one. */
     ck_assert_int_eq(ta_request(a, 10000, &sa), 0);
@@ -589,7 +517,7 @@ START_TEST(test_limit_per_key)
     ck_assert_int_eq(river_client_submit(a, &o, NULL, ta_on_event, &sa, NULL), 0);
 
     /* The same key on a second connection: over the limit. */
-    ck_assert_int_eq(river_client_new_secure(&b, e.clients, &kc1), 0);
+    ck_assert_int_eq(river_client_new_secure(&b, e.c.clients, &kc1), 0);
     ck_assert_int_eq(ta_request(b, 10000, &sb), 0);
     ck_assert_msg(sb.ended && sb.end == RIVER_EVENT_ERROR &&
                       sb.code == RIVER_CODE_RESOURCE_EXHAUSTED,
@@ -599,7 +527,7 @@ START_TEST(test_limit_per_key)
     ck_assert_msg(!sa.ended, "the long request ended before the check: %s", sa.msg);
 
     /* Another key is another client. */
-    ck_assert_int_eq(river_client_new_secure(&other, e.clients, &kc2), 0);
+    ck_assert_int_eq(river_client_new_secure(&other, e.c.clients, &kc2), 0);
     ck_assert_int_eq(ta_request(other, 10000, &so), 0);
     ck_assert_msg(so.ended && so.end == RIVER_EVENT_FINAL, "c2: %s: %s",
                   river_code_name(so.code), so.msg);
@@ -620,7 +548,7 @@ START_TEST(test_limit_per_key)
     river_client_destroy(&b);
     river_client_destroy(&other);
     test_kill(&w1, SIGKILL);
-    ta_stop_riverd(&e);
+    cluster_riverd_stop(&e.c);
     test_remove_tree(test_tmpdir());
 }
 END_TEST
@@ -633,26 +561,26 @@ START_TEST(test_plain_only_when_stated)
     ta_init(&e);
     /* No auth section: CURVE, and no keys where the defaults point. */
     ta_write_riverd(&e, "");
-    char *check[] = {(char *)test_bin("riverd"), "--config", e.riverd_yaml, NULL};
+    char *check[] = {(char *)test_bin("riverd"), "--config", e.c.cfg, NULL};
     char *out;
     ck_assert_int_eq(test_capture(check, NULL, 1, &out), 78);
     ck_assert_msg(strstr(out, "key 'auth.secret_key'") &&
                       strstr(out, "keys/riverd.key_secret: No such file"),
                   "%s", out);
-    ck_assert_msg(strstr(out, e.riverd_yaml), "%s", out);
+    ck_assert_msg(strstr(out, e.c.cfg), "%s", out);
     free(out);
 
     ta_write_riverd(&e, "log_level: error\nauth: {mode: plain}\n");
-    ta_start_riverd(&e);
+    cluster_riverd_start(&e.c, NULL);
     pid_t w = ta_start_worker(&e, "plain-worker", NULL, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, e.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, e.c.clients), 0);
     ta_stream_t s;
     ck_assert_int_eq(ta_request(c, 15000, &s), 0);
     ck_assert_msg(s.ended && s.end == RIVER_EVENT_FINAL, "%s: %s", river_code_name(s.code),
                   s.msg);
     river_client_destroy(&c);
-    ck_assert_msg(test_log_has(e.log, "auth.mode is plain: serving clients, workers and riverctl "
+    ck_assert_msg(test_log_has(e.c.log, "auth.mode is plain: serving clients, workers and riverctl "
                                     "WITHOUT authentication",
                              1000),
                   "riverd did not warn about plain mode");
@@ -660,15 +588,15 @@ START_TEST(test_plain_only_when_stated)
 
     /* A CURVE client against a plain riverd gets nothing either: both ends must agree. */
     char keys[400];
-    snprintf(keys, sizeof keys, "%s/k", e.dir);
+    snprintf(keys, sizeof keys, "%s/k", e.c.dir);
     char pub[KEYS_Z85_LEN + 1];
-    ta_keygen(keys, "c", pub);
-    ta_keygen(keys, "riverd", pub);
+    cluster_keygen(keys, "c", pub);
+    cluster_keygen(keys, "riverd", pub);
     river_keys_t curve = {.secret_key = ta_path(&e, "k/c.key_secret"),
                           .server_key = ta_path(&e, "k/riverd.key")};
     ta_expect_refused(&e, &curve, "CURVE client of a plain riverd");
     test_kill(&w, SIGKILL);
-    ta_stop_riverd(&e);
+    cluster_riverd_stop(&e.c);
     test_remove_tree(test_tmpdir());
 }
 END_TEST
@@ -681,7 +609,7 @@ START_TEST(test_config_errors)
     ta_init(&e);
     ta_keys_t k;
     ta_make_keys(&e, &k);
-    char *check[] = {(char *)test_bin("riverd"), "--config", e.riverd_yaml, "--check", NULL};
+    char *check[] = {(char *)test_bin("riverd"), "--config", e.c.cfg, "--check", NULL};
     char *out;
 
     ta_write_riverd(&e, "");
@@ -705,16 +633,16 @@ START_TEST(test_config_errors)
         {"auth:\n  admin: keys/riverd.key\n", "auth.admin", "keys/riverd.key: Not a directory"},
         {"auth:\n  workers: broken\n", "auth.workers", "bad.key: holds no public key"},
     };
-    ta_copy(ta_path(&e, "keys/riverd.key"), ta_path(&e, "own/public-0600.key"));
+    cluster_copy(ta_path(&e, "keys/riverd.key"), ta_path(&e, "own/public-0600.key"));
     ck_assert_int_eq(chmod(ta_path(&e, "own/public-0600.key"), 0600), 0);
     ta_mkdir(ta_path(&e, "broken"));
-    ta_copy(ta_path(&e, "own/w1.key"), ta_path(&e, "broken/w1.key"));
+    cluster_copy(ta_path(&e, "own/w1.key"), ta_path(&e, "broken/w1.key"));
     test_write(ta_path(&e, "broken/bad.key"), "curve\n    nothing = \"here\"\n");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ta_write_riverd(&e, cases[i].auth);
         ck_assert_int_eq(test_capture(check, NULL, 1, &out), 78);
         char key[512];
-        snprintf(key, sizeof key, "%s: key '%s': ", e.riverd_yaml, cases[i].key);
+        snprintf(key, sizeof key, "%s: key '%s': ", e.c.cfg, cases[i].key);
         ck_assert_msg(strstr(out, key) && strstr(out, cases[i].what), "case %zu: '%s'", i, out);
         free(out);
     }
@@ -723,8 +651,8 @@ START_TEST(test_config_errors)
     snprintf(y, sizeof y,
              "endpoints:\n  clients: [\"%s\"]\n  workers: [\"%s\"]\n  admin: \"\"\n"
              "  metrics_port: 0\nauth:\n  admin: keys/nowhere\n",
-             e.clients, e.workers);
-    test_write(e.riverd_yaml, y);
+             e.c.clients, e.c.workers);
+    test_write(e.c.cfg, y);
     ck_assert_int_eq(test_capture(check, NULL, 1, &out), 0);
     free(out);
 
@@ -738,10 +666,10 @@ START_TEST(test_config_errors)
     };
     for (size_t i = 0; i < sizeof wcases / sizeof wcases[0]; i++) {
         char wy[1024], wpath[400];
-        snprintf(wpath, sizeof wpath, "%s/bad-worker.yaml", e.dir);
+        snprintf(wpath, sizeof wpath, "%s/bad-worker.yaml", e.c.dir);
         snprintf(wy, sizeof wy,
                  "riverd: \"%s\"\nmodel: nothing\nauth:\n  secret_key: %s\n  server_key: %s\n",
-                 e.workers, wcases[i].secret, wcases[i].server);
+                 e.c.workers, wcases[i].secret, wcases[i].server);
         test_write(wpath, wy);
         char *argv[] = {(char *)test_bin("river-worker"), "--config", wpath, NULL};
         ck_assert_int_eq(test_capture(argv, NULL, 1, &out), 1);
@@ -757,7 +685,7 @@ START_TEST(test_config_errors)
                     "status", NULL};
     ck_assert_int_eq(test_capture(half, NULL, 1, &out), 2);
     free(out);
-    char *missing[] = {(char *)test_bin("riverctl"), "--endpoint", e.clients, "--key",
+    char *missing[] = {(char *)test_bin("riverctl"), "--endpoint", e.c.clients, "--key",
                        (char *)ta_path(&e, "own/none.key_secret"), "--server-key",
                        e.server_key, "generate", "x", NULL};
     ck_assert_int_eq(test_capture(missing, NULL, 1, &out), 1);

@@ -63,6 +63,36 @@ START_TEST(test_device_names)
     ck_assert_int_eq(e, RIVER_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(river_err_detail(), "CUDA"));
 #endif
+    /* The list the configuration's messages name comes from the same table. */
+    ck_assert_str_eq(backend_device_forms(), "cpu, cuda, cuda:N or opaque");
+    ck_assert_int_eq(backend_parse_device("opaque", &kind, &index), 0);
+    ck_assert_int_eq(kind, BACKEND_KIND_OPAQUE);
+    ck_assert_int_eq(backend_parse_device(NULL, &kind, &index), 0);
+    ck_assert_int_eq(kind, BACKEND_KIND_CPU);
+}
+END_TEST
+
+/* Host backends have no peer link between devices: each entry says so and changes
+ * nothing. */
+START_TEST(test_host_peer_unsupported)
+{
+    const char *devices[] = {"cpu", "opaque"};
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+        backend_t *be = NULL;
+        ck_assert_int_eq(backend_open(&be, devices[i], 1, BACKEND_WEIGHTS_COPY), 0);
+        unsigned char id[OPS_PEER_ID_BYTES] = {0};
+        ops_peer_t *peer = NULL;
+        float buf[4] = {0};
+        ck_assert_int_eq(backend_peer_id(be, id), RIVER_EUNSUPPORTED);
+        ck_assert_msg(strstr(river_err_detail(), devices[i]) &&
+                      strstr(river_err_detail(), "no peer link"), "%s", river_err_detail());
+        ck_assert_int_eq(backend_peer_open(be, &peer, id, 0), RIVER_EUNSUPPORTED);
+        ck_assert_ptr_null(peer);
+        ck_assert_int_eq(backend_peer_send(be, peer, buf, 4), RIVER_EUNSUPPORTED);
+        ck_assert_int_eq(backend_peer_recv(be, peer, buf, 4), RIVER_EUNSUPPORTED);
+        backend_peer_close(be, &peer);
+        backend_destroy(&be);
+    }
 }
 END_TEST
 
@@ -511,6 +541,7 @@ static Suite *backend_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_device_names);
     tcase_add_test(tc, test_cpu_info);
+    tcase_add_test(tc, test_host_peer_unsupported);
     tcase_add_test(tc, test_place_fingerprints);
     tcase_add_test(tc, test_place_layers);
     tcase_add_test(tc, test_engine_open);

@@ -29,140 +29,38 @@
 #include "client/river_client.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/streams.h"
 #include "tests/testutil.h"
 
 #define TF_FAST_MODEL TEST_DATA "/tinystories-656k" /* context 512, ~10k tokens/s */
 #define TF_SLOW_MODEL TEST_DATA "/kjv-12l"          /* context 256, 12 layers */
-#define TF_MAX_WORKERS 4
 #define TF_HEARTBEAT_MS 200
 #define TF_LIVENESS 3
 
 /* ---- riverd and its workers ---- */
 
-typedef struct tf_srv {
-    pid_t pid;
-    char dir[256], cfg[320], log[320];
-    char clients[320], workers[320], admin[320];
-    pid_t wk[TF_MAX_WORKERS];
-    char wk_id[TF_MAX_WORKERS][32];
-    int n_wk;
-} tf_srv_t;
-
-/* Writes riverd's configuration (endpoints under the test's directory, short heartbeats,
- * then `extra`) and starts it. */
-static void tf_riverd_start(tf_srv_t *s, const char *extra)
+/* riverd with endpoints under the test's directory, short heartbeats, then `extra`. */
+static void tf_riverd_start(cluster_t *s, const char *extra)
 {
     if (!s->dir[0]) {
-        snprintf(s->dir, sizeof s->dir, "%s", test_tmpdir());
-        snprintf(s->cfg, sizeof s->cfg, "%s/riverd.yaml", s->dir);
-        snprintf(s->log, sizeof s->log, "%s/riverd.log", s->dir);
-        snprintf(s->clients, sizeof s->clients, "ipc://%s/clients.sock", s->dir);
-        snprintf(s->workers, sizeof s->workers, "ipc://%s/workers.sock", s->dir);
-        snprintf(s->admin, sizeof s->admin, "ipc://%s/admin.sock", s->dir);
-        char y[4096];
-        snprintf(y, sizeof y,
-                 "endpoints:\n  clients: [\"%s\"]\n  workers: [\"%s\"]\n  admin: \"%s\"\n"
-                 "  metrics_port: 0\n"
-                 "heartbeat:\n  interval: %dms\n  liveness: %d\n"
-                 "auth:\n  mode: plain\n" /* tests/test_auth.c covers CURVE */
-                 "%s",
-                 s->clients, s->workers, s->admin, TF_HEARTBEAT_MS, TF_LIVENESS,
-                 extra ? extra : "");
-        test_write(s->cfg, y);
+        cluster_opts_t o = {.heartbeat_ms = TF_HEARTBEAT_MS, .liveness = TF_LIVENESS,
+                            .plain = 1, /* tests/test_auth.c covers CURVE */
+                            .extra = extra};
+        cluster_init(s, &o);
+        cluster_write_config(s, &o);
     }
-    char *argv[] = {(char *)test_bin("riverd"), "--config", s->cfg, NULL};
-    s->pid = test_spawn(argv, s->log, NULL);
+    cluster_riverd_start(s, NULL);
 }
 
 /* Starts a worker named id on `model` with `extra` YAML; returns its index in s->wk. */
-static int tf_worker_start(tf_srv_t *s, const char *id, const char *model, const char *extra)
+static int tf_worker_start(cluster_t *s, const char *id, const char *model, const char *extra)
 {
-    ck_assert_int_lt(s->n_wk, TF_MAX_WORKERS);
-    char cfg[400], log[400], y[2048];
-    snprintf(cfg, sizeof cfg, "%s/%s.yaml", s->dir, id);
-    snprintf(log, sizeof log, "%s/%s.log", s->dir, id);
-    snprintf(y, sizeof y,
-             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nlog_level: info\n"
-             "auth: {mode: plain}\n%s",
-             s->workers, test_abs_path(model), extra ? extra : "");
-    test_write(cfg, y);
-    char *argv[] = {(char *)test_bin("river-worker"), "--config", cfg, "--id", (char *)id,
-                    NULL};
-    int i = s->n_wk++;
-    snprintf(s->wk_id[i], sizeof s->wk_id[i], "%s", id);
-    s->wk[i] = test_spawn(argv, log, NULL);
-    return i;
-}
-
-/* Starts worker i again on the configuration it had. */
-static void tf_worker_restart(tf_srv_t *s, int i)
-{
-    char cfg[400], log[400];
-    snprintf(cfg, sizeof cfg, "%s/%s.yaml", s->dir, s->wk_id[i]);
-    snprintf(log, sizeof log, "%s/%s.log", s->dir, s->wk_id[i]);
-    char *argv[] = {(char *)test_bin("river-worker"), "--config", cfg, "--id", s->wk_id[i],
-                    NULL};
-    s->wk[i] = test_spawn(argv, log, NULL);
-}
-
-static river_admin_t *tf_admin(const tf_srv_t *s)
-{
-    river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s->admin, 1000), 0);
-    return a;
-}
-
-/* The state riverd shows for worker id ("ready", "dead", ...), "" when it lists none. */
-static const char *tf_worker_state(const tf_srv_t *s, const char *id)
-{
-    river_admin_t *a = tf_admin(s);
-    river_worker_info_t *w;
-    size_t n;
-    const char *state = "";
-    if (river_admin_workers(a, &w, &n) == 0) {
-        for (size_t i = 0; i < n; i++)
-            if (!strcmp(w[i].id, id))
-                state = w[i].state;
-        free(w);
-    }
-    river_admin_destroy(&a);
-    return state;
-}
-
-/* Polls until riverd shows worker id in `state`; the seconds it took, or -1. */
-static double tf_wait_state(const tf_srv_t *s, const char *id, const char *state, int ms)
-{
-    double t0 = clock_now_s(), until = t0 + ms / 1000.0;
-    while (clock_now_s() < until) {
-        if (!strcmp(tf_worker_state(s, id), state))
-            return clock_now_s() - t0;
-        test_sleep_ms(10);
-    }
-    return -1;
-}
-
-
-
-static void tf_stop(tf_srv_t *s)
-{
-    for (int i = 0; i < s->n_wk; i++)
-        if (s->wk[i] > 0) {
-            kill(s->wk[i], SIGCONT);
-            test_kill(&s->wk[i], SIGKILL);
-        }
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        int st = 0, ended = test_wait_exit(s->pid, 10000, &st);
-        if (!ended)
-            test_kill(&s->pid, SIGKILL);
-        ck_assert_msg(ended, "riverd did not stop on SIGTERM");
-        /* A clean exit: also what a sanitizer build's leak check says. */
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d; "
-                      "see %s", st, s->log);
-    }
-    s->pid = 0;
+    char y[2048];
+    snprintf(y, sizeof y, "auth: {mode: plain}\n%s", extra ? extra : "");
+    cluster_worker_opts_t w = {.model = model, .log_level = "info", .yaml = y};
+    return cluster_worker_start(s, id, &w);
 }
 
 /* ---- Tests ---- */
@@ -177,7 +75,7 @@ START_TEST(test_sigstop_worker)
     enum { N = 8, TOKENS = 160 };
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
-    tf_srv_t s = {0};
+    cluster_t s = {0};
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
@@ -186,11 +84,11 @@ START_TEST(test_sigstop_worker)
     streams_load_t l;
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
     long at_stop = streams_load_wait(&l, N * 16);
-    ck_assert_int_eq(kill(s.wk[0], SIGSTOP), 0);
-    double dead_after = tf_wait_state(&s, "w0", "dead", 5000);
+    ck_assert_int_eq(kill(s.wk[0].pid, SIGSTOP), 0);
+    double dead_after = cluster_wait_state(&s, "w0", "dead", 5000);
     ck_assert_msg(dead_after >= 0, "riverd did not declare the stopped worker dead");
     long at_cont = atomic_load(&l.progress);
-    ck_assert_int_eq(kill(s.wk[0], SIGCONT), 0);
+    ck_assert_int_eq(kill(s.wk[0].pid, SIGCONT), 0);
     int complete = streams_load_finish(&l, "SIGSTOP");
     /* One worker answered throughout, so every stream could finish there. */
     ck_assert_int_eq(complete, N);
@@ -202,7 +100,7 @@ START_TEST(test_sigstop_worker)
     streams_load_free(&l);
 
     /* The resumed worker comes back and takes work again, exactly. */
-    double back = tf_wait_state(&s, "w0", "ready", 10000);
+    double back = cluster_wait_state(&s, "w0", "ready", 10000);
     ck_assert_msg(back >= 0, "the resumed worker did not come back");
     long before = streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"w0\"}");
     streams_load_start(&l, s.clients, NULL, 4, want, 40, 30000);
@@ -213,7 +111,7 @@ START_TEST(test_sigstop_worker)
     ck_assert_int_eq(streams_load_finish(&l, "after SIGCONT"), 4);
     ck_assert_int_gt(streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"w0\"}"), before);
     streams_load_free(&l);
-    tf_stop(&s);
+    cluster_stop(&s);
 }
 END_TEST
 
@@ -227,7 +125,7 @@ START_TEST(test_riverd_restart)
     enum { N = 6, TOKENS = 160 };
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
-    tf_srv_t s = {0};
+    cluster_t s = {0};
     tf_riverd_start(&s, NULL);
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     tf_worker_start(&s, "w1", TF_SLOW_MODEL, NULL);
@@ -290,7 +188,7 @@ START_TEST(test_riverd_restart)
            "UNAVAILABLE within %.2f s, %d had completed; restarted 1.5 s later, both workers "
            "back %.2f s after that, %d new streams exact\n",
            at_kill, (N + 1) * TOKENS, unavailable, N + 1, slowest, complete, rejoin, N);
-    tf_stop(&s);
+    cluster_stop(&s);
 }
 END_TEST
 
@@ -304,7 +202,7 @@ START_TEST(test_slow_client)
     enum { MAX_REQS = 48, TOKENS = 440 };
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_FAST_MODEL, TOKENS, want);
-    tf_srv_t s = {0};
+    cluster_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_client_backlog: 1000\n  max_requests_per_client: 64\n");
     tf_worker_start(&s, "w0", TF_FAST_MODEL, "max_seqs: 16\n");
     streams_wait_ready(s.admin, NULL, 1, 20000, s.dir);
@@ -331,7 +229,7 @@ START_TEST(test_slow_client)
     }
     ck_assert_msg(n < MAX_REQS, "riverd never found the client's queue full");
     /* Everything the client has is cancelled on the worker or finished: nothing runs. */
-    river_admin_t *a = tf_admin(&s);
+    river_admin_t *a = cluster_admin(&s);
     river_status_t rs;
     double until = clock_now_s() + 20;
     do {
@@ -380,7 +278,7 @@ START_TEST(test_slow_client)
     printf("faults: a client that did not read: %d requests, its queue overflowed after "
            "%.1f s; it then read %zu tokens, %d Finals and %d RESOURCE_EXHAUSTED errors\n", n,
            stalled, tokens, complete, exhausted);
-    tf_stop(&s);
+    cluster_stop(&s);
 }
 END_TEST
 
@@ -395,7 +293,7 @@ START_TEST(test_split_backbone_lost)
     enum { N = 6, TOKENS = 120 };
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
-    tf_srv_t s = {0};
+    cluster_t s = {0};
     tf_riverd_start(&s, NULL);
     char peer[400], pair_yaml[600];
     snprintf(peer, sizeof peer, "ipc://%s/pair.sock", s.dir);
@@ -413,15 +311,15 @@ START_TEST(test_split_backbone_lost)
     streams_load_start(&l, s.clients, NULL, N, want, TOKENS, 30000);
     long at_kill = streams_load_wait(&l, N * 12);
     ck_assert_int_gt(streams_metric(s.admin, NULL, "river_worker_tokens_total{worker=\"river\"}"), 0);
-    test_kill(&s.wk[bb], SIGKILL);
+    test_kill(&s.wk[bb].pid, SIGKILL);
     ck_assert_int_eq(streams_load_finish(&l, "backbone killed"), N);
     streams_load_free(&l);
     long moved = streams_metric(s.admin, NULL, "river_requests_redispatched_total");
     ck_assert_int_ge(moved, 1);
     /* The river worker stays, and riverd knows it cannot serve. */
-    ck_assert_int_eq(waitpid(s.wk[rv], NULL, WNOHANG), 0);
-    ck_assert_msg(tf_wait_state(&s, "river", "unavailable", 2000) >= 0, "river worker is %s",
-                  tf_worker_state(&s, "river"));
+    ck_assert_int_eq(waitpid(s.wk[rv].pid, NULL, WNOHANG), 0);
+    ck_assert_msg(cluster_wait_state(&s, "river", "unavailable", 2000) >= 0, "river worker is %s",
+                  cluster_worker_state(&s, "river", NULL, 0));
 
     /* Meanwhile every request goes to the full worker at once: none is sent to the river
      * worker to fail there. */
@@ -431,11 +329,11 @@ START_TEST(test_split_backbone_lost)
     ck_assert_int_eq(streams_metric(s.admin, NULL, "river_requests_redispatched_total"), moved);
 
     /* A new backbone: the pair serves again, also alone. */
-    tf_worker_restart(&s, bb);
-    double paired = tf_wait_state(&s, "river", "ready", 20000);
+    cluster_worker_restart(&s, bb);
+    double paired = cluster_wait_state(&s, "river", "ready", 20000);
     ck_assert_msg(paired >= 0, "the river worker did not pair again");
-    test_kill(&s.wk[full], SIGKILL);
-    ck_assert(tf_wait_state(&s, "full", "dead", 5000) >= 0);
+    test_kill(&s.wk[full].pid, SIGKILL);
+    ck_assert(cluster_wait_state(&s, "full", "dead", 5000) >= 0);
     streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "paired again"), 4);
     streams_load_free(&l);
@@ -443,7 +341,7 @@ START_TEST(test_split_backbone_lost)
     /* The pair alone loses its backbone: explicit UNAVAILABLE, no silence. */
     streams_load_start(&l, s.clients, NULL, 4, want, TOKENS, 0);
     streams_load_wait(&l, 4 * 12);
-    test_kill(&s.wk[bb], SIGKILL);
+    test_kill(&s.wk[bb].pid, SIGKILL);
     int complete = streams_load_finish(&l, "pair alone");
     for (int i = 0; i < 4; i++)
         if (l.st[i].end == RIVER_EVENT_ERROR)
@@ -455,7 +353,7 @@ START_TEST(test_split_backbone_lost)
            "(%ld re-dispatched to the full worker); paired again in %.2f s; the pair alone "
            "then failed %d of 4 streams with UNAVAILABLE\n",
            at_kill, N * TOKENS, moved, paired, 4 - complete);
-    tf_stop(&s);
+    cluster_stop(&s);
 }
 END_TEST
 
@@ -467,7 +365,7 @@ START_TEST(test_client_limit)
     enum { LIMIT = 3, TOKENS = 120 };
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
-    tf_srv_t s = {0};
+    cluster_t s = {0};
     tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n");
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     streams_wait_ready(s.admin, NULL, 1, 20000, s.dir);
@@ -514,7 +412,7 @@ START_TEST(test_client_limit)
         ck_assert_int_eq(streams_check(&st[i], "within the limit"), 1);
     ck_assert_int_eq(streams_check(&st[LIMIT + 1], "after a slot was freed"), 1);
     river_client_destroy(&c);
-    tf_stop(&s);
+    cluster_stop(&s);
 }
 END_TEST
 

@@ -29,6 +29,7 @@
 #include "client/river_client.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
 
@@ -40,9 +41,10 @@
 /* ---- Processes ---- */
 
 typedef struct gt_env {
-    char dir[256];
-    char clients[320], workers[320], admin[320];
-    pid_t riverd, worker, gw[2];
+    cluster_t c;
+    river_keys_t admin_keys; /* an admin's: own/a1.key_secret, keys/riverd.key */
+    char admin_secret[PATH_MAX], server_key[PATH_MAX];
+    pid_t gw[2];
     int port[2];
     char gw_log[2][320];
 } gt_env_t;
@@ -52,42 +54,24 @@ static const char *gt_path(const gt_env_t *e, const char *rel)
     static char out[8][PATH_MAX];
     static int k;
     char *p = out[k++ % 8];
-    snprintf(p, PATH_MAX, "%s/%s", e->dir, rel);
+    snprintf(p, PATH_MAX, "%s/%s", e->c.dir, rel);
     return p;
-}
-
-static void gt_copy(const char *from, const char *to)
-{
-    size_t len;
-    char *text = test_read_file(from, &len);
-    ck_assert_msg(text, "%s", from);
-    test_write(to, text);
-    free(text);
-}
-
-static void gt_keygen(const char *dir, const char *name)
-{
-    char *argv[] = {(char *)test_bin("riverctl"), "keygen", (char *)name, "--dir",
-                    (char *)dir, NULL};
-    char *out;
-    ck_assert_msg(test_capture(argv, NULL, 1, &out) == 0, "keygen %s: %s", name, out);
-    free(out);
 }
 
 /* Keys: riverd's pair in keys/, the worker's, the gateway's and an admin's in own/, their
  * public halves where riverd looks for them. */
 static void gt_keys(gt_env_t *e)
 {
-    gt_keygen(gt_path(e, "keys"), "riverd");
-    gt_keygen(gt_path(e, "own"), "w1");
-    gt_keygen(gt_path(e, "own"), "gw");
-    gt_keygen(gt_path(e, "own"), "a1");
+    cluster_keygen(gt_path(e, "keys"), "riverd", NULL);
+    cluster_keygen(gt_path(e, "own"), "w1", NULL);
+    cluster_keygen(gt_path(e, "own"), "gw", NULL);
+    cluster_keygen(gt_path(e, "own"), "a1", NULL);
     const char *dirs[] = {"keys/clients", "keys/workers", "keys/admin"};
     for (int i = 0; i < 3; i++)
         ck_assert(mkdir(gt_path(e, dirs[i]), 0755) == 0 || errno == EEXIST);
-    gt_copy(gt_path(e, "own/gw.key"), gt_path(e, "keys/clients/gw.key"));
-    gt_copy(gt_path(e, "own/w1.key"), gt_path(e, "keys/workers/w1.key"));
-    gt_copy(gt_path(e, "own/a1.key"), gt_path(e, "keys/admin/a1.key"));
+    cluster_copy(gt_path(e, "own/gw.key"), gt_path(e, "keys/clients/gw.key"));
+    cluster_copy(gt_path(e, "own/w1.key"), gt_path(e, "keys/workers/w1.key"));
+    cluster_copy(gt_path(e, "own/a1.key"), gt_path(e, "keys/admin/a1.key"));
     /* The API key file: the hash `river-gateway --hash-key` prints. */
     char *argv[] = {(char *)test_bin("river-gateway"), "--hash-key", GT_KEY, NULL};
     char *out;
@@ -101,11 +85,7 @@ static void gt_keys(gt_env_t *e)
 
 static river_keys_t gt_admin_keys(const gt_env_t *e)
 {
-    static char secret[PATH_MAX], server[PATH_MAX];
-    snprintf(secret, sizeof secret, "%s", gt_path(e, "own/a1.key_secret"));
-    snprintf(server, sizeof server, "%s", gt_path(e, "keys/riverd.key"));
-    river_keys_t k = {.secret_key = secret, .server_key = server};
-    return k;
+    return e->admin_keys;
 }
 
 /* The worker, or -1 when riverd does not answer; fills its KV page counts. */
@@ -114,7 +94,7 @@ static int gt_worker_state(const gt_env_t *e, char *state, size_t cap, uint32_t 
 {
     river_keys_t k = gt_admin_keys(e);
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new_secure(&a, e->admin, 1000, &k), 0);
+    ck_assert_int_eq(river_admin_new_secure(&a, e->c.admin, 1000, &k), 0);
     river_worker_info_t *w;
     size_t n;
     int rc = river_admin_workers(a, &w, &n);
@@ -140,11 +120,11 @@ static void gt_start_gateway(gt_env_t *e, int i, const char *model, const char *
              "  server_key: keys/riverd.key\n"
              "models:\n  - name: stories\n    dir: \"%s\"\n    chat_template: \"%s\"\n"
              "api_keys: api-keys.txt\nlog_level: debug\n%s",
-             e->clients, test_abs_path(model), test_abs_path(GT_TEMPLATE), extra);
+             e->c.clients, test_abs_path(model), test_abs_path(GT_TEMPLATE), extra);
     snprintf(name, sizeof name, "gateway%d.yaml", i);
     test_write(gt_path(e, name), y);
     char logp[320];
-    snprintf(logp, sizeof logp, "%s/gateway%d.log", e->dir, i);
+    snprintf(logp, sizeof logp, "%s/gateway%d.log", e->c.dir, i);
     memcpy(e->gw_log[i], logp, sizeof logp);
     char *argv[] = {(char *)test_bin("river-gateway"), "--config", (char *)gt_path(e, name),
                     NULL};
@@ -159,36 +139,29 @@ static void gt_start_gateway(gt_env_t *e, int i, const char *model, const char *
     ck_assert_int_gt(e->port[i], 0);
 }
 
-/* riverd, a worker on `model` (none when NULL) and gateway 0. */
+/* riverd, a worker on `model` (none when NULL) and gateway 0; liveness 0: riverd's. */
 static void gt_start_with(gt_env_t *e, const char *model, const char *worker_extra,
-                          const char *gw_extra, const char *heartbeat_extra)
+                          const char *gw_extra, int liveness)
 {
     memset(e, 0, sizeof *e);
-    snprintf(e->dir, sizeof e->dir, "%s", test_tmpdir());
-    snprintf(e->clients, sizeof e->clients, "ipc://%s/clients.sock", e->dir);
-    snprintf(e->workers, sizeof e->workers, "ipc://%s/workers.sock", e->dir);
-    snprintf(e->admin, sizeof e->admin, "ipc://%s/admin.sock", e->dir);
+    cluster_opts_t o = {.liveness = liveness, .admin_ms = 1000,
+                        .extra = "limits:\n  max_requests_per_client: 256\n"};
+    cluster_init(&e->c, &o);
+    snprintf(e->admin_secret, sizeof e->admin_secret, "%s", gt_path(e, "own/a1.key_secret"));
+    snprintf(e->server_key, sizeof e->server_key, "%s", gt_path(e, "keys/riverd.key"));
+    e->admin_keys = (river_keys_t){.secret_key = e->admin_secret, .server_key = e->server_key};
+    e->c.keys = &e->admin_keys;
     gt_keys(e);
-    char y[4096];
-    snprintf(y, sizeof y,
-             "endpoints:\n  clients: [\"%s\"]\n  workers: [\"%s\"]\n  admin: \"%s\"\n"
-             "  metrics_port: 0\n"
-             "heartbeat:\n  interval: 200ms\n%s"
-             "limits:\n  max_requests_per_client: 256\n",
-             e->clients, e->workers, e->admin, heartbeat_extra ? heartbeat_extra : "");
-    test_write(gt_path(e, "riverd.yaml"), y);
-    char *rargv[] = {(char *)test_bin("riverd"), "--config", (char *)gt_path(e, "riverd.yaml"),
-                     NULL};
-    e->riverd = test_spawn(rargv, gt_path(e, "riverd.log"), NULL);
+    cluster_write_config(&e->c, &o);
+    cluster_riverd_start(&e->c, NULL);
     if (model) {
-        snprintf(y, sizeof y,
-                 "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\n%s"
+        char y[2048];
+        snprintf(y, sizeof y, "%s"
                  "auth:\n  secret_key: own/w1.key_secret\n  server_key: keys/riverd.key\n",
-                 e->workers, test_abs_path(model), worker_extra ? worker_extra : "");
-        test_write(gt_path(e, "worker.yaml"), y);
-        char *wargv[] = {(char *)test_bin("river-worker"), "--config",
-                         (char *)gt_path(e, "worker.yaml"), "--id", "w1", NULL};
-        e->worker = test_spawn(wargv, gt_path(e, "worker.log"), NULL);
+                 worker_extra ? worker_extra : "");
+        cluster_worker_opts_t w = {.model = model, .yaml = y, .cfg_name = "worker",
+                                   .log_name = "worker"};
+        cluster_worker_start(&e->c, "w1", &w);
         char state[32] = "";
         double until = clock_now_s() + 30;
         while (clock_now_s() < until) {
@@ -208,7 +181,7 @@ static void gt_start_with(gt_env_t *e, const char *model, const char *worker_ext
 static void gt_start(gt_env_t *e, const char *model, const char *worker_extra,
                      const char *gw_extra)
 {
-    gt_start_with(e, model, worker_extra, gw_extra, "  liveness: 20\n");
+    gt_start_with(e, model, worker_extra, gw_extra, 20);
 }
 
 /* Stops everything; the gateway must exit 0 on SIGTERM (it stayed up the whole test). */
@@ -226,8 +199,7 @@ static void gt_stop(gt_env_t *e)
                       "gateway %d: status %d; see %s", i, st, e->gw_log[i]);
         e->gw[i] = 0;
     }
-    test_kill(&e->worker, SIGTERM);
-    test_kill(&e->riverd, SIGTERM);
+    cluster_kill(&e->c, SIGTERM);
 }
 
 /* ---- HTTP ---- */
@@ -726,7 +698,7 @@ static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
 {
     river_keys_t k = gt_admin_keys(e);
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new_secure(&a, e->admin, 1000, &k), 0);
+    ck_assert_int_eq(river_admin_new_secure(&a, e->c.admin, 1000, &k), 0);
     char *text = NULL;
     int rc = river_admin_metrics(a, &text);
     river_admin_destroy(&a);
@@ -761,14 +733,14 @@ START_TEST(test_disconnect_and_deadline)
      * when the client leaves or the deadline passes, however fast the machine; riverd
      * waits 20 heartbeats (4 s) before it calls a silent worker dead. One request at a
      * time on gateway 0: a second one meanwhile is over its limit. */
-    gt_start_with(&e, GT_KJV, NULL, "limits:\n  max_concurrent: 1\n", "  liveness: 20\n");
+    gt_start_with(&e, GT_KJV, NULL, "limits:\n  max_concurrent: 1\n", 20);
     char state[32];
     uint32_t free1 = 0, total = 0;
     const char *body = "{\"model\":\"stories\",\"prompt\":\"In the beginning\",\"max_tokens\":240,"
                        "\"river\":{\"ignore_eos\":true},\"stream\":true}";
     int fd = gt_send(e.port[0], "POST", "/v1/completions", GT_KEY, body, strlen(body));
     gt_read_first_chunk(fd);
-    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGSTOP), 0);
     int st;
     json_t *o = gt_post(e.port[0], "/v1/completions",
                         "{\"model\":\"stories\",\"prompt\":\"In\",\"max_tokens\":2}", &st);
@@ -780,7 +752,7 @@ START_TEST(test_disconnect_and_deadline)
     close(fd);
     ck_assert_msg(test_log_has(e.gw_log[0], "went away: cancelling", 10000),
                   "the gateway did not cancel; see %s", e.gw_log[0]);
-    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGCONT), 0);
     long cancelled = 0;
     double until = clock_now_s() + 10;
     while (clock_now_s() < until) {
@@ -804,15 +776,15 @@ START_TEST(test_disconnect_and_deadline)
     gt_start_gateway(&e, 1, GT_KJV, "timeouts:\n  request: 3s\n");
     const char *whole = "{\"model\":\"stories\",\"prompt\":\"In the beginning\","
                         "\"max_tokens\":240,\"river\":{\"ignore_eos\":true}}";
-    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGSTOP), 0);
     o = gt_post(e.port[1], "/v1/completions", whole, &st);
-    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGCONT), 0);
     ck_assert_msg(st == 504, "status %d: %s", st, json_dumps(o, 0));
     ck_assert_str_eq(gt_str(json_object_get(o, "error"), "code"), "timeout");
     json_decref(o);
     fd = gt_send(e.port[1], "POST", "/v1/completions", GT_KEY, body, strlen(body));
     gt_read_first_chunk(fd);
-    ck_assert_int_eq(kill(e.worker, SIGSTOP), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGSTOP), 0);
     char *rest = NULL;
     size_t cap = 1 << 16, len = 0;
     rest = malloc(cap);
@@ -822,7 +794,7 @@ START_TEST(test_disconnect_and_deadline)
         len += (size_t)got;
     rest[len] = '\0';
     close(fd);
-    ck_assert_int_eq(kill(e.worker, SIGCONT), 0);
+    ck_assert_int_eq(kill(e.c.wk[0].pid, SIGCONT), 0);
     /* What came after the first chunk ends with the error event and no [DONE]. */
     const char *tail = strstr(rest, "data: {\"error\"");
     ck_assert_msg(tail, "no error event: %s", rest);
@@ -842,7 +814,7 @@ END_TEST
 START_TEST(test_no_worker)
 {
     gt_env_t e;
-    gt_start_with(&e, NULL, NULL, NULL, NULL);
+    gt_start_with(&e, NULL, NULL, NULL, 0);
     /* riverd refuses once it has had no worker for heartbeat x liveness (600 ms here). */
     test_sleep_ms(1000);
     int st;

@@ -54,6 +54,7 @@
 #include "client/river_client.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/streams.h"
 #include "tests/testutil.h"
@@ -435,15 +436,10 @@ static void mh_relay_stop(mh_relay_t *r)
 /* ---- Keys, riverd and workers ---- */
 
 typedef struct mh_srv {
-    char dir[256], keys[320], cfg[320], log[320];
-    char clients[64], workers[64], admin[64];
+    cluster_t c;
+    char keys[320];
     river_keys_t client_keys;
     char client_secret[400], server_public[400];
-    pid_t pid;
-    pid_t wk[4];
-    char wk_id[4][16];
-    int wk_host[4];
-    int n_wk;
 } mh_srv_t;
 
 static void mh_keygen(const char *name, const char *dir)
@@ -460,15 +456,15 @@ static void mh_keygen(const char *name, const char *dir)
 static void mh_keys(mh_srv_t *s, const char *const *workers, int n)
 {
     ck_assert_int_eq(mh_sh("mkdir -p %s/clients %s/workers %s/admin %s/wk %s/cl", s->keys,
-                           s->keys, s->keys, s->dir, s->dir), 0);
+                           s->keys, s->keys, s->c.dir, s->c.dir), 0);
     mh_keygen("riverd", s->keys);
     char d[400];
     for (int i = 0; i < n; i++) {
-        snprintf(d, sizeof d, "%s/wk", s->dir);
+        snprintf(d, sizeof d, "%s/wk", s->c.dir);
         mh_keygen(workers[i], d);
         ck_assert_int_eq(mh_sh("cp %s/%s.key %s/workers/", d, workers[i], s->keys), 0);
     }
-    snprintf(d, sizeof d, "%s/cl", s->dir);
+    snprintf(d, sizeof d, "%s/cl", s->c.dir);
     mh_keygen("client", d);
     ck_assert_int_eq(mh_sh("cp %s/client.key %s/clients/ && cp %s/client.key %s/admin/", d,
                            s->keys, d, s->keys), 0);
@@ -478,35 +474,47 @@ static void mh_keys(mh_srv_t *s, const char *const *workers, int n)
     s->client_keys.server_key = s->server_public;
 }
 
+/* The argv prefix that runs a program in host's namespace; lives as long as the test. */
+static const char *const *mh_wrap(int host)
+{
+    static const char *wrap[MH_HOSTS][5];
+    const char **w = wrap[host];
+    w[0] = mh_ip;
+    w[1] = "netns";
+    w[2] = "exec";
+    w[3] = mh_ns(host);
+    w[4] = NULL;
+    return w;
+}
+
 /* riverd in its namespace, on tcp:// with CURVE, with short heartbeats and `extra`. */
 static void mh_riverd_start(mh_srv_t *s, const char *name, int heartbeat_ms, int liveness,
                             const char *extra)
 {
     /* Each test has a directory of its own under the run's (which the first made). */
-    snprintf(s->dir, sizeof s->dir, "%s/%s", test_tmpdir(), name);
-    ck_assert_int_eq(mh_sh("mkdir -p %s", s->dir), 0);
-    snprintf(s->keys, sizeof s->keys, "%s/keys", s->dir);
-    snprintf(s->cfg, sizeof s->cfg, "%s/riverd.yaml", s->dir);
-    snprintf(s->log, sizeof s->log, "%s/riverd.log", s->dir);
-    snprintf(s->clients, sizeof s->clients, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_CLIENTS);
-    snprintf(s->workers, sizeof s->workers, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_WORKERS);
-    snprintf(s->admin, sizeof s->admin, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_ADMIN);
-    static const char *const names[] = {"w0", "w1", "w2"};
-    mh_keys(s, names, 3);
+    char dir[256], clients[64], workers[64], admin[64], bind[64];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
+    ck_assert_int_eq(mh_sh("mkdir -p %s", dir), 0);
+    snprintf(clients, sizeof clients, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_CLIENTS);
+    snprintf(workers, sizeof workers, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_WORKERS);
+    snprintf(admin, sizeof admin, "tcp://%s:%d", mh_addr(MH_RD), MH_PORT_ADMIN);
+    snprintf(bind, sizeof bind, "tcp://*:%d", MH_PORT_WORKERS);
     char y[4096];
     snprintf(y, sizeof y,
-             "endpoints:\n  clients: [\"%s\"]\n  workers: [\"tcp://*:%d\"]\n  admin: \"%s\"\n"
-             "  metrics_port: 0\n"
-             "heartbeat:\n  interval: %dms\n  liveness: %d\n"
              "log_level: info\n"
              "auth:\n  mode: curve\n  secret_key: keys/riverd.key_secret\n"
              "  clients: keys/clients\n  workers: keys/workers\n  admin: keys/admin\n%s",
-             s->clients, MH_PORT_WORKERS, s->admin, heartbeat_ms, liveness,
              extra ? extra : "");
-    test_write(s->cfg, y);
-    char *argv[] = {(char *)mh_ip, "netns", "exec", (char *)mh_ns(MH_RD),
-                    (char *)test_bin("riverd"), "--config", s->cfg, NULL};
-    s->pid = test_spawn(argv, s->log, NULL);
+    cluster_opts_t o = {.dir = dir, .clients = clients, .workers = workers, .admin = admin,
+                        .workers_bind = bind, .heartbeat_ms = heartbeat_ms,
+                        .liveness = liveness, .extra = y, .keys = &s->client_keys,
+                        .admin_ms = 2000, .wrap = mh_wrap(MH_RD)};
+    cluster_init(&s->c, &o);
+    snprintf(s->keys, sizeof s->keys, "%s/keys", s->c.dir);
+    static const char *const names[] = {"w0", "w1", "w2"};
+    mh_keys(s, names, 3);
+    cluster_write_config(&s->c, &o);
+    cluster_riverd_start(&s->c, NULL);
 }
 
 /* Worker `id` (its key is wk/<key>.key_secret) on `host`, connecting to `endpoint` (NULL:
@@ -514,79 +522,28 @@ static void mh_riverd_start(mh_srv_t *s, const char *name, int heartbeat_ms, int
 static int mh_worker_start(mh_srv_t *s, const char *id, const char *key, int host,
                            const char *model, const char *endpoint, const char *extra)
 {
-    ck_assert_int_lt(s->n_wk, 4);
-    char cfg[400], log[400], y[2048];
-    snprintf(cfg, sizeof cfg, "%s/%s-%s.yaml", s->dir, id, mh_hosts[host]);
-    snprintf(log, sizeof log, "%s/%s-%s.log", s->dir, id, mh_hosts[host]);
+    char name[64], y[2048];
+    snprintf(name, sizeof name, "%s-%s", id, mh_hosts[host]);
     snprintf(y, sizeof y,
-             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nlog_level: info\n"
              "reconnect:\n  backoff_max: 2s\n"
              "auth:\n  mode: curve\n  secret_key: wk/%s.key_secret\n"
              "  server_key: keys/riverd.key\n%s",
-             endpoint ? endpoint : s->workers, test_abs_path(model), key, extra ? extra : "");
-    test_write(cfg, y);
-    char *argv[] = {(char *)mh_ip, "netns", "exec", (char *)mh_ns(host),
-                    (char *)test_bin("river-worker"), "--config", cfg, "--id", (char *)id,
-                    NULL};
-    int i = s->n_wk++;
-    snprintf(s->wk_id[i], sizeof s->wk_id[i], "%s", id);
-    s->wk_host[i] = host;
-    s->wk[i] = test_spawn(argv, log, NULL);
-    return i;
-}
-
-static river_admin_t *mh_admin(const mh_srv_t *s)
-{
-    river_admin_t *a;
-    ck_assert_msg(river_admin_new_secure(&a, s->admin, 2000, &s->client_keys) == 0, "admin: %s",
-                  river_err_detail());
-    return a;
-}
-
-/* What riverd lists for worker id: its state ("" when not listed) and address. */
-static const char *mh_worker_state(const mh_srv_t *s, const char *id, char *addr, size_t cap)
-{
-    static char state[32];
-    state[0] = '\0';
-    if (addr)
-        addr[0] = '\0';
-    river_admin_t *a = mh_admin(s);
-    river_worker_info_t *w;
-    size_t n;
-    if (river_admin_workers(a, &w, &n) == 0) {
-        for (size_t i = 0; i < n; i++)
-            if (!strcmp(w[i].id, id)) {
-                snprintf(state, sizeof state, "%s", w[i].state);
-                if (addr)
-                    snprintf(addr, cap, "%s", w[i].address);
-            }
-        free(w);
-    }
-    river_admin_destroy(&a);
-    return state;
-}
-
-/* Polls until riverd shows worker id in `state`; the seconds it took, or -1. */
-static double mh_wait_state(const mh_srv_t *s, const char *id, const char *state, int ms)
-{
-    double t0 = clock_now_s(), until = t0 + ms / 1000.0;
-    while (clock_now_s() < until) {
-        if (!strcmp(mh_worker_state(s, id, NULL, 0), state))
-            return clock_now_s() - t0;
-        test_sleep_ms(20);
-    }
-    return -1;
+             key, extra ? extra : "");
+    cluster_worker_opts_t w = {.model = model, .endpoint = endpoint, .log_level = "info",
+                               .yaml = y, .cfg_name = name, .log_name = name,
+                               .wrap = mh_wrap(host)};
+    return cluster_worker_start(&s->c, id, &w);
 }
 
 static void mh_wait_ready(const mh_srv_t *s, int n, int ms)
 {
-    streams_wait_ready(s->admin, &s->client_keys, n, ms, s->dir);
+    streams_wait_ready(s->c.admin, &s->client_keys, n, ms, s->c.dir);
 }
 
 /* A counter of riverd's metrics: the value on the line that starts with `name `. */
 static long mh_metric(const mh_srv_t *s, const char *name)
 {
-    return streams_metric(s->admin, &s->client_keys, name);
+    return streams_metric(s->c.admin, &s->client_keys, name);
 }
 
 static long mh_worker_tokens(const mh_srv_t *s, const char *id)
@@ -600,30 +557,13 @@ static long mh_worker_tokens(const mh_srv_t *s, const char *id)
 static int mh_riverctl(const mh_srv_t *s, char **out, const char *a1, const char *a2,
                        const char *a3)
 {
-    char env_ep[128], env_key[480], env_srv[480];
-    snprintf(env_ep, sizeof env_ep, "RIVER_ADMIN=%s", s->admin);
+    char env_ep[400], env_key[480], env_srv[480];
+    snprintf(env_ep, sizeof env_ep, "RIVER_ADMIN=%s", s->c.admin);
     snprintf(env_key, sizeof env_key, "RIVER_KEY=%s", s->client_secret);
     snprintf(env_srv, sizeof env_srv, "RIVER_SERVER_KEY=%s", s->server_public);
     const char *env[] = {env_ep, env_key, env_srv, NULL};
     char *argv[] = {(char *)test_bin("riverctl"), (char *)a1, (char *)a2, (char *)a3, NULL};
     return test_capture(argv, env, 1, out);
-}
-
-static void mh_stop(mh_srv_t *s)
-{
-    for (int i = 0; i < s->n_wk; i++)
-        if (s->wk[i] > 0)
-            test_kill(&s->wk[i], SIGKILL);
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        int st = 0, ended = test_wait_exit(s->pid, 15000, &st);
-        if (!ended)
-            test_kill(&s->pid, SIGKILL);
-        ck_assert_msg(ended, "riverd did not stop on SIGTERM");
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d; "
-                      "see %s", st, s->log);
-    }
-    s->pid = 0;
 }
 
 /* Every test runs in its own process (Check's fork mode) in the clients' namespace, on a
@@ -658,11 +598,11 @@ START_TEST(test_link_cut)
     mh_wait_ready(&s, 2, 60000);
 
     streams_load_t l;
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 30000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 30000);
     long at_cut = streams_load_wait(&l, N * 16);
     mh_link(MH_W0, 0);
     double t_cut = clock_now_s();
-    double dead_after = mh_wait_state(&s, "w0", "dead", 10000);
+    double dead_after = cluster_wait_state(&s.c, "w0", "dead", 10000);
     ck_assert_msg(dead_after >= 0, "riverd did not declare the cut-off worker dead");
     /* Down long enough for the worker to give riverd up too and to try again. */
     test_sleep_ms(2500);
@@ -674,7 +614,7 @@ START_TEST(test_link_cut)
     streams_load_free(&l);
     ck_assert_int_ge(mh_metric(&s, "river_worker_deaths_total"), 1);
     ck_assert_int_ge(mh_metric(&s, "river_requests_redispatched_total"), 1);
-    ck_assert_msg(mh_wait_state(&s, "w0", "ready", 20000) >= 0,
+    ck_assert_msg(cluster_wait_state(&s.c, "w0", "ready", 20000) >= 0,
                   "the worker did not come back after its link did");
     double back = clock_now_s() - t_up;
     long stale = mh_metric(&s, "river_worker_stale_messages_total");
@@ -684,7 +624,7 @@ START_TEST(test_link_cut)
     /* Back, it serves again, exactly. */
     streams_expect_t short_want[STREAMS_N_PROMPTS];
     streams_expect_all(MH_SLOW_MODEL, 40, short_want);
-    streams_load_start(&l, s.clients, &s.client_keys, 6, short_want, 40, 30000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, 6, short_want, 40, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "after the link came back"), 6);
     streams_load_free(&l);
     ck_assert_int_gt(mh_worker_tokens(&s, "w0"), w0_before);
@@ -692,7 +632,7 @@ START_TEST(test_link_cut)
            "after %.2f s, %d of %d streams complete and exact, %ld stale messages dropped, "
            "w0 ready again %.2f s after its link\n",
            at_cut, N * TOKENS, dead_after, t_up - t_cut, complete, N, stale, back);
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 
@@ -716,12 +656,12 @@ START_TEST(test_loss_delay)
     mh_worker_start(&s, "w1", "w1", MH_W1, MH_SLOW_MODEL, NULL, NULL);
     mh_wait_ready(&s, 2, 60000);
     char addr[64];
-    mh_worker_state(&s, "w0", addr, sizeof addr);
+    cluster_worker_state(&s.c, "w0", addr, sizeof addr);
     ck_assert_str_eq(addr, mh_addr(MH_W0));
 
     double t0 = clock_now_s();
     streams_load_t l;
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 60000);
     ck_assert_int_eq(streams_load_finish(&l, "clean link"), N);
     streams_load_free(&l);
     double clean = clock_now_s() - t0;
@@ -735,7 +675,7 @@ START_TEST(test_loss_delay)
                            mh_ip, ns, mh_ip, ns), 0);
     atomic_store(&relay.delay_ms, 50);
     t0 = clock_now_s();
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 60000);
     int complete = streams_load_finish(&l, "loss and delay");
     double lossy = clock_now_s() - t0;
     ck_assert_int_eq(complete, N);
@@ -763,7 +703,7 @@ START_TEST(test_loss_delay)
            "complete and exact in %.2f s (%.2f s on the clean link), %ld tokens over the "
            "lossy link, %ld packets dropped\n",
            complete, N, lossy, clean, w0_tokens, dropped);
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 
@@ -786,7 +726,7 @@ START_TEST(test_riverd_cut)
 
     streams_load_t l;
     /* No silence limit of the library's own: only its view of the connection ends them. */
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 0);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 0);
     long at_cut = streams_load_wait(&l, N * 16);
     mh_link(MH_RD, 0);
     double t_cut = clock_now_s();
@@ -814,7 +754,7 @@ START_TEST(test_riverd_cut)
     /* The cap, the worker's liveness window of its last attempt, and the handshake. */
     ck_assert_msg(rejoin <= cap_s + liveness_s + 2.0, "workers back %.2f s after riverd, "
                   "past the %.1f s cap", rejoin, cap_s);
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 30000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 30000);
     ck_assert_int_eq(streams_load_finish(&l, "after riverd's link came back"), N);
     streams_load_free(&l);
     printf("multihost: riverd's link cut after %ld of %d tokens: %d of %d requests ended with "
@@ -822,7 +762,7 @@ START_TEST(test_riverd_cut)
            "workers ready %.2f s later (cap %.1f s), %d new streams exact\n",
            at_cut, N * TOKENS, unavailable, N, slowest, complete, t_up - t_cut, rejoin, cap_s,
            N);
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 
@@ -841,18 +781,18 @@ START_TEST(test_moved)
     mh_worker_start(&s, "w1", "w1", MH_W1, MH_SLOW_MODEL, NULL, NULL);
     mh_wait_ready(&s, 2, 60000);
     char addr[64];
-    mh_worker_state(&s, "w0", addr, sizeof addr);
+    cluster_worker_state(&s.c, "w0", addr, sizeof addr);
     ck_assert_str_eq(addr, mh_addr(MH_W0));
 
     streams_load_t l;
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 30000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 30000);
     long at_kill = streams_load_wait(&l, N * 16);
-    test_kill(&s.wk[w0], SIGKILL);
+    test_kill(&s.c.wk[w0].pid, SIGKILL);
     int moved = mh_worker_start(&s, "w0", "w0", MH_W2, MH_SLOW_MODEL, NULL, NULL);
     ck_assert_int_eq(streams_load_finish(&l, "worker moved"), N);
     streams_load_free(&l);
     double t0 = clock_now_s();
-    ck_assert_msg(mh_wait_state(&s, "w0", "ready", 30000) >= 0, "w0 not back");
+    ck_assert_msg(cluster_wait_state(&s.c, "w0", "ready", 30000) >= 0, "w0 not back");
     char *out;
     ck_assert_int_eq(mh_riverctl(&s, &out, "--output", "json", "workers"), 0);
     json_error_t je;
@@ -876,7 +816,7 @@ START_TEST(test_moved)
     free(out);
 
     long before = mh_worker_tokens(&s, "w0");
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, 40, 30000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, 40, 30000);
     streams_expect_t short_want[STREAMS_N_PROMPTS];
     streams_expect_all(MH_SLOW_MODEL, 40, short_want);
     for (int k = 0; k < N; k++)
@@ -889,7 +829,7 @@ START_TEST(test_moved)
            mh_addr(MH_W0), at_kill, N * TOKENS, mh_addr(MH_W2), mh_addr(MH_W2),
            clock_now_s() - t0);
     (void)moved;
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 
@@ -908,7 +848,7 @@ START_TEST(test_drain_replace)
     mh_wait_ready(&s, 2, 60000);
 
     streams_load_t l;
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 60000);
     long at_drain = streams_load_wait(&l, N * 16);
     char *out;
     ck_assert_msg(mh_riverctl(&s, &out, "drain", "w0", NULL) == 0, "riverctl drain: %s", out);
@@ -916,26 +856,26 @@ START_TEST(test_drain_replace)
     mh_worker_start(&s, "w2", "w2", MH_W2, MH_SLOW_MODEL, NULL, NULL);
     /* More load while the drain runs: it goes to w1 and the replacement. */
     streams_load_t more;
-    streams_load_start(&more, s.clients, &s.client_keys, 4, want, TOKENS, 60000);
+    streams_load_start(&more, s.c.clients, &s.client_keys, 4, want, TOKENS, 60000);
     int complete = streams_load_finish(&l, "drain under load");
     complete += streams_load_finish(&more, "during the drain");
     ck_assert_int_eq(complete, N + 4);
     streams_load_free(&l);
     streams_load_free(&more);
     /* The drained worker exits by itself once it has nothing left. */
-    int code = test_wait_code(s.wk[w0], 30000);
+    int code = test_wait_code(s.c.wk[w0].pid, 30000);
     ck_assert_msg(code == 0, "the drained worker ended with %d", code);
-    s.wk[w0] = 0;
-    ck_assert_msg(mh_wait_state(&s, "w2", "ready", 30000) >= 0, "replacement not ready");
+    s.c.wk[w0].pid = 0;
+    ck_assert_msg(cluster_wait_state(&s.c, "w2", "ready", 30000) >= 0, "replacement not ready");
     long w2_before = mh_worker_tokens(&s, "w2");
-    streams_load_start(&l, s.clients, &s.client_keys, N, want, TOKENS, 60000);
+    streams_load_start(&l, s.c.clients, &s.client_keys, N, want, TOKENS, 60000);
     ck_assert_int_eq(streams_load_finish(&l, "after the replacement"), N);
     streams_load_free(&l);
     ck_assert_int_gt(mh_worker_tokens(&s, "w2"), w2_before);
     printf("multihost: w0 drained after %ld of %d tokens with 4 more streams arriving, its "
            "replacement w2 started: %d of %d streams complete and exact, none lost\n",
            at_drain, N * TOKENS, complete, N + 4);
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 
@@ -980,7 +920,7 @@ START_TEST(test_firewall)
     ck_assert_msg(!mh_can_connect(MH_CL, MH_PORT_WORKERS, 1000), "the clients reached 5556");
     printf("multihost: riverd's firewall: clients and admin from %s only, workers from %s-%s "
            "only\n", mh_addr(MH_CL), mh_addr(MH_W0), mh_addr(MH_W2));
-    mh_stop(&s);
+    cluster_stop(&s.c);
 }
 END_TEST
 

@@ -3,7 +3,7 @@
  * library and raw ZMQ sockets. Binaries are found in <builddir>/bin, builddir being two
  * levels above this test binary.
  *
- * What must hold (DESIGN.md §6): the tokens through riverd are the in-process engine's
+ * What must hold: the tokens through riverd are the in-process engine's
  * (greedy); every stream is complete with consecutive sequence numbers or ends with an
  * explicit error, also when a worker is killed mid-stream; cancel frees the KV pages;
  * deadlines, limits and a full queue give their error codes; bad frames get error replies
@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/streams.h"
 #include "tests/testutil.h"
@@ -56,119 +57,56 @@ typedef struct ts_opts {
 } ts_opts_t;
 
 typedef struct ts_srv {
-    pid_t pid;
-    char dir[256];
-    char cfg[320], wcfg[320];
-    char clients[320], workers[320], admin[320];
-    pid_t ext[TS_MAX_WORKERS];
-    int n_ext;
+    cluster_t c;
+    char wcfg[400];          /* the workers' configuration, shared by all of them */
     ts_opts_t o;
 } ts_srv_t;
 
-/* The riverd configuration of s, with `extra` at the end. */
+/* riverd's configuration of s, with `extra` at the end. */
 static void ts_write_config(ts_srv_t *s, const char *extra)
 {
-    char local[128] = "";
+    char local[128] = "", y[4096];
     if (s->o.supervised)
         snprintf(local, sizeof local, "local_workers:\n  - config: worker.yaml\n    count: %d\n",
                  s->o.supervised);
-    char y[4096];
-    snprintf(y, sizeof y,
-             "endpoints:\n"
-             "  clients: [\"%s\"]\n"
-             "  workers: [\"%s\"]\n"
-             "  admin: \"%s\"\n"
-             "  metrics_port: %d\n"
-             "  metrics_address: \"127.0.0.1\"\n"
-             "heartbeat:\n"
-             "  interval: %dms\n"
-             "  liveness: %d\n"
-             "auth:\n"
-             "  mode: plain\n" /* tests/test_auth.c covers CURVE */
-             "%s%s",
-             s->clients, s->workers, s->admin, s->o.metrics_port,
-             s->o.heartbeat_ms ? s->o.heartbeat_ms : 200, s->o.liveness ? s->o.liveness : 3,
-             local, extra ? extra : "");
-    test_write(s->cfg, y);
-}
-
-static pid_t ts_start_worker(ts_srv_t *s, const char *id)
-{
-    char log[400];
-    snprintf(log, sizeof log, "%s/%s.log", s->dir, id);
-    char *argv[] = {(char *)test_bin("river-worker"), "--config", s->wcfg, "--id", (char *)id,
-                    NULL};
-    return test_spawn(argv, log, NULL);
-}
-
-static int ts_ready_workers(const ts_srv_t *s)
-{
-    river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s->admin, 500), 0);
-    river_status_t st;
-    int rc = river_admin_status(a, &st);
-    river_admin_destroy(&a);
-    return rc < 0 ? -1 : (int)st.workers_ready;
-}
-
-/* Polls cond(s) every 20 ms for up to ms; true when it held. */
-static int ts_wait_ready_n(const ts_srv_t *s, int n, int ms)
-{
-    double until = clock_now_s() + ms / 1000.0;
-    while (clock_now_s() < until) {
-        if (ts_ready_workers(s) == n)
-            return 1;
-        test_sleep_ms(20);
-    }
-    return 0;
+    snprintf(y, sizeof y, "%s%s", local, extra ? extra : "");
+    cluster_opts_t co = {.metrics_port = s->o.metrics_port,
+                         .heartbeat_ms = s->o.heartbeat_ms,
+                         .liveness = s->o.liveness ? s->o.liveness : 3,
+                         .plain = 1, /* tests/test_auth.c covers CURVE */
+                         .extra = y,
+                         .admin_ms = 500};
+    if (!s->c.dir[0])
+        cluster_init(&s->c, &co);
+    cluster_write_config(&s->c, &co);
 }
 
 static void ts_start(ts_srv_t *s, const ts_opts_t *o, const char *const *env)
 {
     memset(s, 0, sizeof *s);
     s->o = *o;
-    snprintf(s->dir, sizeof s->dir, "%s", test_tmpdir());
-    snprintf(s->cfg, sizeof s->cfg, "%s/riverd.yaml", s->dir);
-    snprintf(s->wcfg, sizeof s->wcfg, "%s/worker.yaml", s->dir);
-    snprintf(s->clients, sizeof s->clients, "ipc://%s/clients.sock", s->dir);
-    snprintf(s->workers, sizeof s->workers, "ipc://%s/workers.sock", s->dir);
-    snprintf(s->admin, sizeof s->admin, "ipc://%s/admin.sock", s->dir);
-    char w[2048];
-    snprintf(w, sizeof w,
-             "riverd: \"%s\"\nmodel: \"%s\"\nthreads: 1\nmax_seqs: %d\nlog_level: warn\n"
-             "auth: {mode: plain}\n%s",
-             s->workers, test_abs_path(o->model ? o->model : TS_FAST_MODEL),
-             o->max_seqs ? o->max_seqs : 16, o->worker_extra ? o->worker_extra : "");
-    test_write(s->wcfg, w);
     ts_write_config(s, o->extra);
-    char log[400];
-    snprintf(log, sizeof log, "%s/riverd.log", s->dir);
-    char *argv[] = {(char *)test_bin("riverd"), "--config", s->cfg, NULL};
-    s->pid = test_spawn(argv, log, env);
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml, "auth: {mode: plain}\n%s", o->worker_extra ? o->worker_extra : "");
+    cluster_worker_opts_t w = {.model = o->model ? o->model : TS_FAST_MODEL,
+                               .max_seqs = o->max_seqs ? o->max_seqs : 16,
+                               .log_level = "warn",
+                               .yaml = yaml};
+    snprintf(s->wcfg, sizeof s->wcfg, "%s", cluster_worker_write(&s->c, "worker", &w));
+    cluster_riverd_start(&s->c, env);
     for (int i = 0; i < o->external; i++) {
         char id[32];
         snprintf(id, sizeof id, "ext-%d", i);
-        s->ext[s->n_ext++] = ts_start_worker(s, id);
+        cluster_worker_spawn(&s->c, id, s->wcfg, NULL, NULL);
     }
     if (!o->no_wait)
-        ck_assert_msg(ts_wait_ready_n(s, o->supervised + o->external, 15000),
-                      "workers did not get ready; see %s", log);
+        ck_assert_msg(cluster_wait_ready(&s->c, o->supervised + o->external, 15000),
+                      "workers did not get ready; see %s", s->c.log);
 }
 
 static void ts_stop(ts_srv_t *s)
 {
-    for (int i = 0; i < s->n_ext; i++)
-        test_kill(&s->ext[i], SIGKILL);
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        int st = 0;
-        int ended = test_wait_exit(s->pid, 10000, &st);
-        if (!ended)
-            test_kill(&s->pid, SIGKILL);
-        ck_assert_msg(ended, "riverd did not stop on SIGTERM");
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "riverd ended with status %d", st);
-    }
-    s->pid = 0;
+    cluster_stop(&s->c);
     test_remove_tree(test_tmpdir());
 }
 
@@ -229,7 +167,7 @@ static double ts_load(const char *endpoint, int n, streams_stream_t *streams,
 static river_worker_info_t *ts_workers(const ts_srv_t *s, size_t *n)
 {
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s->admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s->c.admin, 2000), 0);
     river_worker_info_t *w;
     ck_assert_msg(river_admin_workers(a, &w, n) == 0, "workers: %s", river_err_detail());
     river_admin_destroy(&a);
@@ -261,7 +199,7 @@ START_TEST(test_greedy_matches_engine)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 1}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     for (int p = 0; p < STREAMS_N_PROMPTS; p++) {
         streams_expect_t want;
         streams_expect_eos(TS_FAST_MODEL, streams_prompts[p], 80, 0, &want);
@@ -279,7 +217,7 @@ START_TEST(test_greedy_matches_engine)
         ck_assert_str_eq(st.text, want.text);
 
         /* riverctl generate --output json prints the same ids and text. */
-        char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
+        char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.c.clients, "generate",
                         (char *)streams_prompts[p], "--max-tokens", "80", "--output", "json", NULL};
         char *out;
         ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
@@ -297,7 +235,7 @@ START_TEST(test_greedy_matches_engine)
     /* Text mode streams the same text, then a newline. */
     streams_expect_t want;
     streams_expect_eos(TS_FAST_MODEL, streams_prompts[0], 40, 0, &want);
-    char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.clients, "generate",
+    char *argv[] = {(char *)test_bin("riverctl"), "--endpoint", s.c.clients, "generate",
                     (char *)streams_prompts[0], "--max-tokens", "40", NULL};
     char *out;
     ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
@@ -326,7 +264,7 @@ START_TEST(test_greedy_matches_engine)
     /* The admin commands of riverctl answer. */
     const char *cmds[] = {"status", "workers", "metrics"};
     for (size_t i = 0; i < 3; i++) {
-        char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, (char *)cmds[i], NULL};
+        char *av[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, (char *)cmds[i], NULL};
         ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
         ck_assert_uint_gt(strlen(out), 10);
         free(out);
@@ -346,7 +284,7 @@ START_TEST(test_concurrent_clients)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 2, .max_seqs = 32}, NULL);
     streams_stream_t *streams = calloc(N, sizeof *streams);
-    double two = ts_load(s.clients, N, streams, want, TOKENS, 1, NULL);
+    double two = ts_load(s.c.clients, N, streams, want, TOKENS, 1, NULL);
     long total = 0;
     for (int i = 0; i < N; i++) {
         char what[32];
@@ -361,12 +299,12 @@ START_TEST(test_concurrent_clients)
     free(w);
 
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s.c.admin, 2000), 0);
     uint32_t prev = 0;
     ck_assert_int_eq(river_admin_scale(a, 1, &prev), 0);
     ck_assert_uint_eq(prev, 2);
     river_admin_destroy(&a);
-    ck_assert(ts_wait_ready_n(&s, 1, 5000));
+    ck_assert(cluster_wait_ready(&s.c, 1, 5000));
     /* The retired worker drains and leaves the table. */
     double until = clock_now_s() + 5;
     do {
@@ -378,7 +316,7 @@ START_TEST(test_concurrent_clients)
     } while (clock_now_s() < until);
     ck_assert_uint_eq(nw, 1);
 
-    double one = ts_load(s.clients, N, streams, want, TOKENS, 1, NULL);
+    double one = ts_load(s.c.clients, N, streams, want, TOKENS, 1, NULL);
     for (int i = 0; i < N; i++) {
         char what[32];
         snprintf(what, sizeof what, "client %d (one worker)", i);
@@ -416,7 +354,7 @@ START_TEST(test_kill_worker_midstream)
         o.max_tokens = TOKENS;
         o.ignore_eos = 1;
         o.timeout_ms = 30000;
-        jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
+        jobs[i] = (ts_job_t){.endpoint = s.c.clients, .opts = o, .stream = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
     /* Kill once every stream is well under way. */
@@ -425,7 +363,7 @@ START_TEST(test_kill_worker_midstream)
         test_sleep_ms(5);
     long at_kill = atomic_load(&progress);
     ck_assert_int_lt(at_kill, N * TOKENS);
-    test_kill(&s.ext[0], SIGKILL);
+    test_kill(&s.c.wk[0].pid, SIGKILL);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
     int complete = 0;
@@ -442,7 +380,7 @@ START_TEST(test_kill_worker_midstream)
     /* One worker stays up, so every stream can finish there. */
     ck_assert_int_eq(complete, N);
     char *out;
-    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, "metrics", NULL};
     ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
     /* At least the killed one; a worker that was only slow may have been counted too. */
     long deaths = 0, moved = 0;
@@ -502,7 +440,7 @@ START_TEST(test_lossless_kill_worker)
             o.exit_policy = "none"; /* plain backbone rows in the same batches */
         else if (i % 4 == 1)
             o.draft_tokens = 2 + (uint32_t)i % 5;
-        jobs[i] = (streams_job_t){.endpoint = s.clients, .opts = o, .st = &streams[i]};
+        jobs[i] = (streams_job_t){.endpoint = s.c.clients, .opts = o, .st = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, streams_job_run, &jobs[i]), 0);
     }
     double until = clock_now_s() + 30;
@@ -510,7 +448,7 @@ START_TEST(test_lossless_kill_worker)
         test_sleep_ms(5);
     long at_kill = atomic_load(&progress);
     ck_assert_int_lt(at_kill, N * TOKENS);
-    test_kill(&s.ext[0], SIGKILL);
+    test_kill(&s.c.wk[0].pid, SIGKILL);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < N; i++) {
@@ -520,7 +458,7 @@ START_TEST(test_lossless_kill_worker)
         streams_check_complete(&streams[i], what);
     }
     char *out;
-    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "metrics", NULL};
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, "metrics", NULL};
     ck_assert_int_eq(test_capture(av, NULL, 0, &out), 0);
     long drafts = 0, drafted = 0, accepted = 0;
     const char *p = strstr(out, "\nriver_spec_decode_num_drafts_total ");
@@ -542,7 +480,7 @@ START_TEST(test_lossless_kill_worker)
            accepted, drafted);
     /* Bad combinations on the wire. */
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[0];
     o.max_tokens = 4;
@@ -581,7 +519,7 @@ START_TEST(test_no_worker_unavailable)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1, .liveness = 2}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[0];
@@ -591,7 +529,7 @@ START_TEST(test_no_worker_unavailable)
     ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st, NULL), 0);
     while (st.n_ids < 20 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    test_kill(&s.ext[0], SIGKILL);
+    test_kill(&s.c.wk[0].pid, SIGKILL);
     while (!st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     streams_check_prefix(&st, "orphaned stream");
@@ -624,7 +562,7 @@ START_TEST(test_cancel_frees_kv)
     free(w);
 
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[2];
@@ -661,7 +599,7 @@ START_TEST(test_cancel_frees_kv)
 
     /* A client that goes away: riverd cannot deliver, cancels on the worker, and the pages
      * come back as well. */
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     streams_stream_t gone = {.want = &want};
     ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &gone, id), 0);
     while (gone.n_ids < 5 && !gone.ended)
@@ -669,7 +607,7 @@ START_TEST(test_cancel_frees_kv)
     river_client_destroy(&c);
     ck_assert_uint_eq(ts_wait_kv_free(&s, total), total);
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s.c.admin, 2000), 0);
     river_status_t rs;
     double until = clock_now_s() + 2;
     do {
@@ -692,7 +630,7 @@ START_TEST(test_deadline)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[1];
@@ -727,7 +665,7 @@ START_TEST(test_shutdown_drains)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_SLOW_MODEL, .external = 1}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     streams_stream_t st = {.want = &want};
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[3];
@@ -737,7 +675,7 @@ START_TEST(test_shutdown_drains)
     ck_assert_int_eq(river_client_submit(c, &o, NULL, streams_on_event, &st, NULL), 0);
     while (st.n_ids < 5 && !st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
-    ck_assert_int_eq(kill(s.pid, SIGTERM), 0);
+    ck_assert_int_eq(kill(s.c.pid, SIGTERM), 0);
     test_sleep_ms(20);
     streams_stream_t late = {.want = &want};
     o.max_tokens = 5;
@@ -749,12 +687,12 @@ START_TEST(test_shutdown_drains)
     ck_assert_int_eq(late.code, RIVER_CODE_UNAVAILABLE);
     river_client_destroy(&c);
     int status = -1;
-    ck_assert_msg(test_wait_exit(s.pid, 5000, &status), "riverd did not exit after the drain");
+    ck_assert_msg(test_wait_exit(s.c.pid, 5000, &status), "riverd did not exit after the drain");
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    s.pid = 0;
+    s.c.pid = 0;
     /* The worker was told to drain and left too. */
-    ck_assert(test_wait_exit(s.ext[0], 5000, &status));
-    s.ext[0] = 0;
+    ck_assert(test_wait_exit(s.c.wk[0].pid, 5000, &status));
+    s.c.wk[0].pid = 0;
     ts_stop(&s);
 }
 END_TEST
@@ -776,7 +714,7 @@ START_TEST(test_limits_and_queue)
                                    "  max_stop_length: 8\n"},
              NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_result_t res;
     static const int32_t ids[17] = {1, 80, 147, 201, 282, 57, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     const char *stop3[] = {"a", "b", "c"};
@@ -869,7 +807,7 @@ START_TEST(test_bad_frames)
     void *d = zmq_socket(ctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_connect(d, s.clients), 0);
+    ck_assert_int_eq(zmq_connect(d, s.c.clients), 0);
     int timeout = 3000;
     zmq_setsockopt(d, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
 
@@ -924,7 +862,7 @@ START_TEST(test_bad_frames)
     void *a = zmq_socket(ctx, ZMQ_DEALER);
     zmq_setsockopt(a, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(a, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    ck_assert_int_eq(zmq_connect(a, s.admin), 0);
+    ck_assert_int_eq(zmq_connect(a, s.c.admin), 0);
     zmq_send(a, garbage, sizeof garbage, 0);
     zmq_msg_init(&m);
     ck_assert_int_ge(zmq_msg_recv(&m, a, 0), 0);
@@ -936,7 +874,7 @@ START_TEST(test_bad_frames)
     zmq_close(a);
     void *wk = zmq_socket(ctx, ZMQ_DEALER);
     zmq_setsockopt(wk, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_connect(wk, s.workers), 0);
+    ck_assert_int_eq(zmq_connect(wk, s.c.workers), 0);
     zmq_send(wk, garbage, sizeof garbage, 0);
     zmq_send(wk, big, sizeof big, 0);
     zmq_send(wk, unknown, sizeof unknown, 0);
@@ -963,7 +901,7 @@ START_TEST(test_bad_frames)
 
     /* The client library gets the error of an oversize prompt as its request's. */
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     char *prompt = malloc(8000);
     memset(prompt, 'a', 7999);
@@ -984,8 +922,8 @@ START_TEST(test_bad_frames)
     ck_assert_int_eq(river_client_generate(c, &o, streams_on_event, &st, &res), 0);
     streams_check_complete(&st, "after bad frames");
     river_client_destroy(&c);
-    ck_assert_int_eq(ts_ready_workers(&s), 1);
-    ck_assert_int_eq(waitpid(s.pid, NULL, WNOHANG), 0);
+    ck_assert_int_eq(cluster_ready_workers(&s.c), 1);
+    ck_assert_int_eq(waitpid(s.c.pid, NULL, WNOHANG), 0);
     ts_stop(&s);
 }
 END_TEST
@@ -1045,14 +983,14 @@ START_TEST(test_drain_worker)
         o.max_tokens = TOKENS;
         o.ignore_eos = 1;
         o.timeout_ms = 30000;
-        jobs[i] = (ts_job_t){.endpoint = s.clients, .opts = o, .stream = &streams[i]};
+        jobs[i] = (ts_job_t){.endpoint = s.c.clients, .opts = o, .stream = &streams[i]};
         ck_assert_int_eq(pthread_create(&th[i], NULL, ts_job_run, &jobs[i]), 0);
     }
     double until = clock_now_s() + 10;
     while (atomic_load(&progress) < N * 10 && clock_now_s() < until)
         test_sleep_ms(5);
     char *out;
-    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "drain", "ext-0", NULL};
+    char *av[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, "drain", "ext-0", NULL};
     ck_assert_int_eq(test_capture(av, NULL, 1, &out), 0);
     free(out);
     for (int i = 0; i < N; i++)
@@ -1064,9 +1002,9 @@ START_TEST(test_drain_worker)
     }
     /* The drained worker exits by itself, cleanly. */
     int st = -1;
-    ck_assert_msg(test_wait_exit(s.ext[0], 5000, &st), "drained worker did not exit");
+    ck_assert_msg(test_wait_exit(s.c.wk[0].pid, 5000, &st), "drained worker did not exit");
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    s.ext[0] = 0;
+    s.c.wk[0].pid = 0;
     /* ...and leaves the table; new work goes to the other. */
     size_t nw = 0;
     until = clock_now_s() + 3;
@@ -1081,7 +1019,7 @@ START_TEST(test_drain_worker)
     ck_assert_str_eq(w[0].id, "ext-1");
     ck_assert_str_eq(w[0].state, "ready");
     free(w);
-    double t = ts_load(s.clients, 4, streams, want, 20, 1, NULL);
+    double t = ts_load(s.c.clients, 4, streams, want, 20, 1, NULL);
     (void)t;
     streams_expect_t short_want[STREAMS_N_PROMPTS];
     for (int p = 0; p < STREAMS_N_PROMPTS; p++)
@@ -1101,7 +1039,7 @@ START_TEST(test_session_affinity)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .external = 2}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.max_tokens = 10;
     o.ignore_eos = 1;
@@ -1114,7 +1052,7 @@ START_TEST(test_session_affinity)
     }
     river_client_destroy(&c);
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s.c.admin, 2000), 0);
     char *text;
     ck_assert_int_eq(river_admin_metrics(a, &text), 0);
     river_admin_destroy(&a);
@@ -1168,7 +1106,7 @@ START_TEST(test_supervision)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 2}, NULL);
     pid_t kids[8];
-    ck_assert_int_eq(ts_children(s.pid, kids, 8), 2);
+    ck_assert_int_eq(ts_children(s.c.pid, kids, 8), 2);
     pid_t victim = kids[0];
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
     /* Its death is seen at once (SIGCHLD), and a new process takes its slot. */
@@ -1176,12 +1114,12 @@ START_TEST(test_supervision)
     int back = 0;
     while (!back && clock_now_s() < until) {
         test_sleep_ms(50);
-        int n = ts_children(s.pid, kids, 8);
-        back = n == 2 && kids[0] != victim && kids[1] != victim && ts_ready_workers(&s) == 2;
+        int n = ts_children(s.c.pid, kids, 8);
+        back = n == 2 && kids[0] != victim && kids[1] != victim && cluster_ready_workers(&s.c) == 2;
     }
     ck_assert_msg(back, "killed worker not restarted");
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[0];
     o.max_tokens = 10;
@@ -1191,18 +1129,18 @@ START_TEST(test_supervision)
     river_client_destroy(&c);
 
     char *out;
-    char *up[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "3", NULL};
+    char *up[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, "scale", "3", NULL};
     ck_assert_int_eq(test_capture(up, NULL, 1, &out), 0);
     free(out);
-    ck_assert(ts_wait_ready_n(&s, 3, 5000));
-    ck_assert_int_eq(ts_children(s.pid, kids, 8), 3);
-    char *down[] = {(char *)test_bin("riverctl"), "--admin", s.admin, "scale", "1", NULL};
+    ck_assert(cluster_wait_ready(&s.c, 3, 5000));
+    ck_assert_int_eq(ts_children(s.c.pid, kids, 8), 3);
+    char *down[] = {(char *)test_bin("riverctl"), "--admin", s.c.admin, "scale", "1", NULL};
     ck_assert_int_eq(test_capture(down, NULL, 1, &out), 0);
     free(out);
-    ck_assert(ts_wait_ready_n(&s, 1, 5000));
+    ck_assert(cluster_wait_ready(&s.c, 1, 5000));
     until = clock_now_s() + 5;
     int n_kids = -1;
-    while (clock_now_s() < until && (n_kids = ts_children(s.pid, kids, 8)) != 1)
+    while (clock_now_s() < until && (n_kids = ts_children(s.c.pid, kids, 8)) != 1)
         test_sleep_ms(50);
     ck_assert_int_eq(n_kids, 1);
     ts_stop(&s);
@@ -1216,9 +1154,9 @@ START_TEST(test_reload)
     ts_srv_t s;
     ts_start(&s, &(ts_opts_t){.supervised = 0, .no_wait = 1, .extra = "queue_length: 5\n"},
              NULL);
-    ck_assert(ts_wait_ready_n(&s, 0, 5000));
+    ck_assert(cluster_wait_ready(&s.c, 0, 5000));
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s.c.admin, 2000), 0);
     river_status_t st;
     ck_assert_int_eq(river_admin_status(a, &st), 0);
     ck_assert_uint_eq(st.queue_capacity, 5);
@@ -1239,7 +1177,7 @@ START_TEST(test_reload)
 
     /* SIGHUP does the same. */
     ts_write_config(&s, "queue_length: 9\n");
-    ck_assert_int_eq(kill(s.pid, SIGHUP), 0);
+    ck_assert_int_eq(kill(s.c.pid, SIGHUP), 0);
     double until = clock_now_s() + 3;
     do {
         test_sleep_ms(20);
@@ -1341,7 +1279,7 @@ START_TEST(test_metrics_http)
     ts_start(&s, &(ts_opts_t){.model = TS_FAST_MODEL, .supervised = 1, .metrics_port = port},
              NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
     o.prompt = streams_prompts[0];
     o.max_tokens = 12;
@@ -1430,7 +1368,7 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
     ts_start(&s, &(ts_opts_t){.model = TEST_DATA "/stories260K/stories260K.bin", .external = 2,
                               .extra = extra}, NULL);
     river_client_t *c;
-    ck_assert_int_eq(river_client_new(&c, s.clients), 0);
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
     static int32_t hist[TP_SESSIONS][512];
     size_t n[TP_SESSIONS];
     uint32_t x = 99;
@@ -1488,7 +1426,7 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
     }
     river_client_destroy(&c);
     river_admin_t *a;
-    ck_assert_int_eq(river_admin_new(&a, s.admin, 2000), 0);
+    ck_assert_int_eq(river_admin_new(&a, s.c.admin, 2000), 0);
     char *text;
     ck_assert_int_eq(river_admin_metrics(a, &text), 0);
     river_admin_destroy(&a);

@@ -1,4 +1,4 @@
-/* The split pair as processes (DESIGN.md §1, workers/pair.h): a real backbone worker and a
+/* The split pair as processes (workers/pair.h): a real backbone worker and a
  * real river worker on kjv-12l (12 layers) with the boundary at layer 6, sharing one KV
  * pool, against one role-full worker with the same configuration. This test plays riverd
  * with a ZMQ ROUTER as tests/test_worker.c does (both use tests/fakerd.h), and plays a

@@ -7,7 +7,7 @@
  * - zmq: inline in the frames' `hidden` bytes, from host memory (the CPU pair).
  * - nccl: ncclSend/ncclRecv of the backend's device buffers over a two-rank communicator
  *   (river rank 0, backbone rank 1), set up in the hello with an ncclUniqueId the river
- *   side makes. CUDA builds only (kernels/cuda/cuda_nccl.h).
+ *   side makes (the backend's peer link, kernels/backend.h). CUDA builds only.
  * - p2p: copies on the backend into a staging buffer that the river side makes with
  *   ops->shared_alloc and the backbone maps with ops->shared_map, as the KV pool is shared:
  *   cudaIpc memory written by peer copies on GPUs, a memfd on the CPU and the opaque test

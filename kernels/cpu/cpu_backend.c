@@ -1,7 +1,6 @@
-/* The CPU backend: SIMD detection, the ops table, the backend state and the simple ops.
- * matmul lives in matmul.c, attention in attention.c, the kernels of each SIMD level in
- * kernels_*.c. */
-#include <cpuid.h>
+/* The CPU backend: the ops table, the backend state and the simple ops. matmul lives in
+ * matmul.c, attention in attention.c, the SIMD level in simd_level.c and the kernels of
+ * each level in kernels_*.c. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "kernels/backend_driver.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/q4x8.h"
@@ -21,98 +21,6 @@
 /* Element-wise ops on fewer elements than this run on the calling thread: below it the
  * dispatch to the pool costs more than the work it would share. */
 #define CPU_PAR_ELEMS (1 << 16)
-
-/* ---- SIMD level ------------------------------------------------------------------------- */
-
-cpu_simd_t cpu_simd_detect(void)
-{
-    __builtin_cpu_init();
-    /* F16C has no __builtin_cpu_supports name in older compilers: ask CPUID (leaf 1, ECX)
-     * directly. Both SIMD levels use it. */
-    unsigned a, b, c, d;
-    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    /* DQ is checked too although the kernels only need F/BW/VL: the AVX-512 file is
-     * compiled with -mavx512dq, so the compiler may use DQ instructions there. Every
-     * processor with BW and VL has it. */
-    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return CPU_SIMD_AVX512;
-    return avx2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
-}
-
-const char *cpu_simd_name(cpu_simd_t level)
-{
-    switch (level) {
-    case CPU_SIMD_SCALAR:
-        return "scalar";
-    case CPU_SIMD_AVX2:
-        return "avx2";
-    case CPU_SIMD_AVX512:
-        return "avx512";
-    case CPU_SIMD_COUNT:
-        break;
-    }
-    return "unknown";
-}
-
-cpu_simd_t cpu_simd_parse(const char *name)
-{
-    for (int l = 0; l < CPU_SIMD_COUNT; l++)
-        if (name && !strcmp(name, cpu_simd_name((cpu_simd_t)l)))
-            return (cpu_simd_t)l;
-    return CPU_SIMD_COUNT;
-}
-
-/* RIVER_SIMD, parsed once: the level asked for (CPU_SIMD_COUNT: none) and the text, kept
- * for the error of every later call. */
-static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
-static cpu_simd_t simd_env_level;
-static char simd_env_text[32];
-static int simd_env_set;
-
-static void simd_env_read(void)
-{
-    const char *v = getenv("RIVER_SIMD");
-    simd_env_set = v && *v;
-    if (!simd_env_set)
-        return;
-    snprintf(simd_env_text, sizeof simd_env_text, "%s", v);
-    simd_env_level = cpu_simd_parse(v);
-}
-
-int cpu_simd_selected(cpu_simd_t *out)
-{
-    cpu_simd_t best = cpu_simd_detect();
-    if (pthread_once(&simd_once, simd_env_read) != 0)
-        return river_err_set(RIVER_ESYS, "RIVER_SIMD: pthread_once failed");
-    if (!simd_env_set) {
-        *out = best;
-        return 0;
-    }
-    if (simd_env_level == CPU_SIMD_COUNT)
-        return river_err_set(RIVER_EINVAL, "RIVER_SIMD=%s: not a level (scalar, avx2, "
-                             "avx512); this processor has up to %s", simd_env_text,
-                             cpu_simd_name(best));
-    if (simd_env_level > best)
-        return river_err_set(RIVER_EUNSUPPORTED, "RIVER_SIMD=%s: this processor lacks %s; "
-                             "it has up to %s", simd_env_text, simd_env_text,
-                             cpu_simd_name(best));
-    *out = simd_env_level;
-    return 0;
-}
-
-const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level)
-{
-    switch (level) {
-    case CPU_SIMD_AVX512:
-        return &cpu_kernels_avx512;
-    case CPU_SIMD_AVX2:
-        return &cpu_kernels_avx2;
-    default:
-        return &cpu_kernels_scalar;
-    }
-}
 
 /* ---- scratch ---------------------------------------------------------------------------- */
 
@@ -853,6 +761,22 @@ int cpu_backend_keep_mapped(backend_t *b)
     b->ctx->keep_mapped = 1;
     return 0;
 }
+
+/* The device "cpu" (kernels/backend_driver.h): at the selected SIMD level, weights placed as
+ * `weights` says. */
+static int cpu_driver_open(backend_t **out, int index, int n_threads,
+                           backend_weights_t weights)
+{
+    (void)index;
+    int e = cpu_backend_new(out, n_threads, CPU_SIMD_COUNT);
+    if (e)
+        return e;
+    if (weights == BACKEND_WEIGHTS_MAPPED)
+        (void)cpu_backend_keep_mapped(*out); /* a CPU backend: cannot fail */
+    return 0;
+}
+
+const backend_driver_t cpu_backend_driver = {.name = "cpu", .open = cpu_driver_open};
 
 void cpu_backend_destroy(backend_t **bp)
 {

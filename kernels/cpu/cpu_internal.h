@@ -1,5 +1,5 @@
 /* Internal to the CPU backend: the backend state shared by cpu_backend.c (the ops table and
- * the simple ops), matmul.c and attention.c. */
+ * the simple ops), matmul.c, attention.c and simd_level.c. */
 #ifndef RIVER_KERNELS_CPU_INTERNAL_H
 #define RIVER_KERNELS_CPU_INTERNAL_H
 

@@ -1,4 +1,5 @@
-/* NCCL between the two GPUs of a split pair (kernels/cuda/cuda_nccl.h). */
+/* NCCL between the two GPUs of a split pair: the CUDA backend's peer link
+ * (kernels/cuda/cuda_nccl.h). */
 #include "kernels/cuda/cuda_nccl.h"
 
 #include <stdlib.h>
@@ -9,17 +10,18 @@
 
 #include "common/err.h"
 
-_Static_assert(sizeof(ncclUniqueId) == CUDA_NCCL_ID_BYTES, "ncclUniqueId size");
+_Static_assert(sizeof(ncclUniqueId) == OPS_PEER_ID_BYTES, "ncclUniqueId size");
 
-struct cuda_nccl {
+struct ops_peer {
     ncclComm_t comm;
-    cudaStream_t stream;
+    cudaStream_t stream; /* the communicator's own, not the backend's */
     int rank;
     int device;
 };
 
-int cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES])
+int cuda_nccl_id(ops_ctx_t *ctx, unsigned char id[OPS_PEER_ID_BYTES])
 {
+    (void)ctx;
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
@@ -28,16 +30,17 @@ int cuda_nccl_unique_id(unsigned char id[CUDA_NCCL_ID_BYTES])
     return 0;
 }
 
-int cuda_nccl_open(cuda_nccl_t **out, const unsigned char id[CUDA_NCCL_ID_BYTES], int rank,
-                   int device)
+int cuda_nccl_open(ops_ctx_t *ctx, ops_peer_t **out, const unsigned char id[OPS_PEER_ID_BYTES],
+                   int rank)
 {
+    int device = cuda_ctx_device(ctx);
     if (rank != 0 && rank != 1)
         return river_err_set(RIVER_EINVAL, "nccl: rank %d of 2", rank);
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
         return river_err_set(RIVER_EDEVICE, "nccl: cudaSetDevice(%d): %s", device,
                              cudaGetErrorString(ce));
-    cuda_nccl_t *c = calloc(1, sizeof *c);
+    ops_peer_t *c = calloc(1, sizeof *c);
     if (!c)
         return river_err_set(RIVER_ENOMEM, "nccl");
     c->rank = rank;
@@ -60,20 +63,20 @@ int cuda_nccl_open(cuda_nccl_t **out, const unsigned char id[CUDA_NCCL_ID_BYTES]
     return 0;
 }
 
-void cuda_nccl_close(cuda_nccl_t **pc)
+void cuda_nccl_close(ops_ctx_t *ctx, ops_peer_t *c)
 {
-    cuda_nccl_t *c = *pc;
-    if (!c)
-        return;
+    (void)ctx;
     (void)cudaSetDevice(c->device);
     (void)ncclCommDestroy(c->comm);
     (void)cudaStreamDestroy(c->stream);
     free(c);
-    *pc = NULL;
 }
 
-int cuda_nccl_send(cuda_nccl_t *c, const void *buf, size_t n)
+int cuda_nccl_send(ops_ctx_t *ctx, ops_peer_t *c, const void *buf, size_t n)
 {
+    (void)ctx;
+    if (!c)
+        return river_err_set(RIVER_ESTATE, "nccl: no communicator");
     (void)cudaSetDevice(c->device);
     ncclResult_t r = ncclSend(buf, n, ncclFloat32, 1 - c->rank, c->comm, c->stream);
     if (r != ncclSuccess)
@@ -82,8 +85,11 @@ int cuda_nccl_send(cuda_nccl_t *c, const void *buf, size_t n)
     return 0;
 }
 
-int cuda_nccl_recv(cuda_nccl_t *c, void *buf, size_t n)
+int cuda_nccl_recv(ops_ctx_t *ctx, ops_peer_t *c, void *buf, size_t n)
 {
+    (void)ctx;
+    if (!c)
+        return river_err_set(RIVER_ESTATE, "nccl: no communicator");
     (void)cudaSetDevice(c->device);
     ncclResult_t r = ncclRecv(buf, n, ncclFloat32, 1 - c->rank, c->comm, c->stream);
     if (r != ncclSuccess)

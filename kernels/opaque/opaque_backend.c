@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "kernels/backend_driver.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/shm.h"
 
@@ -482,3 +483,15 @@ void opaque_backend_destroy(backend_t **bp)
     free(*bp);
     *bp = NULL;
 }
+
+/* The device "opaque" (kernels/backend_driver.h): at the selected SIMD level. Its weights
+ * are always copies into the arena, whatever `weights` asks. */
+static int opaque_driver_open(backend_t **out, int index, int n_threads,
+                              backend_weights_t weights)
+{
+    (void)index;
+    (void)weights;
+    return opaque_backend_new(out, n_threads, CPU_SIMD_COUNT);
+}
+
+const backend_driver_t opaque_backend_driver = {.name = "opaque", .open = opaque_driver_open};
