@@ -56,9 +56,10 @@ typedef struct config_key {
     const char *const *choices;  /* enum: the names, NULL-terminated */
     const config_schema_t *sub;  /* items: the schema of one item */
     /* string: optional check of the value's form (0: fine), and what the error then says
-     * was expected ("cpu, cuda or cuda:N") */
+     * was expected ("cpu, cuda, cuda:N or opaque"), from the code that owns the form so
+     * that the message cannot drift from the check */
     int (*check)(const char *value);
-    const char *expect;
+    const char *(*expect)(void);
 } config_key_t;
 
 struct config_schema {

@@ -84,7 +84,7 @@ void config__expect(const config_key_t *k, char *buf, size_t cap)
         snprintf(buf, cap, "true or false");
         break;
     case CONFIG_STRING:
-        snprintf(buf, cap, "%s", k->expect ? k->expect : "a string");
+        snprintf(buf, cap, "%s", k->expect ? k->expect() : "a string");
         break;
     case CONFIG_ENUM: {
         /* "error, warn, info or debug" */

@@ -47,7 +47,7 @@ static const config_key_t config__worker_keys[] = {
     WK("routers", CONFIG_STRING, routers, 0, 0, "",
        "TIDE router file, needed by exit.rule router; empty: none."),
     {.name = "device", .type = CONFIG_STRING, .offset = offsetof(config_worker_t, device),
-     .def = "cpu", .check = config__check_device, .expect = "cpu, cuda, cuda:N or opaque",
+     .def = "cpu", .check = config__check_device, .expect = backend_device_forms,
      .doc = "Where the engine runs: cpu, or cuda:N for GPU N (cuda = cuda:0; needs a build "
             "with the CUDA backend); opaque is the test backend that proves the engine "
             "never touches device memory."},
