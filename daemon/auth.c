@@ -1,4 +1,4 @@
-/* CurveZMQ for riverd's three endpoints (DESIGN.md §6): who may connect, and as what.
+/* CurveZMQ for riverd's three endpoints: who may connect, and as what.
  *
  * Two checks, both against the public keys in the directories auth.clients, auth.workers
  * and auth.admin:

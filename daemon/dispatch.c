@@ -8,7 +8,7 @@
  * already has are dropped, tokens of an earlier dispatch never match the current one
  * (each dispatch has its own link id), and a dispatch that lost tokens is replaced by a
  * new one; so the client sees one stream with consecutive sequence numbers whatever
- * happened behind riverd (DESIGN.md §6).
+ * happened behind riverd.
  *
  * A client that stops reading fills the queue riverd keeps for it (limits.max_client_backlog
  * replies, ZMQ's send high-water mark). The next chunk that does not fit ends its request:

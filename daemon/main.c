@@ -1,4 +1,4 @@
-/* riverd --config FILE: the River router daemon (DESIGN.md §1, §6).
+/* riverd --config FILE: the River router daemon.
  *
  * Start-up: configuration, sockets, the HTTP metrics endpoint, local workers, then
  * READY=1 to systemd (Type=notify) once everything listens. The poll loop (loop.c)

@@ -1,6 +1,6 @@
 /* riverd, the River router daemon: the records every part of it shares.
  *
- * riverd owns no model math (DESIGN.md §1). It keeps a table of workers, a queue of
+ * riverd owns no model math. It keeps a table of workers, a queue of
  * requests and the map from requests to the workers running them, and moves frames
  * between three ZMQ ROUTER sockets: clients, workers and the admin endpoint. Everything
  * runs on one thread in one poll loop (loop.c), so none of these records needs a lock.

@@ -1,4 +1,4 @@
-/* river-worker: one engine on one device, serving riverd (DESIGN.md §1).
+/* river-worker: one engine on one device, serving riverd (docs/ARCHITECTURE.md, "Processes").
  *
  *     river-worker --config FILE [--riverd ENDPOINT] [--id NAME]
  *

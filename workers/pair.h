@@ -1,4 +1,4 @@
-/* The split pair (DESIGN.md §1): two river-worker processes on one host that serve one
+/* The split pair: two river-worker processes on one host that serve one
  * model together, speaking proto/river_pair.proto over ZMQ ipc://.
  *
  * - role river: the shallow backbone layers (below the offload boundary B), the whole Exit
