@@ -26,27 +26,30 @@ static int f_abs(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args,
     return 0;
 }
 
-/* Python's float() of a string: optional spaces, a decimal literal, inf or nan. */
-static int parse_float(const jstr_t *s, double *out)
+/* The number text of a string as Python's int() and float() see it: spaces around trimmed,
+ * digit-group underscores dropped. Fails on an empty or over-long text. */
+static int num_text(const jstr_t *s, char buf[128])
 {
-    char buf[128];
-    size_t b = 0, e = s->len;
+    size_t b = 0, e = s->len, o = 0;
     while (b < e && ju_isspace((unsigned char)s->s[b]))
         b++;
     while (e > b && ju_isspace((unsigned char)s->s[e - 1]))
         e--;
-    if (e == b || e - b >= sizeof buf)
+    if (e == b || e - b >= 128)
         return -1;
-    size_t o = 0;
-    for (size_t i = b; i < e; i++) {
-        char c = s->s[i];
-        if (c == '_')
-            continue;
-        if (c == 'x' || c == 'X' || c == 'p' || c == 'P')
-            return -1;
-        buf[o++] = c;
-    }
+    for (size_t i = b; i < e; i++)
+        if (s->s[i] != '_')
+            buf[o++] = s->s[i];
     buf[o] = 0;
+    return 0;
+}
+
+/* Python's float() of a string: a decimal literal, inf or nan (strtod's hex forms refused). */
+static int parse_float(const jstr_t *s, double *out)
+{
+    char buf[128];
+    if (num_text(s, buf) || strpbrk(buf, "xXpP"))
+        return -1;
     char *end;
     *out = strtod(buf, &end);
     return *end ? -1 : 0;
@@ -55,17 +58,8 @@ static int parse_float(const jstr_t *s, double *out)
 static int parse_int(const jstr_t *s, int base, int64_t *out)
 {
     char buf[128];
-    size_t b = 0, e = s->len, o = 0;
-    while (b < e && ju_isspace((unsigned char)s->s[b]))
-        b++;
-    while (e > b && ju_isspace((unsigned char)s->s[e - 1]))
-        e--;
-    if (e == b || e - b >= sizeof buf)
+    if (num_text(s, buf))
         return -1;
-    for (size_t i = b; i < e; i++)
-        if (s->s[i] != '_')
-            buf[o++] = s->s[i];
-    buf[o] = 0;
     const char *p = buf;
     if (base == 16 && p[0] && (p[1] == 'x' || p[1] == 'X') && p[0] == '0')
         p += 2;
