@@ -51,30 +51,40 @@ static void merge_insert(uint64_t *keys, uint64_t *vals, size_t mask, uint64_t k
     vals[i] = val;
 }
 
+/* Makes room for `count` merges in all (at most half the slots used), rehashing what is
+ * there. The load reserves the whole list up front, so it rehashes at most once. */
+static int merge_reserve(hf_bpe_t *b, size_t count)
+{
+    size_t have = b->mkeys ? b->mmask + 1 : 0, slots = have ? have : 1024;
+    while (count * 2 > slots)
+        slots *= 2;
+    if (slots == have)
+        return 0;
+    uint64_t *k = malloc(slots * sizeof *k), *v = malloc(slots * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return RIVER_ENOMEM;
+    }
+    memset(k, 0xFF, slots * sizeof *k);
+    size_t n = 0;
+    for (size_t i = 0; i < have; i++)
+        if (b->mkeys[i] != MERGE_EMPTY)
+            merge_insert(k, v, slots - 1, b->mkeys[i], b->mvals[i], &n);
+    free(b->mkeys);
+    free(b->mvals);
+    b->mkeys = k;
+    b->mvals = v;
+    b->mmask = slots - 1;
+    b->mcount = n;
+    return 0;
+}
+
 /* Later duplicates of a merge replace earlier ones, as the library's HashMap collect does. */
 static int merge_put(hf_bpe_t *b, int32_t l, int32_t r, uint32_t rank, int32_t merged)
 {
-    if ((b->mcount + 1) * 2 > (b->mkeys ? b->mmask + 1 : 0)) {
-        size_t slots = b->mkeys ? (b->mmask + 1) * 2 : 1024;
-        uint64_t *k = malloc(slots * sizeof *k), *v = malloc(slots * sizeof *v);
-        if (!k || !v) {
-            free(k);
-            free(v);
-            return RIVER_ENOMEM;
-        }
-        memset(k, 0xFF, slots * sizeof *k);
-        size_t count = 0;
-        if (b->mkeys)
-            for (size_t i = 0; i <= b->mmask; i++)
-                if (b->mkeys[i] != MERGE_EMPTY)
-                    merge_insert(k, v, slots - 1, b->mkeys[i], b->mvals[i], &count);
-        free(b->mkeys);
-        free(b->mvals);
-        b->mkeys = k;
-        b->mvals = v;
-        b->mmask = slots - 1;
-        b->mcount = count;
-    }
+    if (merge_reserve(b, b->mcount + 1))
+        return RIVER_ENOMEM;
     merge_insert(b->mkeys, b->mvals, b->mmask, (uint64_t)(uint32_t)l << 32 | (uint32_t)r,
                  (uint64_t)rank << 32 | (uint32_t)merged, &b->mcount);
     return 0;
@@ -369,6 +379,8 @@ int hf_parse_model(tokenizer_t *t, const json_t *model, int32_t *max_id)
         b->byte_id[i] = tok_map_get(&b->vocab, name, 6);
     }
 
+    if (merges && json_array_size(merges) && merge_reserve(b, json_array_size(merges)))
+        return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
     tok_buf_t cat = {0};
     size_t rank = 0;
     err = 0;

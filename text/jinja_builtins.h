@@ -2,7 +2,10 @@
  * builder, value helpers, the string helpers that filters and tests borrow from the string
  * methods, and the tables each file contributes.
  *
- *   jinja_filters.c the shared helpers, Jinja2's filters and the lookups of every table
+ *   jinja_filters.c the shared helpers, Jinja2's string and sequence filters and the
+ *                   lookups of every table
+ *   jinja_num.c     the number filters (abs, int, float, round, sum)
+ *   jinja_json.c    the tojson filter
  *   jinja_str.c     Python's string methods
  *   jinja_seq.c     Python's dict and list methods and the loop object's
  *   jinja_tests.c   Jinja2's tests and the globals transformers provides
@@ -52,6 +55,9 @@ jval_t jinja__dict_val(jdict_t *d);
 int jinja__text_of(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out);
 int jinja__want_str(jrender_t *r, const jnode_t *at, jval_t v, const char *what, jstr_t **out);
 int jinja__want_int(jrender_t *r, const jnode_t *at, jval_t v, const char *what, int64_t *out);
+/* The value at a dotted attribute path ("a.b", "0.name"), walked item by item as Jinja2's
+ * make_attrgetter does for the attribute= arguments of filters. */
+int jinja__get_path(jrender_t *r, const jnode_t *at, jval_t v, const jstr_t *path, jval_t *out);
 
 /* ---- jinja_str.c ---- */
 
@@ -75,6 +81,13 @@ extern const size_t jinja__n_str_methods;
 int jinja__m_items(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t *args, jval_t *out);
 extern const jbuiltin_t jinja__seq_methods[];
 extern const size_t jinja__n_seq_methods;
+
+/* ---- jinja_num.c, jinja_json.c ---- */
+
+extern const jbuiltin_t jinja__num_filters[];
+extern const size_t jinja__n_num_filters;
+extern const jbuiltin_t jinja__json_filters[];
+extern const size_t jinja__n_json_filters;
 
 /* ---- jinja_tests.c ---- */
 

@@ -1,16 +1,11 @@
-/* Chat-template builtins: Jinja2's filters, as a table, the helpers the builtin files share,
- * and the lookups of every builtin table (the string, dict, list and loop methods are in
- * jinja_str.c and jinja_seq.c, the tests and globals in jinja_tests.c). Each behaves as its
- * Jinja2 3.1 / Python counterpart on the values templates meet; tojson is transformers'
- * override: Python's json.dumps with ensure_ascii=False. */
-#include <errno.h>
-#include <math.h>
+/* Chat-template builtins: Jinja2's filters on strings and sequences, as a table, the helpers
+ * the builtin files share, and the lookups of every builtin table (the number filters are in
+ * jinja_num.c, tojson in jinja_json.c, the string, dict, list and loop methods in jinja_str.c
+ * and jinja_seq.c, the tests and globals in jinja_tests.c). Each behaves as its Jinja2 3.1 /
+ * Python counterpart on the values templates meet. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#include <utf8proc.h>
 
 #include "common/err.h"
 #include "text/jinja_builtins.h"
@@ -103,22 +98,6 @@ int jinja__want_int(jrender_t *r, const jnode_t *at, jval_t v, const char *what,
 }
 
 /* ---- Filters ---- */
-
-static int f_abs(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    NO_ARGS("abs");
-    if (v.t == JV_INT || v.t == JV_BOOL) {
-        int64_t i = v.t == JV_INT ? v.u.i : v.u.b;
-        if (i == INT64_MIN)
-            return jr_fail(r, at, RIVER_ERANGE, "integer overflow");
-        *out = jv_int(i < 0 ? -i : i);
-    } else if (v.t == JV_FLOAT) {
-        *out = jv_float(fabs(v.u.f));
-    } else {
-        return jr_fail(r, at, RIVER_EINVAL, "bad operand type for abs(): '%s'", jv_type_name(v));
-    }
-    return 0;
-}
 
 static int f_attr(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
 {
@@ -235,116 +214,6 @@ static int f_last(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args
     if (err)
         return err;
     *out = l->n ? l->v[l->n - 1] : jv_undef();
-    return 0;
-}
-
-/* Python's float() of a string: optional spaces, a decimal literal, inf or nan. */
-static int parse_float(const jstr_t *s, double *out)
-{
-    char buf[128];
-    size_t b = 0, e = s->len;
-    while (b < e && ju_isspace((unsigned char)s->s[b]))
-        b++;
-    while (e > b && ju_isspace((unsigned char)s->s[e - 1]))
-        e--;
-    if (e == b || e - b >= sizeof buf)
-        return -1;
-    size_t o = 0;
-    for (size_t i = b; i < e; i++) {
-        char c = s->s[i];
-        if (c == '_')
-            continue;
-        if (c == 'x' || c == 'X' || c == 'p' || c == 'P')
-            return -1;
-        buf[o++] = c;
-    }
-    buf[o] = 0;
-    char *end;
-    *out = strtod(buf, &end);
-    return *end ? -1 : 0;
-}
-
-static int parse_int(const jstr_t *s, int base, int64_t *out)
-{
-    char buf[128];
-    size_t b = 0, e = s->len, o = 0;
-    while (b < e && ju_isspace((unsigned char)s->s[b]))
-        b++;
-    while (e > b && ju_isspace((unsigned char)s->s[e - 1]))
-        e--;
-    if (e == b || e - b >= sizeof buf)
-        return -1;
-    for (size_t i = b; i < e; i++)
-        if (s->s[i] != '_')
-            buf[o++] = s->s[i];
-    buf[o] = 0;
-    const char *p = buf;
-    if (base == 16 && p[0] && (p[1] == 'x' || p[1] == 'X') && p[0] == '0')
-        p += 2;
-    char *end;
-    errno = 0;
-    long long v = strtoll(p, &end, base);
-    if (*end || end == p || errno)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int f_int(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    BIND("int", "default", "base");
-    int64_t base = 10, i;
-    double f;
-    int err;
-    if (GIVEN(a[1]) && (err = jinja__want_int(r, at, a[1], "int", &base)))
-        return err;
-    if (base < 2 || base > 36)
-        return jr_fail(r, at, RIVER_EINVAL, "int: base must be in 2..36");
-    jval_t dflt = GIVEN(a[0]) ? a[0] : jv_int(0);
-    switch (v.t) {
-    case JV_INT:
-        *out = v;
-        return 0;
-    case JV_BOOL:
-        *out = jv_int(v.u.b);
-        return 0;
-    case JV_FLOAT:
-        if (!isfinite(v.u.f) || fabs(v.u.f) >= 9.2e18) {
-            *out = dflt;
-            return 0;
-        }
-        *out = jv_int((int64_t)v.u.f);
-        return 0;
-    case JV_STR:
-        if (parse_int(v.u.s, (int)base, &i) == 0) {
-            *out = jv_int(i);
-        } else if (parse_float(v.u.s, &f) == 0 && isfinite(f) && fabs(f) < 9.2e18) {
-            *out = jv_int((int64_t)f);
-        } else {
-            *out = dflt;
-        }
-        return 0;
-    default:
-        *out = dflt;
-        return 0;
-    }
-}
-
-static int f_float(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    BIND("float", "default");
-    double f;
-    jval_t dflt = GIVEN(a[0]) ? a[0] : jv_float(0.0);
-    if (v.t == JV_FLOAT)
-        *out = v;
-    else if (v.t == JV_INT)
-        *out = jv_float((double)v.u.i);
-    else if (v.t == JV_BOOL)
-        *out = jv_float(v.u.b);
-    else if (v.t == JV_STR && parse_float(v.u.s, &f) == 0)
-        *out = jv_float(f);
-    else
-        *out = dflt;
     return 0;
 }
 
@@ -535,7 +404,7 @@ static int f_items(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *arg
 }
 
 /* A dotted attribute path ("a.b", "0.name") as Jinja2's make_attrgetter walks it. */
-static int get_path(jrender_t *r, const jnode_t *at, jval_t v, const jstr_t *path, jval_t *out)
+int jinja__get_path(jrender_t *r, const jnode_t *at, jval_t v, const jstr_t *path, jval_t *out)
 {
     size_t b = 0;
     int err;
@@ -576,7 +445,7 @@ static int f_join(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args
     for (size_t i = 0; i < items->n && !b.err; i++) {
         jval_t it = items->v[i];
         jstr_t *s;
-        if (attr && (err = get_path(r, at, it, attr, &it)))
+        if (attr && (err = jinja__get_path(r, at, it, attr, &it)))
             return err;
         if ((err = jinja__text_of(r, at, it, &s)))
             return err;
@@ -695,7 +564,7 @@ static int f_map(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args,
     for (size_t i = 0; i < items->n; i++) {
         jval_t x;
         if (attr) {
-            if ((err = get_path(r, at, items->v[i], attr, &x)))
+            if ((err = jinja__get_path(r, at, items->v[i], attr, &x)))
                 return err;
             if (x.t == JV_UNDEF && dflt)
                 x = *dflt;
@@ -750,7 +619,7 @@ static int select_common(jrender_t *r, const jnode_t *at, jval_t v, const jargs_
                   .kwv = args->kwv};
     for (size_t i = 0; i < items->n; i++) {
         jval_t x = items->v[i], res_v;
-        if (path && (err = get_path(r, at, x, path, &x)))
+        if (path && (err = jinja__get_path(r, at, x, path, &x)))
             return err;
         int ok;
         if (test) {
@@ -824,53 +693,6 @@ static int f_reverse(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *a
     return 0;
 }
 
-static int f_round(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    BIND("round", "precision", "method");
-    int64_t prec = 0;
-    int err;
-    if (GIVEN(a[0]) && (err = jinja__want_int(r, at, a[0], "round", &prec)))
-        return err;
-    const char *method = "common";
-    if (GIVEN(a[1])) {
-        if (a[1].t != JV_STR)
-            return jr_fail(r, at, RIVER_EINVAL, "round: method must be a string");
-        method = a[1].u.s->s;
-    }
-    if (strcmp(method, "common") && strcmp(method, "ceil") && strcmp(method, "floor"))
-        return jr_fail(r, at, RIVER_EINVAL, "method must be common, ceil or floor");
-    if (v.t != JV_INT && v.t != JV_BOOL && v.t != JV_FLOAT)
-        return jr_fail(r, at, RIVER_EINVAL, "round: '%s' is not a number", jv_type_name(v));
-    if (prec > 300)
-        prec = 300;
-    if (prec < -300)
-        prec = -300;
-    double x = v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : v.u.b;
-    if (!strcmp(method, "common")) {
-        if (v.t != JV_FLOAT) {
-            *out = v.t == JV_BOOL ? jv_int(v.u.b) : v; /* round(int, n) stays an int */
-            return 0;
-        }
-        if (!isfinite(x)) {
-            *out = v;
-            return 0;
-        }
-        if (prec >= 0) {
-            /* printf rounds the exact binary value half to even, as Python's round does. */
-            char buf[400];
-            snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
-            *out = jv_float(strtod(buf, NULL));
-        } else {
-            double p = pow(10.0, (double)-prec);
-            *out = jv_float(nearbyint(x / p) * p);
-        }
-        return 0;
-    }
-    double p = pow(10.0, (double)prec);
-    *out = jv_float((!strcmp(method, "ceil") ? ceil(x * p) : floor(x * p)) / p);
-    return 0;
-}
-
 static int f_safe(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
 {
     NO_ARGS("safe");
@@ -902,7 +724,7 @@ static int sort_key(jrender_t *r, const jnode_t *at, jval_t v, const jstr_t *att
                     jval_t *out)
 {
     int err;
-    if (attr && (err = get_path(r, at, v, attr, &v)))
+    if (attr && (err = jinja__get_path(r, at, v, attr, &v)))
         return err;
     if (!cs && v.t == JV_STR)
         return jinja__map_str(r, at, v.u.s, jinja__cp_lower, out);
@@ -1063,120 +885,6 @@ static int f_min(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args,
     return minmax(r, at, v, args, 0, out);
 }
 
-static int f_sum(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    BIND("sum", "attribute", "start");
-    jlist_t *items;
-    jstr_t *attr = NULL;
-    int err;
-    if ((err = jr_iterate(r, at, v, &items)))
-        return err;
-    if (GIVEN(a[0]) && a[0].t != JV_NONE && (err = jinja__text_of(r, at, a[0], &attr)))
-        return err;
-    int64_t si = 0;
-    double sf = 0;
-    int fl = 0;
-    if (GIVEN(a[1])) {
-        if (a[1].t == JV_FLOAT) {
-            fl = 1;
-            sf = a[1].u.f;
-        } else if ((err = jinja__want_int(r, at, a[1], "sum", &si))) {
-            return err;
-        }
-    }
-    for (size_t i = 0; i < items->n; i++) {
-        jval_t x = items->v[i];
-        if (attr && (err = get_path(r, at, x, attr, &x)))
-            return err;
-        if (x.t == JV_FLOAT) {
-            if (!fl) {
-                fl = 1;
-                sf = (double)si;
-            }
-            sf += x.u.f;
-        } else if (x.t == JV_INT || x.t == JV_BOOL) {
-            int64_t xi = x.t == JV_INT ? x.u.i : x.u.b;
-            if (fl)
-                sf += (double)xi;
-            else if (__builtin_add_overflow(si, xi, &si))
-                return jr_fail(r, at, RIVER_ERANGE, "integer overflow");
-        } else {
-            return jr_fail(r, at, RIVER_EINVAL, "unsupported operand type(s) for +: 'int' and '%s'",
-                           jv_type_name(x));
-        }
-    }
-    *out = fl ? jv_float(sf) : jv_int(si);
-    return 0;
-}
-
-/* Adds the \u escapes of ensure_ascii=True to a JSON text. */
-static int json_ascii(jrender_t *r, const jnode_t *at, const jstr_t *s, jval_t *out)
-{
-    if (s->ascii) {
-        *out = jv_str((jstr_t *)s);
-        return 0;
-    }
-    tb_t b = {.r = r, .at = at};
-    size_t i = 0, adv;
-    while (i < s->len && !b.err) {
-        int32_t c = ju_decode(s->s + i, s->len - i, &adv);
-        char esc[16];
-        if (c < 0x80) {
-            jinja__tb_put(&b, s->s + i, 1);
-        } else if (c < 0x10000) {
-            snprintf(esc, sizeof esc, "\\u%04x", (unsigned)c);
-            jinja__tb_put(&b, esc, 6);
-        } else {
-            unsigned v = (unsigned)c - 0x10000;
-            snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
-            jinja__tb_put(&b, esc, 12);
-        }
-        i += adv;
-    }
-    return jinja__tb_done(&b, out);
-}
-
-static int f_tojson(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
-{
-    BIND("tojson", "ensure_ascii", "indent", "separators", "sort_keys");
-    const char *ind = "", *item_sep = ", ", *key_sep = ": ";
-    size_t ind_len = 0;
-    int use_indent = 0, err;
-    char spaces[256];
-    if (GIVEN(a[1]) && a[1].t != JV_NONE) {
-        use_indent = 1;
-        item_sep = ",";
-        if (a[1].t == JV_STR) {
-            ind = a[1].u.s->s;
-            ind_len = a[1].u.s->len;
-        } else {
-            int64_t w;
-            if ((err = jinja__want_int(r, at, a[1], "tojson indent", &w)))
-                return err;
-            if (w > (int64_t)sizeof spaces)
-                return jr_fail(r, at, RIVER_EFULL, "tojson indent too large");
-            ind_len = w > 0 ? (size_t)w : 0;
-            memset(spaces, ' ', ind_len);
-            ind = spaces;
-        }
-    }
-    if (GIVEN(a[2]) && a[2].t != JV_NONE) {
-        if (a[2].t != JV_LIST || a[2].u.l->n != 2 || a[2].u.l->v[0].t != JV_STR ||
-            a[2].u.l->v[1].t != JV_STR)
-            return jr_fail(r, at, RIVER_EINVAL, "tojson: separators must be two strings");
-        item_sep = a[2].u.l->v[0].u.s->s;
-        key_sep = a[2].u.l->v[1].u.s->s;
-    }
-    jstr_t *s;
-    if ((err = jr_tojson(r, at, v, ind, ind_len, use_indent, item_sep, key_sep,
-                         GIVEN(a[3]) && jv_truthy(a[3]), &s)))
-        return err;
-    if (GIVEN(a[0]) && jv_truthy(a[0]))
-        return json_ascii(r, at, s, out);
-    *out = jv_str(s);
-    return 0;
-}
-
 static int f_trim(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
 {
     BIND("trim", "chars");
@@ -1283,7 +991,6 @@ static int f_wordcount(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t 
 /* ---- Tables ---- */
 
 static const jbuiltin_t filters[] = {
-    {"abs", f_abs, JV_ABSENT},
     {"attr", f_attr, JV_ABSENT},
     {"capitalize", f_capitalize, JV_ABSENT},
     {"center", f_center, JV_ABSENT},
@@ -1294,11 +1001,9 @@ static const jbuiltin_t filters[] = {
     {"e", f_escape, JV_ABSENT},
     {"escape", f_escape, JV_ABSENT},
     {"first", f_first, JV_ABSENT},
-    {"float", f_float, JV_ABSENT},
     {"forceescape", f_escape, JV_ABSENT},
     {"format", f_format, JV_ABSENT},
     {"indent", f_indent, JV_ABSENT},
-    {"int", f_int, JV_ABSENT},
     {"items", f_items, JV_ABSENT},
     {"join", f_join, JV_ABSENT},
     {"last", f_last, JV_ABSENT},
@@ -1313,15 +1018,12 @@ static const jbuiltin_t filters[] = {
     {"rejectattr", f_rejectattr, JV_ABSENT},
     {"replace", f_replace, JV_ABSENT},
     {"reverse", f_reverse, JV_ABSENT},
-    {"round", f_round, JV_ABSENT},
     {"safe", f_safe, JV_ABSENT},
     {"select", f_select, JV_ABSENT},
     {"selectattr", f_selectattr, JV_ABSENT},
     {"sort", f_sort, JV_ABSENT},
     {"string", f_string, JV_ABSENT},
-    {"sum", f_sum, JV_ABSENT},
     {"title", f_title, JV_ABSENT},
-    {"tojson", f_tojson, JV_ABSENT},
     {"trim", f_trim, JV_ABSENT},
     {"truncate", f_truncate, JV_ABSENT},
     {"unique", f_unique, JV_ABSENT},
@@ -1341,7 +1043,10 @@ static const jbuiltin_t *find(const jbuiltin_t *tab, size_t n, jv_type_t type, c
 
 const jbuiltin_t *jinja_filter_find(const char *name)
 {
-    return find(filters, N_OF(filters), JV_ABSENT, name);
+    const jbuiltin_t *b = find(filters, N_OF(filters), JV_ABSENT, name);
+    if (!b)
+        b = find(jinja__num_filters, jinja__n_num_filters, JV_ABSENT, name);
+    return b ? b : find(jinja__json_filters, jinja__n_json_filters, JV_ABSENT, name);
 }
 
 const jbuiltin_t *jinja_test_find(const char *name)

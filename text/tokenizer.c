@@ -116,24 +116,19 @@ int tok_map_init(tok_map_t *m, size_t expected)
     if (!m->slots)
         return RIVER_ENOMEM;
     m->mask = slots - 1;
+    if (expected && !(m->ent = malloc(expected * sizeof *m->ent)))
+        return RIVER_ENOMEM;
+    m->cap = expected;
     return 0;
 }
 
 static int map_grow_entries(tok_map_t *m)
 {
     size_t cap = m->cap ? m->cap * 2 : 64;
-    size_t *ko = realloc(m->key_off, cap * sizeof *ko);
-    if (!ko)
+    tok_map_entry_t *e = realloc(m->ent, cap * sizeof *e);
+    if (!e)
         return RIVER_ENOMEM;
-    m->key_off = ko;
-    uint32_t *kl = realloc(m->key_len, cap * sizeof *kl);
-    if (!kl)
-        return RIVER_ENOMEM;
-    m->key_len = kl;
-    int32_t *v = realloc(m->val, cap * sizeof *v);
-    if (!v)
-        return RIVER_ENOMEM;
-    m->val = v;
+    m->ent = e;
     m->cap = cap;
     return 0;
 }
@@ -145,7 +140,7 @@ static int map_rehash(tok_map_t *m)
     if (!s)
         return RIVER_ENOMEM;
     for (size_t e = 0; e < m->n; e++) {
-        size_t i = tok_hash(m->keys.p + m->key_off[e], m->key_len[e]) & (slots - 1);
+        size_t i = tok_hash(m->keys.p + m->ent[e].off, m->ent[e].len) & (slots - 1);
         while (s[i])
             i = (i + 1) & (slots - 1);
         s[i] = (uint32_t)(e + 1);
@@ -165,9 +160,9 @@ int32_t tok_map_get(const tok_map_t *m, const char *key, size_t len)
         uint32_t s = m->slots[i];
         if (!s)
             return -1;
-        size_t e = s - 1;
-        if (m->key_len[e] == len && memcmp(m->keys.p + m->key_off[e], key, len) == 0)
-            return m->val[e];
+        const tok_map_entry_t *e = &m->ent[s - 1];
+        if (e->len == len && memcmp(m->keys.p + e->off, key, len) == 0)
+            return e->val;
         i = (i + 1) & m->mask;
     }
 }
@@ -185,9 +180,9 @@ int tok_map_put(tok_map_t *m, const char *key, size_t len, int32_t val, int over
         if (!s)
             break;
         size_t e = s - 1;
-        if (m->key_len[e] == len && memcmp(m->keys.p + m->key_off[e], key, len) == 0) {
+        if (m->ent[e].len == len && memcmp(m->keys.p + m->ent[e].off, key, len) == 0) {
             if (overwrite)
-                m->val[e] = val;
+                m->ent[e].val = val;
             if (entry)
                 *entry = e;
             return 0;
@@ -199,9 +194,7 @@ int tok_map_put(tok_map_t *m, const char *key, size_t len, int32_t val, int over
     size_t off = m->keys.len;
     if (tok_buf_put(&m->keys, key, len))
         return RIVER_ENOMEM;
-    m->key_off[m->n] = off;
-    m->key_len[m->n] = (uint32_t)len;
-    m->val[m->n] = val;
+    m->ent[m->n] = (tok_map_entry_t){off, (uint32_t)len, val};
     m->slots[i] = (uint32_t)(m->n + 1);
     if (entry)
         *entry = m->n;
@@ -212,9 +205,7 @@ int tok_map_put(tok_map_t *m, const char *key, size_t len, int32_t val, int over
 void tok_map_free(tok_map_t *m)
 {
     free(m->slots);
-    free(m->key_off);
-    free(m->key_len);
-    free(m->val);
+    free(m->ent);
     tok_buf_free(&m->keys);
     memset(m, 0, sizeof *m);
 }

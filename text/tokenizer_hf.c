@@ -261,175 +261,175 @@ done:
     return err;
 }
 
-    /* ---- loading ---------------------------------------------------------------------------- */
+/* ---- special ids, id strings, the whole load ----------------------------------------------- */
 
-    static int32_t token_id(const tokenizer_t *t, const char *s, size_t n)
-    {
-        const hf_tok_t *h = t->hf;
-        for (size_t i = 0; i < h->n_added; i++)
-            if (h->added[i].len == n && memcmp(h->added[i].content, s, n) == 0)
-                return h->added[i].id;
-        return tok_map_get(&h->bpe.vocab, s, n);
-    }
+static int32_t token_id(const tokenizer_t *t, const char *s, size_t n)
+{
+    const hf_tok_t *h = t->hf;
+    for (size_t i = 0; i < h->n_added; i++)
+        if (h->added[i].len == n && memcmp(h->added[i].content, s, n) == 0)
+            return h->added[i].id;
+    return tok_map_get(&h->bpe.vocab, s, n);
+}
 
-    /* bos_token / eos_token of tokenizer_config.json: a string, {"content": ...}, or null. */
-    static int config_token(const tokenizer_t *t, const json_t *cfg, const char *key, int32_t *id)
-    {
-        json_t *v = json_object_get(cfg, key);
-        if (!v)
-            return 0;
-        *id = -1;
-        if (json_is_object(v))
-            v = json_object_get(v, "content");
-        if (json_is_string(v))
-            *id = token_id(t, json_string_value(v), json_string_length(v));
-        return 1;
-    }
+/* bos_token / eos_token of tokenizer_config.json: a string, {"content": ...}, or null. */
+static int config_token(const tokenizer_t *t, const json_t *cfg, const char *key, int32_t *id)
+{
+    json_t *v = json_object_get(cfg, key);
+    if (!v)
+        return 0;
+    *id = -1;
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    if (json_is_string(v))
+        *id = token_id(t, json_string_value(v), json_string_length(v));
+    return 1;
+}
 
-    /* Special ids come from tokenizer_config.json beside the file when it names them, else from
-     * the post-processor's template. The config is optional: a missing or unreadable one leaves
-     * the template's choice. */
-    static void read_config(tokenizer_t * t)
-    {
-        hf_tok_t *h = t->hf;
-        int32_t bos = h->tmpl_bos, eos = h->tmpl_eos;
-        const char *slash = strrchr(t->path, '/');
-        size_t dir = slash ? (size_t)(slash - t->path) + 1 : 0;
-        char *cfg_path = malloc(dir + sizeof "tokenizer_config.json");
-        if (cfg_path) {
-            memcpy(cfg_path, t->path, dir);
-            strcpy(cfg_path + dir, "tokenizer_config.json");
-            char *data;
-            size_t len;
-            if (access(cfg_path, R_OK) == 0 && river_read_file(cfg_path, &data, &len) == 0) {
-                json_error_t je;
-                json_t *cfg = json_loadb(data, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je);
-                if (json_is_object(cfg)) {
-                    config_token(t, cfg, "bos_token", &bos);
-                    config_token(t, cfg, "eos_token", &eos);
-                }
-                json_decref(cfg);
-                free(data);
+/* Special ids come from tokenizer_config.json beside the file when it names them, else from
+ * the post-processor's template. The config is optional: a missing or unreadable one leaves
+ * the template's choice. */
+static void read_config(tokenizer_t *t)
+{
+    hf_tok_t *h = t->hf;
+    int32_t bos = h->tmpl_bos, eos = h->tmpl_eos;
+    const char *slash = strrchr(t->path, '/');
+    size_t dir = slash ? (size_t)(slash - t->path) + 1 : 0;
+    char *cfg_path = malloc(dir + sizeof "tokenizer_config.json");
+    if (cfg_path) {
+        memcpy(cfg_path, t->path, dir);
+        strcpy(cfg_path + dir, "tokenizer_config.json");
+        char *data;
+        size_t len;
+        if (access(cfg_path, R_OK) == 0 && river_read_file(cfg_path, &data, &len) == 0) {
+            json_error_t je;
+            json_t *cfg = json_loadb(data, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je);
+            if (json_is_object(cfg)) {
+                config_token(t, cfg, "bos_token", &bos);
+                config_token(t, cfg, "eos_token", &eos);
             }
-            river_err_clear();
-            free(cfg_path);
+            json_decref(cfg);
+            free(data);
         }
-        t->bos_id = bos;
-        t->eos_id = eos;
+        river_err_clear();
+        free(cfg_path);
     }
+    t->bos_id = bos;
+    t->eos_id = eos;
+}
 
-    static void bytelevel_tables(hf_tok_t * h)
-    {
-        int n = 0;
-        for (int i = 0; i < 324; i++)
-            h->bl_dec[i] = -1;
-        for (int b = 0; b < 256; b++) {
-            int keep =
-                (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-            uint32_t cp = keep ? (uint32_t)b : (uint32_t)(256 + n++);
-            char u[4];
-            size_t l = tok_utf8_encode(cp, u);
-            memcpy(h->bl_enc[b], u, l);
-            h->bl_enc_len[b] = (uint8_t)l;
-            h->bl_dec[cp] = (int16_t)b;
-        }
+static void bytelevel_tables(hf_tok_t *h)
+{
+    int n = 0;
+    for (int i = 0; i < 324; i++)
+        h->bl_dec[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int keep =
+            (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        uint32_t cp = keep ? (uint32_t)b : (uint32_t)(256 + n++);
+        char u[4];
+        size_t l = tok_utf8_encode(cp, u);
+        memcpy(h->bl_enc[b], u, l);
+        h->bl_enc_len[b] = (uint8_t)l;
+        h->bl_dec[cp] = (int16_t)b;
     }
+}
 
-    /* The string every id decodes from: an added token's content, else the vocabulary's. */
-    static int build_strings(tokenizer_t * t, int32_t max_id)
-    {
-        hf_tok_t *h = t->hf;
-        size_t n = (size_t)max_id + 1;
-        h->str_off = calloc(n, sizeof *h->str_off);
-        h->str_len = calloc(n, sizeof *h->str_len);
-        h->flags = calloc(n, sizeof *h->flags);
-        if (!h->str_off || !h->str_len || !h->flags ||
-            tok_buf_reserve(&h->strs, h->bpe.vocab.keys.len + 1024))
+/* The string every id decodes from: an added token's content, else the vocabulary's. */
+static int build_strings(tokenizer_t *t, int32_t max_id)
+{
+    hf_tok_t *h = t->hf;
+    size_t n = (size_t)max_id + 1;
+    h->str_off = calloc(n, sizeof *h->str_off);
+    h->str_len = calloc(n, sizeof *h->str_len);
+    h->flags = calloc(n, sizeof *h->flags);
+    if (!h->str_off || !h->str_len || !h->flags ||
+        tok_buf_reserve(&h->strs, h->bpe.vocab.keys.len + 1024))
+        return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
+    const tok_map_t *v = &h->bpe.vocab;
+    for (size_t e = 0; e < v->n; e++) {
+        int32_t id = v->ent[e].val;
+        if (h->flags[id] & FLAG_VALID)
+            continue;
+        h->str_off[id] = h->strs.len;
+        h->str_len[id] = v->ent[e].len;
+        h->flags[id] = FLAG_VALID;
+        if (tok_buf_put(&h->strs, v->keys.p + v->ent[e].off, v->ent[e].len))
             return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
-        const tok_map_t *v = &h->bpe.vocab;
-        for (size_t e = 0; e < v->n; e++) {
-            int32_t id = v->val[e];
-            if (h->flags[id] & FLAG_VALID)
-                continue;
-            h->str_off[id] = h->strs.len;
-            h->str_len[id] = v->key_len[e];
-            h->flags[id] = FLAG_VALID;
-            if (tok_buf_put(&h->strs, v->keys.p + v->key_off[e], v->key_len[e]))
-                return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
-        }
-        for (size_t i = 0; i < h->n_added; i++) {
-            const hf_added_t *a = &h->added[i];
-            h->str_off[a->id] = h->strs.len;
-            h->str_len[a->id] = (uint32_t)a->len;
-            h->flags[a->id] |= FLAG_VALID | FLAG_ADDED;
-            if (a->special)
-                h->flags[a->id] |= FLAG_SPECIAL;
-            else
-                h->flags[a->id] &= (uint8_t)~FLAG_SPECIAL;
-            if (tok_buf_put(&h->strs, a->content, a->len))
-                return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
-        }
-        for (size_t id = 0; id < n; id++)
-            if ((h->flags[id] & FLAG_VALID) &&
-                hf_byte_token(h->strs.p + h->str_off[id], h->str_len[id]) >= 0)
-                h->flags[id] |= FLAG_BYTE;
-        t->vocab_size = (int)n;
-        return 0;
     }
-
-    int tok_hf_load(tokenizer_t * t, const char *data, size_t len)
-    {
-        int err;
-        json_error_t je;
-        json_t *root = json_loadb(data, len, JSON_ALLOW_NUL, &je);
-        if (!root)
-            return river_err_set(RIVER_EFORMAT, "%s: invalid JSON at line %d, column %d: %s",
-                                 t->path, je.line, je.column, je.text);
-        if (!json_is_object(root)) {
-            err = river_err_set(RIVER_EFORMAT, "%s: the JSON is not an object", t->path);
-            goto fail_root;
-        }
-        t->hf = calloc(1, sizeof *t->hf);
-        if (!t->hf) {
-            err = river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
-            goto fail_root;
-        }
-        hf_tok_t *h = t->hf;
-        h->tmpl_bos = h->tmpl_eos = -1;
-        bytelevel_tables(h);
-        int32_t max_id = -1;
-        json_t *dec = json_object_get(root, "decoder");
-        if ((err = hf_parse_model(t, json_object_get(root, "model"), &max_id)) ||
-            (err = hf_parse_added(t, json_object_get(root, "added_tokens"), &max_id)) ||
-            (err = hf_parse_norm(t, json_object_get(root, "normalizer"), 0)) ||
-            (err = hf_parse_pre(t, json_object_get(root, "pre_tokenizer"), 0)) ||
-            (err = hf_parse_post(t, json_object_get(root, "post_processor"), 0)) ||
-            (dec && !json_is_null(dec) && (err = hf_parse_dec(t, dec, 0))))
-            goto fail_hf;
-        h->has_decoder = dec && !json_is_null(dec);
-        if (max_id < 0) {
-            err = river_err_set(RIVER_EFORMAT, "%s: the vocabulary is empty", t->path);
-            goto fail_hf;
-        }
-        for (size_t i = 0; i < h->n_tmpl; i++)
-            if (h->tmpl[i] > max_id) {
-                err = river_err_set(RIVER_EFORMAT,
-                                    "%s: post_processor uses id %d beyond the "
-                                    "vocabulary",
-                                    t->path, (int)h->tmpl[i]);
-                goto fail_hf;
-            }
-        if ((err = build_strings(t, max_id)) || (err = hf_matcher_build(t, &h->raw, 0)) ||
-            (err = hf_matcher_build(t, &h->normd, 1)))
-            goto fail_hf;
-        json_decref(root);
-        read_config(t);
-        return 0;
-
-    fail_hf:
-        tok_hf_free(t->hf);
-        t->hf = NULL;
-    fail_root:
-        json_decref(root);
-        return err;
+    for (size_t i = 0; i < h->n_added; i++) {
+        const hf_added_t *a = &h->added[i];
+        h->str_off[a->id] = h->strs.len;
+        h->str_len[a->id] = (uint32_t)a->len;
+        h->flags[a->id] |= FLAG_VALID | FLAG_ADDED;
+        if (a->special)
+            h->flags[a->id] |= FLAG_SPECIAL;
+        else
+            h->flags[a->id] &= (uint8_t)~FLAG_SPECIAL;
+        if (tok_buf_put(&h->strs, a->content, a->len))
+            return river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
     }
+    for (size_t id = 0; id < n; id++)
+        if ((h->flags[id] & FLAG_VALID) &&
+            hf_byte_token(h->strs.p + h->str_off[id], h->str_len[id]) >= 0)
+            h->flags[id] |= FLAG_BYTE;
+    t->vocab_size = (int)n;
+    return 0;
+}
+
+int tok_hf_load(tokenizer_t *t, const char *data, size_t len)
+{
+    int err;
+    json_error_t je;
+    json_t *root = json_loadb(data, len, JSON_ALLOW_NUL, &je);
+    if (!root)
+        return river_err_set(RIVER_EFORMAT, "%s: invalid JSON at line %d, column %d: %s",
+                             t->path, je.line, je.column, je.text);
+    if (!json_is_object(root)) {
+        err = river_err_set(RIVER_EFORMAT, "%s: the JSON is not an object", t->path);
+        goto fail_root;
+    }
+    t->hf = calloc(1, sizeof *t->hf);
+    if (!t->hf) {
+        err = river_err_set(RIVER_ENOMEM, "%s: no memory", t->path);
+        goto fail_root;
+    }
+    hf_tok_t *h = t->hf;
+    h->tmpl_bos = h->tmpl_eos = -1;
+    bytelevel_tables(h);
+    int32_t max_id = -1;
+    json_t *dec = json_object_get(root, "decoder");
+    if ((err = hf_parse_model(t, json_object_get(root, "model"), &max_id)) ||
+        (err = hf_parse_added(t, json_object_get(root, "added_tokens"), &max_id)) ||
+        (err = hf_parse_norm(t, json_object_get(root, "normalizer"), 0)) ||
+        (err = hf_parse_pre(t, json_object_get(root, "pre_tokenizer"), 0)) ||
+        (err = hf_parse_post(t, json_object_get(root, "post_processor"), 0)) ||
+        (dec && !json_is_null(dec) && (err = hf_parse_dec(t, dec, 0))))
+        goto fail_hf;
+    h->has_decoder = dec && !json_is_null(dec);
+    if (max_id < 0) {
+        err = river_err_set(RIVER_EFORMAT, "%s: the vocabulary is empty", t->path);
+        goto fail_hf;
+    }
+    for (size_t i = 0; i < h->n_tmpl; i++)
+        if (h->tmpl[i] > max_id) {
+            err = river_err_set(RIVER_EFORMAT,
+                                "%s: post_processor uses id %d beyond the "
+                                "vocabulary",
+                                t->path, (int)h->tmpl[i]);
+            goto fail_hf;
+        }
+    if ((err = build_strings(t, max_id)) || (err = hf_matcher_build(t, &h->raw, 0)) ||
+        (err = hf_matcher_build(t, &h->normd, 1)))
+        goto fail_hf;
+    json_decref(root);
+    read_config(t);
+    return 0;
+
+fail_hf:
+    tok_hf_free(t->hf);
+    t->hf = NULL;
+fail_root:
+    json_decref(root);
+    return err;
+}
