@@ -122,13 +122,11 @@ static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const i
 static void eval__usage(FILE *f)
 {
     fprintf(f,
-            "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE [--river FILE]\n"
-            "                  [--routers FILE] [--policy cosine|router|fixed|none]\n"
-            "                  [--tau T | --theta P | --exit-layer K | --sweep a,b,c]\n"
-            "                  [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
-            "                  [--aggregation min|row] [--max-tokens N] [--threads N]\n"
-            "                  [--offload-threshold F] [--output text|json]\n"
-            "                  [--lossless [--draft K] [--draft-conf P] [--no-reuse]]\n"
+            "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE\n"
+            "                  [--sweep a,b,c] [--max-tokens N] [--threads N]\n"
+            "                  [--offload-threshold F] [--output text|json]\n");
+    exit_opts_usage(f, 18);
+    fprintf(f,
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
             "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
             "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"

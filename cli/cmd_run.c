@@ -75,14 +75,9 @@ static void run__usage(FILE *f)
             "usage: river run --model PATH [--tokenizer PATH] --prompt TEXT [--max-tokens N]\n"
             "                 [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                 [--stop TEXT]... [--ignore-eos] [--threads N] [--device cpu|cuda]\n"
-            "                 [--output text|json] [--no-special]\n"
-            "                 [--policy none|cosine|router|fixed] [--tau T] [--theta P]\n"
-            "                 [--exit-layer K] [--river FILE] [--routers FILE]\n"
-            "                 [--strategy river|mask|propagate|recompute|mono|posthoc]\n"
-            "                 [--lossless [--draft K] [--draft-conf P] [--no-reuse]]\n"
-            "--lossless drafts up to K tokens (default 4) on the exit path and verifies them\n"
-            "on the backbone: the ids are the backbone's (greedy: identical). --draft-conf P\n"
-            "ends a draft after a token whose probability is below P.\n"
+            "                 [--output text|json] [--no-special]\n");
+    exit_opts_usage(f, 17);
+    fprintf(f,
             "Greedy decoding unless --temperature > 0. Text mode streams the completion;\n"
             "json prints {prompt_ids, ids, exit_layers, text, finish, prefill_tok_s,\n"
             "decode_tok_s}; exit_layers holds the backbone layers each token ran.\n"

@@ -106,3 +106,20 @@ void exit_opts_set_value(exit_policy_t *p, double v)
     case EXIT_RULE_NONE: break;
     }
 }
+
+void exit_opts_usage(FILE *f, int indent)
+{
+    static const char *const lines[] = {
+        "[--policy none|cosine|router|fixed] [--tau T] [--theta P] [--exit-layer K]",
+        "[--river FILE] [--routers FILE] [--aggregation min|row] [--no-cost-model]",
+        "[--strategy river|mask|propagate|recompute|mono|posthoc]",
+        "[--lossless [--draft K] [--draft-conf P] [--no-reuse]]",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+        fprintf(f, "%*s%s\n", indent, "", lines[i]);
+    fputs("--lossless drafts up to K tokens (default 4) on the exit path and verifies them\n"
+          "on the backbone: the ids are the backbone's (greedy: identical). --draft-conf P\n"
+          "ends a draft after a token whose probability is below P; --no-reuse runs every\n"
+          "layer of a verify row again instead of resuming where its draft left the backbone.\n",
+          f);
+}

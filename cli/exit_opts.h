@@ -4,6 +4,7 @@
 #define RIVER_CLI_EXIT_OPTS_H
 
 #include <getopt.h>
+#include <stdio.h>
 
 #include "engine/exit.h"
 #include "model/model.h"
@@ -59,6 +60,9 @@ int exit_opts_parse(exit_opts_t *xo, int c, const char *arg);
 /* With --lossless: RIVER_EINVAL naming the problem when the policy cannot draft (no
  * exit rule, or a KV strategy other than the river); 0 otherwise. */
 int exit_opts_check_lossless(const exit_opts_t *xo);
+/* The exit options' part of a usage message, each line indented by `indent` spaces, then
+ * what --lossless does; `run` and `eval` print it after their own options. */
+void exit_opts_usage(FILE *f, int indent);
 /* Sets the policy's own parameter: tau (cosine), theta (router) or the exit layer (fixed). */
 void exit_opts_set_value(exit_policy_t *p, double v);
 
