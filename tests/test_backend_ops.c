@@ -8,18 +8,27 @@
  * AVX-512 against the scalar level, each where the processor has it (a line says a level it
  * lacks is skipped), within each case's tolerance or the level's floor (simd_floor).
  *
- * The cases cover every op, including the router, the cosine, gather/scatter, kv_write and
- * attention, at head dims 64, 96 and 128, GQA groups 1 and 8, contexts above 1k positions,
- * row counts that are not a multiple of 8, a batched prompt (prefill rows of two sequences
- * with decode rows of others in one call), and Q4, Q8, F16 and BF16 weights.
+ * The reference pairs hold the reference itself to account: the CPU at each level it has,
+ * with one and with two threads, against plain loops written here (double-precision sums
+ * for matmul and attention, exact results where the op is exact), on random inputs whose
+ * odd sizes exercise vector tails, tile remainders and the split of work between threads.
+ * A case with a check runs it there; its run covers the other pairs.
  *
- * The real model shapes that tests/test_cuda_ops.c used to check op by op (Llama 3.2 1B's
- * projections, LM head and embedding) are cases here too, the largest on the GPU only.
+ * The cases cover every op, including the router, the cosine, gather/scatter, kv_write,
+ * attention and the buffers, at head dims 8 to 128, GQA groups 1 to 16, contexts above 1k
+ * positions, row counts that are not a multiple of 8, a batched prompt (prefill rows of two
+ * sequences with decode rows of others in one call), masked and NaN KV slots, Q4, Q8, Q4X8,
+ * F16 and BF16 weights, and the real model shapes of Llama 3.2 1B (projections, LM head,
+ * embedding; the largest on the GPU only).
  *
- * Tolerances (CUDA): max |x - ref| over max |ref| of the output, as tests/test_cuda_ops.c
- * explains them. The CUDA reference is the CPU at AVX-512 or the portable level (the AVX2
- * level quantizes x for Q4/Q8 weights); the opaque reference is the CPU at the level the
- * opaque backend runs, so that the two run the very same kernels. */
+ * Tolerances (CUDA): max |x - ref| over max |ref| of the output, so a tolerance is a
+ * fraction of the output's scale. Both backends accumulate in f32 in different orders,
+ * hence 1e-4 for f32 math; the cuBLAS path for 16-bit weights (more than 8 rows) rounds x
+ * to the weight's type first (GemmEx needs A and B of one type), hence 2e-3 (f16) and 1e-2
+ * (bf16). Every case prints its error so a GPU run shows the margins. The CUDA reference is
+ * the CPU at AVX-512 or the portable level (the AVX2 level quantizes x for Q4/Q8 weights);
+ * the opaque reference is the CPU at the level the opaque backend runs, so that the two run
+ * the very same kernels. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -1596,7 +1605,7 @@ static const op_case_t cases[] = {
     CASE("router d 288 h 128", run_router, DTYPE_F32, 13, 288, 128, 0, 1e-5),
     CASE("router d 2048 h 128", run_router, DTYPE_F32, 9, 2048, 128, 0, 1e-5),
     CASE("router d 100 h 16", run_router, DTYPE_F32, 3, 100, 16, 0, 1e-5),
-    /* The real shapes tests/test_cuda_ops.c checked beside these: batches of the
+    /* More real shapes on the CUDA backend's paths: batches of the
      * element-wise kernel, odd groups, and short-and-wide weights that the CUDA backend
      * splits along K, with a tail chunk (3000, 4104 and 4128 columns are no multiple of
      * the split step), W4A16 wide loads with power-of-two and other groups. */
@@ -1612,7 +1621,7 @@ static const op_case_t cases[] = {
     CASE("matmul q4 g32 (64, 4128) n 2", run_matmul, DTYPE_Q4, 64, 4128, 2, 32, 1e-4),
     CASE("matmul q4 g96 (300, 2016) n 9", run_matmul, DTYPE_Q4, 300, 2016, 9, 96, 1e-4),
     /* Every row count of mm_ns, with the double-precision reference on the reference
-     * pairs (tests/test_ops.c's shapes): 16-bit and f32 weights of odd sizes... */
+     * pairs: 16-bit and f32 weights of odd sizes... */
     MM_CASE("matmul f32 (1, 1)", DTYPE_F32, 1, 1, 0, NULL),
     MM_CASE("matmul f32 (5, 3)", DTYPE_F32, 5, 3, 0, NULL),
     MM_CASE("matmul f32 (17, 172)", DTYPE_F32, 17, 172, 0, NULL),
