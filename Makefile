@@ -217,7 +217,8 @@ $(BUILD)/%_avx512.o: %_avx512.c
 # directory (the stamp is rewritten only then): a stale object would reference a backend
 # that is no longer linked.
 CUDA_STAMP  := $(BUILD)/cuda-enabled
-CUDA_USERS  := $(BUILD)/kernels/backend.o $(BUILD)/tests/test_cuda_ops.o
+CUDA_USERS  := $(BUILD)/kernels/backend.o $(BUILD)/tests/test_cuda_ops.o \
+               $(BUILD)/tests/test_backend_ops.o
 $(CUDA_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@echo "$(CUDA_ON)" | cmp -s - $@ || echo "$(CUDA_ON)" > $@

@@ -8,18 +8,27 @@
  * AVX-512 against the scalar level, each where the processor has it (a line says a level it
  * lacks is skipped), within each case's tolerance or the level's floor (simd_floor).
  *
- * The cases cover every op, including the router, the cosine, gather/scatter, kv_write and
- * attention, at head dims 64, 96 and 128, GQA groups 1 and 8, contexts above 1k positions,
- * row counts that are not a multiple of 8, a batched prompt (prefill rows of two sequences
- * with decode rows of others in one call), and Q4, Q8, F16 and BF16 weights.
+ * The reference pairs hold the reference itself to account: the CPU at each level it has,
+ * with one and with two threads, against plain loops written here (double-precision sums
+ * for matmul and attention, exact results where the op is exact), on random inputs whose
+ * odd sizes exercise vector tails, tile remainders and the split of work between threads.
+ * A case with a check runs it there; its run covers the other pairs.
  *
- * The real model shapes that tests/test_cuda_ops.c used to check op by op (Llama 3.2 1B's
- * projections, LM head and embedding) are cases here too, the largest on the GPU only.
+ * The cases cover every op, including the router, the cosine, gather/scatter, kv_write,
+ * attention and the buffers, at head dims 8 to 128, GQA groups 1 to 16, contexts above 1k
+ * positions, row counts that are not a multiple of 8, a batched prompt (prefill rows of two
+ * sequences with decode rows of others in one call), masked and NaN KV slots, Q4, Q8, Q4X8,
+ * F16 and BF16 weights, and the real model shapes of Llama 3.2 1B (projections, LM head,
+ * embedding; the largest on the GPU only).
  *
- * Tolerances (CUDA): max |x - ref| over max |ref| of the output, as tests/test_cuda_ops.c
- * explains them. The CUDA reference is the CPU at AVX-512 or the portable level (the AVX2
- * level quantizes x for Q4/Q8 weights); the opaque reference is the CPU at the level the
- * opaque backend runs, so that the two run the very same kernels. */
+ * Tolerances (CUDA): max |x - ref| over max |ref| of the output, so a tolerance is a
+ * fraction of the output's scale. Both backends accumulate in f32 in different orders,
+ * hence 1e-4 for f32 math; the cuBLAS path for 16-bit weights (more than 8 rows) rounds x
+ * to the weight's type first (GemmEx needs A and B of one type), hence 2e-3 (f16) and 1e-2
+ * (bf16). Every case prints its error so a GPU run shows the margins. The CUDA reference is
+ * the CPU at AVX-512 or the portable level (the AVX2 level quantizes x for Q4/Q8 weights);
+ * the opaque reference is the CPU at the level the opaque backend runs, so that the two run
+ * the very same kernels. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,6 +38,7 @@
 #include "common/err.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/q4x8.h"
 #include "kernels/half.h"
 #include "tests/testutil.h"
 
@@ -51,27 +61,45 @@ static float *rand_host(size_t n, float lo, float hi)
 /* ---- a reference and a backend under test ---------------------------------------------- */
 
 typedef struct bpair {
-    backend_t *ref, *x;
-    const char *name; /* of x */
-    double scale;     /* multiplies a case's tolerance: 0 for the opaque backend (exact) */
-    double floor;     /* the least tolerance (a SIMD level's summation order); 0: none */
-    int level;        /* a SIMD pair's level (cpu_simd_t), -1 for the others */
+    backend_t *ref, *x; /* ref is NULL on a reference pair: x meets the case's own check */
+    const char *name;   /* of x */
+    double scale;       /* multiplies a case's tolerance: 0 for the opaque backend (exact) */
+    double floor;       /* the least tolerance (a SIMD level's summation order); 0: none */
+    int level;          /* a SIMD or reference pair's level (cpu_simd_t), -1 for the others */
+    int threads;        /* a reference pair's CPU threads; 0 for the others */
 } bpair_t;
 
-#define N_PAIRS 4 /* opaque, cuda, and the CPU at AVX2 and at AVX-512 against its scalar level */
+/* Pairs 0-3: opaque, cuda, and the CPU at AVX2 and at AVX-512 against its scalar level.
+ * Pairs 4-9, the reference pairs: the CPU at each level (scalar, AVX2, AVX-512) with one and
+ * with two threads, against the double-precision reference of the case's check (the scalar
+ * level's own reference, and each level's bound: the AVX2 8-bit x, for one). */
+#define N_PAIRS 10
+#define FIRST_REF_PAIR 4
 
-/* The SIMD level of pair k, or -1 when k is not a SIMD pair. */
+/* The SIMD level of pair k, or -1 when k is neither a SIMD nor a reference pair. */
 static int bpair_level(int k)
 {
+    if (k >= FIRST_REF_PAIR)
+        return (k - FIRST_REF_PAIR) / 2;
     return k == 2 ? CPU_SIMD_AVX2 : k == 3 ? CPU_SIMD_AVX512 : -1;
 }
 
-/* Opens pair k (0: opaque, 1: cuda, 2: avx2, 3: avx512); false when that backend or level
- * is not there. */
+/* Opens pair k (0: opaque, 1: cuda, 2: avx2, 3: avx512, 4-9: the reference pairs); false
+ * when that backend or level is not there. */
 static bool bpair_open(bpair_t *p, int k)
 {
     memset(p, 0, sizeof *p);
     p->level = bpair_level(k);
+    if (k >= FIRST_REF_PAIR) {
+        if ((int)cpu_simd_detect() < p->level)
+            return false;
+        p->threads = 1 + (k - FIRST_REF_PAIR) % 2;
+        int e = cpu_backend_new(&p->x, p->threads, (cpu_simd_t)p->level);
+        ck_assert_msg(e == 0, "%s", river_err_detail());
+        ck_assert_int_eq(cpu_backend_threads(p->x), p->threads);
+        p->name = cpu_simd_name((cpu_simd_t)p->level);
+        return true;
+    }
     if (p->level >= 0) {
         if ((int)cpu_simd_detect() < p->level)
             return false;
@@ -253,31 +281,61 @@ static wtwin_t wtwin_new(bpair_t *p, weight_t host)
 typedef struct op_case op_case_t;
 struct op_case {
     const char *name;
-    void (*run)(bpair_t *p, const op_case_t *c);
+    void (*run)(bpair_t *p, const op_case_t *c);   /* on pairs 0-3; NULL: none */
+    void (*check)(bpair_t *p, const op_case_t *c); /* on the reference pairs; NULL: none */
     dtype_t dt;
-    int a, b, c, d; /* the case's shape; each run says what they are */
-    double tol;     /* CUDA */
-    int gpu_only;   /* real model shapes too large to be worth the CPU's time twice */
+    int a, b, c, d, e, f; /* the case's shape; each run and check says what they are */
+    double tol;           /* CUDA; 0 on a matmul over mm_ns: the path's (mm_tol) */
+    int gpu_only;         /* real model shapes too large to be worth the CPU's time twice */
+    const char *q4x8;     /* RIVER_Q4X8 for the case (NULL: unset, the SIMD levels repack) */
 };
 
-/* matmul: a outputs, b inputs, c rows, d group. */
+/* The row counts a matmul case of c = 0 runs: GEMV sizes, the 8-row passes and their
+ * remainders, and batches. */
+static const int mm_ns[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 40, 70};
+#define N_MM_NS ((int)(sizeof mm_ns / sizeof mm_ns[0]))
+
+/* The CUDA tolerance of a matmul of n rows: the cuBLAS path (n > 8) rounds x to a 16-bit
+ * weight's type first. */
+static double mm_tol(dtype_t dt, int n)
+{
+    if (n > 8 && dt == DTYPE_F16)
+        return 2e-3;
+    if (n > 8 && dt == DTYPE_BF16)
+        return 1e-2;
+    return 1e-4;
+}
+
+/* matmul: a outputs, b inputs, c rows (0: each count of mm_ns), d group. A Q4X8 case places
+ * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
 {
-    wtwin_t w = wtwin_new(p, weight_rand(c->dt, c->a, c->b, c->d, 0.05f));
-    twin_t x = twin_rand(p, (size_t)c->c * c->b, -1, 1);
-    twin_t y = twin_new(p, NULL, (size_t)c->c * c->a);
-    BOTH(p, p->ref->ops->matmul(p->ref->ctx, y.r, x.r, &w.r, c->c),
-         p->x->ops->matmul(p->x->ctx, y.x, x.x, &w.x, c->c));
-    check_twin(p, &y, c->tol, c->name);
-    twin_free(p, &x);
-    twin_free(p, &y);
+    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt;
+    wtwin_t w = wtwin_new(p, weight_rand(dt, c->a, c->b, c->d, 0.05f));
+    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (c->q4x8 || c->dt == DTYPE_Q4X8))
+        ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q4 : DTYPE_Q4X8);
+    for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++) {
+        int n = c->c ? c->c : mm_ns[k];
+        twin_t x = twin_rand(p, (size_t)n * c->b, -1, 1);
+        twin_t y = twin_new(p, NULL, (size_t)n * c->a);
+        BOTH(p, p->ref->ops->matmul(p->ref->ctx, y.r, x.r, &w.r, n),
+             p->x->ops->matmul(p->x->ctx, y.x, x.x, &w.x, n));
+        char what[96];
+        if (c->c)
+            snprintf(what, sizeof what, "%s", c->name);
+        else
+            snprintf(what, sizeof what, "%s n %d", c->name, n);
+        check_twin(p, &y, c->tol ? c->tol : mm_tol(dt, n), what);
+        twin_free(p, &x);
+        twin_free(p, &y);
+    }
     weight_host_free(&w.host);
 }
 
-/* embed: a vocab, b dim, c tokens. */
+/* embed: a vocab, b dim, c tokens, d group (0: 64). */
 static void run_embed(bpair_t *p, const op_case_t *c)
 {
-    wtwin_t w = wtwin_new(p, weight_rand(c->dt, c->a, c->b, 64, 0.5f));
+    wtwin_t w = wtwin_new(p, weight_rand(c->dt, c->a, c->b, c->d ? c->d : 64, 0.5f));
     int32_t *tok = malloc(sizeof *tok * (size_t)c->c);
     for (int i = 0; i < c->c; i++)
         tok[i] = (int32_t)(test_rand_u32() % (uint32_t)c->a);
@@ -346,13 +404,14 @@ static void run_rope(bpair_t *p, const op_case_t *c)
     free(inv);
 }
 
-/* swiglu over a fused gate_up row: a rows, b width. */
+/* swiglu: a rows, b width, c row stride (0: 2b). A stride of at least 2b is a fused
+ * gate_up row (up at column b); a shorter one gives gate and up the same values. */
 static void run_swiglu(bpair_t *p, const op_case_t *c)
 {
-    int n = c->a, d = c->b;
-    twin_t gu = twin_rand(p, (size_t)n * 2 * d, -4, 4), out = twin_new(p, NULL, (size_t)n * d);
-    BOTH(p, p->ref->ops->swiglu(p->ref->ctx, out.r, gu.r, (float *)gu.r + d, n, d, 2 * d),
-         p->x->ops->swiglu(p->x->ctx, out.x, gu.x, (float *)gu.x + d, n, d, 2 * d));
+    int n = c->a, d = c->b, stride = c->c ? c->c : 2 * d, up = stride >= 2 * d ? d : 0;
+    twin_t gu = twin_rand(p, (size_t)n * stride, -4, 4), out = twin_new(p, NULL, (size_t)n * d);
+    BOTH(p, p->ref->ops->swiglu(p->ref->ctx, out.r, gu.r, (float *)gu.r + up, n, d, stride),
+         p->x->ops->swiglu(p->x->ctx, out.x, gu.x, (float *)gu.x + up, n, d, stride));
     check_twin(p, &out, c->tol, c->name);
     twin_free(p, &gu);
     twin_free(p, &out);
@@ -467,6 +526,7 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     attn_batch_t bad = {.n = 1, .pos = zero, .page_table = badt};
     ck_assert_int_eq(p->x->ops->attention(p->x->ctx, mo.x, mq.x, &vx, layer, &bad, h, kvh, hd,
                                           scale), RIVER_ERANGE);
+    ck_assert_int_eq(p->x->ops->kv_write(p->x->ctx, &vx, layer, &bad, k.x, v.x), RIVER_ERANGE);
     free(va);
     free(vb);
     free(pos);
@@ -559,8 +619,925 @@ static void run_router(bpair_t *p, const op_case_t *c)
     weight_host_free(&up.host);
 }
 
-#define CASE(name, run, dt, a, b, c, d, tol) {name, run, dt, a, b, c, d, tol, 0}
-#define GPU_CASE(name, run, dt, a, b, c, d, tol) {name, run, dt, a, b, c, d, tol, 1}
+/* Buffers: a sizes, from 1 float to past 3M. Each buffer starts zero-filled, and a span
+ * written at an offset reads back the same on both backends. */
+static void run_buffers(bpair_t *p, const op_case_t *c)
+{
+    size_t n = (size_t)c->a, off = n > 10 ? 10 : 0;
+    twin_t t = twin_new(p, NULL, n);
+    char what[96];
+    snprintf(what, sizeof what, "%s zero-filled", c->name);
+    check_twin(p, &t, 0, what);
+    float *h = rand_host(n - off, -1, 1), *back = malloc((n - off) * sizeof *back);
+    ck_assert_int_eq(p->ref->ops->from_host(p->ref->ctx, t.r, off, h, n - off), 0);
+    ck_assert_int_eq(p->x->ops->from_host(p->x->ctx, t.x, off, h, n - off), 0);
+    ck_assert_int_eq(p->x->ops->to_host(p->x->ctx, back, t.x, off, n - off), 0);
+    ck_assert_int_eq(memcmp(h, back, (n - off) * sizeof *h), 0);
+    snprintf(what, sizeof what, "%s round trip", c->name);
+    check_twin(p, &t, 0, what);
+    ck_assert_int_eq(p->x->ops->sync(p->x->ctx), 0);
+    free(h);
+    free(back);
+    twin_free(p, &t);
+}
+
+/* Attention alone over a pool of random K/V: a head_dim, b query heads, c KV heads, d the
+ * longest context, e sequences, f 1 when every position of each sequence is a row (a
+ * batched prompt), 0 for its last one only (decode rows at the end of long sequences).
+ * Sequence s has d - 13 s positions, on pages interleaved with the others' in reverse. */
+static void run_attn_shape(bpair_t *p, const op_case_t *c)
+{
+    enum { PS = 16 };
+    int hd = c->a, heads = c->b, kvh = c->c, len = c->d, n_seqs = c->e, prefill = c->f;
+    int kv_dim = kvh * hd, pages_per = (len + PS - 1) / PS;
+    int n_pages = pages_per * n_seqs + 3;
+    kv_view_t vr = {.page_size = PS, .kv_dim = kv_dim, .n_pages = n_pages,
+                    .layer_stride = (int64_t)PS * kv_dim};
+    vr.page_stride = vr.layer_stride; /* one layer */
+    size_t kv_elems = (size_t)n_pages * (size_t)vr.page_stride;
+    twin_t K = twin_rand(p, kv_elems, -1, 1), V = twin_rand(p, kv_elems, -1, 1);
+    kv_view_t vx = vr;
+    vr.k = K.r;
+    vr.v = V.r;
+    vx.k = K.x;
+    vx.v = V.x;
+    int32_t *pt = malloc(sizeof *pt * (size_t)pages_per * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs; s++)
+        for (int j = 0; j < pages_per; j++)
+            pt[s * pages_per + j] = (int32_t)(n_pages - 1 - (j * n_seqs + s));
+    int n = 0;
+    for (int s = 0; s < n_seqs; s++)
+        n += prefill ? len - 13 * s : 1;
+    int32_t *pos = malloc(sizeof *pos * (size_t)n);
+    const int32_t **pts = malloc(sizeof *pts * (size_t)n);
+    int r = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int sl = len - 13 * s;
+        for (int t = prefill ? 0 : sl - 1; t < sl; t++) {
+            pos[r] = t;
+            pts[r++] = pt + s * pages_per;
+        }
+    }
+    attn_batch_t b = {.n = n, .pos = pos, .page_table = pts};
+    size_t qn = (size_t)n * (size_t)heads * (size_t)hd;
+    twin_t q = twin_rand(p, qn, -3, 3), o = twin_new(p, NULL, qn);
+    float scale = 1.0f / sqrtf((float)hd);
+    BOTH(p, p->ref->ops->attention(p->ref->ctx, o.r, q.r, &vr, 0, &b, heads, kvh, hd, scale),
+         p->x->ops->attention(p->x->ctx, o.x, q.x, &vx, 0, &b, heads, kvh, hd, scale));
+    char what[96];
+    snprintf(what, sizeof what, "%s, %d rows", c->name, n);
+    check_twin(p, &o, c->tol, what);
+    /* In place (out = q), as the engine may call it. */
+    BOTH(p, p->ref->ops->attention(p->ref->ctx, q.r, q.r, &vr, 0, &b, heads, kvh, hd, scale),
+         p->x->ops->attention(p->x->ctx, q.x, q.x, &vx, 0, &b, heads, kvh, hd, scale));
+    snprintf(what, sizeof what, "%s in place", c->name);
+    check_twin(p, &q, c->tol, what);
+    free(pos);
+    free(pts);
+    free(pt);
+    twin_t *all[] = {&K, &V, &q, &o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        twin_free(p, all[i]);
+}
+
+/* ---- the reference pairs: one CPU level against plain loops written here --------------- */
+
+/* Checks inside long loops: Check records every passing ck_assert (a write to its log), so
+ * hot loops only call into it on failure. */
+#define EXPECT(cond, ...)                                                                    \
+    do {                                                                                     \
+        if (!(cond))                                                                         \
+            ck_abort_msg(__VA_ARGS__);                                                       \
+    } while (0)
+#define EXPECT_TRUE(cond) EXPECT(cond, "assertion '%s' failed", #cond)
+
+static void fill(float *p, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = test_rand(lo, hi);
+}
+
+/* Widening written independently of kernels/half.h. */
+static float ref_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float ref_f16(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m + 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* One backend of a pair as the checks call it; level -1 when it is not the CPU at a known
+ * level. */
+typedef struct env {
+    const ops_t *o;
+    ops_ctx_t *c;
+    int level, threads;
+} env_t;
+
+static env_t env_of(const backend_t *be, int level, int threads)
+{
+    return (env_t){be->ops, be->ctx, level, threads};
+}
+
+/* The backend under test of a reference pair. */
+static env_t env_ref(const bpair_t *p)
+{
+    return env_of(p->x, p->level, p->threads);
+}
+
+/* A buffer holding a copy of n host floats. */
+static float *dev_copy(env_t *e, const float *src, size_t n)
+{
+    float *b = e->o->buf_alloc(e->c, n ? n : 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq(e->o->from_host(e->c, b, 0, src, n), 0);
+    return b;
+}
+
+static float *host_copy(env_t *e, const float *buf, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(h);
+    ck_assert_int_eq(e->o->to_host(e->c, h, buf, 0, n), 0);
+    return h;
+}
+/* Test weights with their dequantised reference values. */
+
+typedef struct tw {
+    weight_t w;
+    void *data;
+    uint16_t *scales, *zeros;
+    float *ref; /* rows x cols */
+} tw_t;
+
+static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
+{
+    memset(t, 0, sizeof *t);
+    size_t n = (size_t)(rows * cols);
+    t->ref = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(t->ref);
+    size_t rb = dtype_row_bytes(dt, cols);
+    t->data = calloc((size_t)rows, rb);
+    ck_assert_ptr_nonnull(t->data);
+    t->w = (weight_t){ .dtype = dt, .rows = rows, .cols = cols, .data = t->data };
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = (uint8_t *)t->data + r * rb;
+        for (int64_t k = 0; k < cols; k++) {
+            float v = test_rand(-1.0f, 1.0f);
+            float *ref = &t->ref[r * cols + k];
+            switch (dt) {
+            case DTYPE_F32:
+                ((float *)row)[k] = v;
+                *ref = v;
+                break;
+            case DTYPE_F16:
+                ((uint16_t *)row)[k] = f32_to_f16(v);
+                *ref = ref_f16(((uint16_t *)row)[k]);
+                break;
+            case DTYPE_BF16:
+                ((uint16_t *)row)[k] = f32_to_bf16(v);
+                *ref = ref_bf16(((uint16_t *)row)[k]);
+                break;
+            case DTYPE_Q8:
+                row[k] = (uint8_t)(test_rand_u32() & 0xff);
+                break;
+            case DTYPE_Q4: {
+                unsigned q = test_rand_u32() & 0x0f;
+                row[k / 2] |= (uint8_t)((k & 1) ? q << 4 : q);
+                break;
+            }
+            default:
+                ck_abort_msg("bad dtype");
+            }
+        }
+    }
+    if (dt == DTYPE_Q4 || dt == DTYPE_Q8) {
+        int64_t ng = cols / group;
+        float qmax = dt == DTYPE_Q4 ? 15.0f : 255.0f;
+        t->scales = malloc((size_t)(rows * ng) * sizeof(uint16_t));
+        t->zeros = malloc((size_t)(rows * ng) * sizeof(uint16_t));
+        ck_assert(t->scales && t->zeros);
+        for (int64_t i = 0; i < rows * ng; i++) {
+            t->scales[i] = f32_to_f16(test_rand(0.001f, 0.05f));
+            t->zeros[i] = f32_to_f16(test_rand(0.0f, qmax));
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *row = (const uint8_t *)t->data + r * rb;
+            for (int64_t k = 0; k < cols; k++) {
+                unsigned q = dt == DTYPE_Q8 ? row[k] : (k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15;
+                float s = ref_f16(t->scales[r * ng + k / group]);
+                float z = ref_f16(t->zeros[r * ng + k / group]);
+                t->ref[r * cols + k] = ((float)q - z) * s;
+            }
+        }
+        t->w.scales = t->scales;
+        t->w.zeros = t->zeros;
+        t->w.group = group;
+    }
+}
+
+static void tw_free(tw_t *t)
+{
+    free(t->data);
+    free(t->scales);
+    free(t->zeros);
+    free(t->ref);
+}
+
+/* Whether a matmul at this level takes x as 8-bit blocks (the AVX2 decode path of Q4/Q8
+ * groups of whole 32-column blocks, up to 16 rows; kernels_avx2.c). */
+static int mm_x8(const env_t *e, const weight_t *w, int n)
+{
+    if (w->dtype == DTYPE_Q4X8) /* both SIMD levels, blocks of 32 */
+        return e->level >= CPU_SIMD_AVX2 && n <= 16;
+    return e->level == CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) &&
+           w->group % 32 == 0 && n <= 16;
+}
+
+/* x quantized as the 8-bit path does, written here from its definition: per block of xb
+ * columns (64 where the group allows, else 32) d = max|x| / 127 and
+ * x8 = round-to-even(x * (127 / max|x|)); xd = d * x8. half_step gets each element's
+ * bound max|x| / 254 (the caller weighs it with |w|). */
+static void mm_quantize_x(const float *x, int64_t cols, int xb, float *xd, float *half_step)
+{
+    for (int64_t b = 0; b < cols; b += xb) {
+        float amax = 0.0f;
+        for (int k = 0; k < xb; k++)
+            amax = fmaxf(amax, fabsf(x[b + k]));
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int k = 0; k < xb; k++) {
+            xd[b + k] = d * nearbyintf(x[b + k] * id);
+            half_step[b + k] = amax / 254.0f;
+        }
+    }
+}
+
+/* Checks y (n, rows) = x W^T against a double-precision reference: the error may be 1e-5
+ * of the sum of |w x| (a relative bound that stays meaningful under cancellation). */
+static void check_matmul(env_t *e, const tw_t *t, int n)
+{
+    int64_t rows = t->w.rows, cols = t->w.cols;
+    float *xh = malloc((size_t)(n * cols) * sizeof(float));
+    float *xd = malloc((size_t)(n * cols) * sizeof(float));
+    float *hs = malloc((size_t)(n * cols) * sizeof(float));
+    ck_assert_ptr_nonnull(xh);
+    ck_assert_ptr_nonnull(xd);
+    ck_assert_ptr_nonnull(hs);
+    fill(xh, (size_t)(n * cols), -1.0f, 1.0f);
+    int x8 = mm_x8(e, &t->w, n);
+    if (x8)
+        for (int i = 0; i < n; i++)
+            mm_quantize_x(xh + i * cols, cols,
+                          t->w.dtype != DTYPE_Q4X8 && t->w.group % 64 == 0 ? 64 : 32,
+                          xd + i * cols, hs + i * cols);
+    float *x = dev_copy(e, xh, (size_t)(n * cols));
+    float *y = e->o->buf_alloc(e->c, (size_t)(n * rows));
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(e->o->matmul(e->c, y, x, &t->w, n), 0);
+    float *yh = host_copy(e, y, (size_t)(n * rows));
+    for (int i = 0; i < n; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            double acc = 0.0, mag = 0.0, accq = 0.0, magq = 0.0, bound = 0.0;
+            for (int64_t k = 0; k < cols; k++) {
+                double wk = t->ref[r * cols + k];
+                double p = wk * xh[i * cols + k];
+                acc += p;
+                mag += fabs(p);
+                if (x8) {
+                    accq += wk * xd[i * cols + k];
+                    magq += fabs(wk * xd[i * cols + k]);
+                    bound += fabs(wk) * hs[i * cols + k];
+                }
+            }
+            double got = yh[i * rows + r];
+            /* The 8-bit path: exact against x as it quantizes it (f32 rounding aside), and
+             * within the stated bound of the exact result. */
+            EXPECT(!x8 || fabs(got - accq) <= 1e-5 * (magq + mag) + 1e-30,
+                   "matmul %s %s x8 thr %d: (%lld x %lld) n %d: y[%d][%lld] = %.9g, want %.9g",
+                   cpu_simd_name((cpu_simd_t)e->level), dtype_name(t->w.dtype), e->threads,
+                   (long long)rows, (long long)cols, n, i, (long long)r, got, accq);
+            double tol = x8 ? bound + 1e-5 * mag : 1e-5 * mag;
+            double err = fabs(got - acc);
+            EXPECT(err <= tol + 1e-30, "matmul %s %s thr %d: (%lld x %lld) n %d: y[%d][%lld] = "
+                   "%.9g, want %.9g (tolerance %.3g)", cpu_simd_name((cpu_simd_t)e->level),
+                   dtype_name(t->w.dtype), e->threads, (long long)rows, (long long)cols, n, i,
+                   (long long)r, got, acc, tol);
+        }
+    e->o->buf_free(e->c, x);
+    e->o->buf_free(e->c, y);
+    free(xh);
+    free(xd);
+    free(hs);
+    free(yh);
+}
+
+
+/* matmul: a outputs, b inputs, c rows (0: each count of mm_ns), d group. A Q4X8 case
+ * checks Q4 codes repacked by cpu_q4x8_repack, which every level reads (the scalar one
+ * through its generic path, which makes it the reference of the layout); the weights are
+ * read in place, unplaced, so the SIMD levels run their Q4 kernels on Q4 cases. */
+static void check_matmul_case(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    tw_t t;
+    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt, c->a, c->b, c->d);
+    uint8_t *packed = NULL;
+    if (c->dt == DTYPE_Q4X8) {
+        ck_assert(cpu_q4x8_eligible(&t.w));
+        packed = malloc(dtype_row_bytes(DTYPE_Q4, t.w.cols) * (size_t)t.w.rows);
+        ck_assert_ptr_nonnull(packed);
+        cpu_q4x8_repack(&t.w, packed);
+        t.w.data = packed;
+        t.w.dtype = DTYPE_Q4X8;
+    }
+    for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++)
+        check_matmul(&e, &t, c->c ? c->c : mm_ns[k]);
+    free(packed);
+    tw_free(&t);
+}
+
+/* The errors a matmul returns: a group that is odd for Q4 or does not divide the columns,
+ * missing scales, a negative row count, an unknown type; no rows at all is no error. */
+static void check_matmul_errors(bpair_t *p, const op_case_t *c)
+{
+    (void)c;
+    env_t e = env_ref(p);
+    tw_t t;
+    tw_make(&t, DTYPE_Q4, 4, 32, 16);
+    float *x = e.o->buf_alloc(e.c, 64), *y = e.o->buf_alloc(e.c, 64);
+    t.w.group = 5;
+    ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), RIVER_EFORMAT);
+    t.w.group = 16;
+    t.w.scales = NULL;
+    ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), RIVER_EFORMAT);
+    t.w.scales = t.scales;
+    ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, -1), RIVER_EINVAL);
+    ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 0), 0);
+    weight_t bad = t.w;
+    bad.dtype = DTYPE_COUNT;
+    ck_assert_int_eq(e.o->matmul(e.c, y, x, &bad, 1), RIVER_EDTYPE);
+    e.o->buf_free(e.c, x);
+    e.o->buf_free(e.c, y);
+    tw_free(&t);
+}
+
+/* embed: a vocab, b dim, d group; six tokens, exact rows, tokens out of range refused. */
+static void check_embed(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int64_t dim = c->b;
+    tw_t t;
+    tw_make(&t, c->dt, c->a, dim, c->d);
+    int32_t tokens[6] = {3, 0, (int32_t)c->a - 1, 3, 17, 25};
+    float *out = e.o->buf_alloc(e.c, (size_t)(6 * dim));
+    ck_assert_int_eq(e.o->embed(e.c, out, &t.w, tokens, 6), 0);
+    float *h = host_copy(&e, out, (size_t)(6 * dim));
+    for (int i = 0; i < 6; i++)
+        for (int64_t k = 0; k < dim; k++)
+            EXPECT(h[i * dim + k] == t.ref[tokens[i] * dim + k], "embed %s: row %d col %lld",
+                   dtype_name(c->dt), i, (long long)k);
+    int32_t bad[2] = {1, c->a};
+    ck_assert_int_eq(e.o->embed(e.c, out, &t.w, bad, 2), RIVER_ERANGE);
+    bad[1] = -1;
+    ck_assert_int_eq(e.o->embed(e.c, out, &t.w, bad, 2), RIVER_ERANGE);
+    free(h);
+    e.o->buf_free(e.c, out);
+    tw_free(&t);
+}
+
+/* rmsnorm: a rows, b width, the weight of type dt; in place too, and a weight of the wrong
+ * width refused. */
+static void check_rmsnorm(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int n = c->a, d = c->b;
+    tw_t t;
+    tw_make(&t, c->dt, 1, d, 0);
+    float *xh = malloc((size_t)n * d * sizeof(float));
+    fill(xh, (size_t)n * d, -3.0f, 3.0f);
+    float *x = dev_copy(&e, xh, (size_t)n * d);
+    float *out = e.o->buf_alloc(e.c, (size_t)n * d);
+    const float eps = 1e-5f;
+    ck_assert_int_eq(e.o->rmsnorm(e.c, out, x, &t.w, n, d, eps), 0);
+    float *h = host_copy(&e, out, (size_t)n * d);
+    ck_assert_int_eq(e.o->rmsnorm(e.c, x, x, &t.w, n, d, eps), 0);
+    float *h2 = host_copy(&e, x, (size_t)n * d);
+    for (int i = 0; i < n; i++) {
+        float ss = 0.0f;
+        for (int k = 0; k < d; k++)
+            ss += xh[i * d + k] * xh[i * d + k];
+        ss /= (float)d;
+        ss += eps;
+        ss = 1.0f / sqrtf(ss);
+        for (int k = 0; k < d; k++) {
+            float want = t.ref[k] * (ss * xh[i * d + k]);
+            EXPECT(fabsf(h[i * d + k] - want) <= 1e-5f * fabsf(want) + 1e-7f,
+                   "rmsnorm (%d, %d): [%d][%d] = %g, want %g", n, d, i, k, h[i * d + k], want);
+            EXPECT_TRUE(h2[i * d + k] == h[i * d + k]);
+        }
+    }
+    weight_t wrong = t.w;
+    wrong.cols = d + 1;
+    ck_assert_int_eq(e.o->rmsnorm(e.c, out, x, &wrong, n, d, eps), RIVER_ESHAPE);
+    free(xh);
+    free(h);
+    free(h2);
+    e.o->buf_free(e.c, x);
+    e.o->buf_free(e.c, out);
+    tw_free(&t);
+}
+
+/* add_bias then add: a rows, b width, the bias of type dt; both exact. A single row wider
+ * than 100k is a long flat add, which goes through the thread pool. */
+static void check_add_bias_add(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int n = c->a, d = c->b;
+    size_t ne = (size_t)n * d;
+    float *yh = malloc(ne * sizeof(float)), *xh = malloc(ne * sizeof(float));
+    fill(yh, ne, -2.0f, 2.0f);
+    fill(xh, ne, -2.0f, 2.0f);
+    float *y = dev_copy(&e, yh, ne), *x = dev_copy(&e, xh, ne);
+    float *h = NULL;
+    if (d <= 100000) {
+        tw_t t;
+        tw_make(&t, c->dt, 1, d, 0);
+        ck_assert_int_eq(e.o->add_bias(e.c, y, &t.w, n, d), 0);
+        h = host_copy(&e, y, ne);
+        for (size_t k = 0; k < ne; k++)
+            EXPECT_TRUE(h[k] == yh[k] + t.ref[k % (size_t)d]);
+        tw_free(&t);
+    } else {
+        h = host_copy(&e, y, ne);
+    }
+    ck_assert_int_eq(e.o->add(e.c, y, x, ne), 0);
+    float *h2 = host_copy(&e, y, ne);
+    for (size_t k = 0; k < ne; k++)
+        EXPECT_TRUE(h2[k] == h[k] + xh[k]);
+    ck_assert_int_eq(e.o->add(e.c, y, x, 0), 0);
+    free(yh);
+    free(xh);
+    free(h);
+    free(h2);
+    e.o->buf_free(e.c, y);
+    e.o->buf_free(e.c, x);
+}
+
+/* rope: a rows, b heads, c head_dim, d rot_dim, e layout, f attn_factor in hundredths;
+ * positions up to 9000, and rotary dims that are odd or above head_dim refused. */
+static void check_rope(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int n = c->a, H = c->b, hd = c->c, rot = c->d;
+    float inv_freq[64];
+    for (int f = 0; f < rot / 2; f++)
+        inv_freq[f] = 1.0f / powf(10000.0f, (float)(2 * f) / (float)rot);
+    rope_t rp = {.layout = (rope_layout_t)c->e, .head_dim = hd, .rot_dim = rot,
+                 .inv_freq = inv_freq, .attn_factor = (float)c->f / 100.0f};
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        pos[i] = i == 0 ? 0 : (int32_t)(test_rand_u32() % 9000);
+    size_t ne = (size_t)n * H * hd;
+    float *xh = malloc(ne * sizeof(float));
+    fill(xh, ne, -1.0f, 1.0f);
+    float *x = dev_copy(&e, xh, ne);
+    ck_assert_int_eq(e.o->rope(e.c, x, pos, n, H, &rp), 0);
+    float *h = host_copy(&e, x, ne);
+    for (int i = 0; i < n; i++)
+        for (int hh = 0; hh < H; hh++) {
+            float want[128];
+            const float *in = xh + ((size_t)i * H + hh) * hd;
+            memcpy(want, in, (size_t)hd * sizeof(float));
+            for (int f = 0; f < rot / 2; f++) {
+                float ang = (float)pos[i] * inv_freq[f];
+                float cs = cosf(ang) * rp.attn_factor, sn = sinf(ang) * rp.attn_factor;
+                int a = rp.layout == ROPE_INTERLEAVED ? 2 * f : f;
+                int b = rp.layout == ROPE_INTERLEAVED ? 2 * f + 1 : f + rot / 2;
+                want[a] = in[a] * cs - in[b] * sn;
+                want[b] = in[a] * sn + in[b] * cs;
+            }
+            for (int k = 0; k < hd; k++)
+                EXPECT(fabsf(h[((size_t)i * H + hh) * hd + k] - want[k]) <= 1e-6f,
+                       "rope %s row %d head %d elem %d", c->name, i, hh, k);
+        }
+    free(pos);
+    free(xh);
+    free(h);
+    e.o->buf_free(e.c, x);
+    float ones[4] = {1, 1, 1, 1};
+    rope_t bad = {.layout = ROPE_HALF, .head_dim = 8, .rot_dim = 10, .inv_freq = ones,
+                  .attn_factor = 1.0f};
+    float *y = e.o->buf_alloc(e.c, 8);
+    int32_t p0 = 0;
+    ck_assert_int_eq(e.o->rope(e.c, y, &p0, 1, 1, &bad), RIVER_EINVAL);
+    bad.rot_dim = 3;
+    ck_assert_int_eq(e.o->rope(e.c, y, &p0, 1, 1, &bad), RIVER_EINVAL);
+    e.o->buf_free(e.c, y);
+}
+
+/* swiglu: a rows, b width, c row stride (at least 2b: a fused gate_up row). */
+static void check_swiglu(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int n = c->a, d = c->b, stride = c->c;
+    size_t ni = (size_t)n * stride;
+    float *gh = malloc(ni * sizeof(float));
+    fill(gh, ni, -12.0f, 12.0f);
+    float *g = dev_copy(&e, gh, ni);
+    float *out = e.o->buf_alloc(e.c, (size_t)n * d);
+    const float *up = stride >= 2 * d ? g + d : g;
+    ck_assert_int_eq(e.o->swiglu(e.c, out, g, up, n, d, stride), 0);
+    float *h = host_copy(&e, out, (size_t)n * d);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < d; k++) {
+            float gv = gh[(size_t)i * stride + k];
+            float uv = gh[(size_t)i * stride + k + (stride >= 2 * d ? d : 0)];
+            float want = gv / (1.0f + expf(-gv)) * uv;
+            EXPECT(fabsf(h[(size_t)i * d + k] - want) <= 1e-5f * fabsf(want) + 1e-7f,
+                   "swiglu (%d, %d): [%d][%d] = %g, want %g", n, d, i, k,
+                   h[(size_t)i * d + k], want);
+        }
+    free(gh);
+    free(h);
+    e.o->buf_free(e.c, g);
+    e.o->buf_free(e.c, out);
+}
+
+/* cosine (row 1 parallel, row 3 zero), gather_rows and scatter_rows of rows n-1, 0, 2:
+ * a rows (at least 5), b width. */
+static void check_rows(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    int n = c->a, d = c->b;
+    size_t ne = (size_t)n * d;
+    float *ah = malloc(ne * sizeof(float)), *bh = malloc(ne * sizeof(float));
+    fill(ah, ne, -1.0f, 1.0f);
+    fill(bh, ne, -1.0f, 1.0f);
+    for (int k = 0; k < d; k++)
+        bh[d + k] = 2.0f * ah[d + k];
+    for (int k = 0; k < d; k++)
+        ah[3 * d + k] = 0.0f;
+    float *a = dev_copy(&e, ah, ne), *b = dev_copy(&e, bh, ne);
+    float *cs = malloc((size_t)n * sizeof *cs);
+    ck_assert_int_eq(e.o->cosine(e.c, cs, a, b, n, d), 0);
+    for (int i = 0; i < n; i++) {
+        double ab = 0, aa = 0, bb = 0;
+        for (int k = 0; k < d; k++) {
+            ab += (double)ah[i * d + k] * bh[i * d + k];
+            aa += (double)ah[i * d + k] * ah[i * d + k];
+            bb += (double)bh[i * d + k] * bh[i * d + k];
+        }
+        double want = aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 0.0;
+        ck_assert_msg(fabs(cs[i] - want) <= 1e-5, "cosine row %d: %g, want %g", i, cs[i], want);
+    }
+    ck_assert(fabsf(cs[1] - 1.0f) <= 1e-6f);
+    int32_t idx[3] = {n - 1, 0, 2};
+    float *g = e.o->buf_alloc(e.c, 3 * (size_t)d);
+    ck_assert_int_eq(e.o->gather_rows(e.c, g, a, idx, 3, d), 0);
+    float *gh = host_copy(&e, g, 3 * (size_t)d);
+    for (int i = 0; i < 3; i++)
+        ck_assert(memcmp(gh + i * d, ah + idx[i] * d, (size_t)d * sizeof(float)) == 0);
+    ck_assert_int_eq(e.o->scatter_rows(e.c, b, g, idx, 3, d), 0);
+    float *sh = host_copy(&e, b, ne);
+    for (int i = 0; i < n; i++) {
+        const float *want = (i == n - 1 || i == 0 || i == 2) ? ah + i * d : bh + i * d;
+        ck_assert(memcmp(sh + i * d, want, (size_t)d * sizeof(float)) == 0);
+    }
+    int32_t neg[1] = {-1};
+    ck_assert_int_eq(e.o->gather_rows(e.c, g, a, neg, 1, d), RIVER_ERANGE);
+    ck_assert_int_eq(e.o->sync(e.c), 0);
+    free(ah);
+    free(bh);
+    free(cs);
+    free(gh);
+    free(sh);
+    e.o->buf_free(e.c, a);
+    e.o->buf_free(e.c, b);
+    e.o->buf_free(e.c, g);
+}
+
+/* Buffers: a floats, 64-byte aligned, zero-filled, and a round trip through the last five
+ * (or all of them); freeing NULL is allowed. */
+static void check_buffers(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    size_t n = (size_t)c->a;
+    float *b = e.o->buf_alloc(e.c, n);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq((uintptr_t)b % 64, 0);
+    for (size_t k = 0; k < n; k++)
+        EXPECT_TRUE(b[k] == 0.0f);
+    float src[5] = {1, 2, 3, 4, 5}, dst[5];
+    size_t off = n >= 5 ? n - 5 : 0, m = n >= 5 ? 5 : n;
+    ck_assert_int_eq(e.o->from_host(e.c, b, off, src, m), 0);
+    ck_assert_int_eq(e.o->to_host(e.c, dst, b, off, m), 0);
+    ck_assert(memcmp(src, dst, m * sizeof(float)) == 0);
+    e.o->buf_free(e.c, b);
+    e.o->buf_free(e.c, NULL);
+}
+
+typedef struct attn_case {
+    int n_heads, n_kv, hd, page_size;
+    int n_seqs;
+    int lens[4];   /* final length of each sequence */
+    int in_batch[4]; /* how many of its last positions are rows of the tested batch */
+    int mask_every;  /* > 0: history positions p with p % mask_every == 1 are invalid slots */
+} attn_ref_t;
+
+/* Whether slot p of sequence s is valid in a case (rows of the batch always are). */
+static int slot_valid(const attn_ref_t *ac, int s, int p)
+{
+    if (ac->mask_every <= 0 || p >= ac->lens[s] - ac->in_batch[s])
+        return 1;
+    return p % ac->mask_every != 1;
+}
+
+/* Writes the case's history and batch with kv_write, runs attention over the batch, and
+ * returns the number of output floats. With res NULL it checks the output against a
+ * double-precision softmax and that out may alias q; otherwise *res gets the output (the
+ * caller frees it) for a comparison with another backend. Either way pages no sequence
+ * owns and layer 0 stay unwritten, and a page outside the pool is refused. */
+static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
+{
+    const int n_layers = 2, layer = 1;
+    int kv_dim = ac->n_kv * ac->hd, ps = ac->page_size;
+    int G = ac->n_heads / ac->n_kv;
+    int n_pages = 0;
+    for (int s = 0; s < ac->n_seqs; s++)
+        n_pages += (ac->lens[s] + ps - 1) / ps;
+    n_pages += 3; /* pages no sequence owns: they must stay untouched */
+    kv_view_t kv = { .page_stride = (int64_t)n_layers * ps * kv_dim,
+                     .layer_stride = (int64_t)ps * kv_dim, .page_size = ps, .kv_dim = kv_dim,
+                     .n_pages = n_pages };
+    size_t pool = (size_t)n_pages * kv.page_stride;
+    kv.k = e->o->buf_alloc(e->c, pool);
+    kv.v = e->o->buf_alloc(e->c, pool);
+    ck_assert(kv.k && kv.v);
+
+    /* Scattered page ids: a shuffled list handed out in order. */
+    int32_t *perm = malloc((size_t)n_pages * sizeof(int32_t));
+    for (int p = 0; p < n_pages; p++)
+        perm[p] = p;
+    for (int p = n_pages - 1; p > 0; p--) {
+        int q = (int)(test_rand_u32() % (uint32_t)(p + 1));
+        int32_t t = perm[p];
+        perm[p] = perm[q];
+        perm[q] = t;
+    }
+    int32_t *tables[4];
+    float *kref[4], *vref[4];
+    int next = 0;
+    for (int s = 0; s < ac->n_seqs; s++) {
+        int np = (ac->lens[s] + ps - 1) / ps;
+        tables[s] = malloc((size_t)np * sizeof(int32_t));
+        for (int p = 0; p < np; p++)
+            tables[s][p] = perm[next++];
+        kref[s] = malloc((size_t)ac->lens[s] * kv_dim * sizeof(float));
+        vref[s] = malloc((size_t)ac->lens[s] * kv_dim * sizeof(float));
+        fill(kref[s], (size_t)ac->lens[s] * kv_dim, -1.0f, 1.0f);
+        fill(vref[s], (size_t)ac->lens[s] * kv_dim, -1.0f, 1.0f);
+    }
+
+    /* The history of every sequence, written in one batch per sequence. */
+    for (int s = 0; s < ac->n_seqs; s++) {
+        int hist = ac->lens[s] - ac->in_batch[s];
+        if (hist == 0)
+            continue;
+        int32_t *pos = malloc((size_t)hist * sizeof(int32_t));
+        const int32_t **pt = malloc((size_t)hist * sizeof(*pt));
+        for (int i = 0; i < hist; i++) {
+            pos[i] = i;
+            pt[i] = tables[s];
+        }
+        attn_batch_t hb = { .n = hist, .pos = pos, .page_table = (const int32_t *const *)pt };
+        float *k = dev_copy(e, kref[s], (size_t)hist * kv_dim);
+        float *v = dev_copy(e, vref[s], (size_t)hist * kv_dim);
+        ck_assert_int_eq(e->o->kv_write(e->c, &kv, layer, &hb, k, v), 0);
+        e->o->buf_free(e->c, k);
+        e->o->buf_free(e->c, v);
+        /* Invalid slots hold NaN: reading one would poison the output. */
+        int n_bad = 0;
+        float *nan_rows = malloc((size_t)hist * kv_dim * sizeof(float));
+        for (int p = 0; p < hist; p++)
+            if (!slot_valid(ac, s, p))
+                pos[n_bad++] = p;
+        for (size_t z = 0; z < (size_t)hist * kv_dim; z++)
+            nan_rows[z] = NAN;
+        if (n_bad) {
+            hb.n = n_bad;
+            k = dev_copy(e, nan_rows, (size_t)n_bad * kv_dim);
+            ck_assert_int_eq(e->o->kv_write(e->c, &kv, layer, &hb, k, k), 0);
+            e->o->buf_free(e->c, k);
+        }
+        free(nan_rows);
+        free(pos);
+        free(pt);
+    }
+    /* The validity maps of the sequences: (n_layers, stride) bytes each. */
+    int vstride = 0;
+    for (int s = 0; s < ac->n_seqs; s++)
+        vstride = ac->lens[s] > vstride ? ac->lens[s] : vstride;
+    uint8_t *vmaps[4];
+    for (int s = 0; s < ac->n_seqs; s++) {
+        vmaps[s] = calloc((size_t)n_layers * vstride, 1);
+        for (int p = 0; p < ac->lens[s]; p++)
+            vmaps[s][layer * vstride + p] = (uint8_t)slot_valid(ac, s, p);
+    }
+
+    /* The batch: the last in_batch[s] positions of each sequence, interleaved. */
+    int n = 0;
+    int row_seq[64], row_pos[64];
+    for (int s = 0; s < ac->n_seqs; s++)
+        for (int j = 0; j < ac->in_batch[s]; j++) {
+            row_seq[n] = s;
+            row_pos[n] = ac->lens[s] - ac->in_batch[s] + j;
+            n++;
+        }
+    int32_t pos[64];
+    const int32_t *pt[64];
+    const uint8_t *valid[64];
+    float *kb = malloc((size_t)n * kv_dim * sizeof(float));
+    float *vb = malloc((size_t)n * kv_dim * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        pos[i] = row_pos[i];
+        pt[i] = tables[row_seq[i]];
+        valid[i] = vmaps[row_seq[i]];
+        memcpy(kb + (size_t)i * kv_dim, kref[row_seq[i]] + (size_t)row_pos[i] * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+        memcpy(vb + (size_t)i * kv_dim, vref[row_seq[i]] + (size_t)row_pos[i] * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+    }
+    attn_batch_t b = { .n = n, .pos = pos, .page_table = pt };
+    if (ac->mask_every > 0) {
+        b.kv_valid = valid;
+        b.kv_valid_stride = vstride;
+    }
+    float *k = dev_copy(e, kb, (size_t)n * kv_dim), *v = dev_copy(e, vb, (size_t)n * kv_dim);
+    ck_assert_int_eq(e->o->kv_write(e->c, &kv, layer, &b, k, v), 0);
+
+    size_t qn = (size_t)n * ac->n_heads * ac->hd;
+    float *qh = malloc(qn * sizeof(float));
+    fill(qh, qn, -1.0f, 1.0f);
+    float *q = dev_copy(e, qh, qn);
+    float *out = e->o->buf_alloc(e->c, qn);
+    float scale = 1.0f / sqrtf((float)ac->hd);
+    ck_assert_int_eq(e->o->attention(e->c, out, q, &kv, layer, &b, ac->n_heads, ac->n_kv,
+                                     ac->hd, scale), 0);
+    float *oh = host_copy(e, out, qn);
+    if (!res) {
+        /* In place: out may be q itself, with the same result. */
+        float *qo = dev_copy(e, qh, qn);
+        ck_assert_int_eq(e->o->attention(e->c, qo, qo, &kv, layer, &b, ac->n_heads, ac->n_kv,
+                                         ac->hd, scale), 0);
+        float *qoh = host_copy(e, qo, qn);
+        ck_assert(memcmp(qoh, oh, qn * sizeof(float)) == 0);
+        free(qoh);
+        e->o->buf_free(e->c, qo);
+
+        double *sc = malloc((size_t)(ac->lens[0] + 4096) * sizeof(double));
+        for (int i = 0; i < n; i++) {
+            int s = row_seq[i], len = row_pos[i] + 1;
+            for (int h = 0; h < ac->n_heads; h++) {
+                int kvh = h / G;
+                const float *qv = qh + ((size_t)i * ac->n_heads + h) * ac->hd;
+                double mx = -INFINITY, sum = 0.0;
+                for (int t = 0; t < len; t++) {
+                    if (!slot_valid(ac, s, t)) {
+                        sc[t] = -INFINITY;
+                        continue;
+                    }
+                    double d = 0.0;
+                    for (int j = 0; j < ac->hd; j++)
+                        d += (double)qv[j] * kref[s][(size_t)t * kv_dim + kvh * ac->hd + j];
+                    sc[t] = d * scale;
+                    mx = sc[t] > mx ? sc[t] : mx;
+                }
+                for (int t = 0; t < len; t++) {
+                    sc[t] = exp(sc[t] - mx);
+                    sum += sc[t];
+                }
+                for (int j = 0; j < ac->hd; j++) {
+                    double o = 0.0;
+                    for (int t = 0; t < len; t++)
+                        if (slot_valid(ac, s, t))
+                            o += sc[t] * vref[s][(size_t)t * kv_dim + kvh * ac->hd + j];
+                    o /= sum;
+                    float got = oh[((size_t)i * ac->n_heads + h) * ac->hd + j];
+                    EXPECT(fabs(got - o) <= 2e-5,
+                                  "attention %s thr %d (heads %d/%d, hd %d): row %d head %d "
+                                  "[%d] = %g, want %g", cpu_simd_name((cpu_simd_t)e->level),
+                                  e->threads, ac->n_heads, ac->n_kv, ac->hd, i, h, j, got, o);
+                }
+            }
+        }
+        free(sc);
+    }
+    /* Pages nobody owns, and layer 0 of every page, were never written. */
+    float *kh = host_copy(e, kv.k, pool);
+    for (int p = next; p < n_pages; p++)
+        for (int64_t z = 0; z < kv.page_stride; z++)
+            EXPECT_TRUE(kh[(size_t)perm[p] * kv.page_stride + z] == 0.0f);
+    for (int p = 0; p < n_pages; p++)
+        for (int64_t z = 0; z < kv.layer_stride; z++)
+            EXPECT_TRUE(kh[(size_t)p * kv.page_stride + z] == 0.0f);
+
+    /* A page id outside the pool is refused. */
+    int32_t bad_table[1] = { n_pages };
+    const int32_t *bpt[1] = { bad_table };
+    int32_t bpos[1] = { 0 };
+    attn_batch_t bb = { .n = 1, .pos = bpos, .page_table = bpt };
+    ck_assert_int_eq(e->o->kv_write(e->c, &kv, layer, &bb, k, v), RIVER_ERANGE);
+    ck_assert_int_eq(e->o->attention(e->c, out, q, &kv, layer, &bb, ac->n_heads, ac->n_kv,
+                                     ac->hd, scale), RIVER_ERANGE);
+
+    free(kh);
+    free(qh);
+    if (res)
+        *res = oh;
+    else
+        free(oh);
+    free(kb);
+    free(vb);
+    e->o->buf_free(e->c, q);
+    e->o->buf_free(e->c, out);
+    e->o->buf_free(e->c, k);
+    e->o->buf_free(e->c, v);
+    for (int s = 0; s < ac->n_seqs; s++) {
+        free(vmaps[s]);
+        free(tables[s]);
+        free(kref[s]);
+        free(vref[s]);
+    }
+    free(perm);
+    e->o->buf_free(e->c, kv.k);
+    e->o->buf_free(e->c, kv.v);
+    return qn;
+}
+
+static const attn_ref_t attn_refs[] = {
+    /* GQA 2, three sequences, two rows of one sequence in the batch (causal within it). */
+    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 0},
+    /* Plain multi-head attention, odd head size, a prefill-like batch. */
+    {3, 3, 20, 4, 2, {6, 11}, {6, 3}, 0},
+    /* GQA 2 with llama-sized heads. */
+    {8, 4, 64, 16, 3, {40, 1, 33}, {1, 1, 2}, 0},
+    /* GQA 4 and a long sequence: the decode chunking path with two threads. */
+    {8, 2, 64, 16, 1, {700}, {1}, 0},
+    /* One KV head, a long and a short sequence: chunks that are empty for one row. */
+    {2, 1, 32, 8, 2, {600, 5}, {1, 1}, 0},
+    /* Validity maps (masked early exit): every third history slot is NaN and skipped. */
+    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 3},
+    {8, 2, 64, 16, 2, {700, 30}, {1, 2}, 2},
+    /* Masked slots covering whole pages. */
+    {4, 4, 16, 1, 1, {9}, {2}, 2},
+    /* Prefill tiles (SIMD levels): 40 rows of one sequence after 110 positions of history,
+     * so three tiles (the last partial) over three K/V blocks, GQA 4. */
+    {8, 2, 64, 16, 1, {150}, {40}, 0},
+    /* Two sequences prefilled from position 0 (one of them entirely in the batch), an odd
+     * head size and page size, plus a decode row of a third. */
+    {6, 3, 20, 7, 3, {70, 33, 12}, {20, 33, 1}, 0},
+};
+
+/* Attention case attn_refs[a] against the double-precision softmax. */
+static void check_attention_case(bpair_t *p, const op_case_t *c)
+{
+    env_t e = env_ref(p);
+    run_attention_case(&e, &attn_refs[c->a], NULL);
+}
+
+/* Attention case attn_refs[a] on both backends of a pair, from the same random data. */
+static void run_attention_hist(bpair_t *p, const op_case_t *c)
+{
+    env_t er = env_of(p->ref, -1, 0), ex = env_of(p->x, p->level, 0);
+    float *r = NULL, *x = NULL;
+    test_rand_seed(TEST_RAND_SEED ^ (uint64_t)(c->a + 1));
+    size_t n = run_attention_case(&er, &attn_refs[c->a], &r);
+    test_rand_seed(TEST_RAND_SEED ^ (uint64_t)(c->a + 1));
+    ck_assert_uint_eq(run_attention_case(&ex, &attn_refs[c->a], &x), n);
+    check_host(p, r, x, n, c->tol, c->name);
+    free(r);
+    free(x);
+}
+
+
+/* A case of pairs 0-3 only; one with the reference check too (check, shape a-f); one on the
+ * GPU only. */
+#define CASE(name, run, dt, a, b, c, d, tol) {name, run, NULL, dt, a, b, c, d, 0, 0, tol, 0, NULL}
+#define RCASE(name, run, check, dt, a, b, c, d, e, f, tol)                                    \
+    {name, run, check, dt, a, b, c, d, e, f, tol, 0, NULL}
+#define GPU_CASE(name, run, dt, a, b, c, d, tol) {name, run, NULL, dt, a, b, c, d, 0, 0, tol, 1, NULL}
+#define GPU_CASE6(name, run, a, b, c, d, e, f, tol)                                           \
+    {name, run, NULL, DTYPE_F32, a, b, c, d, e, f, tol, 1, NULL}
+/* A matmul over mm_ns with its reference check: rows, cols, group; q4x8 is RIVER_Q4X8. */
+#define MM_CASE(name, dt, rows, cols, group, q4x8)                                            \
+    {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, q4x8}
 
 static const op_case_t cases[] = {
     /* matmul: every weight type; GEMV-sized and batched row counts, none a multiple of 8
@@ -628,32 +1605,257 @@ static const op_case_t cases[] = {
     CASE("router d 288 h 128", run_router, DTYPE_F32, 13, 288, 128, 0, 1e-5),
     CASE("router d 2048 h 128", run_router, DTYPE_F32, 9, 2048, 128, 0, 1e-5),
     CASE("router d 100 h 16", run_router, DTYPE_F32, 3, 100, 16, 0, 1e-5),
+    /* More real shapes on the CUDA backend's paths: batches of the
+     * element-wise kernel, odd groups, and short-and-wide weights that the CUDA backend
+     * splits along K, with a tail chunk (3000, 4104 and 4128 columns are no multiple of
+     * the split step), W4A16 wide loads with power-of-two and other groups. */
+    CASE("matmul bf16 (512, 2048) n 8", run_matmul, DTYPE_BF16, 512, 2048, 8, 0, 1e-4),
+    CASE("matmul q4 g32 (2048, 2048) n 3", run_matmul, DTYPE_Q4, 2048, 2048, 3, 32, 1e-4),
+    CASE("matmul f32 (37, 100) n 5", run_matmul, DTYPE_F32, 37, 100, 5, 0, 1e-4),
+    CASE("matmul q8 g12 (33, 96) n 11", run_matmul, DTYPE_Q8, 33, 96, 11, 12, 1e-4),
+    CASE("matmul bf16 (512, 8192) n 1", run_matmul, DTYPE_BF16, 512, 8192, 1, 0, 1e-4),
+    CASE("matmul f16 (100, 3000) n 7", run_matmul, DTYPE_F16, 100, 3000, 7, 0, 1e-4),
+    CASE("matmul f32 (64, 4104) n 3", run_matmul, DTYPE_F32, 64, 4104, 3, 0, 1e-4),
+    CASE("matmul q8 g64 (256, 4096) n 5", run_matmul, DTYPE_Q8, 256, 4096, 5, 64, 1e-4),
+    CASE("matmul q4 g128 (512, 8192) n 3", run_matmul, DTYPE_Q4, 512, 8192, 3, 128, 1e-4),
+    CASE("matmul q4 g32 (64, 4128) n 2", run_matmul, DTYPE_Q4, 64, 4128, 2, 32, 1e-4),
+    CASE("matmul q4 g96 (300, 2016) n 9", run_matmul, DTYPE_Q4, 300, 2016, 9, 96, 1e-4),
+    /* Every row count of mm_ns, with the double-precision reference on the reference
+     * pairs: 16-bit and f32 weights of odd sizes... */
+    MM_CASE("matmul f32 (1, 1)", DTYPE_F32, 1, 1, 0, NULL),
+    MM_CASE("matmul f32 (5, 3)", DTYPE_F32, 5, 3, 0, NULL),
+    MM_CASE("matmul f32 (17, 172)", DTYPE_F32, 17, 172, 0, NULL),
+    MM_CASE("matmul f32 (64, 64)", DTYPE_F32, 64, 64, 0, NULL),
+    MM_CASE("matmul f32 (37, 384)", DTYPE_F32, 37, 384, 0, NULL),
+    MM_CASE("matmul f32 (200, 384)", DTYPE_F32, 200, 384, 0, NULL),
+    MM_CASE("matmul f32 (100, 2051)", DTYPE_F32, 100, 2051, 0, NULL),
+    MM_CASE("matmul f16 (1, 1)", DTYPE_F16, 1, 1, 0, NULL),
+    MM_CASE("matmul f16 (5, 3)", DTYPE_F16, 5, 3, 0, NULL),
+    MM_CASE("matmul f16 (17, 172)", DTYPE_F16, 17, 172, 0, NULL),
+    MM_CASE("matmul f16 (64, 64)", DTYPE_F16, 64, 64, 0, NULL),
+    MM_CASE("matmul f16 (37, 384)", DTYPE_F16, 37, 384, 0, NULL),
+    MM_CASE("matmul f16 (200, 384)", DTYPE_F16, 200, 384, 0, NULL),
+    MM_CASE("matmul f16 (100, 2051)", DTYPE_F16, 100, 2051, 0, NULL),
+    MM_CASE("matmul bf16 (1, 1)", DTYPE_BF16, 1, 1, 0, NULL),
+    MM_CASE("matmul bf16 (5, 3)", DTYPE_BF16, 5, 3, 0, NULL),
+    MM_CASE("matmul bf16 (17, 172)", DTYPE_BF16, 17, 172, 0, NULL),
+    MM_CASE("matmul bf16 (64, 64)", DTYPE_BF16, 64, 64, 0, NULL),
+    MM_CASE("matmul bf16 (37, 384)", DTYPE_BF16, 37, 384, 0, NULL),
+    MM_CASE("matmul bf16 (200, 384)", DTYPE_BF16, 200, 384, 0, NULL),
+    MM_CASE("matmul bf16 (100, 2051)", DTYPE_BF16, 100, 2051, 0, NULL),
+    /* ...Q8 and Q4 with groups of 16/32/64/128 (the SIMD paths; whole 32-column blocks
+     * take the AVX2 level's 8-bit x, within its bound) and of 6, 10, 48, 96, 160 (the
+     * portable fallback)... */
+    MM_CASE("matmul q8 g16 (1, 16)", DTYPE_Q8, 1, 16, 16, NULL),
+    MM_CASE("matmul q8 g16 (7, 32)", DTYPE_Q8, 7, 32, 16, NULL),
+    MM_CASE("matmul q8 g32 (20, 64)", DTYPE_Q8, 20, 64, 32, NULL),
+    MM_CASE("matmul q8 g64 (37, 384)", DTYPE_Q8, 37, 384, 64, NULL),
+    MM_CASE("matmul q8 g128 (200, 384)", DTYPE_Q8, 200, 384, 128, NULL),
+    MM_CASE("matmul q8 g48 (13, 96)", DTYPE_Q8, 13, 96, 48, NULL),
+    MM_CASE("matmul q8 g6 (9, 60)", DTYPE_Q8, 9, 60, 6, NULL),
+    MM_CASE("matmul q8 g10 (5, 30)", DTYPE_Q8, 5, 30, 10, NULL),
+    MM_CASE("matmul q8 g32 (11, 640)", DTYPE_Q8, 11, 640, 32, NULL),
+    MM_CASE("matmul q8 g16 (5, 1024)", DTYPE_Q8, 5, 1024, 16, NULL),
+    MM_CASE("matmul q8 g96 (19, 288)", DTYPE_Q8, 19, 288, 96, NULL),
+    MM_CASE("matmul q8 g32 (23, 352)", DTYPE_Q8, 23, 352, 32, NULL),
+    MM_CASE("matmul q8 g64 (3, 2304)", DTYPE_Q8, 3, 2304, 64, NULL),
+    MM_CASE("matmul q8 g160 (9, 160)", DTYPE_Q8, 9, 160, 160, NULL),
+    MM_CASE("matmul q4 g16 (1, 16)", DTYPE_Q4, 1, 16, 16, NULL),
+    MM_CASE("matmul q4 g16 (7, 32)", DTYPE_Q4, 7, 32, 16, NULL),
+    MM_CASE("matmul q4 g32 (20, 64)", DTYPE_Q4, 20, 64, 32, NULL),
+    MM_CASE("matmul q4 g64 (37, 384)", DTYPE_Q4, 37, 384, 64, NULL),
+    MM_CASE("matmul q4 g128 (200, 384)", DTYPE_Q4, 200, 384, 128, NULL),
+    MM_CASE("matmul q4 g48 (13, 96)", DTYPE_Q4, 13, 96, 48, NULL),
+    MM_CASE("matmul q4 g6 (9, 60)", DTYPE_Q4, 9, 60, 6, NULL),
+    MM_CASE("matmul q4 g10 (5, 30)", DTYPE_Q4, 5, 30, 10, NULL),
+    MM_CASE("matmul q4 g32 (11, 640)", DTYPE_Q4, 11, 640, 32, NULL),
+    MM_CASE("matmul q4 g16 (5, 1024)", DTYPE_Q4, 5, 1024, 16, NULL),
+    MM_CASE("matmul q4 g96 (19, 288)", DTYPE_Q4, 19, 288, 96, NULL),
+    MM_CASE("matmul q4 g32 (23, 352)", DTYPE_Q4, 23, 352, 32, NULL),
+    MM_CASE("matmul q4 g64 (3, 2304)", DTYPE_Q4, 3, 2304, 64, NULL),
+    MM_CASE("matmul q4 g160 (9, 160)", DTYPE_Q4, 9, 160, 160, NULL),
+    /* ...Q4X8, the CPU's repacked Q4: the reference pairs read the repacked codes at every
+     * level; the other pairs place Q4 codes, which the SIMD levels repack (RIVER_Q4X8
+     * unset) or keep in the file's layout (RIVER_Q4X8=0)... */
+    MM_CASE("matmul q4x8 g32 (8, 256)", DTYPE_Q4X8, 8, 256, 32, NULL),
+    MM_CASE("matmul q4x8 g64 (37, 512)", DTYPE_Q4X8, 37, 512, 64, NULL),
+    MM_CASE("matmul q4x8 g128 (13, 768)", DTYPE_Q4X8, 13, 768, 128, NULL),
+    MM_CASE("matmul q4x8 g256 (9, 1024)", DTYPE_Q4X8, 9, 1024, 256, NULL),
+    MM_CASE("matmul q4x8 g512 (5, 2048)", DTYPE_Q4X8, 5, 2048, 512, NULL),
+    MM_CASE("matmul q4x8 g64 (19, 256)", DTYPE_Q4X8, 19, 256, 64, NULL),
+    MM_CASE("matmul q4x8 g32 (1, 512)", DTYPE_Q4X8, 1, 512, 32, NULL),
+    MM_CASE("matmul q4 g32 (8, 256) RIVER_Q4X8=0", DTYPE_Q4, 8, 256, 32, "0"),
+    MM_CASE("matmul q4 g64 (37, 512) RIVER_Q4X8=0", DTYPE_Q4, 37, 512, 64, "0"),
+    MM_CASE("matmul q4 g128 (13, 768) RIVER_Q4X8=0", DTYPE_Q4, 13, 768, 128, "0"),
+    /* ...and the errors a matmul returns (the CPU only: what it refuses is its own). */
+    RCASE("matmul errors", NULL, check_matmul_errors, DTYPE_Q4, 0, 0, 0, 0, 0, 0, 0),
+    /* embed: 50 rows of every type, exact; Q8/Q4 in groups of 8 and 16. */
+    RCASE("embed f32 50x1", run_embed, check_embed, DTYPE_F32, 50, 1, 6, 0, 0, 0, 0),
+    RCASE("embed f32 50x7", run_embed, check_embed, DTYPE_F32, 50, 7, 6, 0, 0, 0, 0),
+    RCASE("embed f32 50x64", run_embed, check_embed, DTYPE_F32, 50, 64, 6, 0, 0, 0, 0),
+    RCASE("embed f32 50x173", run_embed, check_embed, DTYPE_F32, 50, 173, 6, 0, 0, 0, 0),
+    RCASE("embed f16 50x1", run_embed, check_embed, DTYPE_F16, 50, 1, 6, 0, 0, 0, 0),
+    RCASE("embed f16 50x7", run_embed, check_embed, DTYPE_F16, 50, 7, 6, 0, 0, 0, 0),
+    RCASE("embed f16 50x64", run_embed, check_embed, DTYPE_F16, 50, 64, 6, 0, 0, 0, 0),
+    RCASE("embed f16 50x173", run_embed, check_embed, DTYPE_F16, 50, 173, 6, 0, 0, 0, 0),
+    RCASE("embed bf16 50x1", run_embed, check_embed, DTYPE_BF16, 50, 1, 6, 0, 0, 0, 0),
+    RCASE("embed bf16 50x7", run_embed, check_embed, DTYPE_BF16, 50, 7, 6, 0, 0, 0, 0),
+    RCASE("embed bf16 50x64", run_embed, check_embed, DTYPE_BF16, 50, 64, 6, 0, 0, 0, 0),
+    RCASE("embed bf16 50x173", run_embed, check_embed, DTYPE_BF16, 50, 173, 6, 0, 0, 0, 0),
+    RCASE("embed q8 g8 50x16", run_embed, check_embed, DTYPE_Q8, 50, 16, 6, 8, 0, 0, 0),
+    RCASE("embed q8 g16 50x32", run_embed, check_embed, DTYPE_Q8, 50, 32, 6, 16, 0, 0, 0),
+    RCASE("embed q8 g16 50x48", run_embed, check_embed, DTYPE_Q8, 50, 48, 6, 16, 0, 0, 0),
+    RCASE("embed q8 g16 50x96", run_embed, check_embed, DTYPE_Q8, 50, 96, 6, 16, 0, 0, 0),
+    RCASE("embed q4 g8 50x16", run_embed, check_embed, DTYPE_Q4, 50, 16, 6, 8, 0, 0, 0),
+    RCASE("embed q4 g16 50x32", run_embed, check_embed, DTYPE_Q4, 50, 32, 6, 16, 0, 0, 0),
+    RCASE("embed q4 g16 50x48", run_embed, check_embed, DTYPE_Q4, 50, 48, 6, 16, 0, 0, 0),
+    RCASE("embed q4 g16 50x96", run_embed, check_embed, DTYPE_Q4, 50, 96, 6, 16, 0, 0, 0),
+    GPU_CASE("embed f32 32000x2048", run_embed, DTYPE_F32, 32000, 2048, 5, 0, 0),
+    GPU_CASE("embed f16 32000x2048", run_embed, DTYPE_F16, 32000, 2048, 5, 0, 0),
+    GPU_CASE("embed q8 32000x2048", run_embed, DTYPE_Q8, 32000, 2048, 5, 0, 0),
+    /* rmsnorm (f32 and bf16 weights), then add_bias and add (f32, f16, bf16 biases), with
+     * the reference on the reference pairs; a flat add of 200003 through the pool. */
+    CASE("norm bf16 5x2048", run_norm_add, DTYPE_BF16, 5, 2048, 0, 0, 1e-5),
+    CASE("norm f16 5x2048", run_norm_add, DTYPE_F16, 5, 2048, 0, 0, 1e-5),
+    RCASE("rmsnorm f32 1x1", run_norm_add, check_rmsnorm, DTYPE_F32, 1, 1, 0, 0, 0, 0, 1e-5),
+    RCASE("rmsnorm f32 3x7", run_norm_add, check_rmsnorm, DTYPE_F32, 3, 7, 0, 0, 0, 0, 1e-5),
+    RCASE("rmsnorm f32 5x64", run_norm_add, check_rmsnorm, DTYPE_F32, 5, 64, 0, 0, 0, 0, 1e-5),
+    RCASE("rmsnorm f32 2x1000", run_norm_add, check_rmsnorm, DTYPE_F32, 2, 1000, 0, 0, 0, 0,
+          1e-5),
+    RCASE("rmsnorm f32 300x260", run_norm_add, check_rmsnorm, DTYPE_F32, 300, 260, 0, 0, 0, 0,
+          1e-5),
+    RCASE("rmsnorm bf16 1x1", run_norm_add, check_rmsnorm, DTYPE_BF16, 1, 1, 0, 0, 0, 0, 1e-5),
+    RCASE("rmsnorm bf16 3x7", run_norm_add, check_rmsnorm, DTYPE_BF16, 3, 7, 0, 0, 0, 0, 1e-5),
+    RCASE("rmsnorm bf16 5x64", run_norm_add, check_rmsnorm, DTYPE_BF16, 5, 64, 0, 0, 0, 0,
+          1e-5),
+    RCASE("rmsnorm bf16 2x1000", run_norm_add, check_rmsnorm, DTYPE_BF16, 2, 1000, 0, 0, 0, 0,
+          1e-5),
+    RCASE("rmsnorm bf16 300x260", run_norm_add, check_rmsnorm, DTYPE_BF16, 300, 260, 0, 0, 0,
+          0, 1e-5),
+    RCASE("add f32 1x1", run_norm_add, check_add_bias_add, DTYPE_F32, 1, 1, 0, 0, 0, 0, 1e-5),
+    RCASE("add f32 3x17", run_norm_add, check_add_bias_add, DTYPE_F32, 3, 17, 0, 0, 0, 0, 1e-5),
+    RCASE("add f32 4x64", run_norm_add, check_add_bias_add, DTYPE_F32, 4, 64, 0, 0, 0, 0, 1e-5),
+    RCASE("add f32 300x300", run_norm_add, check_add_bias_add, DTYPE_F32, 300, 300, 0, 0, 0, 0,
+          1e-5),
+    RCASE("add f16 1x1", run_norm_add, check_add_bias_add, DTYPE_F16, 1, 1, 0, 0, 0, 0, 1e-5),
+    RCASE("add f16 3x17", run_norm_add, check_add_bias_add, DTYPE_F16, 3, 17, 0, 0, 0, 0, 1e-5),
+    RCASE("add f16 4x64", run_norm_add, check_add_bias_add, DTYPE_F16, 4, 64, 0, 0, 0, 0, 1e-5),
+    RCASE("add f16 300x300", run_norm_add, check_add_bias_add, DTYPE_F16, 300, 300, 0, 0, 0, 0,
+          1e-5),
+    RCASE("add bf16 1x1", run_norm_add, check_add_bias_add, DTYPE_BF16, 1, 1, 0, 0, 0, 0, 1e-5),
+    RCASE("add bf16 3x17", run_norm_add, check_add_bias_add, DTYPE_BF16, 3, 17, 0, 0, 0, 0,
+          1e-5),
+    RCASE("add bf16 4x64", run_norm_add, check_add_bias_add, DTYPE_BF16, 4, 64, 0, 0, 0, 0,
+          1e-5),
+    RCASE("add bf16 300x300", run_norm_add, check_add_bias_add, DTYPE_BF16, 300, 300, 0, 0, 0,
+          0, 1e-5),
+    RCASE("add flat 200003", run_norm_add, check_add_bias_add, DTYPE_F32, 1, 200003, 0, 0, 0,
+          0, 1e-5),
+    /* rope: Llama 3.2 1B's 32 heads of 64 (full and half rotary), and with the reference:
+     * rows, heads, head_dim, rot_dim, layout, attn_factor in hundredths. */
+    CASE("rope hd 64 rot 32 heads 32", run_rope, DTYPE_F32, 4, 32, 64, 32, 1e-5),
+    CASE("rope hd 64 heads 32", run_rope, DTYPE_F32, 4, 32, 64, 64, 1e-5),
+    RCASE("rope interleaved hd 8", run_rope, check_rope, DTYPE_F32, 3, 8, 8, 8,
+          ROPE_INTERLEAVED, 100, 1e-5),
+    RCASE("rope half hd 8", run_rope, check_rope, DTYPE_F32, 3, 8, 8, 8, ROPE_HALF, 100, 1e-5),
+    RCASE("rope interleaved hd 64 rot 32", run_rope, check_rope, DTYPE_F32, 5, 3, 64, 32,
+          ROPE_INTERLEAVED, 100, 1e-5),
+    RCASE("rope half hd 96 rot 24 af 1.19", run_rope, check_rope, DTYPE_F32, 2, 4, 96, 24,
+          ROPE_HALF, 119, 1e-5),
+    RCASE("rope half hd 128 64 rows", run_rope, check_rope, DTYPE_F32, 64, 8, 128, 128,
+          ROPE_HALF, 100, 1e-5),
+    RCASE("rope interleaved hd 128 rot 64 af 0.9", run_rope, check_rope, DTYPE_F32, 64, 8, 128,
+          64, ROPE_INTERLEAVED, 90, 1e-5),
+    /* swiglu: rows, width, row stride (1: gate and up the same values; above 2 width: a
+     * padded fused row). */
+    CASE("swiglu 4x8192", run_swiglu, DTYPE_F32, 4, 8192, 0, 0, 1e-5),
+    RCASE("swiglu 1x1 stride 1", run_swiglu, check_swiglu, DTYPE_F32, 1, 1, 1, 0, 0, 0, 1e-5),
+    RCASE("swiglu 3x37", run_swiglu, check_swiglu, DTYPE_F32, 3, 37, 74, 0, 0, 0, 1e-5),
+    RCASE("swiglu 2x172 stride 200", run_swiglu, check_swiglu, DTYPE_F32, 2, 172, 200, 0, 0, 0,
+          1e-5),
+    RCASE("swiglu 70x1000", run_swiglu, check_swiglu, DTYPE_F32, 70, 1000, 2000, 0, 0, 0,
+          1e-5),
+    /* kv_write and attention as Llama 3.2 1B runs them: 32 heads of 64 over 8 KV heads,
+     * sequences of 150 and 40 positions. */
+    CASE("attention hd 64 gqa 4 ctx 150", run_attention, DTYPE_F32, 64, 8, 4, 150, 1e-4),
+    /* Attention alone: head_dim, query heads, KV heads, longest context, sequences, and
+     * whether every position is a row (a batched prompt) or each sequence's last one. */
+    RCASE("attention hd 128 32/8 heads ctx 1500 decode", run_attn_shape, NULL, DTYPE_F32, 128,
+          32, 8, 1500, 3, 0, 1e-4),
+    RCASE("attention hd 128 8/8 heads ctx 2048 decode", run_attn_shape, NULL, DTYPE_F32, 128, 8,
+          8, 2048, 5, 0, 1e-4),
+    RCASE("attention hd 96 32/4 heads ctx 1100 decode", run_attn_shape, NULL, DTYPE_F32, 96, 32,
+          4, 1100, 7, 0, 1e-4),
+    RCASE("attention hd 64 32/2 heads ctx 1030 decode", run_attn_shape, NULL, DTYPE_F32, 64, 32,
+          2, 1030, 1, 0, 1e-4),
+    RCASE("attention hd 128 16/2 heads ctx 77 prompt", run_attn_shape, NULL, DTYPE_F32, 128, 16,
+          2, 77, 3, 1, 1e-4),
+    GPU_CASE6("attention hd 96 12/12 heads ctx 1025 prompt", run_attn_shape, 96, 12, 12, 1025,
+              1, 1, 1e-4),
+    /* Attention over a written history with the double-precision softmax on the reference
+     * pairs: the cases of attn_refs (GQA, odd head sizes and pages, NaN in masked slots). */
+    RCASE("attention ref 0: gqa 2, 3 seqs", run_attention_hist, check_attention_case,
+          DTYPE_F32, 0, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 1: mha hd 20 prefill", run_attention_hist, check_attention_case,
+          DTYPE_F32, 1, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 2: gqa 2 hd 64", run_attention_hist, check_attention_case, DTYPE_F32,
+          2, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 3: gqa 4 ctx 700", run_attention_hist, check_attention_case,
+          DTYPE_F32, 3, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 4: 1 kv head, 600 and 5", run_attention_hist, check_attention_case,
+          DTYPE_F32, 4, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 5: masked every 3rd", run_attention_hist, check_attention_case,
+          DTYPE_F32, 5, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 6: masked, ctx 700", run_attention_hist, check_attention_case,
+          DTYPE_F32, 6, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 7: masked whole pages", run_attention_hist, check_attention_case,
+          DTYPE_F32, 7, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 8: prefill tiles", run_attention_hist, check_attention_case,
+          DTYPE_F32, 8, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 9: two prompts and a decode", run_attention_hist,
+          check_attention_case, DTYPE_F32, 9, 0, 0, 0, 0, 0, 1e-4),
+    /* cosine, gather, scatter: 6 rows of Llama 3.2 1B's width, and with the reference. */
+    CASE("rows 6x2048", run_rows, DTYPE_F32, 6, 2048, 0, 0, 0),
+    RCASE("rows 5x37", run_rows, check_rows, DTYPE_F32, 5, 37, 0, 0, 0, 0, 0),
+    /* buffers: zero-filled, round trips, 64-byte aligned on the CPU */
+    RCASE("buffers 1", run_buffers, check_buffers, DTYPE_F32, 1, 0, 0, 0, 0, 0, 0),
+    RCASE("buffers 3", run_buffers, check_buffers, DTYPE_F32, 3, 0, 0, 0, 0, 0, 0),
+    RCASE("buffers 1000", run_buffers, check_buffers, DTYPE_F32, 1000, 0, 0, 0, 0, 0, 0),
+    RCASE("buffers 1M", run_buffers, check_buffers, DTYPE_F32, 1 << 20, 0, 0, 0, 0, 0, 0),
+    RCASE("buffers 3000001", run_buffers, check_buffers, DTYPE_F32, 3000001, 0, 0, 0, 0, 0, 0),
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
 /* The least tolerance of case c on SIMD pair p: the levels sum in other orders than the
  * scalar one, and against Q4/Q8 weights they may take x as 8-bit blocks (the AVX2 decode
- * path; its bound is tests/test_ops.c's), which stays under 2e-2 relative here. */
+ * path and the Q4X8 kernels; check_matmul holds them to its bound), which stays under 2e-2
+ * relative here. */
 static double simd_floor(const bpair_t *p, const op_case_t *c)
 {
     if (p->level >= 0 && c->run == run_matmul &&
-        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8))
+        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8))
         return 2e-2;
     return 1e-4;
 }
 
-/* Case _i on every backend pair there is (the real model shapes on the GPU only). */
+/* Case _i on every backend pair there is (the real model shapes on the GPU only): its run
+ * on pairs 0-3, its check on the reference pairs. A case's RIVER_Q4X8 is set before any
+ * weight is placed: the CPU backend reads it once per process, and Check runs each case in
+ * a child process of its own. */
 START_TEST(test_op_case)
 {
     const op_case_t *c = &cases[_i];
+    if (c->q4x8)
+        setenv("RIVER_Q4X8", c->q4x8, 1);
     for (int k = 0; k < N_PAIRS; k++) {
         bpair_t p;
-        if ((c->gpu_only && k != 1) || !bpair_open(&p, k))
+        void (*fn)(bpair_t *, const op_case_t *) = k >= FIRST_REF_PAIR ? c->check : c->run;
+        if (!fn || (c->gpu_only && k != 1) || !bpair_open(&p, k))
             continue;
-        if (p.level >= 0)
+        if (p.ref && p.level >= 0)
             p.floor = simd_floor(&p, c);
         test_rand_seed(TEST_RAND_SEED + (uint64_t)_i);
-        c->run(&p, c);
+        fn(&p, c);
         bpair_close(&p);
     }
 }
@@ -665,7 +1867,7 @@ START_TEST(test_backends_present)
     bpair_t p;
     ck_assert(bpair_open(&p, 0));
     bpair_close(&p);
-    for (int k = 2; k < N_PAIRS; k++) {
+    for (int k = 2; k < FIRST_REF_PAIR; k++) {
         if (bpair_open(&p, k))
             bpair_close(&p);
         else
@@ -689,7 +1891,7 @@ static Suite *backend_ops_suite(void)
 {
     Suite *s = suite_create("backend_ops");
     TCase *tc = tcase_create("ops");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_backends_present);
     tcase_add_loop_test(tc, test_op_case, 0, N_CASES);
     suite_add_tcase(s, tc);
