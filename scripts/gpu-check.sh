@@ -7,10 +7,11 @@
 # finds the machine's own cuBLAS, cuBLASLt and NCCL, and runs the steps below, each with a
 # time limit and a log of its own:
 #
-#   ops        tests/test_cuda_ops: every op on the GPU against the CPU backend, incl. the
-#              stories260K goldens end to end on the GPU
-#   backend_ops tests/test_backend_ops: the op case list, CPU reference against the opaque
-#              and the CUDA backend
+#   ops        tests/test_cuda_ops: what is the CUDA backend's own (upload slots, the error
+#              for a missing device, the stories260K goldens end to end with graphs)
+#   backend_ops tests/test_backend_ops: the one op case list, the CPU backend against the
+#              opaque one, its own SIMD levels and the CUDA backend, and each case's
+#              double-precision reference
 #   backend    the backend suite (test_backend) with RIVER_TEST_DEVICE=cuda
 #   golden exit generate router worker split
 #              the engine suites with RIVER_TEST_DEVICE=cuda (the same list as
@@ -231,7 +232,9 @@ run_step() {
         ;;
     backend_ops | backend | golden | exit | generate | router | worker | split)
         if [ -x "$B/tests/test_$1" ]; then
-            step "$1" 150 env RIVER_TEST_DEVICE=cuda "$B/tests/test_$1"
+            # The op case list also runs the CPU's reference pairs: it takes longest.
+            lim=150; [ "$1" = backend_ops ] && lim=300
+            step "$1" "$lim" env RIVER_TEST_DEVICE=cuda "$B/tests/test_$1"
             grep -E '^[0-9]+%: Checks' "$LOGS/$1.log" >>"$SUMMARY"
         else
             skip "$1" "test_$1 is not in the bundle"

@@ -1,5 +1,5 @@
 /* The CUDA backend: the ops of kernels/ops.h on one NVIDIA GPU, with the CPU backend as the
- * reference it must agree with (tests/test_cuda_ops.c checks every op against it).
+ * reference it must agree with (tests/test_backend_ops.c runs every op case on both).
  *
  * Notes on the ops as implemented here:
  * - Activations are f32 in device memory (parity with the CPU first; bf16 activations may
