@@ -194,8 +194,8 @@ step() {
     LD_LIBRARY_PATH=$LIBPATH timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     rc=$?
     t1=$(date +%s)
-    if [ "$rc" -eq 0 ] && grep -q '^no CUDA device' "$LOGS/$name.log"; then
-        say "FAIL  $name (skipped its GPU work: $(grep -m 1 '^no CUDA device' "$LOGS/$name.log"))"
+    if [ "$rc" -eq 0 ] && grep -q '^SKIP (no-gpu\|no-cuda)' "$LOGS/$name.log"; then
+        say "FAIL  $name (skipped its GPU work: $(grep -m 1 '^SKIP (no-' "$LOGS/$name.log"))"
         failed="$failed $name"
         return 1
     fi

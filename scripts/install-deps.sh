@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs the Debian packages River builds with, when any is missing. Runs apt-get as root
+# Installs the Debian packages River builds and tests with, when any is missing. Runs apt-get as root
 # without prompting; prints nothing with --quiet when everything is already there.
 set -eu
 PKGS="build-essential pkg-config check libjansson-dev libpcre2-dev libutf8proc-dev \
@@ -15,6 +15,19 @@ for a in "$@"; do
     --fuzz) PKGS="$PKGS clang libclang-rt-14-dev" ;;
     esac
 done
+# Node.js and npm run the outside clients of the test suites (the official `openai` package,
+# node-llama-cpp), which npm installs at test time (scripts/node-env.sh fetches a newer
+# Node.js from npm where a package needs one). Debian's nodejs and npm come in only when
+# there is no node at all: a machine with its own Node.js (NodeSource's, say, which brings
+# its own npm) keeps it, and a nodejs package that is installed but not on PATH is left as
+# it is rather than replaced.
+if ! command -v node >/dev/null 2>&1; then
+    if dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q "install ok installed"; then
+        [ -n "$quiet" ] || echo "install-deps: nodejs is installed but node is not on PATH"
+    else
+        PKGS="$PKGS nodejs npm"
+    fi
+fi
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -4,28 +4,25 @@
 # riverd, a worker on the bundled TinyStories model and the gateway (CurveZMQ keys, ipc://
 # sockets and a free port, in a temporary directory), runs the client, stops them all.
 # Prints the client's check lines and a Check-style summary for scripts/run-tests.sh. When
-# node or npm is missing or the registry cannot be reached, it says so in one line and
-# counts no check.
+# node or npm is missing or the registry cannot be reached, it says so in one SKIP line and
+# counts no check (scripts/node-env.sh; `make test` lists the skip, and CI=true fails on it).
+# It runs on a Node.js that the installed openai's engines field accepts (node-env.sh).
 set -u
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
 bin=$build/bin
 npm_dir=$(pwd)/$build/npm
 skip() {
-    echo "openai client: SKIPPED: $1"
+    echo "SKIP (missing): openai client: $1"
     echo "100%: Checks: 0, Failures: 0, Errors: 0"
     exit 0
 }
-command -v node >/dev/null 2>&1 || skip "node is not installed"
-command -v npm >/dev/null 2>&1 || skip "npm is not installed"
-if [ ! -f "$npm_dir/node_modules/openai/package.json" ]; then
-    mkdir -p "$npm_dir"
-    timeout 300 npm install --prefix "$npm_dir" --no-audit --no-fund --silent openai \
-        >"$npm_dir/install.log" 2>&1 ||
-        skip "npm install openai failed (no registry?); see $npm_dir/install.log"
-fi
+. scripts/node-env.sh
+node_env_init "$npm_dir"
+node_env_install openai openai
+node_env_select openai
 echo "openai client: openai $(sed -n 's/^  "version": "\(.*\)",$/\1/p' \
-    "$npm_dir/node_modules/openai/package.json")"
+    "$npm_dir/node_modules/openai/package.json") on Node.js $("$NODE" -p process.versions.node)"
 
 tmp=$(mktemp -d /tmp/river-openai.XXXXXX)
 pids=""
@@ -105,4 +102,4 @@ until curl -sf -o /dev/null -H "Authorization: Bearer $key" \
     sleep 0.1
 done
 RIVER_NPM_DIR=$npm_dir RIVER_GATEWAY_URL="http://127.0.0.1:$port/v1" RIVER_API_KEY=$key \
-    node tests/openai/client.mjs
+    "$NODE" tests/openai/client.mjs

@@ -1871,17 +1871,18 @@ START_TEST(test_backends_present)
         if (bpair_open(&p, k))
             bpair_close(&p);
         else
-            printf("no %s on this processor: its column of the op tests is skipped\n",
-                   cpu_simd_name((cpu_simd_t)bpair_level(k)));
+            TEST_SKIP(TEST_SKIP_NO_SIMD,
+                      "no %s on this processor: its column of the op tests is skipped",
+                      cpu_simd_name((cpu_simd_t)bpair_level(k)));
     }
     if (bpair_open(&p, 1)) {
         printf("op tests run on: opaque, cuda (%d cases)\n", N_CASES);
         bpair_close(&p);
     } else {
 #ifdef RIVER_CUDA
-        printf("%s (no GPU)\n", CUDA_SKIP_LINE);
+        TEST_SKIP(TEST_SKIP_NO_GPU, "%s (no GPU)", CUDA_SKIP_LINE);
 #else
-        printf("%s (built without the CUDA backend)\n", CUDA_SKIP_LINE);
+        TEST_SKIP(TEST_SKIP_NO_CUDA, "%s (built without the CUDA backend)", CUDA_SKIP_LINE);
 #endif
     }
 }

@@ -34,7 +34,7 @@
 
 START_TEST(test_skipped)
 {
-    printf("%s (built without the CUDA backend)\n", SKIP_LINE);
+    TEST_SKIP(TEST_SKIP_NO_CUDA, "%s (built without the CUDA backend)", SKIP_LINE);
 }
 END_TEST
 
@@ -53,7 +53,7 @@ static Suite *cuda_ops_suite(void)
 #define NEED_GPU()                                                                           \
     do {                                                                                     \
         if (cuda_device_count() <= 0) {                                                      \
-            printf("%s\n", SKIP_LINE);                                                       \
+            TEST_SKIP(TEST_SKIP_NO_GPU, "%s (no GPU)", SKIP_LINE);                            \
             return;                                                                          \
         }                                                                                    \
     } while (0)

@@ -5,6 +5,7 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "model/model.h"
@@ -24,6 +25,24 @@
         srunner_free(sr);                                              \
         return failed == 0 ? 0 : 1;                                    \
     }
+
+/* A suite, or a column of one, that cannot run here says so in one line that
+ * scripts/run-tests.sh collects into the list that ends `make test`:
+ *     SKIP (<reason>): <what is missing, and what was found>
+ * Under CI=true a skip fails the run unless its reason is one of the three a machine may
+ * lack without the suite being broken: no GPU, no CUDA toolkit (or CUDA=0), and a SIMD level
+ * the processor lacks. Any other reason is TEST_SKIP_MISSING, which CI does not accept. */
+#define TEST_SKIP_NO_GPU "no-gpu"
+#define TEST_SKIP_NO_CUDA "no-cuda"
+#define TEST_SKIP_NO_SIMD "no-simd"
+#define TEST_SKIP_MISSING "missing"
+#define TEST_SKIP(reason, ...)                                                               \
+    do {                                                                                     \
+        printf("SKIP (%s): ", reason);                                                       \
+        printf(__VA_ARGS__);                                                                 \
+        printf("\n");                                                                        \
+        fflush(stdout);                                                                      \
+    } while (0)
 
 /* A reproducible xorshift stream for test data, one per test binary, starting from a fixed
  * seed; test_rand_seed restarts it (a case that wants the same data on every backend). */

@@ -1,0 +1,71 @@
+# Sourced by the suites and benchmarks that run an outside program from npm (the official
+# `openai` client, node-llama-cpp). They install their packages under $BUILD/npm at test
+# time, never vendored, and run them with a Node.js that the package's own `engines` field
+# accepts: the machine's `node` when it is new enough, else a Node.js binary of the major
+# version asked for from npm's node-linux-<arch> package, installed beside the packages. So
+# no suite depends on which Node.js a machine happened to have; Debian 12's is 18.
+#
+# The caller defines skip(WHY), which prints "SKIP (missing): WHY" (scripts/run-tests.sh)
+# and exits. npm itself runs on the machine's node, so a machine without node or npm skips.
+#
+#   node_env_init NPM_DIR          checks for node and npm
+#   node_env_install NAME SPEC     installs SPEC (e.g. openai, node-llama-cpp@3) under NPM_DIR
+#                                  unless NAME is there
+#   node_env_select NAME           sets NODE to a node that NAME's engines.node accepts
+
+node_env_init() {
+    NPM_DIR=$1
+    command -v node >/dev/null 2>&1 ||
+        skip "node is not installed (scripts/install-deps.sh installs Debian's nodejs and npm)"
+    command -v npm >/dev/null 2>&1 ||
+        skip "npm is not installed, node $(node -p process.versions.node 2>/dev/null) is"
+    mkdir -p "$NPM_DIR"
+}
+
+node_env_install() {
+    [ -f "$NPM_DIR/node_modules/$1/package.json" ] && return 0
+    timeout 600 npm install --prefix "$NPM_DIR" --no-audit --no-fund --silent "$2" \
+        >"$NPM_DIR/install-$1.log" 2>&1 ||
+        skip "npm install $2 failed (no registry?); see $NPM_DIR/install-$1.log"
+}
+
+# The lowest version an engines range admits, as x.y.z: the first version it names, which
+# for the ranges packages write (">=20.0.0", "^18.17.0 || >=20.5.0") is the minimum.
+node_env__min_version() {
+    node -e 'const e = (require(process.argv[1]).engines || {}).node || "";
+const m = e.match(/(\d+)(?:\.(\d+))?(?:\.(\d+))?/);
+console.log(m ? [m[1], m[2] || 0, m[3] || 0].join(".") : "0.0.0");' "$1"
+}
+
+# True when version $1 >= version $2.
+node_env__ge() {
+    [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]
+}
+
+node_env_select() {
+    need=$(node_env__min_version "$NPM_DIR/node_modules/$1/package.json") ||
+        skip "cannot read the engines field of $1's package.json"
+    have=$(node -p process.versions.node)
+    if node_env__ge "$have" "$need"; then
+        NODE=$(command -v node)
+        return 0
+    fi
+    case $(uname -m) in
+    x86_64) arch=x64 ;;
+    aarch64) arch=arm64 ;;
+    *) skip "$1 needs Node.js $need or newer, node $have is installed, and npm has no Node.js for $(uname -m)" ;;
+    esac
+    major=${need%%.*}
+    dir=$NPM_DIR/node-$major
+    NODE=$dir/node_modules/node-linux-$arch/bin/node
+    if [ ! -x "$NODE" ]; then
+        timeout 600 npm install --prefix "$dir" --no-audit --no-fund --silent \
+            "node-linux-$arch@$major" >"$NPM_DIR/install-node-$major.log" 2>&1 ||
+            skip "$1 needs Node.js $need or newer, node $have is installed, and npm install node-linux-$arch@$major failed; see $NPM_DIR/install-node-$major.log"
+    fi
+    got=$("$NODE" -p process.versions.node 2>/dev/null) ||
+        skip "$1 needs Node.js $need or newer, node $have is installed, and $NODE does not run"
+    node_env__ge "$got" "$need" ||
+        skip "$1 needs Node.js $need or newer, node $have is installed, and npm's node-linux-$arch@$major is $got"
+    echo "node: $1 needs Node.js $need or newer; node $have is installed, so running Node.js $got from npm (node-linux-$arch)"
+}
