@@ -113,7 +113,7 @@ GATEWAY_BIN := $(if $(GATEWAY_SRC),$(BUILD)/bin/river-gateway)
 GATEWAY_LIBS := $(shell pkg-config --libs nettle 2>/dev/null)
 GATEWAY_FUZZ_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/openai.o $(BUILD)/gateway/errors.o)
 SERVE_BINS  += $(GATEWAY_BIN)
-TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh
+TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh scripts/test-run-tests.sh
 # The rules below come before `all`, which stays the default goal.
 .DEFAULT_GOAL := all
 $(GATEWAY_OBJ): | $(PROTO_GEN_H)
