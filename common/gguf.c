@@ -109,6 +109,7 @@ static size_t cur_left(const cur_t *c)
 /* Reads an n-byte little-endian integer; what names the field for the message. */
 static int cur_u(cur_t *c, int n, uint64_t *v, const char *what)
 {
+    *v = 0;
     if (cur_left(c) < (size_t)n)
         return river_err_set(RIVER_ETRUNC, "%s: truncated in %s at byte %zu (%d bytes needed, "
                              "%zu left)", c->g->path, what, c->pos, n, cur_left(c));
@@ -171,7 +172,7 @@ static int kv_parse_value(cur_t *c, gguf_kv_t *kv)
     gguf_t *g = (gguf_t *)c->g;
     char what[200];
     snprintf(what, sizeof what, "the value of key '%.120s'", kv->key);
-    uint64_t t;
+    uint64_t t = 0;
     int e = cur_u(c, 4, &t, what);
     if (e)
         return e;
@@ -193,7 +194,7 @@ static int kv_parse_value(cur_t *c, gguf_kv_t *kv)
         c->pos += gguf_type_bytes[t];
         return 0;
     }
-    uint64_t et, n;
+    uint64_t et = 0, n = 0;
     if ((e = cur_u(c, 4, &et, what)) || (e = cur_u(c, 8, &n, what)))
         return e;
     if (et >= GGUF_TYPE_COUNT)
@@ -271,7 +272,7 @@ static int parse_tensor(cur_t *c, uint64_t i, gguf_tensor_t *t)
     char what[200];
     snprintf(what, sizeof what, "the name of tensor %llu", (unsigned long long)i);
     const unsigned char *p;
-    uint64_t len, v;
+    uint64_t len = 0, v = 0;
     int e = cur_str(c, &p, &len, what);
     if (e)
         return e;
@@ -325,7 +326,7 @@ static int parse_tensor(cur_t *c, uint64_t i, gguf_tensor_t *t)
 static int parse(gguf_t *g)
 {
     cur_t c = {.g = g};
-    uint64_t v, n_tensors, n_kv;
+    uint64_t v = 0, n_tensors = 0, n_kv = 0;
     int e;
     if (g->size < 4 || memcmp(g->base, GGUF_MAGIC, 4) != 0)
         return g->size < 4 ? river_err_set(RIVER_ETRUNC, "%s: truncated: %zu bytes, shorter "
