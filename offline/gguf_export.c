@@ -399,7 +399,9 @@ static json_t *load_tok_config(const char *tok_path)
     const char *slash = strrchr(tok_path, '/');
     int dl = slash ? (int)(slash - tok_path) : 1;
     snprintf(p, sizeof p, "%.*s/tokenizer_config.json", dl, slash ? tok_path : ".");
-    return json_load_file(p, 0, NULL);
+    /* model_max_length is often 1e30 written as an integer, which jansson's integers cannot
+     * hold: read numbers as reals (nothing here reads an integer from this file). */
+    return json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL);
 }
 
 /* The chat template: tokenizer_config.json's chat_template (a string, or the "default" of a

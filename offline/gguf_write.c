@@ -161,6 +161,18 @@ int gguf_writer_set_str(gguf_writer_t *w, const char *key, const char *s)
 
 static const size_t elem_bytes[GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
+int gguf_writer_set_scalar(gguf_writer_t *w, const char *key, gguf_type_t type, const void *v)
+{
+    if ((unsigned)type >= GGUF_TYPE_COUNT || !elem_bytes[type])
+        return river_err_set(RIVER_EINVAL, "gguf writer: key '%s': %s is no fixed-size scalar",
+                             key, gguf_type_name(type));
+    size_t mark;
+    int e = begin_kv(w, key, type, &mark);
+    if (e)
+        return e;
+    return end_kv(w, key, mark, put(w, v, elem_bytes[type]));
+}
+
 int gguf_writer_set_arr(gguf_writer_t *w, const char *key, gguf_type_t elem_type,
                         const void *elems, uint64_t n)
 {

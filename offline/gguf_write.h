@@ -25,6 +25,8 @@ int gguf_writer_set_i32(gguf_writer_t *w, const char *key, int32_t v);
 int gguf_writer_set_f32(gguf_writer_t *w, const char *key, float v);
 int gguf_writer_set_bool(gguf_writer_t *w, const char *key, int v);
 int gguf_writer_set_str(gguf_writer_t *w, const char *key, const char *s);
+/* A scalar of any fixed-size type (not string, not array) from its host bytes at v. */
+int gguf_writer_set_scalar(gguf_writer_t *w, const char *key, gguf_type_t type, const void *v);
 int gguf_writer_set_strn(gguf_writer_t *w, const char *key, const char *s, size_t len);
 /* An array of n fixed-size elements of elem_type (not string, not array), copied. */
 int gguf_writer_set_arr(gguf_writer_t *w, const char *key, gguf_type_t elem_type,
