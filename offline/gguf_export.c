@@ -40,20 +40,21 @@ static int more_bits(int l, int n)
     return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
 }
 
-/* The K types need rows of 256; llama.cpp's fallbacks otherwise. */
+/* The K types need rows of 256, the others of 32: llama.cpp's fallbacks otherwise, and F16
+ * for a row that takes no block at all. */
 static int fit_type(int type, int64_t cols)
 {
     if (cols % ggml_type_block(type) == 0)
         return type;
     switch (type) {
     case GGML_TYPE_Q4_K:
-        return GGML_TYPE_Q5_0;
+        return fit_type(GGML_TYPE_Q5_0, cols);
     case GGML_TYPE_Q5_K:
-        return GGML_TYPE_Q5_1;
+        return fit_type(GGML_TYPE_Q5_1, cols);
     case GGML_TYPE_Q6_K:
-        return GGML_TYPE_Q8_0;
+        return fit_type(GGML_TYPE_Q8_0, cols);
     default:
-        return cols % 32 == 0 ? type : GGML_TYPE_F16;
+        return GGML_TYPE_F16;
     }
 }
 
