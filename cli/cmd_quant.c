@@ -168,6 +168,12 @@ int cmd_quant(int argc, char **argv)
     if (err)
         return cli_fail("quant", err);
     int rc = 1;
+    /* A quantized backbone (a GGUF of Q8_0, Q4_K, ...) is built from as floats; the river
+     * keeps the fingerprint of the model as loaded. */
+    if ((m->cfg.dtype == DTYPE_Q4 || m->cfg.dtype == DTYPE_Q8) && (err = model_dequantize(m))) {
+        cli_fail("quant", err);
+        goto done;
+    }
     if (start >= 0)
         o.start_layer = (int)start;
     /* A one-layer model has no layer after the first; its river can only start at 0. */

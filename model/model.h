@@ -124,6 +124,13 @@ int model_place(model_t *m, backend_t *be);
  * mapped them; an op given one on a device backend fails (the opaque backend says which). */
 int model_place_layers(model_t *m, backend_t *be, int begin, int end, int ends);
 
+/* Replaces every Q4/Q8 matrix with an f32 copy (value = (q - zero) * scale), after keeping
+ * the fingerprint of the weights as loaded, so what is built from the copy (a river) still
+ * names the model as it is served. For the offline tools whose math reads floats. Before
+ * model_place only (RIVER_ESTATE after). On failure some matrices may be copies already:
+ * destroy the model. */
+int model_dequantize(model_t *m);
+
 /* Sets the RMSNorm epsilon (for llama2.c files, whose format does not record it). */
 void model_set_norm_eps(model_t *m, float eps);
 
