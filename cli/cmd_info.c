@@ -132,7 +132,8 @@ static int info_json(const model_t *m)
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:b, s:o, s:o, s:i, "
         "s:o, s:I, s:I}",
-        "path", m->path, "format", m->is_llama2c ? "llama2c" : m->is_gguf ? "gguf" : "safetensors", "architecture",
+        "path", m->path, "format",
+        m->is_llama2c ? "llama2c" : m->is_gguf ? "gguf" : "safetensors", "architecture",
         arch_name(c->arch), "layers", c->n_layers, "dim", c->dim, "heads", c->n_heads,
         "kv_heads", c->n_kv_heads, "head_dim", c->head_dim, "hidden_dim", c->hidden_dim,
         "vocab_size", c->vocab_size, "max_seq_len", c->max_seq_len, "dtype",

@@ -48,10 +48,10 @@ static char fuzz_dir[64];
 
 static void fuzz_dir_remove(void)
 {
-    static const char *names[] = {"model.gguf",        "model.bin",         "config.json",         "model.safetensors",
-                                  "tokenizer.json",    "river.safetensors",   "routers.safetensors",
-                                  "tiny/model.bin",    "clients.sock",        "admin.sock",
-                                  "backbone.sock",     "river.sock"};
+    static const char *names[] = {"model.gguf",         "model.bin",         "config.json",
+                                  "model.safetensors",  "tokenizer.json",    "river.safetensors",
+                                  "routers.safetensors", "tiny/model.bin",   "clients.sock",
+                                  "admin.sock",         "backbone.sock",     "river.sock"};
     char p[128];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", fuzz_dir, names[i]);

@@ -31,7 +31,8 @@ static int gm_tensor(const gguf_t *g, const char *name, int n_dims, int64_t rows
         return river_err_set(RIVER_ESHAPE, "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld] "
                              "(ggml order, contiguous first), expected [%lld, %lld]", g->path,
                              name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                             (long long)t->ne[3], (long long)cols, (long long)(n_dims == 1 ? 1 : rows));
+                             (long long)t->ne[3], (long long)cols,
+                             (long long)(n_dims == 1 ? 1 : rows));
     if (!gguf_block_known(t->type))
         return river_err_set(RIVER_EDTYPE, "%s: tensor '%s' has type %s, which River does not "
                              "read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, "
@@ -192,7 +193,9 @@ static int gm_config(model_t *m, const char *arch_s)
     /* The vocabulary: the token list, else the embedding's rows. */
     const gguf_tensor_t *emb = gguf_find_tensor(g, "token_embd.weight");
     const gguf_kv_t *toks = gguf_find_kv(g, "tokenizer.ggml.tokens");
-    c->vocab_size = toks && toks->type == GGUF_TYPE_ARRAY ? (int)toks->n : emb ? (int)emb->ne[1] : 0;
+    c->vocab_size = toks && toks->type == GGUF_TYPE_ARRAY ? (int)toks->n
+                    : emb                                 ? (int)emb->ne[1]
+                                                          : 0;
     if ((e = gm_int(g, arch_s, "vocab_size", &c->vocab_size, 1)))
         return e;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;

@@ -78,7 +78,8 @@ static int pick_type(int t, role_t role, int layer, int n_layers, int64_t cols)
 /* Row r of a weight as f32 (any dtype a loaded model holds). */
 static void weight_row_f32(const weight_t *w, int64_t r, float *out)
 {
-    const unsigned char *p = (const unsigned char *)w->data + (size_t)r * dtype_row_bytes(w->dtype, w->cols);
+    const unsigned char *p =
+        (const unsigned char *)w->data + (size_t)r * dtype_row_bytes(w->dtype, w->cols);
     for (int64_t c = 0; c < w->cols; c++) {
         uint16_t h;
         switch (w->dtype) {
@@ -346,7 +347,9 @@ static int tok_from_json(const char *path, json_t *root, tokv_t *v, int vocab_si
             continue;
         size_t len = strlen(key);
         json_t *r = json_object_get(rank, key);
-        float score = r ? -(float)json_integer_value(r) : one_char(key, len) || is_byte_token(key, len) ? 0 : -1e9f;
+        float score = r ? -(float)json_integer_value(r)
+                      : one_char(key, len) || is_byte_token(key, len) ? 0
+                                                                       : -1e9f;
         int type = unk_tok && !strcmp(key, unk_tok) ? TT_UNKNOWN
                    : !*gpt2 && is_byte_token(key, len) ? TT_BYTE : TT_NORMAL;
         if (type == TT_UNKNOWN)
@@ -379,7 +382,8 @@ static int tok_from_json(const char *path, json_t *root, tokv_t *v, int vocab_si
     *pre = NULL;
     if (*gpt2) {
         const json_t *split = json_find_type(pret, "Split");
-        const char *re = split ? json_string_value(json_object_get(json_object_get(split, "pattern"), "Regex")) : NULL;
+        const json_t *pat = split ? json_object_get(split, "pattern") : NULL;
+        const char *re = json_string_value(json_object_get(pat, "Regex"));
         for (size_t i = 0; re && i < sizeof pre_table / sizeof pre_table[0]; i++)
             if (!strcmp(re, pre_table[i].regex))
                 *pre = pre_table[i].pre;
@@ -538,10 +542,17 @@ int gguf_export_tokenizer(gguf_writer_t *w, const char *tok_path, int vocab_size
             goto out;
     }
     int pad = token_id_of(&v, cfg_token(cfg, "pad_token"));
-    if ((bos_id >= 0 && (err = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos_id))) ||
-        (eos_id >= 0 && (err = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos_id))) ||
-        (unk >= 0 && (err = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)unk))) ||
-        (pad >= 0 && (err = gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad))) ||
+    const struct {
+        const char *key;
+        int id;
+    } ids[] = {{"tokenizer.ggml.bos_token_id", bos_id},
+               {"tokenizer.ggml.eos_token_id", eos_id},
+               {"tokenizer.ggml.unknown_token_id", unk},
+               {"tokenizer.ggml.padding_token_id", pad}};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0] && !err; k++)
+        if (ids[k].id >= 0)
+            err = gguf_writer_set_u32(w, ids[k].key, (uint32_t)ids[k].id);
+    if (err ||
         (err = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos)) ||
         (err = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos)) ||
         (!gpt2 && (err = gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", space_prefix))))

@@ -296,7 +296,8 @@ int gguf_writer_write(gguf_writer_t *w, const char *path)
     for (uint64_t i = 0; i < w->n_t && !bad; i++) {
         const wtensor_t *t = &w->t[i];
         size_t nl = strlen(t->name);
-        bad = fput_le(f, nl, 8) || fwrite(t->name, 1, nl, f) != nl || fput_le(f, (uint64_t)t->n_dims, 4);
+        bad = fput_le(f, nl, 8) || fwrite(t->name, 1, nl, f) != nl ||
+              fput_le(f, (uint64_t)t->n_dims, 4);
         for (int d = 0; d < t->n_dims && !bad; d++)
             bad = fput_le(f, (uint64_t)t->ne[d], 8);
         bad = bad || fput_le(f, (uint64_t)t->type, 4) || fput_le(f, off, 8);

@@ -695,7 +695,8 @@ static const char *write_model_variant(int variant)
     gguf_writer_t *w;
     ck_assert_int_eq(gguf_writer_new(&w), 0);
     const int dim = 32, hid = 64, vocab = 16;
-    ck_assert_int_eq(gguf_writer_set_str(w, "general.architecture", variant == 4 ? "gpt9" : "llama"), 0);
+    const char *arch = variant == 4 ? "gpt9" : "llama";
+    ck_assert_int_eq(gguf_writer_set_str(w, "general.architecture", arch), 0);
     if (variant == 1)
         ck_assert_int_eq(gguf_writer_set_str(w, "llama.block_count", "one"), 0);
     else

@@ -334,9 +334,9 @@ int tok_gguf_load(tokenizer_t *t, int vocab_size_hint)
                                                        "add_prefix_space", 1, "trim_offsets", 1,
                                                        "use_regex", 1));
     }
-    json_object_set_new(root, "post_processor", add_bos || add_eos
-                                                    ? template_post(toks, add_bos, bos, add_eos, eos)
-                                                    : json_null());
+    json_t *post = add_bos || add_eos ? template_post(toks, add_bos, bos, add_eos, eos)
+                                      : json_null();
+    json_object_set_new(root, "post_processor", post);
     text = json_dumps(root, JSON_COMPACT);
     if (!text) {
         err = river_err_set(RIVER_ENOMEM, "%s: tokenizer", t->path);
