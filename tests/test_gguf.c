@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "common/gguf.h"
+#include "engine/forward.h"
 #include "kernels/half.h"
 #include "model/gguf_blocks.h"
 #include "model/model.h"
@@ -317,6 +318,43 @@ START_TEST(test_greedy_f32)
                   got, want);
     free(want);
     free(got);
+}
+END_TEST
+
+/* Llama 3.1 scaling goes out as rope_freqs.weight (llama.cpp's converter's form) and comes
+ * back as the same frequencies. */
+START_TEST(test_rope_llama3)
+{
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(&m, KJV), 0);
+    m->cfg.rope_scaling = ROPE_SCALING_LLAMA3;
+    m->cfg.rope_factor = 8;
+    m->cfg.rope_low_freq_factor = 1;
+    m->cfg.rope_high_freq_factor = 4;
+    m->cfg.rope_orig_max_pos = 64;
+    m->cfg.rope_theta = 500000;
+    const char *path = tmp_path("llama3.gguf");
+    gguf_export_opts_t o = {.type = "f16"};
+    ck_assert_msg(gguf_export_model(m, path, &o) == 0, "%s", river_err_detail());
+    model_t *g = NULL;
+    ck_assert_msg(model_load(&g, path) == 0, "%s", river_err_detail());
+    rope_t a, b;
+    ck_assert_int_eq(rope_build(&a, &m->cfg), 0);
+    ck_assert_int_eq(rope_build(&b, &g->cfg), 0);
+    ck_assert_int_eq(a.rot_dim, b.rot_dim);
+    ck_assert(b.attn_factor == 1.0f);
+    int scaled = 0;
+    for (int i = 0; i < a.rot_dim / 2; i++) {
+        ck_assert_msg(fabsf(a.inv_freq[i] - b.inv_freq[i]) <= 1e-6f * a.inv_freq[i],
+                      "frequency %d: %g from GGUF, %g from the config", i,
+                      (double)b.inv_freq[i], (double)a.inv_freq[i]);
+        scaled += a.inv_freq[i] < 1.0f / powf(500000, (float)(2 * i) / (float)a.rot_dim) * 0.99f;
+    }
+    ck_assert_int_gt(scaled, 0);
+    free((void *)a.inv_freq);
+    free((void *)b.inv_freq);
+    model_destroy(&g);
+    model_destroy(&m);
 }
 END_TEST
 
@@ -778,6 +816,7 @@ static Suite *gguf_suite(void)
     tc = tcase_create("models");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_permutation);
+    tcase_add_test(tc, test_rope_llama3);
     tcase_add_loop_test(tc, test_greedy_f32, 0, (int)(sizeof greedy / sizeof greedy[0]));
     tcase_add_loop_test(tc, test_export_types, 0, 7);
     suite_add_tcase(s, tc);
