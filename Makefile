@@ -409,7 +409,7 @@ build-fuzz: $(FUZZ_BINS)
 
 # Seeds for the targets whose inputs only a real encoder makes (fuzz/seeds.c: river and
 # router files of the targets' tiny model, riverd's replies, the split pair's frames);
-# rewrites fuzz/corpus/{river,router,client_reply,admin_reply,pair}/.
+# rewrites fuzz/corpus/{river,router,client_reply,admin_reply,pair,gguf}/.
 .PHONY: fuzz-seeds
 fuzz-seeds: deps-check
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/fuzz/seeds

@@ -10,6 +10,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 int cmd_quant(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

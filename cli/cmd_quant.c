@@ -25,8 +25,10 @@ static void quant_usage(FILE *f)
             "one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
             "p 0.7, beta 10 x 1.01, up to 20 iterations) and writes the Exit River file,\n"
             "by default river-q<bits>-g<group>-<method>.safetensors in the model's directory\n"
-            "(<stem>-river-... beside a llama2.c .bin). LS defaults to %d, so that a token can\n"
-            "leave the backbone after any layer. N must divide the columns of every matrix.\n"
+            "(<stem>-river-... beside a llama2.c .bin, <stem>.river-... beside <stem>.gguf; a\n"
+            "quantized GGUF backbone is quantized from f32 copies). LS defaults to %d, so\n"
+            "that a token can leave the backbone after any layer. N must divide the columns\n"
+            "of every matrix.\n"
             "Progress and the per-layer error (mean absolute and relative Frobenius, with\n"
             "plain RTN for reference) go to stderr; the written path goes to stdout.\n"
             "--head-bits (default 8) also stores a quantized copy of the LM head, used for\n"
@@ -168,6 +170,12 @@ int cmd_quant(int argc, char **argv)
     if (err)
         return cli_fail("quant", err);
     int rc = 1;
+    /* A quantized backbone (a GGUF of Q8_0, Q4_K, ...) is built from as floats; the river
+     * keeps the fingerprint of the model as loaded. */
+    if ((m->cfg.dtype == DTYPE_Q4 || m->cfg.dtype == DTYPE_Q8) && (err = model_dequantize(m))) {
+        cli_fail("quant", err);
+        goto done;
+    }
     if (start >= 0)
         o.start_layer = (int)start;
     /* A one-layer model has no layer after the first; its river can only start at 0. */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
 #include "kernels/half.h"
@@ -521,7 +522,9 @@ int model_load(model_t **out, const char *path)
             err = river_err_set(RIVER_ENOMEM, "%s: path", path);
             goto fail;
         }
-        if (is_json) {
+        if (gguf_path_is_gguf(path)) {
+            err = gguf_model_load(m, path);
+        } else if (is_json) {
             err = hf_load(m, path);
         } else {
             m->is_llama2c = 1;
@@ -550,6 +553,7 @@ void model_destroy(model_t **pm)
         free(map->files);
         if (map->bin)
             munmap(map->bin, map->bin_size);
+        gguf_destroy(&map->gguf);
         for (int i = 0; i < map->n_owned; i++)
             free(map->owned[i]);
         free(map->owned);
