@@ -180,16 +180,20 @@ int backbone_quant_opts_for(const char *format, const model_t *m, backbone_quant
     return 0;
 }
 
-/* The head's parameters: 8 bits symmetric (Q8_0 where the group is 32), or the layers' own
- * 4-bit ones (HQQ where the layers are symmetric 8-bit). */
-static quant_params_t bq_head_params(const backbone_quant_opts_t *o)
+/* The head's parameters: 8 bits symmetric in blocks of 32 (Q8_0) where 32 divides its
+ * columns, else in the layers' group; or the layers' own 4-bit ones (HQQ where the layers
+ * are symmetric 8-bit). */
+static quant_params_t bq_head_params(const model_t *m, const backbone_quant_opts_t *o)
 {
     quant_params_t p = o->quant;
     p.bits = o->head_bits;
-    if (p.bits == 8)
+    if (p.bits == 8) {
         p.method = QUANT_SYM;
-    else if (p.method == QUANT_SYM)
+        if (m->lm_head.cols % 32 == 0)
+            p.group = 32;
+    } else if (p.method == QUANT_SYM) {
         p.method = QUANT_HQQ;
+    }
     return p;
 }
 
@@ -210,7 +214,7 @@ static int bq_check(const model_t *m, const backbone_quant_opts_t *o, const bq_l
     int err = quant_params_check(&o->quant, 0, m->path);
     if (err)
         return err;
-    quant_params_t hp = bq_head_params(o);
+    quant_params_t hp = bq_head_params(m, o);
     int suggest = backbone_quant_group_fit(m, o->quant.bits, o->head_bits, 128);
     for (int i = 0; i < l->n; i++) {
         const bq_tensor_t *t = &l->t[i];
@@ -288,7 +292,7 @@ static int bq_write_config(const model_t *m, const char *dir, const backbone_qua
         err = river_err_set(RIVER_EFORMAT, "%s: %s (line %d)", src, jerr.text, jerr.line);
         goto out;
     }
-    quant_params_t hp = bq_head_params(o);
+    quant_params_t hp = bq_head_params(m, o);
     int tied = m->lm_head.data == m->embed.data;
     json_t *q = json_pack(
         "{s:s, s:s, s:i, s:i, s:s, s:i, s:i, s:s, s:s, s:s}", "format",
@@ -346,7 +350,7 @@ static int bq_check_target(const model_t *m, const char *dir)
 static int bq_declare(safetensors_writer_t *wr, const model_t *m, const backbone_quant_opts_t *o,
                       const bq_list_t *l)
 {
-    quant_params_t hp = bq_head_params(o);
+    quant_params_t hp = bq_head_params(m, o);
     char num[4][24];
     snprintf(num[0], sizeof num[0], "%d", o->quant.bits);
     snprintf(num[1], sizeof num[1], "%d", o->quant.group);
@@ -442,7 +446,7 @@ int backbone_quant_build(const model_t *m, const char *dir, const backbone_quant
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n < 1 ? 1 : n > 256 ? 256 : (int)n;
     }
-    quant_params_t hp = bq_head_params(o);
+    quant_params_t hp = bq_head_params(m, o);
     path = bq_join(dir, "model.safetensors");
     if (!path) {
         err = river_err_set(RIVER_ENOMEM, "%s: path", dir);

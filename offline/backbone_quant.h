@@ -29,8 +29,9 @@ typedef struct backbone_quant_opts {
     quant_params_t quant;  /* the layers' matrices: bits 8 with QUANT_SYM and group 32 is
                               llama.cpp's Q8_0; bits 4 with HQQ or RTN */
     int head_bits;         /* the LM head (and the embedding): 0 keeps them as they are;
-                              8: symmetric, in the layers' group when it divides the head's
-                              columns; 4: the layers' 4-bit parameters */
+                              8: symmetric in blocks of 32 (the layers' group where 32
+                              does not divide the head's columns); 4: the layers' 4-bit
+                              parameters */
     int n_threads;         /* 0: one per online core */
     backbone_quant_progress_fn progress; /* may be NULL */
     void *progress_arg;

@@ -197,47 +197,60 @@ static int64_t quant_load_row(const weight_t *w, int64_t r, float *dst)
 }
 
 /* Symmetric quantization of n_groups groups of x: scale = max|x| / (2^(b-1) - 1) rounded to
- * fp16, zero = 2^(b-1) exactly, code = clamp(round(x / scale) + zero, 0, 2^b - 1), rounding
- * half to even as llama.cpp's Q8_0 does. The error sums go to st (the RTN sums too: this is
+ * fp16, zero = 2^(b-1) exactly, code = clamp(round(x / scale) + zero, 0, 2^b - 1), ties
+ * to even (as llama.cpp's SIMD Q8_0 quantizer; its reference one rounds ties away from
+ * zero), the scale taken after its fp16 rounding so that the stored codes are the measured
+ * ones. The error sums go to st (the RTN sums too: this is
  * round-to-nearest, on a symmetric grid). Returns 0, or -1 - (index of the first group whose
  * scale does not fit fp16). */
 static int quant_sym_groups(const quant_job_t *j, const float *x, int64_t n_groups,
                             uint8_t *q, uint16_t *scales, uint16_t *zeros, quant_stats_t *st)
 {
     int half = (j->qmax + 1) / 2;
-    float zero = (float)half;
+    float zero = (float)half, qmax = (float)j->qmax;
     uint16_t zero16 = f32_to_f16(zero);
+    /* Adding and taking away 1.5 * 2^23 rounds a float below 2^22 in magnitude to the
+     * nearest integer, ties to even (the FPU's default mode), in plain arithmetic that the
+     * compiler vectorises; |v / scale| is at most about 2^(b-1) here. */
+    const float magic = 12582912.0f;
+    double ae = 0, se = 0, sr = 0;
     for (int64_t g = 0; g < n_groups; g++) {
         const float *v = x + g * j->group;
+        uint8_t *qg = q + g * j->group;
         float amax = 0;
-        for (int k = 0; k < j->group; k++)
-            amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
-        float d = amax / (float)(half - 1);
-        uint16_t d16 = f32_to_f16(d);
+        for (int k = 0; k < j->group; k++) {
+            float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;
+        }
+        uint16_t d16 = f32_to_f16(amax / (float)(half - 1));
         float s = f16_to_f32(d16);
         if (!isfinite(s))
             return (int)(-1 - g);
         float inv = s > 0 ? 1.0f / s : 0.0f;
-        double ae = 0, se = 0, sr = 0;
+        /* A group's sums in float (a group is short), the matrix's in double. */
+        float gae = 0, gse = 0, gsr = 0;
         for (int k = 0; k < j->group; k++) {
-            float c = nearbyintf(v[k] * inv) + zero;
-            c = c < 0 ? 0 : c > (float)j->qmax ? (float)j->qmax : c;
-            q[g * j->group + k] = (uint8_t)c;
-            double err = (double)v[k] - (double)((c - zero) * s);
-            ae += fabs(err);
-            se += err * err;
-            sr += (double)v[k] * (double)v[k];
+            float c = ((v[k] * inv + magic) - magic) + zero;
+            c = c < 0 ? 0 : c > qmax ? qmax : c;
+            qg[k] = (uint8_t)c;
+            float err = v[k] - (c - zero) * s;
+            gae += fabsf(err);
+            gse += err * err;
+            gsr += v[k] * v[k];
         }
+        ae += gae;
+        se += gse;
+        sr += gsr;
         scales[g] = d16;
         zeros[g] = zero16;
-        st->n += j->group;
-        st->groups++;
-        st->abs_err += ae;
-        st->sq_err += se;
-        st->sq_ref += sr;
-        st->rtn_abs_err += ae;
-        st->rtn_sq_err += se;
     }
+    st->n += n_groups * j->group;
+    st->groups += n_groups;
+    st->abs_err += ae;
+    st->sq_err += se;
+    st->sq_ref += sr;
+    st->rtn_abs_err += ae;
+    st->rtn_sq_err += se;
     return 0;
 }
 
