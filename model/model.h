@@ -137,8 +137,14 @@ void model_set_norm_eps(model_t *m, float eps);
 /* Parameters, counting a tied embedding once. */
 int64_t model_param_count(const model_t *m);
 /* Bytes of weights one decode step reads: every matrix and vector of every layer, the
- * final norm and the LM head (the embedding lookup reads one row, counted as one row). */
+ * final norm and the LM head (the embedding lookup reads one row, counted as one row).
+ * Quantized weights count their packed codes plus their fp16 scales and zeros. */
 int64_t model_bytes_per_token(const model_t *m);
+/* Bytes of `rows` rows of w as stored: codes (packing included) plus, for Q4/Q8, the fp16
+ * scales and zeros of those rows; 0 for an absent weight (data NULL). */
+int64_t model_weight_bytes(const weight_t *w, int64_t rows);
+/* Bytes of every matrix and vector of one decoder layer (a backbone's, or a river's copy). */
+int64_t model_layer_bytes(const layer_weights_t *L);
 
 /* Checks a configuration (positive, plausible sizes; kv heads dividing heads; rotary dims;
  * scaling parameters; special ids inside the vocabulary). Returns 0, or RIVER_ECONFIG with

@@ -509,7 +509,8 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * pages come back from the file, and memory the caller owns is only swapped, if at all).
  * Q4 codes that this level's integer kernels want in Q4X8 (q4x8.h) are repacked into such
  * memory. A backend told to keep weights mapped (cpu_backend_keep_mapped, for backbone
- * offloading: the copies cannot be released) reads every other weight in place. */
+ * offloading: the copies cannot be released) reads every weight in place, 4-bit codes in
+ * the file's Q4 layout included. */
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
  * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
  * refused at every placement, naming it, rather than read as one or the other. */
@@ -571,7 +572,9 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     if (!w->data || cpu__owns(ctx, w->data))
         return 0;
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
-    int repack = ctx->k->q4x8 && !q4x8_off && cpu_q4x8_eligible(w);
+    /* Kept mapped, 4-bit codes stay in the file's layout too (the Q4 kernels read it), so
+     * that a 4-bit backbone's layers can be released like any other. */
+    int repack = ctx->k->q4x8 && !q4x8_off && !ctx->keep_mapped && cpu_q4x8_eligible(w);
     if (!repack && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES))
         return 0;
     uint8_t *p = cpu__owned_alloc(ctx, bytes);
