@@ -46,6 +46,9 @@ typedef struct weight {
     const uint16_t *scales;  /* Q4/Q8: (rows, cols/group) fp16, else NULL */
     const uint16_t *zeros;   /* Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
     int group;               /* Q4/Q8: inputs per group, else 0 */
+    int zero128;             /* Q8: 1 when every zero is 128 (int8 symmetric, as llama.cpp's
+                              * q8_0), found by the CPU backend's weight_upload so that its
+                              * kernels skip the zero terms; 0 claims nothing */
 } weight_t;
 
 typedef enum {

@@ -342,6 +342,26 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 #undef Q4X8_FN
 #undef Q4X8_VNNI
 
+/* Q8 of whole 32-column blocks: the integer kernel of q8_x86.h (8-bit x, as the AVX2 level
+ * and llama.cpp's q8_0 take it), with vpdpbusd where the processor has VNNI. It replaces
+ * the factored f32 path for those weights: at 2 threads from memory that path converts
+ * every code to f32 and is bound by the conversions from two rows of x on. */
+#define Q8_FN(name) avx512_q8_##name
+#define Q8_VNNI 0
+#include "kernels/cpu/q8_x86.h"
+#undef Q8_FN
+#undef Q8_VNNI
+#define Q8_FN(name) avx512_q8v_##name
+#define Q8_VNNI 1
+#include "kernels/cpu/q8_x86.h"
+#undef Q8_FN
+#undef Q8_VNNI
+
+static int q8_int_path(const weight_t *w)
+{
+    return w->dtype == DTYPE_Q8 && w->group % 32 == 0;
+}
+
 /* Whether vpdpbusd may run: read once (the answer does not change). */
 static int avx512_has_vnni(void)
 {
@@ -358,6 +378,8 @@ static int64_t avx512_gemv_prep_floats(const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8)
         return avx512_q4x8_prep_floats(w);
+    if (q8_int_path(w))
+        return avx512_q8_prep_floats(w);
     if (!q_factored(w))
         return 0;
     int64_t ng = w->cols / w->group;
@@ -368,6 +390,10 @@ static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, cons
 {
     if (w->dtype == DTYPE_Q4X8) {
         avx512_q4x8_prep(xq, x, ldx, n, w);
+        return;
+    }
+    if (q8_int_path(w)) {
+        avx512_q8_prep(xq, x, ldx, n, w);
         return;
     }
     int64_t ldq = avx512_gemv_prep_floats(w), cols = w->cols;
@@ -489,6 +515,13 @@ static void avx512_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, cons
             avx512_q4x8v_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         else
             avx512_q4x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    if (xq && q8_int_path(w)) {
+        if (avx512_has_vnni())
+            avx512_q8v_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        else
+            avx512_q8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
     switch (w->dtype) {
