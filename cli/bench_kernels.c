@@ -4,11 +4,11 @@
  * For every shape and weight format, a pool of distinct copies of the matrix (codes, scales
  * and zeros each their own) larger than the last-level cache is placed on a CPU backend of
  * each SIMD level in turn, and the matmul is called on the copies in rotation, so that
- * every call streams its weights from memory as a decode step does. A run is up to one
- * pass over the pool (stopped after a quarter of a second); its time per call is the
+ * every call streams its weights from memory as a decode step does. A run is one pass over
+ * the pool (at least 10 ms of calls, at most a quarter of a second); its time per call is the
  * figure, and the median over --runs runs is printed with the bytes of the weight's format
  * per second and their fraction of a read sweep with the same threads and the loads of
- * that level (cpu_read_bandwidth_gbs), taken before each level's runs.
+ * that level (cpu_read_bandwidth_gbs), taken right before that level's runs of the shape.
  *
  * The codes are arbitrary bytes (the kernels' speed does not depend on their values), so
  * 4-bit weights are placed as Q4X8 directly, the layout the backend repacks them into. */
@@ -63,6 +63,7 @@ static const struct {
 #define BK_MAX_N 128
 #define BK_MAX_BATCHES 16
 #define BK_RUN_SECONDS 0.25
+#define BK_RUN_MIN_SECONDS 0.01
 
 typedef struct bk_opts {
     int threads, runs, pool_mib, bw_mib, json;
@@ -122,12 +123,12 @@ static void bk_fill(uint8_t *pool, int copies, size_t data, size_t meta, const b
 }
 
 typedef struct bk_result {
-    double ms, gbs, frac, gmacs;
+    double ms, ms_min, gbs, frac, gmacs;
 } bk_result_t;
 
 /* The median time of one call of matmul at n rows, over the copies in rotation. */
 static int bk_time(backend_t *be, weight_t *w, int copies, int *next, void *y, const void *x,
-                   int n, int runs, double *ms)
+                   int n, int runs, double *ms, double *ms_min)
 {
     double *t = calloc((size_t)runs, sizeof *t);
     if (!t)
@@ -137,7 +138,9 @@ static int bk_time(backend_t *be, weight_t *w, int copies, int *next, void *y, c
     for (int r = 0; r < runs && !e; r++) {
         double t0 = clock_now_s(), dt = 0.0;
         int calls = 0;
-        while (calls < copies) {
+        /* A pass over the pool, and at least BK_RUN_MIN_SECONDS (a pool held in cache
+         * takes many passes to time), at most BK_RUN_SECONDS. */
+        while (calls < copies || dt < BK_RUN_MIN_SECONDS) {
             e = be->ops->matmul(be->ctx, y, x, &w[*next], n);
             if (e)
                 break;
@@ -152,6 +155,7 @@ static int bk_time(backend_t *be, weight_t *w, int copies, int *next, void *y, c
     if (!e) {
         qsort(t, (size_t)runs, sizeof *t, bk_cmp);
         *ms = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
+        *ms_min = t[0];
     }
     free(t);
     return e;
@@ -162,17 +166,17 @@ static void bk_print(const bk_opts_t *o, const char *level, const char *fmt, con
 {
     if (o->json)
         printf("{\"level\":\"%s\",\"format\":\"%s\",\"shape\":\"%s\",\"n\":%d,\"ms\":%.4f,"
-               "\"weight_gbs\":%.2f,\"bandwidth_gbs\":%.2f,\"fraction\":%.3f,"
-               "\"gmacs\":%.1f}\n", level, fmt, shape, n, r->ms, r->gbs, bw, r->frac,
+               "\"ms_min\":%.4f,\"weight_gbs\":%.2f,\"bandwidth_gbs\":%.2f,\"fraction\":%.3f,"
+               "\"gmacs\":%.1f}\n", level, fmt, shape, n, r->ms, r->ms_min, r->gbs, bw, r->frac,
                r->gmacs);
     else
-        printf("%-7s %-12s %-12s %4d %10.4f %8.2f %6.1f %%  %8.1f\n", level, fmt, shape, n,
-               r->ms, r->gbs, 100.0 * r->frac, r->gmacs);
+        printf("%-7s %-12s %-12s %4d %10.4f %8.2f %8.2f %6.1f %%  %8.1f\n", level, fmt, shape,
+               n, r->ms, r->gbs, bw, 100.0 * r->frac, r->gmacs);
     fflush(stdout);
 }
 
 /* One shape in one format at every level and batch. */
-static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f, const double *bw)
+static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
 {
     int64_t rows = bk_shapes[si].rows, cols = bk_shapes[si].cols;
     size_t data, meta, each = bk_copy_bytes(f, rows, cols, &data, &meta);
@@ -222,21 +226,29 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f, const doubl
         }
         if (!e)
             e = be->ops->from_host(be->ctx, x, 0, xh, (size_t)(BK_MAX_N * cols));
+        /* The sweep right before the runs it judges: on a shared machine the bandwidth
+         * drifts by tens of percent within minutes. */
+        double bw = 0.0;
+        if (!e) {
+            bw = cpu_read_bandwidth_gbs(o->threads, (size_t)o->bw_mib << 20, 3, level);
+            if (bw < 0)
+                e = (int)bw;
+        }
         int next = 0;
         for (int bi = 0; bi < o->n_batches && !e; bi++) {
             int n = o->batches[bi];
             if (level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
                 continue;
-            double ms = 0.0;
-            e = bk_time(be, w, copies, &next, y, x, n, o->runs, &ms);
+            double ms = 0.0, ms_min = 0.0;
+            e = bk_time(be, w, copies, &next, y, x, n, o->runs, &ms, &ms_min);
             if (e)
                 break;
-            bk_result_t r = {.ms = ms};
+            bk_result_t r = {.ms = ms, .ms_min = ms_min};
             r.gbs = ms > 0.0 ? (double)weight_bytes / (ms * 1e-3) / 1e9 : 0.0;
-            r.frac = bw[level] > 0.0 ? r.gbs / bw[level] : 0.0;
+            r.frac = bw > 0.0 ? r.gbs / bw : 0.0;
             r.gmacs = ms > 0.0 ? (double)n * (double)rows * (double)cols / (ms * 1e-3) / 1e9
                                : 0.0;
-            bk_print(o, cpu_simd_name(level), f->name, bk_shapes[si].name, n, &r, bw[level]);
+            bk_print(o, cpu_simd_name(level), f->name, bk_shapes[si].name, n, &r, bw);
         }
         if (x)
             be->ops->buf_free(be->ctx, x);
@@ -299,14 +311,15 @@ static void bk_usage(FILE *f)
                "level stops at 8), the median ms per call over R runs (default 5), the\n"
                "weight bytes (codes, scales, zeros) per second and their fraction of a read\n"
                "sweep of M MiB (default 1024) with the same threads (default 2) and that\n"
-               "level's loads, and G multiply-adds per second. Each shape is placed as\n"
-               "distinct copies filling P MiB (default 512), called in rotation. Shapes:\n"
+               "level's loads, taken before each shape's runs at each level, and G\n"
+               "multiply-adds per second. Each shape is placed as distinct copies filling P\n"
+               "MiB (default 1024, past the last-level cache), called in rotation. Shapes:\n"
                "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n");
 }
 
 int bench_kernels(int argc, char **argv)
 {
-    bk_opts_t o = {.threads = 2, .runs = 5, .pool_mib = 512, .bw_mib = 1024,
+    bk_opts_t o = {.threads = 2, .runs = 5, .pool_mib = 1024, .bw_mib = 1024,
                    .scalar_max_n = 8};
     cpu_simd_t best = cpu_simd_detect();
     for (int l = 0; l <= (int)best; l++)
@@ -379,25 +392,12 @@ int bench_kernels(int argc, char **argv)
             *num = (int)n;
         }
     }
-    double bw[CPU_SIMD_COUNT] = {0};
-    for (int li = 0; li < o.n_levels; li++) {
-        int l = o.levels[li];
-        bw[l] = cpu_read_bandwidth_gbs(o.threads, (size_t)o.bw_mib << 20, 3, (cpu_simd_t)l);
-        if (bw[l] < 0)
-            return cli_fail("bench", (int)bw[l]);
-        if (o.json)
-            printf("{\"level\":\"%s\",\"bandwidth_gbs\":%.2f,\"threads\":%d}\n",
-                   cpu_simd_name((cpu_simd_t)l), bw[l], o.threads);
-        else
-            printf("read bandwidth, %s loads, %d threads: %.2f GB/s\n",
-                   cpu_simd_name((cpu_simd_t)l), o.threads, bw[l]);
-    }
     if (!o.json)
-        printf("%-7s %-12s %-12s %4s %10s %8s %8s  %8s\n", "level", "format", "shape", "n",
-               "ms", "GB/s", "of bw", "GMAC/s");
+        printf("%-7s %-12s %-12s %4s %10s %8s %8s %8s  %8s\n", "level", "format", "shape",
+               "n", "ms", "GB/s", "bw GB/s", "of bw", "GMAC/s");
     for (int si = 0; si < o.n_shapes; si++)
         for (int fi = 0; fi < o.n_formats; fi++) {
-            int e = bk_case(&o, o.shapes[si], &bk_formats[o.formats[fi]], bw);
+            int e = bk_case(&o, o.shapes[si], &bk_formats[o.formats[fi]]);
             if (e)
                 return cli_fail("bench", e);
         }

@@ -26,6 +26,8 @@ typedef enum {
     DTYPE_Q8, /* 8-bit affine groups: data is (rows, cols) bytes */
     DTYPE_Q4X8, /* Q4 with its codes repacked by the CPU backend for its integer kernels
                    (kernels/cpu/q4x8.h); same size, scales and zeros as Q4; never in a file */
+    DTYPE_Q8X8, /* Q8 with its codes repacked by the CPU backend for its integer kernels
+                   (kernels/cpu/q4x8.h); same size, scales and zeros as Q8; never in a file */
     DTYPE_COUNT
 } dtype_t;
 

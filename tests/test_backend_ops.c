@@ -310,7 +310,7 @@ static double mm_tol(dtype_t dt, int n)
  * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
 {
-    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt;
+    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt;
     weight_t host = weight_rand(dt, c->a, c->b, c->d, 0.05f);
     if (c->e) /* Q8 with every zero 128 */
         for (int64_t i = 0; i < c->a * (c->b / c->d); i++)
@@ -320,6 +320,8 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
         ck_assert_int_eq(w.x.zero128, c->e);
     if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (c->q4x8 || c->dt == DTYPE_Q4X8))
         ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q4 : DTYPE_Q4X8);
+    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q8 && (c->q4x8 || c->dt == DTYPE_Q8X8))
+        ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q8 : DTYPE_Q8X8);
     for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++) {
         int n = c->c ? c->c : mm_ns[k];
         twin_t x = twin_rand(p, (size_t)n * c->b, -1, 1);
@@ -872,12 +874,12 @@ static void tw_free(tw_t *t)
     free(t->ref);
 }
 
-/* Whether a matmul at this level takes x as 8-bit blocks, up to 16 rows: Q4X8 and Q8 of
- * whole 32-column groups at both SIMD levels (q4x8_x86.h, q8_x86.h), Q4 of those groups at
- * the AVX2 level (kernels_avx2.c). */
+/* Whether a matmul at this level takes x as 8-bit blocks, up to 16 rows: Q4X8, Q8X8 and Q8
+ * of whole 32-column groups at both SIMD levels (q4x8_x86.h, q8_x86.h), Q4 of those groups
+ * at the AVX2 level (kernels_avx2.c). */
 static int mm_x8(const env_t *e, const weight_t *w, int n)
 {
-    if (w->dtype == DTYPE_Q4X8)
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return e->level >= CPU_SIMD_AVX2 && n <= 16;
     if (w->dtype == DTYPE_Q8)
         return e->level >= CPU_SIMD_AVX2 && w->group % 32 == 0 && n <= 16;
@@ -971,7 +973,8 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
 {
     env_t e = env_ref(p);
     tw_t t;
-    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt, c->a, c->b, c->d);
+    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt, c->a,
+            c->b, c->d);
     uint8_t *packed = NULL;
     if (c->e) {
         /* Symmetric Q8: placement finds it (and only it: one zero off 128 is not). */
@@ -992,6 +995,14 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
         cpu_q4x8_repack(&t.w, packed);
         t.w.data = packed;
         t.w.dtype = DTYPE_Q4X8;
+    }
+    if (c->dt == DTYPE_Q8X8) {
+        ck_assert(cpu_q8x8_eligible(&t.w));
+        packed = malloc((size_t)(t.w.rows * t.w.cols));
+        ck_assert_ptr_nonnull(packed);
+        cpu_q8x8_repack(&t.w, packed);
+        t.w.data = packed;
+        t.w.dtype = DTYPE_Q8X8;
     }
     for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++)
         check_matmul(&e, &t, c->c ? c->c : mm_ns[k]);
@@ -1736,6 +1747,16 @@ static const op_case_t cases[] = {
     MM_SYM_CASE("matmul q8 z128 g32 (96, 2048) n 33", 96, 2048, 32, 33),
     MM_SYM_CASE("matmul q8 z128 g32 (40, 1024) n 128", 40, 1024, 32, 128),
     MM_SYM_CASE("matmul q8 z128 g16 (13, 96)", 13, 96, 16, 0),
+    /* ...Q8X8, the CPU's repacked Q8, read by every level as Q4X8 is (and Q8 of the same
+     * shapes kept in the file's layout with RIVER_Q4X8=0)... */
+    MM_CASE("matmul q8x8 g32 (8, 256)", DTYPE_Q8X8, 8, 256, 32, NULL),
+    MM_CASE("matmul q8x8 g64 (37, 512)", DTYPE_Q8X8, 37, 512, 64, NULL),
+    MM_CASE("matmul q8x8 g128 (13, 768)", DTYPE_Q8X8, 13, 768, 128, NULL),
+    MM_CASE("matmul q8x8 g256 (9, 1024)", DTYPE_Q8X8, 9, 1024, 256, NULL),
+    MM_CASE("matmul q8x8 g512 (5, 2048)", DTYPE_Q8X8, 5, 2048, 512, NULL),
+    MM_CASE("matmul q8x8 g32 (19, 2048)", DTYPE_Q8X8, 19, 2048, 32, NULL),
+    MM_CASE("matmul q8 g32 (37, 512) RIVER_Q4X8=0", DTYPE_Q8, 37, 512, 32, "0"),
+    MM_CASE("matmul q8 g64 (13, 768) RIVER_Q4X8=0", DTYPE_Q8, 13, 768, 64, "0"),
     /* ...and the errors a matmul returns (the CPU only: what it refuses is its own). */
     RCASE("matmul errors", NULL, check_matmul_errors, DTYPE_Q4, 0, 0, 0, 0, 0, 0, 0),
     /* embed: 50 rows of every type, exact; Q8/Q4 in groups of 8 and 16. */
@@ -1877,12 +1898,13 @@ static const op_case_t cases[] = {
 
 /* The least tolerance of case c on SIMD pair p: the levels sum in other orders than the
  * scalar one, and against Q4/Q8 weights they may take x as 8-bit blocks (the AVX2 decode
- * path and the Q4X8 kernels; check_matmul holds them to its bound), which stays under 2e-2
- * relative here. */
+ * path, the Q8 and the Q4X8/Q8X8 kernels; check_matmul holds them to its bound), which
+ * stays under 2e-2 relative here. */
 static double simd_floor(const bpair_t *p, const op_case_t *c)
 {
     if (p->level >= 0 && c->run == run_matmul &&
-        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8))
+        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8 ||
+         c->dt == DTYPE_Q8X8))
         return 2e-2;
     return 1e-4;
 }

@@ -326,13 +326,15 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 
 #define Q8_FN(name) avx2_q8_##name
 #define Q8_VNNI 0
+#define Q8_Q4X8(name) avx2_q4x8_##name
 #include "kernels/cpu/q8_x86.h"
 #undef Q8_FN
 #undef Q8_VNNI
+#undef Q8_Q4X8
 
 static int64_t avx2_gemv_prep_floats(const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4X8)
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return avx2_q4x8_prep_floats(w);
     if (q8_int_path(w))
         return avx2_q8_prep_floats(w);
@@ -345,7 +347,7 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
 
 static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4X8) {
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8) {
         avx2_q4x8_prep(xq, x, ldx, n, w);
         return;
     }
@@ -565,6 +567,10 @@ static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const 
         avx2_q8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
+    if (xq && w->dtype == DTYPE_Q8X8) {
+        avx2_q8_x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
     switch (w->dtype) {
     case DTYPE_F32:
         gemv_f32(y, ldy, x, ldx, n, w, r0, r1);
@@ -590,6 +596,10 @@ static void avx2_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t 
 {
     if (w->dtype == DTYPE_Q4X8) {
         avx2_q4x8_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
+    if (w->dtype == DTYPE_Q8X8) {
+        avx2_q8_x8_rows_to_f32(dst, w, r0, r1);
         return;
     }
     if (!cpu_weight_simd_ok(w)) {
@@ -900,6 +910,7 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 const cpu_kernels_t cpu_kernels_avx2 = {
     .level = CPU_SIMD_AVX2,
     .q4x8 = 1,
+    .q8x8 = 1,
     .gemv = avx2_gemv,
     .gemv_prep_floats = avx2_gemv_prep_floats,
     .gemv_prep = avx2_gemv_prep,

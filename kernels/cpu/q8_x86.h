@@ -1,10 +1,13 @@
 /* The Q8 decode kernel with 8-bit activations in 256-bit integer code, included by
  * kernels_avx2.c and kernels_avx512.c, which compile it with their own flags. Before
- * including, define Q8_FN(name) (the names it defines) and Q8_VNNI (1: the multiply-adds
- * are vpdpbusd, which needs AVX-512 VNNI with VL; 0: vpmaddubsw + vpmaddwd). The includer
+ * including, define Q8_FN(name) (the names it defines), Q8_VNNI (1: the multiply-adds
+ * are vpdpbusd, which needs AVX-512 VNNI with VL; 0: vpmaddubsw + vpmaddwd) and
+ * Q8_Q4X8(name) (the names of the Q4X8 kernel of the same flags, q4x8_x86.h, included
+ * before: its geometry and its preparation of x, which Q8X8 shares). The includer
  * provides AI, ld8_f16_tail and kernels/cpu/x86_util.h.
  *
- * Which weights: Q8 whose groups are whole blocks of 32 columns (group % 32 == 0).
+ * Which weights: Q8 whose groups are whole blocks of 32 columns (group % 32 == 0), in the
+ * file's layout, and Q8X8 (below), the layout the backend repacks most of them into.
  *
  * x is quantized once per call (Q8_FN(prep)) as llama.cpp's q8_0 does: per block of 32
  * columns d = max|x| / 127 and x8 = round(x / d), ties to even. With w = s (q - z) per
@@ -209,4 +212,181 @@ static void Q8_FN(gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, int
         Q8_FN(rows)(y, ldy, xq, ldq, n, w, r, r + 16 <= r1 ? pf : 0, 8);
     for (; r < r1; r++)
         Q8_FN(rows)(y, ldy, xq, ldq, n, w, r, 0, 1);
+}
+
+/* ---- Q8X8 (q4x8.h): the lanes of a dot product vector are eight different blocks ------ */
+
+/* x is prepared as for Q4X8 (Q8_Q4X8(prep)): per set of 256 columns, vector v lane j byte t
+ * holds x8 of column 32j + 4v + t, the order of Q8X8's codes. Per set and (weight row, x
+ * row) the eight code vectors go into one int32 vector (lane j: block j's dot product),
+ * converted and scaled once: with VNNI one vpdpbusd a vector, else the sign trick and a
+ * vpmaddwd (the 16-bit pair sums, up to 32512, leave no room to add two before widening).
+ * The dot products live in registers for the set, the f32 sums in memory (as in Q4X8). */
+AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                       size_t rb, const weight_t *wt, const Q8_Q4X8(geom_t) *geo, int64_t r0,
+                       int64_t pf, const int R, const int N)
+{
+    const int64_t cols = wt->cols, ng = geo->ng, nsets = geo->nsets;
+    const int8_t *x8 = (const int8_t *)xq;
+    const int64_t ldq8 = ldq * 4;
+    const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
+    const __m256i gidx = geo->gidx;
+    const int64_t gstep = geo->gstep;
+    const int spg = geo->spg;
+#if !Q8_VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+#endif
+    int64_t g0 = 0;
+    int in_group = 0;
+    for (int64_t s = 0; s < nsets; s++) {
+        __asm__ volatile("" : "+m"(acc));
+        __m256i dot[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm256_setzero_si256();
+        const uint8_t *ws = w + s * Q8X8_SET_BYTES;
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+                for (int l = 0; l < 4; l++)
+                    _mm_prefetch((const char *)(ws + r * rb + pf + 64 * l), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(ws + r * rb + v * 32));
+#if !Q8_VNNI
+                __m256i qs = _mm256_xor_si256(q, top);
+                __m256i qa = _mm256_abs_epi8(qs);
+#endif
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    __m256i xv = _mm256_load_si256(
+                        (const __m256i *)(x8 + i * ldq8 + s * Q4X8_SET + v * 32));
+#if Q8_VNNI
+                    dot[r][i] = _mm256_dpbusd_epi32(dot[r][i], q, xv);
+#else
+                    dot[r][i] = _mm256_add_epi32(
+                        dot[r][i], _mm256_madd_epi16(
+                                       _mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, qs)), ones));
+                    __asm__("" : "+x"(dot[r][i]));
+#endif
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
+            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
+            sc = _mm256_permutevar8x32_ps(sc, gidx);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256 dv = _mm256_loadu_ps(xd + i * ldq + s * 8);
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][i]), _mm256_mul_ps(sc, dv),
+                                            acc[r][i]);
+            }
+        }
+        if (++in_group == spg) {
+            in_group = 0;
+            g0 += gstep ? gstep : 1;
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+
+/* Tiles as Q4X8's: 4 x 1 at one row of x, 2 x 2 at two or three, 2 x 4 from four. */
+AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                       const weight_t *w, const Q8_Q4X8(geom_t) *geo, int64_t r, int64_t pf,
+                       const int R)
+{
+    size_t rb = dtype_row_bytes(DTYPE_Q8X8, w->cols);
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
+    for (int i = 0; i < n;) {
+        int64_t p = i == 0 ? pf : 0;
+        float *yi = y + i * ldy + r;
+        const float *qi = xq + i * ldq;
+        int left = n - i;
+        if (R == 1) {
+            int nn = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            if (nn == 4)
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 4);
+            else if (nn == 2)
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 2);
+            else
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 1);
+            i += nn;
+        } else if (left >= 4) {
+            for (int h = 0; h < R; h += 2)
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 4);
+            i += 4;
+        } else if (left >= 2) {
+            for (int h = 0; h < R; h += 2)
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 2);
+            i += 2;
+        } else {
+            for (int h = 0; h < R; h += 4)
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 4, 1);
+            i += 1;
+        }
+    }
+}
+
+static void Q8_FN(x8_gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                           const weight_t *w, int64_t r0, int64_t r1)
+{
+    size_t rb = dtype_row_bytes(DTYPE_Q8X8, w->cols);
+    int64_t pf = 8 * (int64_t)rb;
+    const Q8_Q4X8(geom_t) geo = Q8_Q4X8(geom)(w);
+    int64_t r = r0;
+    for (; r + 8 <= r1; r += 8)
+        Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r,
+                       (r + 8) * (int64_t)rb + pf <= r1 * (int64_t)rb ? pf : 0, 8);
+    for (; r < r1; r++)
+        Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r, 0, 1);
+}
+
+/* dst[(r - r0) * cols + k] = W[r][k] as f32 (the prefill path and embed): each set's codes
+ * are put back in column order four bytes at a time, then converted a block at a time. */
+__attribute__((unused)) static void Q8_FN(x8_rows_to_f32)(float *dst, const weight_t *w,
+                                                          int64_t r0, int64_t r1)
+{
+    int64_t cols = w->cols, ng = cols / w->group;
+    size_t rb = dtype_row_bytes(DTYPE_Q8X8, cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *d = dst + (r - r0) * cols;
+        for (int64_t s = 0; s < cols / Q4X8_SET; s++) {
+            _Alignas(32) uint8_t t[Q4X8_SET];
+            const uint8_t *in = row + s * Q8X8_SET_BYTES;
+            for (int v = 0; v < 8; v++)
+                for (int j = 0; j < 8; j++)
+                    memcpy(t + 32 * j + 4 * v, in + 32 * v + 4 * j, 4);
+            for (int j = 0; j < 8; j++) {
+                int64_t g = (s * Q4X8_SET + 32 * j) / w->group;
+                __m256 sc = _mm256_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
+                __m256 ze = _mm256_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
+                for (int h = 0; h < 32; h += 8) {
+                    __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(t + 32 * j + h))));
+                    _mm256_storeu_ps(d + s * Q4X8_SET + 32 * j + h,
+                                     _mm256_mul_ps(_mm256_sub_ps(q, ze), sc));
+                }
+            }
+        }
+    }
 }
