@@ -56,4 +56,9 @@ int cli_parse_float(const char *s, double *out);
 int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int user_len,
                        int json);
 
+/* river bench --kernels (cli/bench_kernels.c): the CPU matmul kernels alone on Llama 3.2
+ * 1B's shapes, per SIMD level, format and batch, against the read bandwidth; its own
+ * options from argv. Returns the process exit status. */
+int bench_kernels(int argc, char **argv);
+
 #endif

@@ -423,7 +423,8 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
         quant_dequant_row(w, row, out);
         return 0;
     }
-    case DTYPE_Q4X8: /* the CPU backend's own layout: placed weights are read by the ops */
+    case DTYPE_Q4X8: /* the CPU backends' own layouts: placed weights are read by the ops */
+    case DTYPE_Q8X8:
     case DTYPE_COUNT:
         break;
     }
