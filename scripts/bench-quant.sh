@@ -12,9 +12,9 @@
 # Everything is written once under $BUILD/bench-quant and reused. Each figure is the median
 # over ROUNDS rounds (default 3); a round measures every configuration once, llama.cpp and
 # River alternating, River at its native SIMD level and at RIVER_SIMD=avx2. A River figure
-# is `river run --output json`'s decode_tok_s for GEN tokens (default 32) after a short
+# is `river run --output json`'s decode_tok_s for GEN tokens (default 16) after a short
 # prompt, no stop on EOS; a llama.cpp figure is tests/llamacpp/ref.mjs bench (GEN tokens
-# timed from the first generated one, after one warm-up run in the same process).
+# timed from the first generated one, after a 4-token warm-up in the same process).
 #
 # The ratios: River q8 / llama.cpp q8_0, River q4 / llama.cpp q4_0, River on each GGUF /
 # llama.cpp on it, each exit figure / its byte ideal (the same backbone's plain decode
@@ -32,7 +32,7 @@ river=$build/bin/river
 dir=$build/bench-quant
 npm_dir=$build/npm/llama.cpp
 ROUNDS=${ROUNDS:-3}
-GEN=${GEN:-32}
+GEN=${GEN:-16}
 THREADS=${THREADS:-2}
 PROMPT="Once upon a time, in a small village by the sea,"
 skip() {
@@ -143,7 +143,7 @@ done
 awk '{v[$1] = v[$1] " " $2} END {for (k in v) print k, v[k]}' "$results" |
     while read -r key vals; do
         med=$(printf '%s\n' $vals | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-        echo "$key $med"
+        printf "%s %.2f\n" "$key" "$med"
     done | sort >"$dir/medians.txt"
 med() { awk -v k="$1" '$1 == k {print $2}' "$dir/medians.txt"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
