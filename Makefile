@@ -113,7 +113,8 @@ GATEWAY_BIN := $(if $(GATEWAY_SRC),$(BUILD)/bin/river-gateway)
 GATEWAY_LIBS := $(shell pkg-config --libs nettle 2>/dev/null)
 GATEWAY_FUZZ_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/openai.o $(BUILD)/gateway/errors.o)
 SERVE_BINS  += $(GATEWAY_BIN)
-TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh scripts/test-run-tests.sh
+TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh scripts/test-run-tests.sh \
+	scripts/test-llamacpp.sh
 # The rules below come before `all`, which stays the default goal.
 .DEFAULT_GOAL := all
 $(GATEWAY_OBJ): | $(PROTO_GEN_H)
@@ -128,6 +129,15 @@ test-openai: deps-check
 build-test-openai: build-all
 	$(Q)BUILD=$(BUILD) scripts/test-openai.sh
 # One greedy stream through the gateway + riverd against riverd alone and `river run`.
+# River's quantized decode against llama.cpp (node-llama-cpp) on Llama 3.2 1B's shape, GGUF
+# files and River's own q8/q4 checkpoints, with and without an exit (scripts/bench-quant.sh;
+# ROUNDS, GEN, THREADS).
+.PHONY: bench-quant build-bench-quant
+bench-quant: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-quant
+build-bench-quant: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-quant.sh
+
 .PHONY: bench-gateway build-bench-gateway
 bench-gateway: deps-check
 	$(Q)$(MAKE) --no-print-directory build-bench-gateway
@@ -409,7 +419,7 @@ build-fuzz: $(FUZZ_BINS)
 
 # Seeds for the targets whose inputs only a real encoder makes (fuzz/seeds.c: river and
 # router files of the targets' tiny model, riverd's replies, the split pair's frames);
-# rewrites fuzz/corpus/{river,router,client_reply,admin_reply,pair}/.
+# rewrites fuzz/corpus/{river,router,client_reply,admin_reply,pair,gguf}/.
 .PHONY: fuzz-seeds
 fuzz-seeds: deps-check
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/fuzz/seeds

@@ -10,6 +10,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 int cmd_quant(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
@@ -54,5 +55,10 @@ int cli_parse_float(const char *s, double *out);
  * id agrees, and the cache's hit rate. */
 int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int user_len,
                        int json);
+
+/* river bench --kernels (cli/bench_kernels.c): the CPU matmul kernels alone on Llama 3.2
+ * 1B's shapes, per SIMD level, format and batch, against the read bandwidth; its own
+ * options from argv. Returns the process exit status. */
+int bench_kernels(int argc, char **argv);
 
 #endif

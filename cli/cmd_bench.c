@@ -109,6 +109,8 @@ static void bench__usage(FILE *f)
                "step (backbone to layer E, default L/2, then the river) and verify passes of\n"
                "k+1 rows for k = 1..K (default 8), median of --runs (at least 5), and prints\n"
                "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n"
+               "--kernels instead times the CPU matmul kernels alone on Llama 3.2 1B's shapes\n"
+               "(river bench --kernels --help).\n"
                "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
                "copying each matrix of 2 MiB or more into huge pages (copy, the default).\n");
 }
@@ -136,6 +138,9 @@ int cmd_bench(int argc, char **argv)
     long history = 512, turns = 4, user_len = 32;
     long draft = 8, exit_layer = 0;
     int json = 0, c, li = 0, prefix_reuse = 0, gen_len_set = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kernels"))
+            return bench_kernels(argc, argv);
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         long *target = NULL, lo = 1, hi = 1 << 20;

@@ -20,6 +20,7 @@
 #include "engine/forward.h"
 #include "engine/offload.h"
 #include "engine/sampler.h"
+#include "engine/spec_cost.h"
 
 #define EVAL_MAX_SWEEP 32
 
@@ -119,12 +120,65 @@ static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const i
     return e;
 }
 
+/* The reference run of --reference: opens the model at path (it must share the vocabulary),
+ * decodes every prompt greedily on it and keeps its tokens and logits in ps. */
+static int eval__reference(const char *path, const char *tok_path, int threads,
+                           eval_prompt_t *ps, int n_ps, int max_tokens, int vocab)
+{
+    cli_env_t renv;
+    int e = cli_env_open(&renv, path, tok_path, threads, 0);
+    if (e)
+        return e;
+    forward_t *f = NULL;
+    kv_pool_t *kv = NULL;
+    int32_t *depth = malloc(sizeof *depth * (size_t)max_tokens);
+    const model_config_t *cfg = &renv.model->cfg;
+    if (cfg->vocab_size != vocab) {
+        e = river_err_set(RIVER_EINVAL, "%s: reference vocabulary of %d; the model's is %d",
+                          path, cfg->vocab_size, vocab);
+        goto out;
+    }
+    if (!depth) {
+        e = river_err_set(RIVER_ENOMEM, "eval: reference depths");
+        goto out;
+    }
+    if ((e = forward_new(&f, renv.model, renv.be, 64)) ||
+        (e = kv_pool_new(&kv, renv.be, cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, 16,
+                         (cfg->max_seq_len + 15) / 16 + 2)))
+        goto out;
+    for (int i = 0; i < n_ps && !e; i++) {
+        eval_prompt_t *p = &ps[i];
+        if ((size_t)p->n_ids + (size_t)max_tokens > (size_t)cfg->max_seq_len) {
+            e = river_err_set(RIVER_EINVAL, "%s: prompt %d does not fit the reference's "
+                              "context of %d", path, i + 1, cfg->max_seq_len);
+            break;
+        }
+        p->n_gen = max_tokens;
+        p->gen = malloc(sizeof *p->gen * (size_t)p->n_gen);
+        p->logits = malloc(sizeof *p->logits * (size_t)p->n_gen * (size_t)vocab);
+        if (!p->gen || !p->logits) {
+            e = river_err_set(RIVER_ENOMEM, "eval: reference logits");
+            break;
+        }
+        double ds;
+        e = eval__sequence(f, kv, renv.model, p->ids, p->n_ids, p->n_gen, NULL, p->gen,
+                           p->logits, depth, &ds);
+    }
+out:
+    free(depth);
+    kv_pool_destroy(&kv);
+    forward_destroy(&f);
+    cli_env_close(&renv);
+    return e;
+}
+
 static void eval__usage(FILE *f)
 {
     fprintf(f,
             "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE\n"
             "                  [--sweep a,b,c] [--max-tokens N] [--threads N]\n"
-            "                  [--offload-threshold F] [--output text|json]\n");
+            "                  [--offload-threshold F] [--reference MODEL]\n"
+            "                  [--output text|json]\n");
     exit_opts_usage(f, 18);
     fprintf(f,
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
@@ -135,6 +189,11 @@ static void eval__usage(FILE *f)
             "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n"
             "--offload-threshold F releases backbone layers reached by fewer than F of the\n"
             "tokens (their mapped pages) and reports resident memory before and after.\n"
+            "--reference MODEL takes the reference tokens and logits from another\n"
+            "checkpoint of the same vocabulary (e.g. the bf16 source of a quantized\n"
+            "backbone): every setting, --policy none included, is then measured against it.\n"
+            "Every setting also prints the weight bytes a token reads (backbone layers,\n"
+            "river layers, heads; engine/spec_cost.h) and the bytes-ideal speed-up.\n"
             "--lossless generates every prompt with the plain backbone and in lossless mode\n"
             "(the exit path drafts, the backbone verifies) and prints per setting whether\n"
             "the ids are identical, acceptance_rate (accepted / drafted), mean_accepted (ids\n"
@@ -151,8 +210,10 @@ int cmd_eval(int argc, char **argv)
         {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 'j'},
         {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
         {"offload-threshold", required_argument, 0, 'O'},
+        {"reference", required_argument, 0, 'R'},
         {0, 0, 0, 0},
     };
+    const char *ref_path = NULL;
     double offload_threshold = 0;
     const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *sweep = NULL;
     long max_tokens = 32, threads = 0;
@@ -190,6 +251,7 @@ int cmd_eval(int argc, char **argv)
                 offload_threshold >= 1)
                 goto bad_value;
             break;
+        case 'R': ref_path = optarg; break;
         case 'h': eval__usage(stdout); return 0;
         default: eval__usage(stderr); return 2;
         }
@@ -220,6 +282,10 @@ int cmd_eval(int argc, char **argv)
     int e = exit_opts_check_lossless(&xo);
     if (e)
         return cli_fail("eval", e);
+    if (xo.lossless && ref_path)
+        return cli_fail("eval", river_err_set(RIVER_EINVAL, "--lossless and --reference do "
+                                              "not combine (lossless is exact to the model's "
+                                              "own backbone)"));
     if (xo.lossless && offload_threshold > 0)
         return cli_fail("eval", river_err_set(RIVER_EINVAL, "--lossless and "
                                               "--offload-threshold do not combine"));
@@ -325,11 +391,15 @@ int cmd_eval(int argc, char **argv)
         r_ratio = (xc.cfg.cost_r_fixed + xc.cfg.cost_r_row) /
                   (xc.cfg.cost_b_fixed + xc.cfg.cost_b_row);
     }
-    /* The backbone's own greedy run: the reference tokens, logits and speed. */
+    /* The backbone's own greedy run, or the reference model's: the reference tokens and
+     * logits. */
     double bb_s = 0;
     int64_t bb_tokens = 0;
     forward_set_exit(f, NULL);
-    for (int i = 0; i < n_ps; i++) {
+    if (ref_path && (e = eval__reference(ref_path, tok_path, (int)threads, ps, n_ps,
+                                         (int)max_tokens, vocab)))
+        goto done;
+    for (int i = 0; i < n_ps && !ref_path; i++) {
         eval_prompt_t *p = &ps[i];
         p->n_gen = (int)max_tokens;
         p->gen = malloc(sizeof *p->gen * (size_t)p->n_gen);
@@ -354,6 +424,12 @@ int cmd_eval(int argc, char **argv)
      * buffers, after the same warm-up), so the speed-ups compare like with like. */
     bb_s = 0;
     bb_tokens = 0;
+    if (ref_path) {
+        /* The reference came from another model: fault this one's weights in, untimed. */
+        double ds;
+        e = eval__sequence(f, kv, m, ps[0].ids, ps[0].n_ids, ps[0].n_gen, ps[0].gen, NULL, lg,
+                           depth, &ds);
+    }
     for (int i = 0; i < n_ps && !e; i++) {
         double ds;
         e = eval__sequence(f, kv, m, ps[i].ids, ps[i].n_ids, ps[i].n_gen, ps[i].gen, NULL, lg,
@@ -440,6 +516,10 @@ int cmd_eval(int argc, char **argv)
         }
         fwd_stats_t st;
         forward_get_stats(f, &st);
+        /* Bytes a token reads on this setting's paths against the plain backbone's. */
+        spec_bytes_t pb, sb;
+        spec_path_bytes(m, NULL, L, &pb);
+        spec_path_bytes_mean(m, &sc, hist, &sb);
         double tok_s = (double)n_dec / dec_s;
         double mean_depth = depth_sum / (double)n_tok;
         double mean_river = river_sum / (double)n_tok;
@@ -480,6 +560,14 @@ int cmd_eval(int argc, char **argv)
                 json_object_set_new(o, "rss_after_bytes", json_integer(rss_after));
             }
             if (o) {
+                json_object_set_new(o, "bytes_per_token", json_real(sb.total));
+                json_object_set_new(o, "bytes_backbone_layers", json_real(sb.backbone_layers));
+                json_object_set_new(o, "bytes_river_layers", json_real(sb.river_layers));
+                json_object_set_new(o, "bytes_heads", json_real(sb.heads));
+                json_object_set_new(o, "plain_bytes_per_token", json_real(pb.total));
+                json_object_set_new(o, "bytes_ideal_speedup", json_real(pb.total / sb.total));
+                if (ref_path)
+                    json_object_set_new(o, "reference", json_string(ref_path));
                 json_object_set_new(o, "value", json_real(value));
                 json_object_set_new(o, "simd", json_string(cli_env_simd_name(&env)));
                 char *s = json_dumps(o, JSON_COMPACT);
@@ -499,6 +587,10 @@ int cmd_eval(int argc, char **argv)
             printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f\n",
                    st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,
                    (double)rss / 1048576.0, r_ratio);
+            printf("         bytes/token %.4f MB (backbone layers %.4f, river layers %.4f, "
+                   "heads %.4f; plain %.4f): bytes-ideal speed-up %.3f\n", sb.total / 1e6,
+                   sb.backbone_layers / 1e6, sb.river_layers / 1e6, sb.heads / 1e6,
+                   pb.total / 1e6, pb.total / sb.total);
             if (offload_threshold > 0)
                 printf("         offload < %.3f: %d layers released (%.1f MiB), %lld reloads, "
                        "RSS %.1f -> %.1f MiB\n", offload_threshold, n_evicted,

@@ -13,7 +13,8 @@ static void info_usage(FILE *f)
     fprintf(f, "usage: river info --model PATH [--output text|json]\n\n"
                "Prints a model's architecture, dimensions, weight dtype, parameter count,\n"
                "the bytes of weights one decode step reads, and its rotary embedding.\n"
-               "PATH is a Hugging Face directory, its config.json, or a llama2.c .bin.\n");
+               "PATH is a Hugging Face directory, its config.json, a GGUF file or a\n"
+               "llama2.c .bin.\n");
 }
 
 static const char *info_scaling_name(rope_scaling_t s)
@@ -59,7 +60,8 @@ static int info_text(const model_t *m)
     char a[40], b[40];
     long long params = model_param_count(m), bpt = model_bytes_per_token(m);
     printf("model:            %s\n", m->path);
-    printf("format:           %s\n", m->is_llama2c ? "llama2.c v0" : "safetensors");
+    printf("format:           %s\n",
+           m->is_llama2c ? "llama2.c v0" : m->is_gguf ? "gguf" : "safetensors");
     printf("architecture:     %s\n", arch_name(c->arch));
     printf("layers:           %d\n", c->n_layers);
     printf("dim:              %d\n", c->dim);
@@ -130,7 +132,8 @@ static int info_json(const model_t *m)
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:b, s:o, s:o, s:i, "
         "s:o, s:I, s:I}",
-        "path", m->path, "format", m->is_llama2c ? "llama2c" : "safetensors", "architecture",
+        "path", m->path, "format",
+        m->is_llama2c ? "llama2c" : m->is_gguf ? "gguf" : "safetensors", "architecture",
         arch_name(c->arch), "layers", c->n_layers, "dim", c->dim, "heads", c->n_heads,
         "kv_heads", c->n_kv_heads, "head_dim", c->head_dim, "hidden_dim", c->hidden_dim,
         "vocab_size", c->vocab_size, "max_seq_len", c->max_seq_len, "dtype",

@@ -16,8 +16,8 @@ static void tokenize_usage(FILE *f)
     fprintf(f, "usage: river tokenize --tokenizer PATH [--special] [--output json]\n\n"
                "Reads UTF-8 text from stdin (all of it, as is) and prints its token ids as\n"
                "{\"ids\":[...]}. --special applies the tokenizer's post-processor (BOS/EOS).\n"
-               "PATH is a tokenizer.json, a model directory holding one, or a llama2.c\n"
-               "tok*.bin.\n");
+               "PATH is a tokenizer.json, a model directory holding one, a GGUF file (its\n"
+               "tokenizer.ggml.* metadata) or a llama2.c tok*.bin.\n");
 }
 
 static void detokenize_usage(FILE *f)
@@ -25,8 +25,8 @@ static void detokenize_usage(FILE *f)
     fprintf(f, "usage: river detokenize --tokenizer PATH [--skip-special]\n\n"
                "Reads a JSON array of token ids (or {\"ids\":[...]}) from stdin and prints the\n"
                "decoded text, with no newline added. --skip-special drops special tokens.\n"
-               "PATH is a tokenizer.json, a model directory holding one, or a llama2.c\n"
-               "tok*.bin.\n");
+               "PATH is a tokenizer.json, a model directory holding one, a GGUF file (its\n"
+               "tokenizer.ggml.* metadata) or a llama2.c tok*.bin.\n");
 }
 
 /* Reads all of stdin. */

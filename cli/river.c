@@ -17,6 +17,7 @@ static const command_t commands[] = {
     {"detokenize", cmd_detokenize, "decode a JSON id array from stdin to text"},
     {"run", cmd_run, "generate text from a prompt"},
     {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline"},
+    {"export", cmd_export, "write a model as a GGUF file for llama.cpp (--gguf)"},
     {"synth", cmd_synth, "write a random-weight checkpoint of a real model's shape"},
     {"quant", cmd_quant, "build the Exit River: a 4-bit copy of the later layers"},
     {"calibrate", cmd_calibrate, "train TIDE exit routers on calibration text"},

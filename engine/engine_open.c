@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
 #include "kernels/backend.h"
 
 int engine_find_tokenizer(const char *model_path, char *buf, size_t cap)
@@ -14,6 +15,11 @@ int engine_find_tokenizer(const char *model_path, char *buf, size_t cap)
     struct stat st;
     if (stat(model_path, &st) != 0)
         return river_err_set(RIVER_ENOTFOUND, "%s: no such file or directory", model_path);
+    /* A GGUF file carries its tokenizer (text/tokenizer_gguf.c reads it). */
+    if (!S_ISDIR(st.st_mode) && gguf_path_is_gguf(model_path)) {
+        snprintf(buf, cap, "%s", model_path);
+        return 0;
+    }
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", model_path);
     if (!S_ISDIR(st.st_mode)) {

@@ -42,8 +42,8 @@ int engine_open(engine_env_t *env, const engine_opts_t *opts);
  * the model points at); safe on a zeroed or closed env. */
 void engine_close(engine_env_t *env);
 
-/* The tokenizer file of a model path: tokenizer.json in its directory, or the one tok*.bin
- * beside a llama2.c file. Written to buf; RIVER_ENOTFOUND otherwise. */
+/* The tokenizer file of a model path: the GGUF file itself, tokenizer.json in its directory,
+ * or the one tok*.bin beside a llama2.c file. Written to buf; RIVER_ENOTFOUND otherwise. */
 int engine_find_tokenizer(const char *model_path, char *buf, size_t cap);
 
 #endif

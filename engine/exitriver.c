@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/err.h"
 #include "kernels/backend.h"
@@ -53,7 +54,12 @@ int exitriver_default_path(const model_t *m, const quant_params_t *p, char *buf,
     snprintf(tail, sizeof tail, "river-q%d-g%d-%s.safetensors", p->bits, p->group,
              quant_method_name(p->method));
     int n;
-    if (m->is_llama2c) {
+    if (m->is_gguf) {
+        /* model.gguf -> model.river-q4-g64-hqq.safetensors, beside it. */
+        size_t len = strlen(m->path);
+        int stem = len > 5 && !strcasecmp(m->path + len - 5, ".gguf") ? (int)len - 5 : (int)len;
+        n = snprintf(buf, cap, "%.*s.%s", stem, m->path, tail);
+    } else if (m->is_llama2c) {
         const char *base = strrchr(m->path, '/');
         base = base ? base + 1 : m->path;
         const char *dot = strrchr(base, '.');

@@ -44,7 +44,8 @@ const weight_t *exitriver_matrix(const layer_weights_t *L, int i);
 void exitriver_tensor_name(char *buf, size_t cap, int layer, int mat, const char *part);
 
 /* The default river path for a model and parameters: river-q4-g64-hqq.safetensors in the
- * model's directory, or <stem>-river-q4-g64-hqq.safetensors beside a llama2.c .bin (so two
+ * model's directory, <stem>.river-q4-g64-hqq.safetensors beside a GGUF file <stem>.gguf, or
+ * <stem>-river-q4-g64-hqq.safetensors beside a llama2.c .bin (so two
  * .bin models in one directory do not share a name). */
 int exitriver_default_path(const model_t *m, const quant_params_t *p, char *buf, size_t cap);
 

@@ -13,6 +13,8 @@ const char *quant_method_name(quant_method_t m)
         return "rtn";
     case QUANT_HQQ:
         return "hqq";
+    case QUANT_SYM:
+        return "sym";
     case QUANT_METHOD_COUNT:
         break;
     }

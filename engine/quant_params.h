@@ -12,10 +12,13 @@
 typedef enum {
     QUANT_RTN = 0,
     QUANT_HQQ,
+    QUANT_SYM, /* symmetric: scale = max|w| / (2^(b-1) - 1) per group and zero = 2^(b-1)
+                  exactly; at 8 bits with group 32 the affine spelling of llama.cpp's Q8_0
+                  (int8 codes, one scale a block of 32) */
     QUANT_METHOD_COUNT
 } quant_method_t;
 
-/* "rtn" or "hqq". */
+/* "rtn", "hqq" or "sym". */
 const char *quant_method_name(quant_method_t m);
 /* The method named s; -1 when s names none. */
 int quant_method_parse(const char *s, quant_method_t *out);

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "model/model.h"
+
 double spec_expected_tokens(double alpha, int k)
 {
     if (alpha >= 1)
@@ -30,4 +32,55 @@ int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
     if (best)
         *best = s_best;
     return k_best;
+}
+
+void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer,
+                     spec_bytes_t *out)
+{
+    int L = m->cfg.n_layers;
+    if (!x || x->policy.rule == EXIT_RULE_NONE || x->policy.kv == EXIT_KV_POSTHOC ||
+        exit_layer < 0 || exit_layer > L)
+        exit_layer = L;
+    int river = x && x->policy.kv == EXIT_KV_RIVER;
+    spec_bytes_t b = {0};
+    for (int l = 0; l < L; l++) {
+        const layer_weights_t *rl = river && x->river ? x->river[l] : NULL;
+        if (l < exit_layer || (river && !rl))
+            b.backbone_layers += (double)model_layer_bytes(&m->layers[l]);
+        else if (rl)
+            b.river_layers += (double)model_layer_bytes(rl);
+    }
+    const weight_t *head = river && exit_layer < L && x->river_head ? x->river_head : &m->lm_head;
+    b.heads = (double)(model_weight_bytes(&m->embed, 1) + model_weight_bytes(&m->final_norm, 1) +
+                       model_weight_bytes(head, head->rows));
+    b.total = b.backbone_layers + b.river_layers + b.heads;
+    *out = b;
+}
+
+void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
+                          spec_bytes_t *out)
+{
+    int L = m->cfg.n_layers;
+    spec_bytes_t sum = {0};
+    double n = 0;
+    for (int d = 0; d <= L; d++) {
+        if (!hist[d])
+            continue;
+        spec_bytes_t b;
+        spec_path_bytes(m, x, d, &b);
+        double w = (double)hist[d];
+        sum.backbone_layers += w * b.backbone_layers;
+        sum.river_layers += w * b.river_layers;
+        sum.heads += w * b.heads;
+        n += w;
+    }
+    if (n == 0) {
+        spec_path_bytes(m, NULL, L, out);
+        return;
+    }
+    sum.backbone_layers /= n;
+    sum.river_layers /= n;
+    sum.heads /= n;
+    sum.total = sum.backbone_layers + sum.river_layers + sum.heads;
+    *out = sum;
 }

@@ -9,6 +9,31 @@
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 
+/* The weight bytes one decoded token reads on its path, the memory-bound decode's cost:
+ * packed codes plus fp16 scales and zeros for Q4/Q8 weights (model_weight_bytes). */
+typedef struct spec_bytes {
+    double backbone_layers; /* the backbone layers it ran */
+    double river_layers;    /* the river layers it ran after it exited */
+    double heads;           /* the embedding row, the final norm and the LM head it used (the
+                               river's own head after an exit, where the river has one) */
+    double total;
+} spec_bytes_t;
+
+/* The bytes of a token that leaves the backbone after `exit_layer` layers (0..n_layers)
+ * under exit configuration x: with the river strategy it runs the river's layers from there
+ * (a layer below the river's start on the backbone) and the river's head where there is
+ * one; the baselines but post-hoc skip the remaining layers (recompute's later catch-up is
+ * not counted); x NULL, rule none, post-hoc or exit_layer n_layers: the plain backbone.
+ * This one function is the bytes model of `river eval` and of the draft step of `bench
+ * --spec-costs`: a river of the backbone's own bits reads as many bytes a layer as the
+ * backbone, so only a smaller river head makes its path cheaper. */
+void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer,
+                     spec_bytes_t *out);
+/* The mean over tokens counted by exit depth, hist[0..n_layers] (hist[d]: tokens that left
+ * after d layers); an empty histogram gives the plain backbone's bytes. */
+void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
+                          spec_bytes_t *out);
+
 /* The longest draft the cost model considers (GEN_DRAFT_MAX). */
 #define SPEC_K_MAX 16
 

@@ -3,10 +3,13 @@
  * router_set_save), and the frames riverd, the split pair's halves and riverd's admin
  * endpoint send (packed by protobuf-c from the messages those processes fill). Run from the
  * repository root, `make fuzz-seeds`; it rewrites fuzz/corpus/{river,router,client_reply,
- * admin_reply,pair}/. */
+ * admin_reply,pair,gguf}/. */
 #include "fuzz/targets.c"
 #include "model/fingerprint.h"
 #include "offline/exitriver_build.h"
+#include "common/file.h"
+#include "offline/gguf_export.h"
+#include "offline/gguf_write.h"
 #include "offline/router_train.h"
 
 /* Writes data to fuzz/corpus/<target>/<name>; exits on failure (this is main's helper). */
@@ -344,6 +347,79 @@ static void seeds_pair(const model_t *m)
     cpu_backend_destroy(&be);
 }
 
+/* GGUF files: the tiny model exported in two types with stories260K's tokenizer, that
+ * tokenizer alone, and one key of every metadata type. */
+static void seeds_gguf(const model_t *m)
+{
+    static const char *const types[] = {"q8_0", "q4_0"};
+    char path[128];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/seed.gguf", fuzz_dir_get());
+        gguf_export_opts_t o = {.type = types[i], .tokenizer = "tests/data/stories260K/tok512.bin",
+                                .name = "tiny"};
+        if (gguf_export_model(m, path, &o) != 0) {
+            fprintf(stderr, "seeds: gguf: %s\n", river_err_detail());
+            exit(1);
+        }
+        size_t len;
+        char *data = NULL;
+        if (river_read_file(path, &data, &len) != 0) {
+            fprintf(stderr, "seeds: %s\n", river_err_detail());
+            exit(1);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "tiny-%s.gguf", types[i]);
+        seed_write("gguf", name, data, len);
+        free(data);
+        unlink(path);
+    }
+    for (int k = 0; k < 2; k++) {
+        gguf_writer_t *w;
+        int e = gguf_writer_new(&w);
+        if (!e && k == 0) {
+            e = gguf_export_tokenizer(w, "tests/data/stories260K/tok512.bin", 512, -1, -1);
+        } else if (!e) {
+            uint8_t u8 = 1;
+            int8_t i8 = -1;
+            uint16_t u16 = 2;
+            int16_t i16 = -2;
+            uint64_t u64 = 3;
+            int64_t i64 = -3;
+            double f64 = 0.5;
+            int32_t arr[3] = {1, 2, 3};
+            const char *strs[2] = {"a", "bc"};
+            const void *vals[] = {&u8, &i8, &u16, &i16, &u64, &i64, &f64};
+            const gguf_type_t ts[] = {GGUF_TYPE_UINT8,  GGUF_TYPE_INT8,  GGUF_TYPE_UINT16,
+                                      GGUF_TYPE_INT16,  GGUF_TYPE_UINT64, GGUF_TYPE_INT64,
+                                      GGUF_TYPE_FLOAT64};
+            for (int i = 0; i < 7 && !e; i++) {
+                char key[16];
+                snprintf(key, sizeof key, "k.%s", gguf_type_name(ts[i]));
+                e = gguf_writer_set_scalar(w, key, ts[i], vals[i]);
+            }
+            if (!e)
+                e = gguf_writer_set_u32(w, "general.alignment", 64);
+            if (!e)
+                e = gguf_writer_set_arr(w, "k.arr", GGUF_TYPE_INT32, arr, 3);
+            if (!e)
+                e = gguf_writer_set_arr_str(w, "k.strs", strs, NULL, 2);
+        }
+        snprintf(path, sizeof path, "%s/seed.gguf", fuzz_dir_get());
+        if (!e)
+            e = gguf_writer_write(w, path);
+        gguf_writer_destroy(&w);
+        size_t len;
+        char *data = NULL;
+        if (e || river_read_file(path, &data, &len) != 0) {
+            fprintf(stderr, "seeds: gguf: %s\n", river_err_detail());
+            exit(1);
+        }
+        seed_write("gguf", k == 0 ? "tok512.gguf" : "metadata.gguf", data, len);
+        free(data);
+        unlink(path);
+    }
+}
+
 int main(void)
 {
     const model_t *m = fuzz_tiny();
@@ -352,5 +428,6 @@ int main(void)
     seeds_client_reply();
     seeds_admin_reply();
     seeds_pair(m);
+    seeds_gguf(m);
     return 0;
 }

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/frame.h"
+#include "common/gguf.h"
 #include "common/log.h"
 #include "model/fingerprint.h"
 #include "text/chat_template.h"
@@ -47,10 +48,10 @@ static char fuzz_dir[64];
 
 static void fuzz_dir_remove(void)
 {
-    static const char *names[] = {"model.bin",         "config.json",         "model.safetensors",
-                                  "tokenizer.json",    "river.safetensors",   "routers.safetensors",
-                                  "tiny/model.bin",    "clients.sock",        "admin.sock",
-                                  "backbone.sock",     "river.sock"};
+    static const char *names[] = {"model.gguf",         "model.bin",         "config.json",
+                                  "model.safetensors",  "tokenizer.json",    "river.safetensors",
+                                  "routers.safetensors", "tiny/model.bin",   "clients.sock",
+                                  "admin.sock",         "backbone.sock",     "river.sock"};
     char p[128];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", fuzz_dir, names[i]);
@@ -148,6 +149,61 @@ static void fuzz_safetensors(const uint8_t *d, size_t n)
         (void)safetensors_metadata(f, "format");
         (void)sink;
         safetensors_destroy(&f);
+    }
+}
+
+/* GGUF: the container parsed in memory with every key, array element and tensor touched
+ * through the accessors, then the same bytes as a model file and as a tokenizer. */
+static void fuzz_gguf(const uint8_t *d, size_t n)
+{
+    gguf_t *g = NULL;
+    if (gguf_open_mem(&g, d, n, "fuzz.gguf") == 0) {
+        volatile uint64_t sink = 0;
+        for (uint64_t i = 0; i < g->n_kv; i++) {
+            const gguf_kv_t *kv = &g->kv[i];
+            int64_t v;
+            float f;
+            const char *s;
+            size_t len;
+            if (gguf_get_i64(g, kv->key, &v) == 0)
+                sink += (uint64_t)v;
+            if (gguf_get_f32(g, kv->key, &f) == 0)
+                sink += (uint64_t)(f == f);
+            if (gguf_get_str(g, kv->key, &s, &len) == 0 && len)
+                sink += (unsigned char)s[len - 1];
+            for (uint64_t k = 0; kv->type == GGUF_TYPE_ARRAY && k < kv->n && k < 4096; k++) {
+                if (kv->arr_type == GGUF_TYPE_STRING) {
+                    s = gguf_arr_str(kv, k, &len);
+                    sink += len ? (unsigned char)s[len - 1] : 0;
+                } else if (kv->arr_type == GGUF_TYPE_FLOAT32 || kv->arr_type == GGUF_TYPE_FLOAT64) {
+                    sink += (uint64_t)(gguf_arr_float(kv, k) == 0);
+                } else {
+                    sink += (uint64_t)gguf_arr_int(kv, k);
+                }
+            }
+        }
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            const gguf_tensor_t *t = &g->tensors[i];
+            if (t->size)
+                sink += ((const unsigned char *)t->data)[0] ^
+                        ((const unsigned char *)t->data)[t->size - 1];
+            sink += gguf_find_tensor(g, t->name) == t;
+        }
+        (void)sink;
+        gguf_destroy(&g);
+    }
+    const char *p = fuzz_write("model.gguf", d, n);
+    model_t *m = NULL;
+    if (p && model_load(&m, p) == 0)
+        model_destroy(&m);
+    tokenizer_t *t = NULL;
+    if (p && tokenizer_load(&t, p, 0) == 0) {
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        static const char text[] = "<s>Hello, w\xc3\xb6rld 12 \xe2\x96\x81</s>";
+        if (tokenizer_encode(t, text, sizeof text - 1, 1, &ids, &n_ids) == 0)
+            free(ids);
+        tokenizer_destroy(&t);
     }
 }
 
@@ -1130,6 +1186,7 @@ const fuzz_target_t fuzz_targets[] = {
     {"frame_admin_request", fuzz_frame_admin_request},
     {"safetensors", fuzz_safetensors},
     {"llama2c", fuzz_llama2c},
+    {"gguf", fuzz_gguf},
     {"hfconfig", fuzz_hfconfig},
     {"tokenizer", fuzz_tokenizer},
     {"chat_template", fuzz_chat_template},

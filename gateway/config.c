@@ -13,7 +13,8 @@ static const config_key_t gw_config__model_keys[] = {
        "The name clients give as `model` (required); GET /v1/models lists it."),
     MD("dir", CONFIG_STRING, dir, 0, 0, "",
        "Model directory whose tokenizer_config.json holds the chat template and the "
-       "bos/eos tokens (the directory the workers load). Empty: no chat template, so only "
+       "bos/eos tokens (the directory the workers load), or the GGUF file the workers "
+       "load, whose tokenizer.chat_template and bos/eos ids serve instead. Empty: no chat template, so only "
        "/v1/completions serves this model unless chat_template is set."),
     MD("chat_template", CONFIG_STRING, chat_template, 0, 0, "",
        "A Jinja chat template file used instead of the directory's (for a model that has "

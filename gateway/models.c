@@ -1,6 +1,7 @@
 /* The served models and their chat templates. Each model's template is compiled once at
- * start (text/chat_template.h), from the model directory's tokenizer_config.json or from
- * a template file the configuration names; a chat request renders it into a prompt that
+ * start (text/chat_template.h), from the model directory's tokenizer_config.json, from a
+ * GGUF file's tokenizer.chat_template (`dir` naming the .gguf), or from a template file the
+ * configuration names; a chat request renders it into a prompt that
  * carries its special tokens as text, which the worker encodes without adding BOS. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
+#include "common/gguf.h"
 #include "common/log.h"
 #include "text/chat_template.h"
 #include "gateway/gateway.h"
@@ -33,6 +35,52 @@ static char *gw_models__token(json_t *cfg, const char *key)
     return strdup(json_is_string(v) ? json_string_value(v) : "");
 }
 
+/* The text of the token a GGUF file names by the id under `key`, or "" when none. */
+static char *gw_models__gguf_token(const gguf_t *g, const char *key)
+{
+    int id = -1;
+    const gguf_kv_t *toks;
+    if (gguf_get_int(g, key, &id) || id < 0 ||
+        gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks) ||
+        (uint64_t)id >= toks->n) {
+        river_err_clear();
+        return strdup("");
+    }
+    size_t len;
+    const char *s = gguf_arr_str(toks, (uint64_t)id, &len);
+    return strndup(s, len);
+}
+
+/* A GGUF model: its chat template (tmpl stays NULL without one, unless a template file is
+ * configured) and its bos/eos texts. */
+static int gw_models__load_gguf(gw_model_t *m, const gw_model_cfg_t *mc, int want_template)
+{
+    gguf_t *g;
+    int rc = gguf_open(&g, mc->dir);
+    if (rc)
+        return rc;
+    if (want_template) {
+        char *src = NULL;
+        rc = gguf_get_strdup(g, "tokenizer.chat_template", &src);
+        if (rc == RIVER_ENOTFOUND) {
+            log_warn("model %s: %s has no chat template: /v1/chat/completions will refuse it",
+                     mc->name, mc->dir);
+            rc = 0;
+        } else if (!rc) {
+            rc = chat_template_new(&m->tmpl, mc->dir, src);
+        }
+        free(src);
+    }
+    if (!rc) {
+        m->bos = gw_models__gguf_token(g, "tokenizer.ggml.bos_token_id");
+        m->eos = gw_models__gguf_token(g, "tokenizer.ggml.eos_token_id");
+        if (!m->bos || !m->eos)
+            rc = river_err_set(RIVER_ENOMEM, "special tokens");
+    }
+    gguf_destroy(&g);
+    return rc;
+}
+
 /* A template file named by the configuration; bos/eos still come from the directory. */
 static int gw_models__load_file(gw_model_t *m, const gw_model_cfg_t *mc)
 {
@@ -46,6 +94,8 @@ static int gw_models__load_file(gw_model_t *m, const gw_model_cfg_t *mc)
     if (rc)
         return rc;
     json_t *tc = NULL;
+    if (mc->dir[0] && gguf_path_is_gguf(mc->dir))
+        return gw_models__load_gguf(m, mc, 0);
     if (mc->dir[0]) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer_config.json", mc->dir);
@@ -69,8 +119,11 @@ static int gw_models__load(gw_model_t *m, const gw_model_cfg_t *mc)
     if (!mc->dir[0])
         return 0;
     struct stat st;
+    if (stat(mc->dir, &st) == 0 && S_ISREG(st.st_mode) && gguf_path_is_gguf(mc->dir))
+        return gw_models__load_gguf(m, mc, 1);
     if (stat(mc->dir, &st) || !S_ISDIR(st.st_mode))
-        return river_err_set(RIVER_ENOTFOUND, "dir %s is not a directory", mc->dir);
+        return river_err_set(RIVER_ENOTFOUND, "dir %s is neither a directory nor a GGUF file",
+                             mc->dir);
     int rc = chat_template_load_dir(&m->tmpl, mc->dir, mc->template_name[0] ? mc->template_name
                                                                             : NULL);
     if (rc == RIVER_ENOTFOUND) {

@@ -12,6 +12,7 @@ size_t dtype_size(dtype_t dt)
     case DTYPE_Q4:
     case DTYPE_Q8:
     case DTYPE_Q4X8:
+    case DTYPE_Q8X8:
     case DTYPE_COUNT:
         break;
     }
@@ -32,6 +33,7 @@ size_t dtype_row_bytes(dtype_t dt, int64_t cols)
         /* Two codes per byte; an odd last code still takes a whole byte. */
         return (size_t)(cols + 1) / 2;
     case DTYPE_Q8:
+    case DTYPE_Q8X8:
         return (size_t)cols;
     case DTYPE_COUNT:
         break;
@@ -54,6 +56,8 @@ const char *dtype_name(dtype_t dt)
         return "q8";
     case DTYPE_Q4X8:
         return "q4x8";
+    case DTYPE_Q8X8:
+        return "q8x8";
     case DTYPE_COUNT:
         break;
     }

@@ -26,6 +26,8 @@ typedef enum {
     DTYPE_Q8, /* 8-bit affine groups: data is (rows, cols) bytes */
     DTYPE_Q4X8, /* Q4 with its codes repacked by the CPU backend for its integer kernels
                    (kernels/cpu/q4x8.h); same size, scales and zeros as Q4; never in a file */
+    DTYPE_Q8X8, /* Q8 with its codes repacked by the CPU backend for its integer kernels
+                   (kernels/cpu/q4x8.h); same size, scales and zeros as Q8; never in a file */
     DTYPE_COUNT
 } dtype_t;
 
@@ -46,6 +48,9 @@ typedef struct weight {
     const uint16_t *scales;  /* Q4/Q8: (rows, cols/group) fp16, else NULL */
     const uint16_t *zeros;   /* Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
     int group;               /* Q4/Q8: inputs per group, else 0 */
+    int zero128;             /* Q8: 1 when every zero is 128 (int8 symmetric, as llama.cpp's
+                              * q8_0), found by the CPU backend's weight_upload so that its
+                              * kernels skip the zero terms; 0 claims nothing */
 } weight_t;
 
 typedef enum {

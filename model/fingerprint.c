@@ -54,8 +54,22 @@ static void fp_str(fp_state_t *s, const char *str)
     fp_bytes(s, str, strlen(str));
 }
 
-/* A tensor's name, dtype, shape and bytes: all of them when small, else 32 windows of 64
- * bytes spread evenly from the first byte to the last. */
+/* n bytes at d: all of them when few, else 32 windows of 64 bytes spread evenly from the
+ * first byte to the last. */
+static void fp_sample(fp_state_t *s, const void *p, size_t n)
+{
+    const unsigned char *d = p;
+    if (n <= 4096) {
+        fp_bytes(s, d, n);
+        return;
+    }
+    enum { WINDOWS = 32, WINDOW = 64 };
+    for (size_t i = 0; i < WINDOWS; i++)
+        fp_bytes(s, d + i * (n - WINDOW) / (WINDOWS - 1), WINDOW);
+}
+
+/* A tensor's name, dtype, shape and bytes (fp_sample), and a quantized one's scales and
+ * zeros. */
 static void fp_weight(fp_state_t *s, const char *name, const weight_t *w)
 {
     fp_str(s, name);
@@ -67,15 +81,14 @@ static void fp_weight(fp_state_t *s, const char *name, const weight_t *w)
     fp_word(s, (uint64_t)w->rows);
     fp_word(s, (uint64_t)w->cols);
     fp_word(s, (uint64_t)w->group);
-    size_t n = (size_t)w->rows * dtype_row_bytes(w->dtype, w->cols);
-    const unsigned char *d = w->data;
-    if (n <= 4096) {
-        fp_bytes(s, d, n);
-        return;
+    fp_sample(s, w->data, (size_t)w->rows * dtype_row_bytes(w->dtype, w->cols));
+    /* A quantized weight's codes alone do not tell two quantizations apart (a q4 backbone
+     * by HQQ and one by RTN share most codes), so its scales and zeros count too. */
+    if (w->group > 0 && w->scales && w->zeros) {
+        size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group) * sizeof(uint16_t);
+        fp_sample(s, w->scales, ng);
+        fp_sample(s, w->zeros, ng);
     }
-    enum { WINDOWS = 32, WINDOW = 64 };
-    for (size_t i = 0; i < WINDOWS; i++)
-        fp_bytes(s, d + i * (n - WINDOW) / (WINDOWS - 1), WINDOW);
 }
 
 int model_fingerprint(const model_t *m, char out[MODEL_FINGERPRINT_LEN])

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
 #include "kernels/half.h"
@@ -290,11 +291,97 @@ static int hf_tensor(const hf_ctx_t *c, const char *name, int n_dims, int64_t ro
     return 0;
 }
 
-/* A matrix, used in place from the mapping. */
+/* The fp16 scales or zeros of a quantized matrix: where they lie in the mapping when that is
+ * 2-byte aligned, else an owned copy (the format promises no alignment). */
+static int hf_f16_ptr(const hf_ctx_t *c, const safetensors_tensor_t *t, const uint16_t **out)
+{
+    if (((uintptr_t)t->data & 1) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    void *copy = malloc(t->nbytes ? t->nbytes : 1);
+    if (!copy)
+        return river_err_set(RIVER_ENOMEM, "%s: %zu bytes", t->name, t->nbytes);
+    memcpy(copy, t->data, t->nbytes);
+    int err = model_mapping_own(c->m->map, copy);
+    if (err)
+        return err;
+    *out = copy;
+    return 0;
+}
+
+/* One companion of quantized matrix `name` (".qscales" or ".qzeros"): F16 of shape
+ * [rows, groups]; *groups is set from the first and checked against it after. */
+static int hf_qpart(const hf_ctx_t *c, const char *name, const char *part, int64_t rows,
+                    int64_t cols, int64_t *groups, const uint16_t **out)
+{
+    char pn[192];
+    snprintf(pn, sizeof pn, "%s%s", name, part);
+    const char *file;
+    const safetensors_tensor_t *t = hf_find(c, pn, &file);
+    if (!t)
+        return river_err_set(RIVER_ENOTFOUND, "%s: tensor '%s' holds quantized codes (U8) but "
+                             "its companion '%s' is missing", file, name, pn);
+    if (t->dtype != SAFETENSORS_F16)
+        return river_err_set(RIVER_EDTYPE, "%s: tensor '%s' (of quantized '%s') has dtype %s; "
+                             "expected F16", file, pn, name, t->dtype_str);
+    char got[160];
+    shape_str(got, sizeof got, t);
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] <= 0 ||
+        cols % t->shape[1] != 0 || (*groups && t->shape[1] != *groups))
+        return river_err_set(RIVER_ESHAPE, "%s: tensor '%s' (of quantized '%s', [%lld, %lld] "
+                             "weights) has shape %s; expected [%lld, G] with G dividing %lld%s",
+                             file, pn, name, (long long)rows, (long long)cols, got,
+                             (long long)rows, (long long)cols,
+                             *groups ? " and equal to its .qscales" : "");
+    *groups = t->shape[1];
+    return hf_f16_ptr(c, t, out);
+}
+
+/* A quantized matrix (docs/FORMATS.md, "Quantized backbone checkpoints"): U8 codes of shape
+ * [rows, cols] (8 bits) or [rows, cols/2] (4 bits, low nibble first) and the fp16
+ * `<name>.qscales` and `<name>.qzeros` of shape [rows, cols/group]; the codes are used in
+ * place. */
+static int hf_qmatrix(const hf_ctx_t *c, const char *name, const char *file,
+                      const safetensors_tensor_t *t, int64_t rows, int64_t cols, weight_t *w)
+{
+    dtype_t dt;
+    if (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols)
+        dt = DTYPE_Q8;
+    else if (t->n_dims == 2 && t->shape[0] == rows && cols % 2 == 0 && t->shape[1] == cols / 2)
+        dt = DTYPE_Q4;
+    else {
+        char got[160];
+        shape_str(got, sizeof got, t);
+        return river_err_set(RIVER_ESHAPE, "%s: quantized tensor '%s' has shape %s; expected "
+                             "[%lld, %lld] (8-bit codes) or [%lld, %lld] (4-bit)", file, name,
+                             got, (long long)rows, (long long)cols, (long long)rows,
+                             (long long)(cols / 2));
+    }
+    int64_t groups = 0;
+    const uint16_t *scales, *zeros;
+    int err;
+    if ((err = hf_qpart(c, name, ".qscales", rows, cols, &groups, &scales)) ||
+        (err = hf_qpart(c, name, ".qzeros", rows, cols, &groups, &zeros)))
+        return err;
+    int group = (int)(cols / groups);
+    if (dt == DTYPE_Q4 && group % 2 != 0)
+        return river_err_set(RIVER_ESHAPE, "%s: 4-bit tensor '%s' has groups of %d inputs; a "
+                             "4-bit group must be even (two codes a byte)", file, name, group);
+    *w = (weight_t){.dtype = dt, .rows = rows, .cols = cols, .data = t->data,
+                    .scales = scales, .zeros = zeros, .group = group};
+    return 0;
+}
+
+/* A matrix, used in place from the mapping: a float tensor, or a quantized one (U8 codes
+ * with their scales and zeros). */
 static int hf_matrix(const hf_ctx_t *c, const char *name, int64_t rows, int64_t cols,
                      weight_t *w)
 {
-    const safetensors_tensor_t *t;
+    const char *file;
+    const safetensors_tensor_t *t = hf_find(c, name, &file);
+    if (t && t->dtype == SAFETENSORS_U8)
+        return hf_qmatrix(c, name, file, t, rows, cols, w);
     dtype_t dt;
     int err = hf_tensor(c, name, 2, rows, cols, &t, &dt);
     if (err)
@@ -331,12 +418,18 @@ static int hf_vector(const hf_ctx_t *c, const char *name, int64_t n, weight_t *w
     return 0;
 }
 
-/* Rows [row0, row0 + n) of a matrix, as a view into the same bytes. */
+/* Rows [row0, row0 + n) of a matrix, as a view into the same bytes (and, quantized, into
+ * the same scales and zeros). */
 static weight_t weight_rows(const weight_t *w, int64_t row0, int64_t n)
 {
     weight_t v = *w;
     v.rows = n;
     v.data = (const unsigned char *)w->data + (size_t)row0 * dtype_row_bytes(w->dtype, w->cols);
+    if (w->group > 0) {
+        int64_t ng = w->cols / w->group;
+        v.scales = w->scales + row0 * ng;
+        v.zeros = w->zeros + row0 * ng;
+    }
     return v;
 }
 
@@ -521,7 +614,9 @@ int model_load(model_t **out, const char *path)
             err = river_err_set(RIVER_ENOMEM, "%s: path", path);
             goto fail;
         }
-        if (is_json) {
+        if (gguf_path_is_gguf(path)) {
+            err = gguf_model_load(m, path);
+        } else if (is_json) {
             err = hf_load(m, path);
         } else {
             m->is_llama2c = 1;
@@ -550,6 +645,7 @@ void model_destroy(model_t **pm)
         free(map->files);
         if (map->bin)
             munmap(map->bin, map->bin_size);
+        gguf_destroy(&map->gguf);
         for (int i = 0; i < map->n_owned; i++)
             free(map->owned[i]);
         free(map->owned);
@@ -576,7 +672,7 @@ static int64_t weight_numel(const weight_t *w)
 }
 
 /* Bytes of `rows` rows of w: codes plus, for grouped quantization, fp16 scales and zeros. */
-static int64_t weight_rows_bytes(const weight_t *w, int64_t rows)
+int64_t model_weight_bytes(const weight_t *w, int64_t rows)
 {
     if (!w->data)
         return 0;
@@ -595,13 +691,18 @@ static int64_t layer_sum(const layer_weights_t *L, int bytes)
                             &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down};
     int64_t s = 0;
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        s += bytes ? weight_rows_bytes(ws[i], ws[i]->rows) : weight_numel(ws[i]);
+        s += bytes ? model_weight_bytes(ws[i], ws[i]->rows) : weight_numel(ws[i]);
     return s;
 }
 
 static int model_is_tied(const model_t *m)
 {
     return m->lm_head.data == m->embed.data;
+}
+
+int64_t model_layer_bytes(const layer_weights_t *L)
+{
+    return layer_sum(L, 1);
 }
 
 int64_t model_param_count(const model_t *m)
@@ -616,9 +717,9 @@ int64_t model_param_count(const model_t *m)
 
 int64_t model_bytes_per_token(const model_t *m)
 {
-    int64_t b = weight_rows_bytes(&m->final_norm, 1) +
-                weight_rows_bytes(&m->lm_head, m->lm_head.rows) +
-                weight_rows_bytes(&m->embed, 1);
+    int64_t b = model_weight_bytes(&m->final_norm, 1) +
+                model_weight_bytes(&m->lm_head, m->lm_head.rows) +
+                model_weight_bytes(&m->embed, 1);
     for (int l = 0; l < m->cfg.n_layers; l++)
         b += layer_sum(&m->layers[l], 1);
     return b;

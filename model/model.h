@@ -1,7 +1,8 @@
 /* A loaded model: its configuration and its weights, mapped in place from the checkpoint.
  *
  * Loading accepts a Hugging Face checkpoint directory (config.json + model.safetensors, or
- * shards named by model.safetensors.index.json) or a llama2.c .bin file. Every malformed
+ * shards named by model.safetensors.index.json), a llama2.c .bin file, or a GGUF file
+ * (model/gguf_model.c: a name ending in .gguf or a file starting with the GGUF magic). Every malformed
  * input fails with a river_err code and a detail naming the file and the problem; on
  * failure nothing stays allocated or mapped. */
 #ifndef RIVER_MODEL_MODEL_H
@@ -89,6 +90,7 @@ typedef struct model {
     char *path;           /* what was loaded, owned */
     char *dir;            /* directory holding it (for tokenizer.json), owned */
     int is_llama2c;       /* loaded from a llama2.c .bin */
+    int is_gguf;          /* loaded from a GGUF file (its tokenizer is in the file) */
     model_mapping_t *map; /* owns every byte the weights point at */
     /* Where the weights live once model_place ran (borrowed; NULL before): the river and
      * offloading place and release their weights through it. */
@@ -99,7 +101,8 @@ typedef struct model {
     char fingerprint[MODEL_FINGERPRINT_LEN]; /* model_fingerprint's 32 hex digits; "" before */
 } model_t;
 
-/* Loads `path`: a directory with config.json, a config.json file, or a llama2.c .bin.
+/* Loads `path`: a directory with config.json, a config.json file, a GGUF file, or a llama2.c
+ * .bin.
  * A llama2.c file has no eps field: it gets rms_norm_eps (or norm_eps) from a JSON file
  * beside it named like it (stories.bin -> stories.json) or config.json, else run.c's 1e-5;
  * model_set_norm_eps overrides it. Errors: RIVER_ENOTFOUND (file or tensor missing),
@@ -121,14 +124,27 @@ int model_place(model_t *m, backend_t *be);
  * mapped them; an op given one on a device backend fails (the opaque backend says which). */
 int model_place_layers(model_t *m, backend_t *be, int begin, int end, int ends);
 
+/* Replaces every Q4/Q8 matrix with an f32 copy (value = (q - zero) * scale), after keeping
+ * the fingerprint of the weights as loaded, so what is built from the copy (a river) still
+ * names the model as it is served. For the offline tools whose math reads floats. Before
+ * model_place only (RIVER_ESTATE after). On failure some matrices may be copies already:
+ * destroy the model. */
+int model_dequantize(model_t *m);
+
 /* Sets the RMSNorm epsilon (for llama2.c files, whose format does not record it). */
 void model_set_norm_eps(model_t *m, float eps);
 
 /* Parameters, counting a tied embedding once. */
 int64_t model_param_count(const model_t *m);
 /* Bytes of weights one decode step reads: every matrix and vector of every layer, the
- * final norm and the LM head (the embedding lookup reads one row, counted as one row). */
+ * final norm and the LM head (the embedding lookup reads one row, counted as one row).
+ * Quantized weights count their packed codes plus their fp16 scales and zeros. */
 int64_t model_bytes_per_token(const model_t *m);
+/* Bytes of `rows` rows of w as stored: codes (packing included) plus, for Q4/Q8, the fp16
+ * scales and zeros of those rows; 0 for an absent weight (data NULL). */
+int64_t model_weight_bytes(const weight_t *w, int64_t rows);
+/* Bytes of every matrix and vector of one decoder layer (a backbone's, or a river's copy). */
+int64_t model_layer_bytes(const layer_weights_t *L);
 
 /* Checks a configuration (positive, plausible sizes; kv heads dividing heads; rotary dims;
  * scaling parameters; special ids inside the vocabulary). Returns 0, or RIVER_ECONFIG with

@@ -11,6 +11,7 @@ struct model_mapping {
     safetensors_t **files; /* (n_files) mapped safetensors shards */
     int n_files;
     void *bin;             /* a mapped llama2.c .bin, or NULL */
+    struct gguf *gguf;     /* an opened GGUF file (common/gguf.h), or NULL */
     size_t bin_size;
     void **owned;          /* (n_owned) malloc'd blocks freed with the model */
     int n_owned;
@@ -27,6 +28,10 @@ void hfconfig_free(model_config_t *cfg);
 
 /* Loads a llama2.c v0 .bin into m (m->path and m->dir already set, m->map allocated). */
 int llama2c_load(model_t *m, const char *path);
+
+/* Loads a GGUF file into m (m->path and m->dir already set, m->map allocated); what it
+ * maps or allocates hangs off m->map, so model_destroy frees it on failure too. */
+int gguf_model_load(model_t *m, const char *path);
 
 /* Hands a malloc'd block to the mapping, which frees it with the model. On failure the
  * block is freed at once. */

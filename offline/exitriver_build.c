@@ -68,9 +68,12 @@ static int exitriver_build_check(const model_t *m, const exitriver_build_opts_t 
     for (int l = o->start_layer; l < n_layers; l++)
         for (int i = 0; i < EXITRIVER_N_MATRICES; i++) {
             const weight_t *w = exitriver_matrix(&m->layers[l], i);
-            if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_F16 && w->dtype != DTYPE_BF16)
+            /* A quantized backbone's Q4/Q8 matrices are read dequantized (quant_weight), so
+             * the river approximates the weights that actually run. */
+            if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_F16 && w->dtype != DTYPE_BF16 &&
+                w->dtype != DTYPE_Q4 && w->dtype != DTYPE_Q8)
                 return river_err_set(RIVER_EDTYPE, "%s: layer %d %s is %s; the river "
-                                     "quantizes F32, F16 or BF16 weights", m->path, l,
+                                     "quantizes F32, F16, BF16, Q4 or Q8 weights", m->path, l,
                                      exitriver_matrix_name(i), dtype_name(w->dtype));
             if (w->cols % o->quant.group != 0)
                 return river_err_set(RIVER_ESHAPE, "%s: layer %d %s has %lld columns, not a "

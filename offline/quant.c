@@ -124,6 +124,7 @@ typedef struct quant_task_ctx {
     quant_matrix_t *out;
     quant_job_t job;
     cpu_simd_t level; /* the kernel: scalar (portable), AVX2 or AVX-512 */
+    int sym;          /* 1: the symmetric grid (QUANT_SYM), one portable loop */
     int64_t rows_per_task;
     float **row_f32;        /* (threads) cols floats each */
     uint8_t **row_codes;    /* (threads) cols bytes each */
@@ -133,12 +134,34 @@ typedef struct quant_task_ctx {
     int64_t *bad_col;
 } quant_task_ctx_t;
 
-/* Converts row r of a float weight to float32; returns the first non-finite column or -1. */
+/* Row r of a Q4/Q8 weight, dequantized as the CPU kernels do: (code - zero) * scale. */
+static void quant_dequant_row(const weight_t *w, int64_t r, float *dst)
+{
+    int64_t cols = w->cols, ng = cols / w->group;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * dtype_row_bytes(w->dtype, cols);
+    for (int64_t g = 0; g < ng; g++) {
+        float s = f16_to_f32(w->scales[r * ng + g]);
+        float z = f16_to_f32(w->zeros[r * ng + g]);
+        for (int64_t k = g * w->group; k < (g + 1) * w->group; k++) {
+            unsigned q = w->dtype == DTYPE_Q8 ? row[k]
+                         : (k & 1)            ? (unsigned)(row[k >> 1] >> 4)
+                                              : (unsigned)(row[k >> 1] & 0x0f);
+            dst[k] = ((float)q - z) * s;
+        }
+    }
+}
+
+/* Converts row r of a weight (F32, F16, BF16, or Q4/Q8 dequantized) to float32; returns the
+ * first non-finite column or -1. */
 static int64_t quant_load_row(const weight_t *w, int64_t r, float *dst)
 {
     int64_t cols = w->cols;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * dtype_row_bytes(w->dtype, cols);
     switch (w->dtype) {
+    case DTYPE_Q4:
+    case DTYPE_Q8:
+        quant_dequant_row(w, r, dst);
+        break;
     case DTYPE_F32:
         memcpy(dst, row, (size_t)cols * sizeof *dst);
         break;
@@ -173,6 +196,64 @@ static int64_t quant_load_row(const weight_t *w, int64_t r, float *dst)
     return -1;
 }
 
+/* Symmetric quantization of n_groups groups of x: scale = max|x| / (2^(b-1) - 1) rounded to
+ * fp16, zero = 2^(b-1) exactly, code = clamp(round(x / scale) + zero, 0, 2^b - 1), ties
+ * to even (as llama.cpp's SIMD Q8_0 quantizer; its reference one rounds ties away from
+ * zero), the scale taken after its fp16 rounding so that the stored codes are the measured
+ * ones. The error sums go to st (the RTN sums too: this is
+ * round-to-nearest, on a symmetric grid). Returns 0, or -1 - (index of the first group whose
+ * scale does not fit fp16). */
+static int quant_sym_groups(const quant_job_t *j, const float *x, int64_t n_groups,
+                            uint8_t *q, uint16_t *scales, uint16_t *zeros, quant_stats_t *st)
+{
+    int half = (j->qmax + 1) / 2;
+    float zero = (float)half, qmax = (float)j->qmax;
+    uint16_t zero16 = f32_to_f16(zero);
+    /* Adding and taking away 1.5 * 2^23 rounds a float below 2^22 in magnitude to the
+     * nearest integer, ties to even (the FPU's default mode), in plain arithmetic that the
+     * compiler vectorises; |v / scale| is at most about 2^(b-1) here. */
+    const float magic = 12582912.0f;
+    double ae = 0, se = 0, sr = 0;
+    for (int64_t g = 0; g < n_groups; g++) {
+        const float *v = x + g * j->group;
+        uint8_t *qg = q + g * j->group;
+        float amax = 0;
+        for (int k = 0; k < j->group; k++) {
+            float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;
+        }
+        uint16_t d16 = f32_to_f16(amax / (float)(half - 1));
+        float s = f16_to_f32(d16);
+        if (!isfinite(s))
+            return (int)(-1 - g);
+        float inv = s > 0 ? 1.0f / s : 0.0f;
+        /* A group's sums in float (a group is short), the matrix's in double. */
+        float gae = 0, gse = 0, gsr = 0;
+        for (int k = 0; k < j->group; k++) {
+            float c = ((v[k] * inv + magic) - magic) + zero;
+            c = c < 0 ? 0 : c > qmax ? qmax : c;
+            qg[k] = (uint8_t)c;
+            float err = v[k] - (c - zero) * s;
+            gae += fabsf(err);
+            gse += err * err;
+            gsr += v[k] * v[k];
+        }
+        ae += gae;
+        se += gse;
+        sr += gsr;
+        scales[g] = d16;
+        zeros[g] = zero16;
+    }
+    st->n += n_groups * j->group;
+    st->groups += n_groups;
+    st->abs_err += ae;
+    st->sq_err += se;
+    st->sq_ref += sr;
+    st->rtn_abs_err += ae;
+    st->rtn_sq_err += se;
+    return 0;
+}
+
 static void quant_task(void *arg, int task, int thread)
 {
     quant_task_ctx_t *c = arg;
@@ -193,7 +274,8 @@ static void quant_task(void *arg, int task, int thread)
             return;
         }
         uint16_t *sc = out->scales + r * ng, *ze = out->zeros + r * ng;
-        int rc = quant_groups(c->level, &c->job, x, ng, codes, sc, ze, st);
+        int rc = c->sym ? quant_sym_groups(&c->job, x, ng, codes, sc, ze, st)
+                        : quant_groups(c->level, &c->job, x, ng, codes, sc, ze, st);
         if (rc != 0) {
             c->err[task] = RIVER_ERANGE;
             c->bad_row[task] = r;
@@ -218,9 +300,14 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
     int err = quant_params_check(p, w->cols, "quant");
     if (err)
         return err;
-    if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_F16 && w->dtype != DTYPE_BF16)
-        return river_err_set(RIVER_EDTYPE, "quant: source weights are %s; expected F32, F16 "
-                             "or BF16", dtype_name(w->dtype));
+    if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_F16 && w->dtype != DTYPE_BF16 &&
+        w->dtype != DTYPE_Q4 && w->dtype != DTYPE_Q8)
+        return river_err_set(RIVER_EDTYPE, "quant: source weights are %s; expected F32, F16, "
+                             "BF16, Q4 or Q8", dtype_name(w->dtype));
+    if ((w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) &&
+        (w->group <= 0 || w->cols % w->group != 0 || !w->scales || !w->zeros))
+        return river_err_set(RIVER_EFORMAT, "quant: %s source without valid groups (group %d, "
+                             "%lld columns)", dtype_name(w->dtype), w->group, (long long)w->cols);
     if (!w->data || w->rows <= 0 || w->cols <= 0 || w->rows != out->rows ||
         w->cols != out->cols)
         return river_err_set(RIVER_ESHAPE, "quant: source %lld x %lld, output %lld x %lld",
@@ -258,6 +345,7 @@ int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p
                 .expo = p->hqq_p - 1.0f},
         .level = p->group % QUANT_LANES == 0 ? level : CPU_SIMD_SCALAR,
         .rows_per_task = rpt,
+        .sym = p->method == QUANT_SYM,
     };
     c.row_f32 = calloc((size_t)n_threads, sizeof *c.row_f32);
     c.row_codes = calloc((size_t)n_threads, sizeof *c.row_codes);
@@ -321,7 +409,6 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
         return river_err_set(RIVER_EINVAL, "quant: row %lld of a %lld x %lld weight",
                              (long long)row, (long long)w->rows, (long long)w->cols);
     int64_t cols = w->cols;
-    const uint8_t *r = (const uint8_t *)w->data + (size_t)row * dtype_row_bytes(w->dtype, cols);
     switch (w->dtype) {
     case DTYPE_F32:
     case DTYPE_F16:
@@ -333,20 +420,11 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
         if (w->group <= 0 || cols % w->group != 0 || !w->scales || !w->zeros)
             return river_err_set(RIVER_EINVAL, "quant: quantized weight without valid "
                                  "groups (group %d, %lld columns)", w->group, (long long)cols);
-        int64_t ng = cols / w->group;
-        for (int64_t g = 0; g < ng; g++) {
-            float s = f16_to_f32(w->scales[row * ng + g]);
-            float z = f16_to_f32(w->zeros[row * ng + g]);
-            for (int64_t k = g * w->group; k < (g + 1) * w->group; k++) {
-                unsigned q = w->dtype == DTYPE_Q8 ? r[k]
-                             : (k & 1)            ? (unsigned)(r[k >> 1] >> 4)
-                                                  : (unsigned)(r[k >> 1] & 0x0f);
-                out[k] = ((float)q - z) * s;
-            }
-        }
+        quant_dequant_row(w, row, out);
         return 0;
     }
-    case DTYPE_Q4X8: /* the CPU backend's own layout: placed weights are read by the ops */
+    case DTYPE_Q4X8: /* the CPU backends' own layouts: placed weights are read by the ops */
+    case DTYPE_Q8X8:
     case DTYPE_COUNT:
         break;
     }

@@ -59,11 +59,13 @@ size_t quant_matrix_group_count(const quant_matrix_t *q);
 /* The matrix as a Q4/Q8 weight_t pointing into q. */
 weight_t quant_matrix_weight(const quant_matrix_t *q);
 
-/* Quantizes w (F32, F16 or BF16) into out, which must have w's shape and p's bits and group.
+/* Quantizes w (F32, F16, BF16, or Q4/Q8: a quantized backbone's matrix, read dequantized
+ * through quant_row_f32, so that what is quantized is what the backbone runs) into out,
+ * which must have w's shape and p's bits and group. QUANT_SYM takes one portable loop.
  * pool (NULL: the calling thread alone) spreads rows over its threads. stats, when not
  * NULL, receives the error sums. Errors: RIVER_EDTYPE, RIVER_ESHAPE, RIVER_EINVAL (bad
- * parameters), RIVER_ERANGE (a non-finite weight, or a group too wide for an fp16 scale),
- * RIVER_ENOMEM. */
+ * parameters), RIVER_EFORMAT (a Q4/Q8 source without valid groups), RIVER_ERANGE (a
+ * non-finite weight, or a group too wide for an fp16 scale), RIVER_ENOMEM. */
 int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p,
                  threadpool_t *pool, quant_stats_t *stats);
 

@@ -43,6 +43,14 @@ static const synth_shape_t synth_shapes[] = {
      .eps = 1e-5, .theta = 500000, .tied = 0, .scaling = ROPE_SCALING_LLAMA3, .factor = 8,
      .low = 1, .high = 4, .orig_max_pos = 8192, .partial = 1, .bos = 128000,
      .eos = {128001}, .n_eos = 1},
+    /* The Llama 3 vocabulary on a tiny body, for the byte-level BPE tokenizer of
+     * tests/data/tokenizers/llama3 (copied beside it by whoever needs a tokenizer): every
+     * matrix has a multiple of 256 columns, so a GGUF export holds K-quant blocks. */
+    {.name = "llama3-tiny", .arch = ARCH_LLAMA, .n_layers = 2, .dim = 256, .n_heads = 4,
+     .n_kv_heads = 2, .head_dim = 64, .hidden = 768, .vocab = 128256, .max_pos = 131072,
+     .eps = 1e-5, .theta = 500000, .tied = 1, .head_dim_in_config = 1,
+     .scaling = ROPE_SCALING_LLAMA3, .factor = 32, .low = 1, .high = 4, .orig_max_pos = 8192,
+     .partial = 1, .bos = 128000, .eos = {128001}, .n_eos = 1},
     {.name = "stories260K", .arch = ARCH_LLAMA, .n_layers = 5, .dim = 64, .n_heads = 8,
      .n_kv_heads = 4, .head_dim = 8, .hidden = 172, .vocab = 512, .max_pos = 512, .eps = 1e-5,
      .theta = 10000, .tied = 1, .partial = 1, .bos = 1, .eos = {2}, .n_eos = 1},

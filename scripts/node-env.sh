@@ -9,8 +9,9 @@
 # and exits. npm itself runs on the machine's node, so a machine without node or npm skips.
 #
 #   node_env_init NPM_DIR          checks for node and npm
-#   node_env_install NAME SPEC     installs SPEC (e.g. openai, node-llama-cpp@3) under NPM_DIR
-#                                  unless NAME is there
+#   node_env_install NAME SPEC [NPM_ARGS...]
+#                                  installs SPEC (e.g. openai, node-llama-cpp@3) under NPM_DIR
+#                                  unless NAME is there; NPM_ARGS go to npm install as they are
 #   node_env_select NAME           sets NODE to a node that NAME's engines.node accepts
 
 node_env_init() {
@@ -24,9 +25,12 @@ node_env_init() {
 
 node_env_install() {
     [ -f "$NPM_DIR/node_modules/$1/package.json" ] && return 0
-    timeout 600 npm install --prefix "$NPM_DIR" --no-audit --no-fund --silent "$2" \
-        >"$NPM_DIR/install-$1.log" 2>&1 ||
-        skip "npm install $2 failed (no registry?); see $NPM_DIR/install-$1.log"
+    name=$1 spec=$2
+    shift 2
+    log=$NPM_DIR/install-$(echo "$name" | tr / -).log
+    timeout 600 npm install --prefix "$NPM_DIR" --no-audit --no-fund --silent "$spec" "$@" \
+        >"$log" 2>&1 ||
+        skip "npm install $spec failed (no registry?); see $log"
 }
 
 # The lowest version an engines range admits, as x.y.z: the first version it names, which

@@ -310,10 +310,18 @@ static double mm_tol(dtype_t dt, int n)
  * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
 {
-    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt;
-    wtwin_t w = wtwin_new(p, weight_rand(dt, c->a, c->b, c->d, 0.05f));
+    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt;
+    weight_t host = weight_rand(dt, c->a, c->b, c->d, 0.05f);
+    if (c->e) /* Q8 with every zero 128 */
+        for (int64_t i = 0; i < c->a * (c->b / c->d); i++)
+            ((uint16_t *)host.zeros)[i] = f32_to_f16(128.0f);
+    wtwin_t w = wtwin_new(p, host);
+    if (p->level >= 0) /* the CPU's placement marks symmetric Q8 */
+        ck_assert_int_eq(w.x.zero128, c->e);
     if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (c->q4x8 || c->dt == DTYPE_Q4X8))
         ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q4 : DTYPE_Q4X8);
+    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q8 && (c->q4x8 || c->dt == DTYPE_Q8X8))
+        ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q8 : DTYPE_Q8X8);
     for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++) {
         int n = c->c ? c->c : mm_ns[k];
         twin_t x = twin_rand(p, (size_t)n * c->b, -1, 1);
@@ -843,6 +851,21 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
     }
 }
 
+/* Every zero of a Q8 test weight set to 128 (int8 symmetric, as llama.cpp's q8_0 and
+ * river quant --backbone q8 write it), the reference values with it. */
+static void tw_zeros_128(tw_t *t)
+{
+    int64_t rows = t->w.rows, cols = t->w.cols, ng = cols / t->w.group;
+    for (int64_t i = 0; i < rows * ng; i++)
+        t->zeros[i] = f32_to_f16(128.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)t->data + r * cols;
+        for (int64_t k = 0; k < cols; k++)
+            t->ref[r * cols + k] =
+                ((float)row[k] - 128.0f) * ref_f16(t->scales[r * ng + k / t->w.group]);
+    }
+}
+
 static void tw_free(tw_t *t)
 {
     free(t->data);
@@ -851,18 +874,21 @@ static void tw_free(tw_t *t)
     free(t->ref);
 }
 
-/* Whether a matmul at this level takes x as 8-bit blocks (the AVX2 decode path of Q4/Q8
- * groups of whole 32-column blocks, up to 16 rows; kernels_avx2.c). */
+/* Whether a matmul at this level takes x as 8-bit blocks, up to 16 rows: Q4X8, Q8X8 and Q8
+ * of whole 32-column groups at both SIMD levels (q4x8_x86.h, q8_x86.h), Q4 of those groups
+ * at the AVX2 level (kernels_avx2.c). */
 static int mm_x8(const env_t *e, const weight_t *w, int n)
 {
-    if (w->dtype == DTYPE_Q4X8) /* both SIMD levels, blocks of 32 */
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return e->level >= CPU_SIMD_AVX2 && n <= 16;
-    return e->level == CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) &&
-           w->group % 32 == 0 && n <= 16;
+    if (w->dtype == DTYPE_Q8)
+        return e->level >= CPU_SIMD_AVX2 && w->group % 32 == 0 && n <= 16;
+    return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0 &&
+           n <= 16;
 }
 
 /* x quantized as the 8-bit path does, written here from its definition: per block of xb
- * columns (64 where the group allows, else 32) d = max|x| / 127 and
+ * columns (64 for Q4 where the group allows, else 32) d = max|x| / 127 and
  * x8 = round-to-even(x * (127 / max|x|)); xd = d * x8. half_step gets each element's
  * bound max|x| / 254 (the caller weighs it with |w|). */
 static void mm_quantize_x(const float *x, int64_t cols, int xb, float *xd, float *half_step)
@@ -895,7 +921,7 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     if (x8)
         for (int i = 0; i < n; i++)
             mm_quantize_x(xh + i * cols, cols,
-                          t->w.dtype != DTYPE_Q4X8 && t->w.group % 64 == 0 ? 64 : 32,
+                          t->w.dtype == DTYPE_Q4 && t->w.group % 64 == 0 ? 64 : 32,
                           xd + i * cols, hs + i * cols);
     float *x = dev_copy(e, xh, (size_t)(n * cols));
     float *y = e->o->buf_alloc(e->c, (size_t)(n * rows));
@@ -947,8 +973,21 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
 {
     env_t e = env_ref(p);
     tw_t t;
-    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt, c->a, c->b, c->d);
+    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt, c->a,
+            c->b, c->d);
     uint8_t *packed = NULL;
+    if (c->e) {
+        /* Symmetric Q8: placement finds it (and only it: one zero off 128 is not). */
+        tw_zeros_128(&t);
+        uint16_t keep = t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1];
+        t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1] = f32_to_f16(127.0f);
+        weight_t off = t.w;
+        ck_assert_int_eq(e.o->weight_upload(e.c, &off), 0);
+        ck_assert_int_eq(off.zero128, 0);
+        t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1] = keep;
+        ck_assert_int_eq(e.o->weight_upload(e.c, &t.w), 0);
+        ck_assert_int_eq(t.w.zero128, 1);
+    }
     if (c->dt == DTYPE_Q4X8) {
         ck_assert(cpu_q4x8_eligible(&t.w));
         packed = malloc(dtype_row_bytes(DTYPE_Q4, t.w.cols) * (size_t)t.w.rows);
@@ -956,6 +995,14 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
         cpu_q4x8_repack(&t.w, packed);
         t.w.data = packed;
         t.w.dtype = DTYPE_Q4X8;
+    }
+    if (c->dt == DTYPE_Q8X8) {
+        ck_assert(cpu_q8x8_eligible(&t.w));
+        packed = malloc((size_t)(t.w.rows * t.w.cols));
+        ck_assert_ptr_nonnull(packed);
+        cpu_q8x8_repack(&t.w, packed);
+        t.w.data = packed;
+        t.w.dtype = DTYPE_Q8X8;
     }
     for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++)
         check_matmul(&e, &t, c->c ? c->c : mm_ns[k]);
@@ -1538,6 +1585,10 @@ static void run_attention_hist(bpair_t *p, const op_case_t *c)
 /* A matmul over mm_ns with its reference check: rows, cols, group; q4x8 is RIVER_Q4X8. */
 #define MM_CASE(name, dt, rows, cols, group, q4x8)                                            \
     {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, q4x8}
+/* The same for Q8 with every zero 128 (e = 1), at n rows (0: over mm_ns), placed first:
+ * the SIMD levels' symmetric path, which skips the zero terms. */
+#define MM_SYM_CASE(name, rows, cols, group, n)                                               \
+    {name, run_matmul, check_matmul_case, DTYPE_Q8, rows, cols, n, group, 1, 0, 0, 0, NULL}
 
 static const op_case_t cases[] = {
     /* matmul: every weight type; GEMV-sized and batched row counts, none a multiple of 8
@@ -1687,6 +1738,25 @@ static const op_case_t cases[] = {
     MM_CASE("matmul q4 g32 (8, 256) RIVER_Q4X8=0", DTYPE_Q4, 8, 256, 32, "0"),
     MM_CASE("matmul q4 g64 (37, 512) RIVER_Q4X8=0", DTYPE_Q4, 37, 512, 64, "0"),
     MM_CASE("matmul q4 g128 (13, 768) RIVER_Q4X8=0", DTYPE_Q4, 13, 768, 128, "0"),
+    /* ...Q8 with every zero 128 (the symmetric path: n 1, 2, 5, 8 among mm_ns, and
+     * prefill rows; after the others, whose seeds follow their place in the list)... */
+    MM_SYM_CASE("matmul q8 z128 g32 (37, 384)", 37, 384, 32, 0),
+    MM_SYM_CASE("matmul q8 z128 g64 (19, 256)", 19, 256, 64, 0),
+    MM_SYM_CASE("matmul q8 z128 g128 (8, 4096)", 8, 4096, 128, 0),
+    MM_SYM_CASE("matmul q8 z128 g32 (64, 2048) n 1", 64, 2048, 32, 1),
+    MM_SYM_CASE("matmul q8 z128 g32 (96, 2048) n 33", 96, 2048, 32, 33),
+    MM_SYM_CASE("matmul q8 z128 g32 (40, 1024) n 128", 40, 1024, 32, 128),
+    MM_SYM_CASE("matmul q8 z128 g16 (13, 96)", 13, 96, 16, 0),
+    /* ...Q8X8, the CPU's repacked Q8, read by every level as Q4X8 is (and Q8 of the same
+     * shapes kept in the file's layout with RIVER_Q4X8=0)... */
+    MM_CASE("matmul q8x8 g32 (8, 256)", DTYPE_Q8X8, 8, 256, 32, NULL),
+    MM_CASE("matmul q8x8 g64 (37, 512)", DTYPE_Q8X8, 37, 512, 64, NULL),
+    MM_CASE("matmul q8x8 g128 (13, 768)", DTYPE_Q8X8, 13, 768, 128, NULL),
+    MM_CASE("matmul q8x8 g256 (9, 1024)", DTYPE_Q8X8, 9, 1024, 256, NULL),
+    MM_CASE("matmul q8x8 g512 (5, 2048)", DTYPE_Q8X8, 5, 2048, 512, NULL),
+    MM_CASE("matmul q8x8 g32 (19, 2048)", DTYPE_Q8X8, 19, 2048, 32, NULL),
+    MM_CASE("matmul q8 g32 (37, 512) RIVER_Q4X8=0", DTYPE_Q8, 37, 512, 32, "0"),
+    MM_CASE("matmul q8 g64 (13, 768) RIVER_Q4X8=0", DTYPE_Q8, 13, 768, 64, "0"),
     /* ...and the errors a matmul returns (the CPU only: what it refuses is its own). */
     RCASE("matmul errors", NULL, check_matmul_errors, DTYPE_Q4, 0, 0, 0, 0, 0, 0, 0),
     /* embed: 50 rows of every type, exact; Q8/Q4 in groups of 8 and 16. */
@@ -1828,12 +1898,13 @@ static const op_case_t cases[] = {
 
 /* The least tolerance of case c on SIMD pair p: the levels sum in other orders than the
  * scalar one, and against Q4/Q8 weights they may take x as 8-bit blocks (the AVX2 decode
- * path and the Q4X8 kernels; check_matmul holds them to its bound), which stays under 2e-2
- * relative here. */
+ * path, the Q8 and the Q4X8/Q8X8 kernels; check_matmul holds them to its bound), which
+ * stays under 2e-2 relative here. */
 static double simd_floor(const bpair_t *p, const op_case_t *c)
 {
     if (p->level >= 0 && c->run == run_matmul &&
-        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8))
+        (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8 ||
+         c->dt == DTYPE_Q8X8))
         return 2e-2;
     return 1e-4;
 }

@@ -95,7 +95,7 @@ typedef struct env {
 
 static void env_open(env_t *e, const char *path)
 {
-    ck_assert_msg(model_load(&e->m, path) == 0, "%s", river_err_detail());
+    ck_assert_msg(model_load(&e->m, test_model_path(path)) == 0, "%s", river_err_detail());
     ck_assert_int_eq(cpu_backend_new(&e->be, 2, CPU_SIMD_COUNT), 0);
 }
 
@@ -167,6 +167,10 @@ static const char *models[] = {
     TEST_DATA "/stories260K/stories260K.bin",
     TEST_DATA "/tinystories-656k",
     TEST_DATA "/kjv-12l",
+    /* Quantized backbones (tests/testutil.h): the cache keeps their K/V the same way. */
+    "q8:" TEST_DATA "/kjv-12l",
+    "q4:" TEST_DATA "/kjv-12l",
+    "q4:" TEST_DATA "/tinystories-656k",
 };
 
 /* Greedy ids do not change with the cache, alone or batched, on each real model; the
@@ -409,7 +413,7 @@ static Suite *prefix_cache_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_hash_chain);
-    tcase_add_loop_test(tc, test_identical_ids, 0, 3);
+    tcase_add_loop_test(tc, test_identical_ids, 0, (int)(sizeof models / sizeof models[0]));
     tcase_add_test(tc, test_exact_after_lossy);
     tcase_add_test(tc, test_accounting);
     suite_add_tcase(s, tc);

@@ -52,6 +52,14 @@ static const model_case_t cases[] = {
      {"once_upon_a_time", "tom_and_lily", "the_dog"}},
     {TEST_DATA "/tinystories-656k", TEST_DATA "/tinystories-656k/golden",
      {"once_upon_a_time", "tom_and_lily", "the_dog"}},
+    /* Quantized backbones (tests/testutil.h), each with a river built from it: lossless
+     * output is the quantized backbone's own greedy output. */
+    {"q8:" TEST_DATA "/kjv-12l", TEST_DATA "/kjv-12l/golden",
+     {"in_the_beginning", "and_the_lord_said_unto_moses", "blessed_are_the"}},
+    {"q4:" TEST_DATA "/kjv-12l", TEST_DATA "/kjv-12l/golden",
+     {"in_the_beginning", "and_the_lord_said_unto_moses", "blessed_are_the"}},
+    {"q4:" TEST_DATA "/tinystories-656k", TEST_DATA "/tinystories-656k/golden",
+     {"once_upon_a_time", "tom_and_lily", "the_dog"}},
 };
 
 typedef struct prompt {
@@ -104,7 +112,7 @@ typedef struct env {
 static void env_open(env_t *e, const char *model, const char *tag)
 {
     memset(e, 0, sizeof *e);
-    ck_assert_msg(model_load(&e->m, model) == 0, "%s", river_err_detail());
+    ck_assert_msg(model_load(&e->m, test_model_path(model)) == 0, "%s", river_err_detail());
     ck_assert_int_eq(cpu_backend_new(&e->be, 2, CPU_SIMD_COUNT), 0);
     snprintf(e->river_path, sizeof e->river_path, "%s/%s-river.safetensors", test_tmpdir(),
              tag);

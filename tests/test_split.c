@@ -30,7 +30,17 @@
 #include "tests/proc.h"
 #include "tests/testutil.h"
 
-#define KJV TEST_DATA "/kjv-12l"
+#define KJV_SOURCE TEST_DATA "/kjv-12l"
+/* The model of the current test: kjv-12l as shipped, or a quantized copy of it (the loop
+ * tests set it from their index, split_model). */
+static const char *kjv_model = KJV_SOURCE;
+#define KJV kjv_model
+
+/* Index 0: kjv-12l; 1: its q8 backbone; 2: its q4 backbone (built in the test's temp dir). */
+static void split_model(int i)
+{
+    kjv_model = i == 0 ? KJV_SOURCE : test_quant_backbone(KJV_SOURCE, i == 1 ? "q8" : "q4");
+}
 #define BOUNDARY 6
 #define MAX_IDS 400
 /* Cosine threshold that, on kjv-12l with an 8-bit river and min aggregation over three
@@ -455,6 +465,7 @@ static int seam_generate(model_t *m, backend_t *be, kv_pool_t *pool, const fwd_r
  * gathered and scattered around the remote) and the strategies the remote supports. */
 START_TEST(test_engine_seam)
 {
+    split_model(_i);
     char river_file[512];
     build_river(river_file, sizeof river_file);
     model_t *m;
@@ -788,6 +799,7 @@ END_TEST
  * and serves the same tokens. */
 START_TEST(test_pair_matches_full)
 {
+    split_model(_i);
     char river_file[512], extra[1400];
     build_river(river_file, sizeof river_file);
     snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: cosine\n  tau: %s\n", river_file,
@@ -1014,10 +1026,10 @@ static Suite *split_suite(void)
     Suite *s = suite_create("split");
     TCase *tc = tcase_create("pair");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_engine_seam);
+    tcase_add_loop_test(tc, test_engine_seam, 0, 3);
     tcase_add_test(tc, test_backbone_protocol);
     tcase_add_test(tc, test_backbone_notices_river_exit);
-    tcase_add_test(tc, test_pair_matches_full);
+    tcase_add_loop_test(tc, test_pair_matches_full, 0, 3);
     tcase_add_test(tc, test_river_refused_at_start);
     tcase_add_test(tc, test_pair_transports);
     suite_add_tcase(s, tc);

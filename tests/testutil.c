@@ -2,6 +2,7 @@
 #include "common/err.h"
 #include "kernels/backend.h"
 #include "kernels/opaque/opaque.h"
+#include "offline/backbone_quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,4 +152,37 @@ uint32_t test_rand_u32(void)
 float test_rand(float lo, float hi)
 {
     return lo + (hi - lo) * (float)(test_rand_u32() & 0xffffff) / (float)0x1000000;
+}
+
+const char *test_quant_backbone(const char *model, const char *format)
+{
+    static char bufs[4][PATH_MAX];
+    static int next;
+    char *out = bufs[next++ % 4];
+    const char *base = strrchr(model, '/');
+    base = base ? base + 1 : model;
+    snprintf(out, PATH_MAX, "%s/%s-%s", test_tmpdir(), base, format);
+    char st_path[PATH_MAX + 32];
+    snprintf(st_path, sizeof st_path, "%s/config.json", out);
+    struct stat st;
+    if (stat(st_path, &st) == 0)
+        return out;
+    model_t *m = NULL;
+    ck_assert_msg(model_load(&m, model) == 0, "%s", river_err_detail());
+    backbone_quant_opts_t o;
+    ck_assert_int_eq(backbone_quant_opts_for(format, m, &o), 0);
+    o.n_threads = 1;
+    ck_assert_msg(backbone_quant_build(m, out, &o, NULL, NULL) == 0, "%s: %s", model,
+                  river_err_detail());
+    model_destroy(&m);
+    return out;
+}
+
+const char *test_model_path(const char *spec)
+{
+    if (!strncmp(spec, "q8:", 3) || !strncmp(spec, "q4:", 3)) {
+        char fmt[3] = {spec[0], spec[1], 0};
+        return test_quant_backbone(spec + 3, fmt);
+    }
+    return spec;
 }

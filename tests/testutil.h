@@ -65,6 +65,15 @@ const char *test_bin(const char *name);
  * keeps it, as does RIVER_TEST_KEEP=1). */
 const char *test_tmpdir(void);
 
+/* A quantized copy of the checkpoint directory `model` (offline/backbone_quant.h, with the
+ * format's defaults: "q8" or "q4", head at 8 bits, one thread) under test_tmpdir(), built on
+ * the first call of a process and reused after. Fails the test on error. Returns one of a
+ * few rotating static buffers. */
+const char *test_quant_backbone(const char *model, const char *format);
+/* A model named in a suite's case list: "q8:PATH" and "q4:PATH" are test_quant_backbone of
+ * PATH, anything else the path itself. */
+const char *test_model_path(const char *spec);
+
 /* The device the engine suites run on: "cpu", or "opaque" when RIVER_TEST_DEVICE=opaque
  * (make test-opaque), the backend whose memory nothing above the op interface may touch,
  * or "cuda" (GPU 0) when RIVER_TEST_DEVICE=cuda (scripts/gpu-check.sh). */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
 #include "common/file.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_internal.h"
@@ -403,6 +404,14 @@ int tokenizer_load(tokenizer_t **out, const char *path, int vocab_size_hint)
         }
     }
 
+    /* A GGUF file carries its tokenizer in its metadata; it is mapped, never read whole. */
+    if (!S_ISDIR(st.st_mode) && gguf_path_is_gguf(t->path)) {
+        t->kind = TOK_KIND_HF;
+        if ((err = tok_gguf_load(t, vocab_size_hint)))
+            goto fail_path;
+        *out = t;
+        return 0;
+    }
     char *data;
     size_t len;
     err = river_read_file(t->path, &data, &len);

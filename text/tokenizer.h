@@ -13,7 +13,8 @@
 
 typedef struct tokenizer tokenizer_t;
 
-/* Loads a tokenizer.json, or a llama2.c tok*.bin (recognised by content, not by name).
+/* Loads a tokenizer.json, a llama2.c tok*.bin (recognised by content, not by name), or the
+ * tokenizer in a GGUF file's tokenizer.ggml.* metadata (text/tokenizer_gguf.c).
  * `vocab_size_hint` is the model's vocabulary size for .bin files (0: derive it). */
 int tokenizer_load(tokenizer_t **out, const char *path, int vocab_size_hint);
 void tokenizer_destroy(tokenizer_t **t);

@@ -111,6 +111,9 @@ int tok_hf_is_special(const tokenizer_t *t, int32_t id);
 int tok_hf_is_pending(const tokenizer_t *t, int32_t id);
 int tok_hf_id_valid(const tokenizer_t *t, int32_t id);
 
+/* A GGUF file's tokenizer (t->path names the file); text/tokenizer_gguf.c. */
+int tok_gguf_load(tokenizer_t *t, int vocab_size_hint);
+
 int tok_l2c_load(tokenizer_t *t, const char *data, size_t len, int vocab_size_hint);
 void tok_l2c_free(l2c_tok_t *l);
 int tok_l2c_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,

@@ -37,8 +37,8 @@ static const config_key_t config__worker_keys[] = {
                  "full runs the whole model; river and backbone are the two halves of a "
                  "split pair (see split)."),
     WK("model", CONFIG_STRING, model, 0, 0, "",
-       "Model to serve: a Hugging Face directory (config.json, safetensors) or a llama2.c "
-       ".bin file."),
+       "Model to serve: a Hugging Face directory (config.json, safetensors), a GGUF file "
+       "(its tokenizer inside it) or a llama2.c .bin file."),
     WK("tokenizer", CONFIG_STRING, tokenizer, 0, 0, "",
        "Tokenizer file; empty: the one beside the model."),
     WK("river", CONFIG_STRING, river, 0, 0, "",

@@ -45,7 +45,8 @@ void cpu_backend_destroy(backend_t **b);
 /* Before placement: weight_upload leaves float, Q4 and Q8 matrices in the caller's memory
  * (the mapped checkpoint, whose pages weight_residency can release) instead of copying
  * those of 2 MiB or more into huge pages, which decode reads faster but which cannot be
- * released. Q4 codes repacked for the integer kernels are copies either way. RIVER_EINVAL
+ * released; Q4 codes are not repacked into Q4X8 then either (the repack is a copy), so that
+ * a 4-bit backbone can be offloaded, at the Q4 kernels' speed. RIVER_EINVAL
  * if b is not a CPU backend; nothing changes then. */
 int cpu_backend_keep_mapped(backend_t *b);
 

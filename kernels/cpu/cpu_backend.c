@@ -63,7 +63,13 @@ int cpu_weight_check(const weight_t *w, const char *what)
                                                                  .group = w->group}))
         return river_err_set(RIVER_EFORMAT, "cpu %s: q4x8 weight with group %d over %lld "
                              "columns", what, w->group, (long long)w->cols);
-    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q4X8) {
+    if (w->dtype == DTYPE_Q8X8 && !cpu_q8x8_eligible(&(weight_t){.dtype = DTYPE_Q8,
+                                                                 .data = w->data, .cols = w->cols,
+                                                                 .group = w->group}))
+        return river_err_set(RIVER_EFORMAT, "cpu %s: q8x8 weight with group %d over %lld "
+                             "columns", what, w->group, (long long)w->cols);
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q4X8 ||
+        w->dtype == DTYPE_Q8X8) {
         if (!w->scales || !w->zeros || w->group <= 0 || w->cols % w->group != 0 ||
             (w->dtype == DTYPE_Q4 && w->group % 2 != 0))
             return river_err_set(RIVER_EFORMAT, "cpu %s: %s weight with group %d over %lld "
@@ -509,7 +515,8 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * pages come back from the file, and memory the caller owns is only swapped, if at all).
  * Q4 codes that this level's integer kernels want in Q4X8 (q4x8.h) are repacked into such
  * memory. A backend told to keep weights mapped (cpu_backend_keep_mapped, for backbone
- * offloading: the copies cannot be released) reads every other weight in place. */
+ * offloading: the copies cannot be released) reads every weight in place, 4-bit codes in
+ * the file's Q4 layout included. */
 /* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
  * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
  * refused at every placement, naming it, rather than read as one or the other. */
@@ -559,6 +566,20 @@ static void cpu__advise(const void *p, size_t bytes, int advice)
 
 static int cpu__owns(const ops_ctx_t *ctx, const void *p);
 
+/* Whether w is Q8 with every zero 128 (fp16 0x5800): int8 symmetric, whose kernels then
+ * skip the zero terms and never read the zeros. One pass over the zeros, a sixteenth of
+ * the codes' bytes at groups of 32, once at placement. */
+static int cpu__zeros_all_128(const weight_t *w)
+{
+    if ((w->dtype != DTYPE_Q8 && w->dtype != DTYPE_Q8X8) || !w->zeros || w->group <= 0 || w->cols % w->group != 0)
+        return 0;
+    size_t n = (size_t)w->rows * (size_t)(w->cols / w->group);
+    for (size_t i = 0; i < n; i++)
+        if (w->zeros[i] != 0x5800)
+            return 0;
+    return 1;
+}
+
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
     if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
@@ -570,15 +591,24 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     /* Placed already: a view shared by two weights (a tied head). */
     if (!w->data || cpu__owns(ctx, w->data))
         return 0;
+    int zero128 = cpu__zeros_all_128(w);
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
-    int repack = ctx->k->q4x8 && !q4x8_off && cpu_q4x8_eligible(w);
-    if (!repack && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES))
+    /* Kept mapped, 4-bit and 8-bit codes stay in the file's layout too (the Q4 and Q8
+     * kernels read it), so that a quantized backbone's layers can be released like any
+     * other. */
+    int repack = ctx->k->q4x8 && !q4x8_off && !ctx->keep_mapped && cpu_q4x8_eligible(w);
+    int repack8 = ctx->k->q8x8 && !q4x8_off && !ctx->keep_mapped && cpu_q8x8_eligible(w);
+    if (!repack && !repack8 && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES)) {
+        w->zero128 = zero128;
         return 0;
+    }
     uint8_t *p = cpu__owned_alloc(ctx, bytes);
     if (!p)
         return RIVER_ENOMEM;
     if (repack)
         cpu_q4x8_repack(w, p);
+    else if (repack8)
+        cpu_q8x8_repack(w, p);
     else
         memcpy(p, w->data, bytes);
 #ifdef MADV_PAGEOUT
@@ -586,8 +616,11 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     cpu__advise(w->data, bytes, MADV_PAGEOUT);
 #endif
     w->data = p;
+    w->zero128 = zero128;
     if (repack)
         w->dtype = DTYPE_Q4X8;
+    else if (repack8)
+        w->dtype = DTYPE_Q8X8;
     return 0;
 }
 

@@ -278,12 +278,12 @@ GEMV_DEFINE(gemv_q4, DTYPE_Q4)
  *     y = sum_groups s * (sum_blocks d * (q . x8) - z * sum_blocks d * sum(x8)),
  * which is W x^ exactly, zero points included (f32 rounding aside): the only
  * approximation is x ~= x^, |x - x^| <= max|x| / 254 per element of a block, hence
- * |y - W x| <= sum over blocks of (max|x| / 254) * sum |w| (tests/test_ops.c checks both).
- * A block of x is 32 columns, or 64 where the groups are multiples of 64 (q8_xblock).
- * Q8 codes (0..255) would overflow vpmaddubsw's 16-bit pair sums, so they are widened,
- * shifted to q - 128 and multiplied with vpmaddwd (the zero shifted by 128 too).
+ * |y - W x| <= sum over blocks of (max|x| / 254) * sum |w| (tests/test_backend_ops.c
+ * checks both). For Q4 a block of x is 32 columns, or 64 where the groups are multiples of
+ * 64 (q8_xblock); Q8 takes the kernel shared with the AVX-512 level (q8_x86.h: blocks of
+ * 32, the sign trick on q - 128, no zero terms for symmetric weights).
  *
- * xq holds, per row of x (ldq floats): cols int8 codes (cols / 4 floats; for Q4 each
+ * xq holds, per row of x (ldq floats), for Q4: cols int8 codes (cols / 4 floats; each
  * block holds its even columns, then its odd ones, the order in which the nibbles come
  * out of the bytes), then the block scales d (room for cols / 32), then per group
  * sum d * sum(x8) (padded with zeros to a multiple of 8). */
@@ -291,7 +291,13 @@ GEMV_DEFINE(gemv_q4, DTYPE_Q4)
 
 static int q8_path(const weight_t *w)
 {
-    return (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) && w->group % Q8_BLOCK == 0;
+    return w->dtype == DTYPE_Q4 && w->group % Q8_BLOCK == 0;
+}
+
+/* Q8 weights of whole 32-column blocks take the shared integer kernel (q8_x86.h). */
+static int q8_int_path(const weight_t *w)
+{
+    return w->dtype == DTYPE_Q8 && w->group % Q8_BLOCK == 0;
 }
 
 /* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves
@@ -318,10 +324,20 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 #undef Q4X8_FN
 #undef Q4X8_VNNI
 
+#define Q8_FN(name) avx2_q8_##name
+#define Q8_VNNI 0
+#define Q8_Q4X8(name) avx2_q4x8_##name
+#include "kernels/cpu/q8_x86.h"
+#undef Q8_FN
+#undef Q8_VNNI
+#undef Q8_Q4X8
+
 static int64_t avx2_gemv_prep_floats(const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4X8)
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return avx2_q4x8_prep_floats(w);
+    if (q8_int_path(w))
+        return avx2_q8_prep_floats(w);
     if (!q8_path(w))
         return 0;
     int64_t ng = w->cols / w->group;
@@ -331,14 +347,17 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
 
 static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4X8) {
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8) {
         avx2_q4x8_prep(xq, x, ldx, n, w);
+        return;
+    }
+    if (q8_int_path(w)) {
+        avx2_q8_prep(xq, x, ldx, n, w);
         return;
     }
     int64_t ldq = avx2_gemv_prep_floats(w), cols = w->cols;
     int xb = q8_xblock(w);
     int64_t nb = cols / xb, ng = cols / w->group, bpg = w->group / xb;
-    int q4 = w->dtype == DTYPE_Q4;
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * ldx;
         float *qi = xq + i * ldq;
@@ -356,13 +375,9 @@ static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const 
             int sum = 0;
             for (int j = 0; j < xb; j++)
                 sum += t[j];
-            if (q4) {
-                for (int j = 0; j < xb / 2; j++) {
-                    o[j] = t[2 * j];
-                    o[xb / 2 + j] = t[2 * j + 1];
-                }
-            } else {
-                memcpy(o, t, (size_t)xb);
+            for (int j = 0; j < xb / 2; j++) {
+                o[j] = t[2 * j];
+                o[xb / 2 + j] = t[2 * j + 1];
             }
             if (b % bpg == 0)
                 xs[b / bpg] = 0.0f;
@@ -390,61 +405,32 @@ AI void q8_block_dots(__m256i dot[GEMV_R][GEMV_NQ8], const uint8_t *w, size_t rb
                       const int R, const int N)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    if (dt == DTYPE_Q4) {
-        __m256i xv[GEMV_NQ8], xv2[GEMV_NQ8];
+    (void)dt; /* Q4: Q8 takes q8_x86.h */
+    __m256i xv[GEMV_NQ8], xv2[GEMV_NQ8];
 #pragma GCC unroll 4
-        for (int i = 0; i < N; i++) {
-            xv[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k));
-            if (XB == 64)
-                xv2[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k + 32));
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            if (XB == 64) {
-                /* 32 bytes: the low nibbles are the 32 even columns, the high the odd. */
-                __m256i b = _mm256_loadu_si256((const __m256i *)(w + r * rb + k / 2));
-                __m256i m = _mm256_set1_epi8(0x0f);
-                __m256i lo = _mm256_and_si256(b, m);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
-#pragma GCC unroll 4
-                for (int i = 0; i < N; i++)
-                    dot[r][i] = _mm256_madd_epi16(
-                        _mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[i]),
-                                         _mm256_maddubs_epi16(hi, xv2[i])), ones);
-            } else {
-                __m256i wq = ld32_q4(w + r * rb, k);
-#pragma GCC unroll 4
-                for (int i = 0; i < N; i++)
-                    dot[r][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv[i]), ones);
-            }
-        }
-        return;
+    for (int i = 0; i < N; i++) {
+        xv[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k));
+        if (XB == 64)
+            xv2[i] = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k + 32));
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < N; i++)
-            dot[r][i] = _mm256_setzero_si256();
-    for (int h = 0; h < XB; h += 32) {
-        __m256i xlo[GEMV_NQ8], xhi[GEMV_NQ8];
-#pragma GCC unroll 4
-        for (int i = 0; i < N; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x8 + i * ldq8 + k + h));
-            xlo[i] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(xv));
-            xhi[i] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(xv, 1));
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            /* q - 128 as int16, matching the zero shifted by 128. */
-            __m256i c = _mm256_loadu_si256((const __m256i *)(w + r * rb + k + h));
-            __m256i off = _mm256_set1_epi16(128);
-            __m256i wlo = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), off);
-            __m256i whi = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)), off);
+    for (int r = 0; r < R; r++) {
+        if (XB == 64) {
+            /* 32 bytes: the low nibbles are the 32 even columns, the high the odd. */
+            __m256i b = _mm256_loadu_si256((const __m256i *)(w + r * rb + k / 2));
+            __m256i m = _mm256_set1_epi8(0x0f);
+            __m256i lo = _mm256_and_si256(b, m);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
 #pragma GCC unroll 4
             for (int i = 0; i < N; i++)
-                dot[r][i] = _mm256_add_epi32(dot[r][i],
-                                             _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo[i]),
-                                                              _mm256_madd_epi16(whi, xhi[i])));
+                dot[r][i] = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[i]),
+                                     _mm256_maddubs_epi16(hi, xv2[i])), ones);
+        } else {
+            __m256i wq = ld32_q4(w + r * rb, k);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv[i]), ones);
         }
     }
 }
@@ -465,7 +451,7 @@ AI void gemv_tile_q8(float *y, int64_t ldy, const float *xq, int64_t ldq, const 
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
-    avx2_q4x8_zero_terms(acc, wt, r0, ng, xs, ldq, dt == DTYPE_Q8 ? 128.0f : 0.0f, R, N);
+    avx2_q4x8_zero_terms(acc, wt, r0, ng, xs, ldq, 0.0f, R, N);
     for (int64_t g = 0; g < ng; g++) {
         __m256 sc[GEMV_R];
 #pragma GCC unroll 8
@@ -561,7 +547,6 @@ AI void gemv_rows_q8(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
     }
 
 GEMV_Q8_DEFINE(gemv_q4_x8, DTYPE_Q4)
-GEMV_Q8_DEFINE(gemv_q8_x8, DTYPE_Q8)
 
 static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
                       int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
@@ -579,7 +564,11 @@ static void avx2_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const 
         return;
     }
     if (xq && w->dtype == DTYPE_Q8) {
-        gemv_q8_x8(y, ldy, xq, ldq, n, w, r0, r1);
+        avx2_q8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    if (xq && w->dtype == DTYPE_Q8X8) {
+        avx2_q8_x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
     switch (w->dtype) {
@@ -607,6 +596,10 @@ static void avx2_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t 
 {
     if (w->dtype == DTYPE_Q4X8) {
         avx2_q4x8_rows_to_f32(dst, w, r0, r1);
+        return;
+    }
+    if (w->dtype == DTYPE_Q8X8) {
+        avx2_q8_x8_rows_to_f32(dst, w, r0, r1);
         return;
     }
     if (!cpu_weight_simd_ok(w)) {
@@ -917,6 +910,7 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 const cpu_kernels_t cpu_kernels_avx2 = {
     .level = CPU_SIMD_AVX2,
     .q4x8 = 1,
+    .q8x8 = 1,
     .gemv = avx2_gemv,
     .gemv_prep_floats = avx2_gemv_prep_floats,
     .gemv_prep = avx2_gemv_prep,

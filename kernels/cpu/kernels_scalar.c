@@ -13,6 +13,8 @@ static inline unsigned scalar_code(dtype_t dt, const uint8_t *q, int64_t k)
 {
     if (dt == DTYPE_Q8)
         return q[k];
+    if (dt == DTYPE_Q8X8)
+        return q[cpu_q8x8_byte(k)];
     if (dt == DTYPE_Q4X8) {
         int high;
         uint8_t b = q[cpu_q4x8_byte(k, &high)];
@@ -47,7 +49,8 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
         }
         case DTYPE_Q4:
         case DTYPE_Q8:
-        case DTYPE_Q4X8: {
+        case DTYPE_Q4X8:
+        case DTYPE_Q8X8: {
             int64_t ng = cols / w->group;
             const uint16_t *sc = w->scales + r * ng;
             const uint16_t *ze = w->zeros + r * ng;

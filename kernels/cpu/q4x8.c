@@ -1,13 +1,44 @@
-/* Repacking Q4 weights into Q4X8 (q4x8.h). */
+/* Repacking Q4 weights into Q4X8, and Q8 weights into Q8X8 (q4x8.h). */
+#include <string.h>
+
 #include "kernels/cpu/q4x8.h"
 
+
+/* Groups that a set of 256 columns spans in the same pattern every set. */
+static int q4x8_group_ok(int group)
+{
+    return group == 32 || group == 64 || group == 128 || (group > 0 && group % Q4X8_SET == 0);
+}
 
 int cpu_q4x8_eligible(const weight_t *w)
 {
     if (w->dtype != DTYPE_Q4 || !w->data || w->cols % Q4X8_SET != 0)
         return 0;
-    return w->group == 32 || w->group == 64 || w->group == 128 ||
-           (w->group > 0 && w->group % Q4X8_SET == 0);
+    return q4x8_group_ok(w->group);
+}
+
+int cpu_q8x8_eligible(const weight_t *w)
+{
+    if (w->dtype != DTYPE_Q8 || !w->data || w->cols % Q4X8_SET != 0)
+        return 0;
+    return q4x8_group_ok(w->group);
+}
+
+void cpu_q8x8_repack(const weight_t *w, uint8_t *dst)
+{
+    size_t rb = (size_t)w->cols;
+    for (int64_t r = 0; r < w->rows; r++) {
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)r * rb;
+        uint8_t *out = dst + (size_t)r * rb;
+        for (int64_t s = 0; s < w->cols / Q4X8_SET; s++) {
+            const uint8_t *in = src + s * Q4X8_SET;
+            uint8_t *o = out + s * Q8X8_SET_BYTES;
+            /* Four bytes at a time: column 32j + 4v + t goes to byte 32v + 4j + t. */
+            for (int v = 0; v < 8; v++)
+                for (int j = 0; j < 8; j++)
+                    memcpy(o + 32 * v + 4 * j, in + 32 * j + 4 * v, 4);
+        }
+    }
 }
 
 void cpu_q4x8_repack(const weight_t *w, uint8_t *dst)

@@ -34,6 +34,28 @@ int cpu_q4x8_eligible(const weight_t *w);
 /* Writes w's codes (Q4, eligible) in the Q4X8 layout to dst (rows * cols / 2 bytes). */
 void cpu_q4x8_repack(const weight_t *w, uint8_t *dst);
 
+/* Q8X8: the same idea for 8-bit codes. Why: the integer dot product of a Q8 block of 32
+ * columns is one vector whose lanes all belong to that block, so every 32 columns need a
+ * conversion to f32 and a scaling (q8_x86.h); in Q8X8 each lane of the vector belongs to a
+ * different block, and one conversion and scaling serve eight blocks.
+ *
+ * Layout, per row: the columns in sets of 256, each set eight blocks of 32 columns, stored
+ * as 8 vectors of 32 bytes (256 bytes, the same size as Q8). In vector v (0..7), the four
+ * bytes of lane j (0..7), byte t (0..3), hold block j's column 4v+t. Which weights: Q8
+ * with the same columns and groups as Q4X8. Every code stays the byte it was: only its
+ * place changes, so zeros and scales are Q8's. */
+#define Q8X8_SET_BYTES 256 /* bytes per set */
+
+int cpu_q8x8_eligible(const weight_t *w);
+void cpu_q8x8_repack(const weight_t *w, uint8_t *dst);
+
+/* Byte of a Q8X8 row that holds column k. */
+static inline int64_t cpu_q8x8_byte(int64_t k)
+{
+    int64_t c = k % Q4X8_SET, j = c / 32, o = c % 32;
+    return k / Q4X8_SET * Q8X8_SET_BYTES + (o / 4) * 32 + j * 4 + o % 4;
+}
+
 /* Byte of a Q4X8 row that holds column k, and whether k is its high nibble. */
 static inline int64_t cpu_q4x8_byte(int64_t k, int *high)
 {

@@ -19,6 +19,8 @@ typedef struct cpu_kernels {
     /* gemv has a Q4X8 kernel (kernels/cpu/q4x8.h): the backend repacks eligible Q4 weights
      * into that layout when they are placed. Every level's kernels read Q4X8 correctly. */
     int q4x8;
+    /* The same for Q8 into Q8X8 (q4x8.h). */
+    int q8x8;
 
     /* y[i*ldy + r] = sum_k x[i*ldx + k] * W[r][k] for i < n and r0 <= r < r1 (y points at
      * element (0, 0) of the output). Weights are read in place, once per call: each block of
@@ -89,7 +91,8 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
  * multiple of 16 (so a vector never straddles two groups). F32/F16/BF16 always qualify. */
 static inline int cpu_weight_simd_ok(const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q4X8)
+    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q4X8 ||
+        w->dtype == DTYPE_Q8X8)
         return w->group > 0 && w->group % 16 == 0;
     return 1;
 }

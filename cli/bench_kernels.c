@@ -1,0 +1,405 @@
+/* river bench --kernels: the CPU matmul kernels alone, on the matrix shapes of Llama 3.2 1B,
+ * against the machine's read bandwidth measured in the same run.
+ *
+ * For every shape and weight format, a pool of distinct copies of the matrix (codes, scales
+ * and zeros each their own) larger than the last-level cache is placed on a CPU backend of
+ * each SIMD level in turn, and the matmul is called on the copies in rotation, so that
+ * every call streams its weights from memory as a decode step does. A run is one pass over
+ * the pool (at least 10 ms of calls, at most a quarter of a second); its time per call is the
+ * figure, and the median over --runs runs is printed with the bytes of the weight's format
+ * per second and their fraction of a read sweep with the same threads and the loads of
+ * that level (cpu_read_bandwidth_gbs), taken right before that level's runs of the shape.
+ *
+ * The codes are arbitrary bytes (the kernels' speed does not depend on their values), so
+ * 4-bit weights are placed as Q4X8 directly, the layout the backend repacks them into. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/huge_pages.h"
+#include "kernels/half.h"
+
+/* The formats measured, each as a dtype, a group and how its zeros are drawn. */
+typedef enum {
+    BK_ZERO_NONE = 0, /* float weights */
+    BK_ZERO_128,      /* every zero 128: int8 symmetric, as llama.cpp's q8_0 */
+    BK_ZERO_ANY,      /* zeros drawn over the code range, as HQQ leaves them */
+} bk_zero_t;
+
+typedef struct bk_format {
+    const char *name;
+    dtype_t dtype;
+    int group;
+    bk_zero_t zero;
+    int code_max; /* the zeros' range for BK_ZERO_ANY */
+} bk_format_t;
+
+static const bk_format_t bk_formats[] = {
+    {"bf16", DTYPE_BF16, 0, BK_ZERO_NONE, 0},
+    {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_128, 255},
+    {"q8-g32", DTYPE_Q8, 32, BK_ZERO_ANY, 255},
+    {"q4x8-g32", DTYPE_Q4X8, 32, BK_ZERO_ANY, 15},
+    {"q4x8-g64", DTYPE_Q4X8, 64, BK_ZERO_ANY, 15},
+};
+#define BK_N_FORMATS (int)(sizeof bk_formats / sizeof bk_formats[0])
+
+/* Llama 3.2 1B: q and o (2048 x 2048), k and v (512 x 2048), gate and up (8192 x 2048),
+ * down (2048 x 8192), the LM head (128256 x 2048). */
+static const struct {
+    const char *name;
+    int64_t rows, cols;
+} bk_shapes[] = {
+    {"2048x2048", 2048, 2048}, {"512x2048", 512, 2048},       {"8192x2048", 8192, 2048},
+    {"2048x8192", 2048, 8192}, {"128256x2048", 128256, 2048},
+};
+#define BK_N_SHAPES (int)(sizeof bk_shapes / sizeof bk_shapes[0])
+
+#define BK_MAX_N 128
+#define BK_MAX_BATCHES 16
+#define BK_RUN_SECONDS 0.25
+#define BK_RUN_MIN_SECONDS 0.01
+
+typedef struct bk_opts {
+    int threads, runs, pool_mib, bw_mib, json;
+    int levels[CPU_SIMD_COUNT], n_levels;
+    int batches[BK_MAX_BATCHES], n_batches;
+    int formats[BK_N_FORMATS], n_formats; /* indices into bk_formats */
+    int shapes[BK_N_SHAPES], n_shapes;    /* indices into bk_shapes */
+    int scalar_max_n;                     /* batches above this skip the scalar level */
+} bk_opts_t;
+
+static size_t bk_align(size_t n)
+{
+    return (n + 63) / 64 * 64;
+}
+
+static int bk_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Bytes of one copy of the weight: codes, then scales and zeros (each 64-byte aligned). */
+static size_t bk_copy_bytes(const bk_format_t *f, int64_t rows, int64_t cols, size_t *data,
+                            size_t *meta)
+{
+    *data = bk_align(dtype_row_bytes(f->dtype, cols) * (size_t)rows);
+    *meta = f->group ? bk_align((size_t)rows * (size_t)(cols / f->group) * 2) : 0;
+    return *data + 2 * *meta;
+}
+
+/* Fills the pool: codes as random bytes (bf16 values with a bounded exponent, so that no
+ * infinity, NaN or subnormal slows a float kernel), positive fp16 scales, zeros per f. */
+static void bk_fill(uint8_t *pool, int copies, size_t data, size_t meta, const bk_format_t *f)
+{
+    uint64_t s = 0x5eed;
+    size_t each = data + 2 * meta;
+    for (int c = 0; c < copies; c++) {
+        uint8_t *p = pool + (size_t)c * each;
+        for (size_t k = 0; k + 8 <= data; k += 8) {
+            uint64_t v = rng_next(&s);
+            if (f->dtype == DTYPE_BF16)
+                v = (v & UINT64_C(0x807f807f807f807f)) | UINT64_C(0x3c003c003c003c00);
+            memcpy(p + k, &v, 8);
+        }
+        if (!meta)
+            continue;
+        uint16_t *sc = (uint16_t *)(p + data), *ze = (uint16_t *)(p + data + meta);
+        size_t ng = meta / 2;
+        for (size_t g = 0; g < ng; g++) {
+            uint64_t v = rng_next(&s);
+            sc[g] = f32_to_f16(0.001f + (float)(v & 1023) * 1e-5f);
+            float z = f->zero == BK_ZERO_128 ? 128.0f
+                                             : (float)((v >> 10) % (uint64_t)(f->code_max + 1));
+            ze[g] = f32_to_f16(z);
+        }
+    }
+}
+
+typedef struct bk_result {
+    double ms, ms_min, gbs, frac, gmacs;
+} bk_result_t;
+
+/* The median time of one call of matmul at n rows, over the copies in rotation. */
+static int bk_time(backend_t *be, weight_t *w, int copies, int *next, void *y, const void *x,
+                   int n, int runs, double *ms, double *ms_min)
+{
+    double *t = calloc((size_t)runs, sizeof *t);
+    if (!t)
+        return river_err_set(RIVER_ENOMEM, "bench kernels: timings");
+    int e = be->ops->matmul(be->ctx, y, x, &w[*next], n); /* warm the pool and scratch */
+    *next = (*next + 1) % copies;
+    for (int r = 0; r < runs && !e; r++) {
+        double t0 = clock_now_s(), dt = 0.0;
+        int calls = 0;
+        /* A pass over the pool, and at least BK_RUN_MIN_SECONDS (a pool held in cache
+         * takes many passes to time), at most BK_RUN_SECONDS. */
+        while (calls < copies || dt < BK_RUN_MIN_SECONDS) {
+            e = be->ops->matmul(be->ctx, y, x, &w[*next], n);
+            if (e)
+                break;
+            *next = (*next + 1) % copies;
+            calls++;
+            dt = clock_now_s() - t0;
+            if (dt > BK_RUN_SECONDS)
+                break;
+        }
+        t[r] = calls ? dt / calls * 1e3 : 0.0;
+    }
+    if (!e) {
+        qsort(t, (size_t)runs, sizeof *t, bk_cmp);
+        *ms = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
+        *ms_min = t[0];
+    }
+    free(t);
+    return e;
+}
+
+static void bk_print(const bk_opts_t *o, const char *level, const char *fmt, const char *shape,
+                     int n, const bk_result_t *r, double bw)
+{
+    if (o->json)
+        printf("{\"level\":\"%s\",\"format\":\"%s\",\"shape\":\"%s\",\"n\":%d,\"ms\":%.4f,"
+               "\"ms_min\":%.4f,\"weight_gbs\":%.2f,\"bandwidth_gbs\":%.2f,\"fraction\":%.3f,"
+               "\"gmacs\":%.1f}\n", level, fmt, shape, n, r->ms, r->ms_min, r->gbs, bw, r->frac,
+               r->gmacs);
+    else
+        printf("%-7s %-12s %-12s %4d %10.4f %8.2f %8.2f %6.1f %%  %8.1f\n", level, fmt, shape,
+               n, r->ms, r->gbs, bw, 100.0 * r->frac, r->gmacs);
+    fflush(stdout);
+}
+
+/* One shape in one format at every level and batch. */
+static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
+{
+    int64_t rows = bk_shapes[si].rows, cols = bk_shapes[si].cols;
+    size_t data, meta, each = bk_copy_bytes(f, rows, cols, &data, &meta);
+    size_t weight_bytes = dtype_row_bytes(f->dtype, cols) * (size_t)rows +
+                          (f->group ? 2 * (size_t)rows * (size_t)(cols / f->group) * 2 : 0);
+    int copies = (int)(((size_t)o->pool_mib << 20) / each);
+    if (copies < 2)
+        copies = 2;
+    size_t len = 0;
+    uint8_t *pool = cpu_huge_map(each * (size_t)copies, &len);
+    weight_t *w = calloc((size_t)copies, sizeof *w);
+    float *xh = malloc(sizeof *xh * (size_t)(BK_MAX_N * cols));
+    int e = 0;
+    if (!pool || !w || !xh) {
+        e = river_err_set(RIVER_ENOMEM, "bench kernels: a pool of %d copies of %s %s", copies,
+                          f->name, bk_shapes[si].name);
+        goto done;
+    }
+    bk_fill(pool, copies, data, meta, f);
+    uint64_t s = 77;
+    for (int64_t k = 0; k < BK_MAX_N * cols; k++)
+        xh[k] = (float)((int64_t)(rng_next(&s) % 2001) - 1000) * 1e-3f;
+    for (int li = 0; li < o->n_levels && !e; li++) {
+        cpu_simd_t level = (cpu_simd_t)o->levels[li];
+        backend_t *be = NULL;
+        void *x = NULL, *y = NULL;
+        e = cpu_backend_new(&be, o->threads, level);
+        if (e)
+            break;
+        /* The pool is in huge pages already: placement need not copy it again. */
+        e = cpu_backend_keep_mapped(be);
+        for (int c = 0; c < copies && !e; c++) {
+            uint8_t *p = pool + (size_t)c * each;
+            w[c] = (weight_t){.dtype = f->dtype, .rows = rows, .cols = cols, .data = p,
+                              .group = f->group};
+            if (f->group) {
+                w[c].scales = (const uint16_t *)(p + data);
+                w[c].zeros = (const uint16_t *)(p + data + meta);
+            }
+            e = be->ops->weight_upload(be->ctx, &w[c]);
+        }
+        if (!e) {
+            x = be->ops->buf_alloc(be->ctx, (size_t)(BK_MAX_N * cols));
+            y = be->ops->buf_alloc(be->ctx, (size_t)(BK_MAX_N * rows));
+            if (!x || !y)
+                e = river_err_set(RIVER_ENOMEM, "bench kernels: activations");
+        }
+        if (!e)
+            e = be->ops->from_host(be->ctx, x, 0, xh, (size_t)(BK_MAX_N * cols));
+        /* The sweep right before the runs it judges: on a shared machine the bandwidth
+         * drifts by tens of percent within minutes. */
+        double bw = 0.0;
+        if (!e) {
+            bw = cpu_read_bandwidth_gbs(o->threads, (size_t)o->bw_mib << 20, 3, level);
+            if (bw < 0)
+                e = (int)bw;
+        }
+        int next = 0;
+        for (int bi = 0; bi < o->n_batches && !e; bi++) {
+            int n = o->batches[bi];
+            if (level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
+                continue;
+            double ms = 0.0, ms_min = 0.0;
+            e = bk_time(be, w, copies, &next, y, x, n, o->runs, &ms, &ms_min);
+            if (e)
+                break;
+            bk_result_t r = {.ms = ms, .ms_min = ms_min};
+            r.gbs = ms > 0.0 ? (double)weight_bytes / (ms * 1e-3) / 1e9 : 0.0;
+            r.frac = bw > 0.0 ? r.gbs / bw : 0.0;
+            r.gmacs = ms > 0.0 ? (double)n * (double)rows * (double)cols / (ms * 1e-3) / 1e9
+                               : 0.0;
+            bk_print(o, cpu_simd_name(level), f->name, bk_shapes[si].name, n, &r, bw);
+        }
+        if (x)
+            be->ops->buf_free(be->ctx, x);
+        if (y)
+            be->ops->buf_free(be->ctx, y);
+        backend_destroy(&be);
+    }
+done:
+    free(xh);
+    free(w);
+    if (pool)
+        (void)munmap(pool, len);
+    return e;
+}
+
+/* Parses a comma list of names (levels, formats) or numbers (batches) into out. */
+static int bk_parse_list(const char *arg, const char *what, int *out, int cap, int *count)
+{
+    char buf[256];
+    if (strlen(arg) >= sizeof buf)
+        return river_err_set(RIVER_EINVAL, "--%s: list too long", what);
+    strcpy(buf, arg);
+    *count = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*count == cap)
+            return river_err_set(RIVER_EINVAL, "--%s: more than %d entries", what, cap);
+        int v = -1;
+        if (!strcmp(what, "levels")) {
+            cpu_simd_t l = cpu_simd_parse(t);
+            v = l == CPU_SIMD_COUNT ? -1 : (int)l;
+        } else if (!strcmp(what, "formats")) {
+            for (int i = 0; i < BK_N_FORMATS; i++)
+                if (!strcmp(t, bk_formats[i].name))
+                    v = i;
+        } else if (!strcmp(what, "shapes")) {
+            for (int i = 0; i < BK_N_SHAPES; i++)
+                if (!strcmp(t, bk_shapes[i].name))
+                    v = i;
+        } else {
+            long n;
+            v = cli_parse_int(t, 1, BK_MAX_N, &n) ? -1 : (int)n;
+        }
+        if (v < 0)
+            return river_err_set(RIVER_EINVAL, "--%s: '%s' is not one", what, t);
+        out[(*count)++] = v;
+    }
+    if (!*count)
+        return river_err_set(RIVER_EINVAL, "--%s: empty list", what);
+    return 0;
+}
+
+static void bk_usage(FILE *f)
+{
+    fprintf(f, "usage: river bench --kernels [--threads N] [--runs R] [--pool-mib P]\n"
+               "                   [--bandwidth-mib M] [--levels L,..] [--formats F,..]\n"
+               "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
+               "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
+               "level (default every one the processor has), format (bf16, q8-g32-z128,\n"
+               "q8-g32, q4x8-g32, q4x8-g64) and batch (default 1,2,4,8,128; the scalar\n"
+               "level stops at 8), the median ms per call over R runs (default 5), the\n"
+               "weight bytes (codes, scales, zeros) per second and their fraction of a read\n"
+               "sweep of M MiB (default 1024) with the same threads (default 2) and that\n"
+               "level's loads, taken before each shape's runs at each level, and G\n"
+               "multiply-adds per second. Each shape is placed as distinct copies filling P\n"
+               "MiB (default 1024, past the last-level cache), called in rotation. Shapes:\n"
+               "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n");
+}
+
+int bench_kernels(int argc, char **argv)
+{
+    bk_opts_t o = {.threads = 2, .runs = 5, .pool_mib = 1024, .bw_mib = 1024,
+                   .scalar_max_n = 8};
+    cpu_simd_t best = cpu_simd_detect();
+    for (int l = 0; l <= (int)best; l++)
+        o.levels[o.n_levels++] = l;
+    static const int batches[] = {1, 2, 4, 8, 128};
+    for (int i = 0; i < 5; i++)
+        o.batches[o.n_batches++] = batches[i];
+    for (int i = 0; i < BK_N_FORMATS; i++)
+        o.formats[o.n_formats++] = i;
+    for (int i = 0; i < BK_N_SHAPES; i++)
+        o.shapes[o.n_shapes++] = i;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        int e = 0, *num = NULL;
+        long lo = 1, hi = 1 << 20;
+        if (!strcmp(a, "--kernels"))
+            continue;
+        if (!strcmp(a, "--help")) {
+            bk_usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            bk_usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--threads")) {
+            num = &o.threads;
+            hi = 64;
+        } else if (!strcmp(a, "--runs")) {
+            num = &o.runs;
+            hi = 1000;
+        } else if (!strcmp(a, "--pool-mib")) {
+            num = &o.pool_mib;
+        } else if (!strcmp(a, "--bandwidth-mib")) {
+            num = &o.bw_mib;
+        } else if (!strcmp(a, "--levels")) {
+            e = bk_parse_list(v, "levels", o.levels, CPU_SIMD_COUNT, &o.n_levels);
+            for (int l = 0; !e && l < o.n_levels; l++)
+                if (o.levels[l] > (int)best)
+                    e = river_err_set(RIVER_EUNSUPPORTED, "--levels: this processor has up "
+                                      "to %s", cpu_simd_name(best));
+        } else if (!strcmp(a, "--formats")) {
+            e = bk_parse_list(v, "formats", o.formats, BK_N_FORMATS, &o.n_formats);
+        } else if (!strcmp(a, "--shapes")) {
+            e = bk_parse_list(v, "shapes", o.shapes, BK_N_SHAPES, &o.n_shapes);
+        } else if (!strcmp(a, "--batches")) {
+            e = bk_parse_list(v, "batches", o.batches, BK_MAX_BATCHES, &o.n_batches);
+        } else if (!strcmp(a, "--output")) {
+            if (!strcmp(v, "json"))
+                o.json = 1;
+            else if (strcmp(v, "text")) {
+                fprintf(stderr, "river bench: bad value '%s' for --output\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "river bench: --kernels does not take %s\n", a);
+            bk_usage(stderr);
+            return 2;
+        }
+        if (e)
+            return cli_fail("bench", e);
+        if (num) {
+            if (cli_parse_int(v, lo, hi, &n)) {
+                fprintf(stderr, "river bench: bad value '%s' for %s\n", v, a);
+                return 2;
+            }
+            *num = (int)n;
+        }
+    }
+    if (!o.json)
+        printf("%-7s %-12s %-12s %4s %10s %8s %8s %8s  %8s\n", "level", "format", "shape",
+               "n", "ms", "GB/s", "bw GB/s", "of bw", "GMAC/s");
+    for (int si = 0; si < o.n_shapes; si++)
+        for (int fi = 0; fi < o.n_formats; fi++) {
+            int e = bk_case(&o, o.shapes[si], &bk_formats[o.formats[fi]]);
+            if (e)
+                return cli_fail("bench", e);
+        }
+    return 0;
+}

@@ -1,0 +1,180 @@
+#!/bin/sh
+# `make bench-quant`: decode speed of quantized Llama 3.2 1B-shaped models (`river synth
+# --shape llama-3.2-1b`, random weights, with the Llama 3 tokenizer beside it) on 2 threads,
+# River against llama.cpp (node-llama-cpp's prebuilt CPU libraries) in one run:
+#
+#   llama.cpp  the GGUF files River's writer makes of the model: bf16, q8_0, q4_0, q4_k_m
+#   River      the same GGUF files; River's own checkpoints (the bf16 one, `river quant
+#              --backbone q8|q4`); and on each of those three backbones a fixed exit after
+#              4 of 16 layers onto a 4-bit Exit River with a 4-bit head (`river quant
+#              --bits 4 --head-bits 4 --start 4`, HQQ, group 64)
+#
+# Everything is written once under $BUILD/bench-quant and reused. Each figure is the median
+# over ROUNDS rounds (default 3); a round measures every configuration once, llama.cpp and
+# River alternating, River at its native SIMD level and at RIVER_SIMD=avx2. A River figure
+# is `river run --output json`'s decode_tok_s for GEN tokens (default 16) after a short
+# prompt, no stop on EOS; a llama.cpp figure is tests/llamacpp/ref.mjs bench (GEN tokens
+# timed from the first generated one, after a 4-token warm-up in the same process).
+#
+# The ratios: River q8 / llama.cpp q8_0, River q4 / llama.cpp q4_0, River on each GGUF /
+# llama.cpp on it, each exit figure / its byte ideal (the same backbone's plain decode
+# scaled by plain bytes per token / exit-path bytes per token, both from `river eval`'s
+# bytes model), and River q8 + 4-bit river + 4-bit head exit 4/16 / llama.cpp q8_0.
+set -u
+cd "$(dirname "$0")/.."
+unset RIVER_SIMD # River's native level, except where a figure forces avx2
+build=${BUILD:-build}
+case $build in
+/*) ;;
+*) build=$(pwd)/$build ;;
+esac
+river=$build/bin/river
+dir=$build/bench-quant
+npm_dir=$build/npm/llama.cpp
+ROUNDS=${ROUNDS:-3}
+GEN=${GEN:-16}
+THREADS=${THREADS:-2}
+PROMPT="Once upon a time, in a small village by the sea,"
+skip() {
+    echo "bench-quant: llama.cpp is not available: $1"
+    exit 1
+}
+. scripts/node-env.sh
+node_env_init "$npm_dir"
+case $(uname -m) in
+x86_64) plat=linux-x64 ;;
+aarch64) plat=linux-arm64 ;;
+*) skip "node-llama-cpp has no prebuilt llama.cpp for $(uname -m)" ;;
+esac
+node_env_install node-llama-cpp node-llama-cpp@3 --omit=optional --ignore-scripts
+version=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$npm_dir/node_modules/node-llama-cpp/package.json")
+node_env_install "@node-llama-cpp/$plat" "@node-llama-cpp/$plat@$version" --omit=optional \
+    --ignore-scripts
+node_env_select node-llama-cpp
+export RIVER_NPM_DIR=$npm_dir
+
+die() {
+    echo "bench-quant: $1" >&2
+    [ -n "${2:-}" ] && [ -f "$2" ] && tail -n 20 "$2" >&2
+    exit 1
+}
+# once FILE LOG CMD...: runs CMD unless FILE exists (a step done by an earlier run).
+once() {
+    f=$1 log=$2
+    shift 2
+    [ -e "$f" ] && return 0
+    echo "bench-quant: writing $f" >&2
+    "$@" >"$log" 2>&1 || { rm -rf "$f"; die "failed: $*" "$log"; }
+}
+mkdir -p "$dir"
+m=$dir/llama-3.2-1b
+once "$m/model.safetensors" "$dir/synth.log" "$river" synth --shape llama-3.2-1b --dtype bf16 --out "$m" --quiet
+cp tests/data/tokenizers/llama3/tokenizer.json tests/data/tokenizers/llama3/tokenizer_config.json "$m/"
+for t in bf16 q8_0 q4_0 q4_k_m; do
+    once "$dir/1b-$t.gguf" "$dir/export-$t.log" "$river" export --gguf "$dir/1b-$t.gguf" --model "$m" --type "$t"
+done
+for b in q8 q4; do
+    once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" --model "$m" --out "$dir/1b-$b" --threads "$THREADS"
+done
+# The backbones River runs itself, by name, and the 4-bit river (4-bit head) of each.
+backbone() {
+    case $1 in
+    bf16) echo "$m" ;;
+    *) echo "$dir/1b-$1" ;;
+    esac
+}
+for b in bf16 q8 q4; do
+    once "$dir/river-$b.safetensors" "$dir/river-$b.log" "$river" quant --model "$(backbone $b)" \
+        --bits 4 --head-bits 4 --start 4 --out "$dir/river-$b.safetensors" --threads "$THREADS"
+done
+# Bytes per token of the plain and the exit path, from river eval's bytes model (a few
+# tokens: the bytes do not depend on the timing).
+echo "$PROMPT" >"$dir/prompt.txt"
+for b in bf16 q8 q4; do
+    once "$dir/bytes-$b.json" "$dir/bytes-$b.log" sh -c "\"$river\" eval --model \"$(backbone $b)\" \
+        --river \"$dir/river-$b.safetensors\" --prompts \"$dir/prompt.txt\" --policy fixed \
+        --exit-layer 4 --max-tokens 2 --threads $THREADS --output json >\"$dir/bytes-$b.json\""
+done
+num() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$2" | head -n 1; }
+
+native=$(sed -n 's/.*"simd":"\([a-z0-9]*\)".*/\1/p' "$dir/bytes-bf16.json")
+[ -n "$native" ] || native=native
+echo "bench-quant: node-llama-cpp $version (llama.cpp CPU, prebuilt), River's native SIMD level $native, $THREADS threads, $GEN tokens, $ROUNDS rounds; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+results=$dir/results.txt
+: >"$results"
+# llama_run FILE KEY and river_run KEY LEVEL MODEL [OPTIONS]: one figure, appended as
+# "PROGRAM/KEY TOK_S".
+llama_run() {
+    "$NODE" tests/llamacpp/ref.mjs bench --model "$1" --tokens "$GEN" --threads "$THREADS" \
+        --runs 1 --prompt "$PROMPT" >"$dir/out.json" 2>"$dir/out.log" ||
+        die "llama.cpp bench failed on $1" "$dir/out.log"
+    echo "llama.cpp/$2 $(num decode_tok_s "$dir/out.json")" >>"$results"
+}
+river_run() {
+    key=$1 level=$2 model=$3
+    shift 3
+    env ${level:+RIVER_SIMD=$level} "$river" run --model "$model" --prompt "$PROMPT" \
+        --max-tokens "$GEN" --ignore-eos --threads "$THREADS" --output json "$@" \
+        >"$dir/out.json" 2>"$dir/out.log" || die "river run failed: $key" "$dir/out.log"
+    echo "river-${level:-$native}/$key $(num decode_tok_s "$dir/out.json")" >>"$results"
+}
+exit4() { echo --policy fixed --exit-layer 4 --river "$dir/river-$1.safetensors"; }
+r=1
+while [ $r -le "$ROUNDS" ]; do
+    echo "bench-quant: round $r of $ROUNDS" >&2
+    for t in bf16 q8_0 q4_0 q4_k_m; do
+        llama_run "$dir/1b-$t.gguf" "gguf-$t"
+        for level in "" avx2; do
+            river_run "gguf-$t" "$level" "$dir/1b-$t.gguf"
+        done
+    done
+    for level in "" avx2; do
+        for b in bf16 q8 q4; do
+            river_run "$b" "$level" "$(backbone $b)"
+            # shellcheck disable=SC2046
+            river_run "$b-exit4" "$level" "$(backbone $b)" $(exit4 $b)
+        done
+    done
+    r=$((r + 1))
+done
+
+# Medians, then the table and the ratios.
+awk '{v[$1] = v[$1] " " $2} END {for (k in v) print k, v[k]}' "$results" |
+    while read -r key vals; do
+        med=$(printf '%s\n' $vals | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+        printf "%s %.2f\n" "$key" "$med"
+    done | sort >"$dir/medians.txt"
+med() { awk -v k="$1" '$1 == k {print $2}' "$dir/medians.txt"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+printf '\n%-44s %12s %12s %12s\n' "decode tok/s (median of $ROUNDS)" "llama.cpp" "River $native" "River avx2"
+for t in bf16 q8_0 q4_0 q4_k_m; do
+    printf '%-44s %12s %12s %12s\n' "GGUF $t" "$(med llama.cpp/gguf-$t)" \
+        "$(med river-$native/gguf-$t)" "$(med river-avx2/gguf-$t)"
+done
+for b in bf16 q8 q4; do
+    printf '%-44s %12s %12s %12s\n' "River $b checkpoint" "" "$(med river-$native/$b)" "$(med river-avx2/$b)"
+    printf '%-44s %12s %12s %12s\n' "River $b, exit 4/16, 4-bit river + 4-bit head" "" \
+        "$(med river-$native/$b-exit4)" "$(med river-avx2/$b-exit4)"
+done
+echo
+printf '%-56s %10s %10s\n' "ratio" "$native" "avx2"
+row() { printf '%-56s %10s %10s\n' "$1" "$(ratio "$(med river-$native/$2)" "$3")" "$(ratio "$(med river-avx2/$2)" "$3")"; }
+row "River q8 / llama.cpp q8_0" q8 "$(med llama.cpp/gguf-q8_0)"
+row "River q4 / llama.cpp q4_0" q4 "$(med llama.cpp/gguf-q4_0)"
+for t in bf16 q8_0 q4_0 q4_k_m; do
+    row "River on GGUF $t / llama.cpp on it" "gguf-$t" "$(med llama.cpp/gguf-$t)"
+done
+row "River q8 + 4-bit river/head exit 4/16 / llama.cpp q8_0" q8-exit4 "$(med llama.cpp/gguf-q8_0)"
+for b in bf16 q8 q4; do
+    pb=$(num plain_bytes_per_token "$dir/bytes-$b.json")
+    eb=$(num bytes_per_token "$dir/bytes-$b.json")
+    for level in $native avx2; do
+        ideal=$(awk -v p="$(med river-$level/$b)" -v pb="$pb" -v eb="$eb" 'BEGIN {if (eb > 0) print p * pb / eb}')
+        eval "ideal_$level=\$ideal"
+    done
+    printf '%-56s %10s %10s\n' "River $b exit 4/16 / byte ideal ($(awk -v a="$pb" -v b="$eb" 'BEGIN {printf "%.0f/%.0f MB", a / 1e6, b / 1e6}'))" \
+        "$(ratio "$(med river-$native/$b-exit4)" "$(eval echo \$ideal_$native)")" \
+        "$(ratio "$(med river-avx2/$b-exit4)" "$ideal_avx2")"
+done
+echo "bench-quant: every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
