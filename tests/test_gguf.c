@@ -525,6 +525,47 @@ START_TEST(test_chat_template)
 }
 END_TEST
 
+/* The gateway takes a GGUF as a model's dir: its template when it has one (no warning), a
+ * warning that chat completions are refused when it has none. */
+START_TEST(test_gateway_dir)
+{
+    const char *dir = tmp_path("gwmodel");
+    mkdir(dir, 0700);
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    char p[700];
+    for (size_t i = 0; i < 3; i++) {
+        size_t len;
+        snprintf(p, sizeof p, KJV "/%s", files[i]);
+        char *d = test_read_file(p, &len);
+        ck_assert_ptr_nonnull(d);
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        FILE *f = fopen(p, "wb");
+        fwrite(d, 1, len, f);
+        fclose(f);
+        free(d);
+    }
+    for (int with = 0; with < 2; with++) {
+        snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+        FILE *f = fopen(p, "wb");
+        fputs(with ? "{\"chat_template\": \"{{ messages[0].content }}\"}" : "{}", f);
+        fclose(f);
+        const char *gg = tmp_path("gw.gguf");
+        export_ok(dir, "q8_0", gg);
+        const char *yaml = tmp_path("gw.yaml");
+        f = fopen(yaml, "wb");
+        fprintf(f, "models:\n  - name: kjv\n    dir: %s\n", gg);
+        fclose(f);
+        char cmd[2048], out[4096];
+        snprintf(cmd, sizeof cmd, "%s --config %s --check 2>&1", test_bin("river-gateway"), yaml);
+        FILE *pp = popen(cmd, "r");
+        size_t n = fread(out, 1, sizeof out - 1, pp);
+        out[n] = 0;
+        ck_assert_msg(pclose(pp) == 0, "%s", out);
+        ck_assert_msg((strstr(out, "has no chat template") == NULL) == with, "%s", out);
+    }
+}
+END_TEST
+
 /* ---- hostile files ---- */
 
 typedef struct bb {
@@ -824,6 +865,7 @@ static Suite *gguf_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_tokenizer_metadata, 0, (int)(sizeof toks / sizeof toks[0]));
     tcase_add_test(tc, test_chat_template);
+    tcase_add_test(tc, test_gateway_dir);
     suite_add_tcase(s, tc);
     return s;
 }
