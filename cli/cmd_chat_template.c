@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/err.h"
+#include "common/gguf.h"
 #include "text/chat_template.h"
 
 static void chat_template_usage(FILE *f)
@@ -19,7 +20,7 @@ static void chat_template_usage(FILE *f)
             "chat_template (NAME picks one of a list, \"default\" otherwise) and its\n"
             "bos_token / eos_token, used when the context has none. A template that raises\n"
             "exits 1 with the error on stderr. RIVER_NOW=YYYY-MM-DDTHH:MM:SS fixes the clock\n"
-            "of strftime_now.\n");
+            "of strftime_now. DIR may be a GGUF file: its tokenizer.chat_template.\n");
 }
 
 static int read_all(FILE *f, char **data, size_t *len)
@@ -101,6 +102,17 @@ int cmd_chat_template(int argc, char **argv)
                                           tpl_path));
         }
         err = chat_template_new(&t, tpl_path, src);
+        free(src);
+    } else if (gguf_path_is_gguf(model)) {
+        /* A GGUF file's tokenizer.chat_template; bos/eos come from the context. */
+        gguf_t *g;
+        char *src = NULL;
+        if (!(err = gguf_open(&g, model))) {
+            err = gguf_get_strdup(g, "tokenizer.chat_template", &src);
+            gguf_destroy(&g);
+        }
+        if (!err)
+            err = chat_template_new(&t, model, src);
         free(src);
     } else {
         err = chat_template_load_dir(&t, model, name);

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "offline/gguf_export.h"
 #include "offline/gguf_write.h"
+#include "offline/synth.h"
 #include "text/tokenizer.h"
 #include "tests/testutil.h"
 
@@ -276,12 +277,13 @@ START_TEST(test_permutation)
 }
 END_TEST
 
-/* Greedy ids of `river run` as a JSON array string (malloc'd). */
-static char *run_ids(const char *model, const char *prompt)
+/* Greedy ids of `river run` as a JSON array string (malloc'd); tok NULL: the model's own. */
+static char *run_ids_tok(const char *model, const char *tok, const char *prompt)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s run --model '%s' --prompt '%s' --max-tokens 32 --output json "
-             "--threads 1", test_bin("river"), model, prompt);
+             "--threads 1%s%s", test_bin("river"), model, prompt, tok ? " --tokenizer " : "",
+             tok ? tok : "");
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     char buf[16384];
@@ -295,6 +297,11 @@ static char *run_ids(const char *model, const char *prompt)
     json_decref(both);
     json_decref(j);
     return s;
+}
+
+static char *run_ids(const char *model, const char *prompt)
+{
+    return run_ids_tok(model, NULL, prompt);
 }
 
 static const struct {
@@ -316,6 +323,34 @@ START_TEST(test_greedy_f32)
     char *got = run_ids(path, greedy[_i].prompt);
     ck_assert_msg(!strcmp(want, got), "%s: GGUF gives %s, the original %s", greedy[_i].model,
                   got, want);
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* The other architectures, on random weights of their shapes with stories260K's tokenizer:
+ * qwen2 (biases) and qwen3 (q/k norms) keep rotate-half, mistral is written as llama and
+ * permuted like it. */
+START_TEST(test_greedy_synth)
+{
+    static const char *const shapes[] = {"qwen2-tiny", "qwen3-tiny", "mistral-tiny"};
+    const char *tok = TEST_DATA "/stories260K/tok512.bin";
+    const char *dir = tmp_path(shapes[_i]);
+    synth_opts_t so = {.shape = shapes[_i], .dtype = DTYPE_F32, .out_dir = dir, .seed = 3};
+    ck_assert_msg(synth_write(&so) == 0, "%s", river_err_detail());
+    model_t *m = NULL;
+    ck_assert_int_eq(model_load(&m, dir), 0);
+    const char *path = tmp_path("synth.gguf");
+    gguf_export_opts_t o = {.type = "f32", .tokenizer = tok};
+    ck_assert_msg(gguf_export_model(m, path, &o) == 0, "%s", river_err_detail());
+    model_destroy(&m);
+    ck_assert_msg(model_load(&m, path) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(m->cfg.rope_layout, _i < 2 ? ROPE_HALF : ROPE_INTERLEAVED);
+    model_destroy(&m);
+    char *want = run_ids_tok(dir, tok, "Once upon a time");
+    char *got = run_ids(path, "Once upon a time");
+    ck_assert_msg(!strcmp(want, got), "%s: GGUF gives %s, the original %s", shapes[_i], got,
+                  want);
     free(want);
     free(got);
 }
@@ -522,6 +557,47 @@ START_TEST(test_chat_template)
     ck_assert_int_eq(gguf_get_str(g, "tokenizer.ggml.model", (const char **)&s, &len), 0);
     ck_assert(len == 5 && !memcmp(s, "llama", 5));
     gguf_destroy(&g);
+}
+END_TEST
+
+/* The gateway takes a GGUF as a model's dir: its template when it has one (no warning), a
+ * warning that chat completions are refused when it has none. */
+START_TEST(test_gateway_dir)
+{
+    const char *dir = tmp_path("gwmodel");
+    mkdir(dir, 0700);
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    char p[700];
+    for (size_t i = 0; i < 3; i++) {
+        size_t len;
+        snprintf(p, sizeof p, KJV "/%s", files[i]);
+        char *d = test_read_file(p, &len);
+        ck_assert_ptr_nonnull(d);
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        FILE *f = fopen(p, "wb");
+        fwrite(d, 1, len, f);
+        fclose(f);
+        free(d);
+    }
+    for (int with = 0; with < 2; with++) {
+        snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+        FILE *f = fopen(p, "wb");
+        fputs(with ? "{\"chat_template\": \"{{ messages[0].content }}\"}" : "{}", f);
+        fclose(f);
+        const char *gg = tmp_path("gw.gguf");
+        export_ok(dir, "q8_0", gg);
+        const char *yaml = tmp_path("gw.yaml");
+        f = fopen(yaml, "wb");
+        fprintf(f, "models:\n  - name: kjv\n    dir: %s\n", gg);
+        fclose(f);
+        char cmd[2048], out[4096];
+        snprintf(cmd, sizeof cmd, "%s --config %s --check 2>&1", test_bin("river-gateway"), yaml);
+        FILE *pp = popen(cmd, "r");
+        size_t n = fread(out, 1, sizeof out - 1, pp);
+        out[n] = 0;
+        ck_assert_msg(pclose(pp) == 0, "%s", out);
+        ck_assert_msg((strstr(out, "has no chat template") == NULL) == with, "%s", out);
+    }
 }
 END_TEST
 
@@ -817,6 +893,7 @@ static Suite *gguf_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_permutation);
     tcase_add_test(tc, test_rope_llama3);
+    tcase_add_loop_test(tc, test_greedy_synth, 0, 3);
     tcase_add_loop_test(tc, test_greedy_f32, 0, (int)(sizeof greedy / sizeof greedy[0]));
     tcase_add_loop_test(tc, test_export_types, 0, 7);
     suite_add_tcase(s, tc);
@@ -824,6 +901,7 @@ static Suite *gguf_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_tokenizer_metadata, 0, (int)(sizeof toks / sizeof toks[0]));
     tcase_add_test(tc, test_chat_template);
+    tcase_add_test(tc, test_gateway_dir);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,6 +21,9 @@
 #include "common/gguf.h"
 #include "text/tokenizer_internal.h"
 
+/* The longest token whose splits become merges (bytes). */
+#define SPM_MAX_PIECE 512
+
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
 static const struct {
@@ -90,6 +93,10 @@ static int spm_merges(const tokenizer_t *t, const gguf_kv_t *toks, const gguf_kv
     for (size_t k = 0; k < nc; k++) {
         size_t len;
         const char *s = gguf_arr_str(toks, (uint64_t)c[k].id, &len);
+        /* Splitting costs the token's length squared; no real piece is this long, and a
+         * hostile one must not stall the load. */
+        if (len > SPM_MAX_PIECE)
+            continue;
         int ns = 0;
         for (size_t cut = 1; cut < len && ns < 256; cut++) {
             if (((unsigned char)s[cut] & 0xC0) == 0x80)
