@@ -41,11 +41,18 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     if (!e)
         e = spec_costs_measure(f, m, kv, &xs.cfg, k_max, ctx, runs, &sc);
     double t_plain = sc.t_plain, t_draft = sc.t_draft;
+    /* What the bytes model predicts for the draft step against the plain one: the ratio a
+     * memory-bound decode would show. */
+    spec_bytes_t bp, bd;
+    spec_path_bytes(m, NULL, L, &bp);
+    spec_path_bytes(m, &xs.cfg, exit_layer, &bd);
     const double *t_verify = sc.t_verify;
     static const double alphas[] = {0.8, 0.9, 0.95, 0.98};
     if (!e && json) {
-        printf("{\"plain_step_ms\":%.4f,\"draft_step_ms\":%.4f,\"exit_layer\":%d,\"layers\":%d,"
-               "\"context\":%d,\"verify_ms\":[", t_plain * 1e3, t_draft * 1e3, exit_layer, L,
+        printf("{\"plain_step_ms\":%.4f,\"draft_step_ms\":%.4f,\"plain_bytes\":%.0f,"
+               "\"draft_bytes\":%.0f,\"draft_bytes_ratio\":%.4f,\"exit_layer\":%d,"
+               "\"layers\":%d,\"context\":%d,\"verify_ms\":[", t_plain * 1e3, t_draft * 1e3,
+               bp.total, bd.total, bd.total / bp.total, exit_layer, L,
                ctx);
         for (int k = 1; k <= k_max; k++)
             printf("%s{\"k\":%d,\"ms\":%.4f}", k > 1 ? "," : "", k, t_verify[k] * 1e3);
@@ -64,8 +71,12 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     } else if (!e) {
         printf("context %d, %d layers, draft leaves the backbone after %d (then the river)\n"
                "plain decode step %.3f ms, draft step %.3f ms (%.2f of plain)\n"
+               "bytes a token reads: plain %.2f MB, draft %.2f MB (%.2f of plain; backbone "
+               "layers %.2f, river layers %.2f, heads %.2f)\n"
                "%3s %11s %11s   predicted speed-up at acceptance\n%3s %11s %11s", ctx, L,
-               exit_layer, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain, "k", "verify_ms",
+               exit_layer, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain, bp.total / 1e6,
+               bd.total / 1e6, bd.total / bp.total, bd.backbone_layers / 1e6,
+               bd.river_layers / 1e6, bd.heads / 1e6, "k", "verify_ms",
                "vs_plain", "", "", "");
         for (size_t a = 0; a < 4; a++)
             printf(" %7.2f", alphas[a]);

@@ -169,7 +169,9 @@ typedef struct ops {
      * memory behind w (it must stay readable: a later op may still use it, at the cost of
      * bringing it back), 1 asks for it back ahead of use. On host backends this is advice
      * on the mapped file's pages (madvise), which loses nothing; a backend that cannot
-     * release memory, or this weight's (its own copy), returns RIVER_EUNSUPPORTED. */
+     * release memory, or this weight's (its own copy), returns RIVER_EUNSUPPORTED. A Q4/Q8
+     * weight's scales and zeros are advised with its codes, so they too must be mapped file
+     * memory where the caller releases them (the loader's quantized backbones are). */
     int (*weight_residency)(ops_ctx_t *ctx, const weight_t *w, int resident);
     /* Shared buffers. shared_alloc makes `bytes` of zero-filled memory that another process
      * can map, and describes it in *h (an fd it keeps open until shared_free); shared_map

@@ -291,22 +291,18 @@ static int hf_tensor(const hf_ctx_t *c, const char *name, int n_dims, int64_t ro
     return 0;
 }
 
-/* The fp16 scales or zeros of a quantized matrix: where they lie in the mapping when that is
- * 2-byte aligned, else an owned copy (the format promises no alignment). */
-static int hf_f16_ptr(const hf_ctx_t *c, const safetensors_tensor_t *t, const uint16_t **out)
+/* The fp16 scales or zeros of a quantized matrix, used in place. They must be 2-byte aligned
+ * in the mapping (River's writer puts them first, at even offsets): an owned copy would be
+ * anonymous memory, which backbone offloading and the split pair may not release as they
+ * release the mapped file's pages. */
+static int hf_f16_ptr(const char *file, const safetensors_tensor_t *t, const uint16_t **out)
 {
-    if (((uintptr_t)t->data & 1) == 0) {
-        *out = t->data;
-        return 0;
-    }
-    void *copy = malloc(t->nbytes ? t->nbytes : 1);
-    if (!copy)
-        return river_err_set(RIVER_ENOMEM, "%s: %zu bytes", t->name, t->nbytes);
-    memcpy(copy, t->data, t->nbytes);
-    int err = model_mapping_own(c->m->map, copy);
-    if (err)
-        return err;
-    *out = copy;
+    if (((uintptr_t)t->data & 1) != 0)
+        return river_err_set(RIVER_EFORMAT, "%s: tensor '%s' starts at an odd byte offset; "
+                             "fp16 scales and zeros must be 2-byte aligned (rewrite the "
+                             "checkpoint with `river quant --backbone`)",
+                             file, t->name);
+    *out = t->data;
     return 0;
 }
 
@@ -335,7 +331,7 @@ static int hf_qpart(const hf_ctx_t *c, const char *name, const char *part, int64
                              (long long)rows, (long long)cols,
                              *groups ? " and equal to its .qscales" : "");
     *groups = t->shape[1];
-    return hf_f16_ptr(c, t, out);
+    return hf_f16_ptr(file, t, out);
 }
 
 /* A quantized matrix (docs/FORMATS.md, "Quantized backbone checkpoints"): U8 codes of shape

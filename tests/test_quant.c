@@ -400,7 +400,11 @@ START_TEST(test_bad_input)
     p.hqq_p = 1.5f;
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_EINVAL);
     p = params(4, 64, QUANT_HQQ);
+    /* A quantized source (a quantized backbone's matrix) needs its groups; the CPU
+     * backend's repacked layout is no source. */
     w.dtype = DTYPE_Q8;
+    ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_EFORMAT);
+    w.dtype = DTYPE_Q4X8;
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_EDTYPE);
     w.dtype = DTYPE_F32;
     w.rows = 3;

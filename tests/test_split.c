@@ -5,7 +5,8 @@
  * river worker itself to check the backbone's side of the protocol: refused hellos,
  * layers computed bit for bit as in this process, round-trip times, liveness.
  * The engine's seams (a shared pool mapped twice, a remote for the deep layers) are
- * checked in this process first. */
+ * checked in this process first. The engine seam and the pair against one full worker run
+ * on kjv-12l as shipped and on its q8 and q4 quantized backbones (tests/testutil.h). */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,9 +80,13 @@ static long model_rss_kb(pid_t pid)
     long total = 0, kb;
     int in = 0;
     unsigned long lo, hi;
+    /* The mapping of the current model's checkpoint file: "<its directory>/model.safetensors". */
+    char file[300];
+    const char *base = strrchr(KJV, '/');
+    snprintf(file, sizeof file, "%s/model.safetensors", base ? base + 1 : KJV);
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            in = strstr(line, "kjv-12l/model.safetensors") != NULL;
+            in = strstr(line, file) != NULL;
         else if (in && sscanf(line, "Rss: %ld kB", &kb) == 1)
             total += kb;
     }
@@ -850,14 +855,16 @@ START_TEST(test_pair_matches_full)
     ck_assert_msg(below > 0 && above > 0, "exits below the boundary %d, above it %d: tau "
                   TAU " no longer exits on both sides", below, above);
     long rss_river = model_rss_kb(w.pid), rss_bb = model_rss_kb(bb);
-    printf("kjv-12l weights resident: full worker %ld KiB, river worker %ld KiB, backbone "
-           "worker %ld KiB\n", rss_full, rss_river, rss_bb);
+    printf("%s weights resident: full worker %ld KiB, river worker %ld KiB, backbone "
+           "worker %ld KiB\n", KJV, rss_full, rss_river, rss_bb);
     fflush(stdout);
     /* Resident pages of the mapped checkpoint: a host backend's measure (a device backend
-     * reads its own copies, placed per half). */
+     * reads its own copies, placed per half). The q8 checkpoint's small tensors leave more
+     * of the released half resident (4.0 of 5.7 MiB in the backbone worker, against 2.6
+     * MiB of its layers), so it gets a looser bound. */
     if (!strcmp(test_device(), "cpu")) {
-        ck_assert_int_lt(rss_bb, rss_full * 6 / 10);
-        ck_assert_int_lt(rss_river, rss_full * 7 / 10);
+        ck_assert_int_lt(rss_bb, rss_full * (_i == 1 ? 8 : 6) / 10);
+        ck_assert_int_lt(rss_river, rss_full * (_i == 1 ? 8 : 7) / 10);
     }
 
     /* The backbone dies mid-stream: an explicit UNAVAILABLE, promptly. */

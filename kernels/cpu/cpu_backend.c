@@ -644,8 +644,17 @@ static int cpu_weight_residency(ops_ctx_t *ctx, const weight_t *w, int resident)
                              "backend's copy (huge pages or repacked codes), which cannot be "
                              "released; open the backend with weights kept mapped",
                              dtype_name(w->dtype), (long long)w->rows, (long long)w->cols);
-    cpu__advise(w->data, dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows,
-                resident ? MADV_WILLNEED : MADV_DONTNEED);
+    int advice = resident ? MADV_WILLNEED : MADV_DONTNEED;
+    cpu__advise(w->data, dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows, advice);
+    /* A quantized weight's scales and zeros go with its codes (ops.h: they are mapped file
+     * memory as the codes are, unless this backend copied them). */
+    if (w->group > 0 && w->scales && w->zeros) {
+        size_t gb = (size_t)w->rows * (size_t)(w->cols / w->group) * sizeof(uint16_t);
+        if (!cpu__owns(ctx, w->scales))
+            cpu__advise(w->scales, gb, advice);
+        if (!cpu__owns(ctx, w->zeros))
+            cpu__advise(w->zeros, gb, advice);
+    }
     return 0;
 }
 
