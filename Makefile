@@ -458,6 +458,17 @@ build-bench: build-all
 		$(RIVER_BIN) synth --shape llama-3.2-1b --dtype bf16 --out $(SYNTH_1B)
 	$(Q)$(RIVER_BIN) bench --model $(SYNTH_1B) --threads 2
 
+# The CPU matmul kernels alone (river bench --kernels): Llama 3.2 1B's matrix shapes from
+# memory in bf16, Q8 (zeros 128 and any) and Q4X8 (g32, g64), at 1, 2, 4, 8 and 128 rows,
+# every SIMD level, THREADS threads (default 2): ms per call, GB/s and the fraction of the
+# read bandwidth. KERNEL_ARGS passes more options (--levels, --shapes, --formats, --runs).
+THREADS ?= 2
+.PHONY: bench-kernels build-bench-kernels
+bench-kernels: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-kernels
+build-bench-kernels: build-all
+	$(Q)$(RIVER_BIN) bench --kernels --threads $(THREADS) $(KERNEL_ARGS)
+
 # Every SIMD level this processor has, forced with RIVER_SIMD: the op tests (which loop
 # over the levels themselves), then the golden and exit suites once per level.
 # bench-simd prints the speed figures of the AVX2 and AVX-512 paths side by side.

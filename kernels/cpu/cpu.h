@@ -3,7 +3,8 @@
  *
  * Notes on the ops as implemented here:
  * - Weights are read where placement left them (the caller's memory, or for matrices of
- *   2 MiB or more the backend's copy in huge pages), in every dtype. Q4/Q8 codes are
+ *   2 MiB or more the backend's copy in huge pages), in every dtype; Q4 and Q8 codes of
+ *   whole 256-column sets are repacked at placement (Q4X8, Q8X8: q4x8.h). Q4/Q8 codes are
  *   unsigned (0..15, 0..255);
  *   a group must divide the columns, and Q4 groups must be even. Groups that are multiples
  *   of 16 (Q8) or 32 (Q4) take the fast paths; others work, more slowly.

@@ -513,13 +513,16 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * README, performance). So every matrix of at least CPU_HUGE_BYTES is copied into such
  * memory, and the source's pages are handed back (MADV_PAGEOUT, which loses nothing: file
  * pages come back from the file, and memory the caller owns is only swapped, if at all).
- * Q4 codes that this level's integer kernels want in Q4X8 (q4x8.h) are repacked into such
- * memory. A backend told to keep weights mapped (cpu_backend_keep_mapped, for backbone
- * offloading: the copies cannot be released) reads every weight in place, 4-bit codes in
- * the file's Q4 layout included. */
-/* RIVER_Q4X8=0 keeps 4-bit weights in the file's layout (the Q4 kernels), to measure the
- * one against the other in one run; 1 (or unset) repacks. Read once; any other value is
- * refused at every placement, naming it, rather than read as one or the other. */
+ * Q4 and Q8 codes that this level's integer kernels want in Q4X8 or Q8X8 (q4x8.h) are
+ * repacked into such memory, and Q8 weights whose zeros are all 128 are marked
+ * (weight_t.zero128) so that the kernels skip their zero terms. A backend told to keep
+ * weights mapped (cpu_backend_keep_mapped, for backbone offloading: the copies cannot be
+ * released) reads every weight in place, 4-bit and 8-bit codes in the file's layout
+ * included. */
+/* RIVER_Q4X8=0 keeps 4-bit and 8-bit weights in the file's layout (the Q4 and Q8 kernels),
+ * to measure the one against the other in one run; 1 (or unset) repacks. Read once; any
+ * other value is refused at every placement, naming it, rather than read as one or the
+ * other. */
 static pthread_once_t q4x8_once = PTHREAD_ONCE_INIT;
 static int q4x8_off, q4x8_bad;
 static char q4x8_text[32];
@@ -585,8 +588,8 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
         return river_err_set(RIVER_ESYS, "RIVER_Q4X8: pthread_once failed");
     if (q4x8_bad)
-        return river_err_set(RIVER_EINVAL, "RIVER_Q4X8=%s: not 0 (keep 4-bit weights as the "
-                             "file has them) or 1 (repack them for the integer kernels)",
+        return river_err_set(RIVER_EINVAL, "RIVER_Q4X8=%s: not 0 (keep 4-bit and 8-bit weights "
+                             "as the file has them) or 1 (repack them for the integer kernels)",
                              q4x8_text);
     /* Placed already: a view shared by two weights (a tied head). */
     if (!w->data || cpu__owns(ctx, w->data))

@@ -350,7 +350,9 @@ static void Q8_FN(x8_gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, 
                            const weight_t *w, int64_t r0, int64_t r1)
 {
     size_t rb = dtype_row_bytes(DTYPE_Q8X8, w->cols);
-    int64_t pf = 8 * (int64_t)rb;
+    /* Q4X8's distances (a multiple of 4 KiB streams one row of x slower than one off it;
+     * several rows of x want it short), taken for Q8X8 rows as they are. */
+    int64_t pf = Q8_Q4X8(prefetch_bytes)(rb, n);
     const Q8_Q4X8(geom_t) geo = Q8_Q4X8(geom)(w);
     int64_t r = r0;
     for (; r + 8 <= r1; r += 8)
