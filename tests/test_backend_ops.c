@@ -306,6 +306,41 @@ static double mm_tol(dtype_t dt, int n)
     return 1e-4;
 }
 
+/* On a CPU backend at `level`: where cpu_matmul_rows_alone says so, each row of the n-row
+ * product y = x W^T (already computed) has the same bits as that row's product alone. */
+static void check_rows_alone(backend_t *b, cpu_simd_t level, const weight_t *w, void *x,
+                             void *y, int n, const char *what)
+{
+    if (level >= CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8))
+        ck_assert_msg(cpu_matmul_rows_alone(level, w, n), "%s: %s at %d rows", what,
+                      cpu_simd_name(level), n);
+    if (!cpu_matmul_rows_alone(level, w, n))
+        return;
+    const ops_t *o = b->ops;
+    size_t cols = (size_t)w->cols, rows = (size_t)w->rows;
+    float *xh = malloc(sizeof *xh * cols * (size_t)n), *yh = malloc(sizeof *yh * rows * (size_t)n);
+    float *y1 = malloc(sizeof *y1 * rows);
+    ck_assert(xh && yh && y1);
+    ck_assert_int_eq(o->to_host(b->ctx, xh, x, 0, cols * (size_t)n), 0);
+    ck_assert_int_eq(o->to_host(b->ctx, yh, y, 0, rows * (size_t)n), 0);
+    void *xb = o->buf_alloc(b->ctx, cols), *yb = o->buf_alloc(b->ctx, rows);
+    ck_assert(xb && yb);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(o->from_host(b->ctx, xb, 0, xh + (size_t)i * cols, cols), 0);
+        ck_assert_int_eq(o->matmul(b->ctx, yb, xb, w, 1), 0);
+        ck_assert_int_eq(o->to_host(b->ctx, y1, yb, 0, rows), 0);
+        for (size_t r = 0; r < rows; r++)
+            ck_assert_msg(memcmp(&y1[r], &yh[(size_t)i * rows + r], sizeof *y1) == 0,
+                          "%s at %s: row %d of %d, output %zu is %.9g alone, %.9g in the batch",
+                          what, cpu_simd_name(level), i, n, r, y1[r], yh[(size_t)i * rows + r]);
+    }
+    o->buf_free(b->ctx, xb);
+    o->buf_free(b->ctx, yb);
+    free(xh);
+    free(yh);
+    free(y1);
+}
+
 /* matmul: a outputs, b inputs, c rows (0: each count of mm_ns), d group. A Q4X8 case places
  * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
@@ -334,6 +369,10 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
         else
             snprintf(what, sizeof what, "%s n %d", c->name, n);
         check_twin(p, &y, c->tol ? c->tol : mm_tol(dt, n), what);
+        if (p->level >= 0) { /* a SIMD pair: the level, and the scalar level its reference */
+            check_rows_alone(p->x, (cpu_simd_t)p->level, &w.x, x.x, y.x, n, what);
+            check_rows_alone(p->ref, CPU_SIMD_SCALAR, &w.r, x.r, y.r, n, what);
+        }
         twin_free(p, &x);
         twin_free(p, &y);
     }
@@ -874,17 +913,16 @@ static void tw_free(tw_t *t)
     free(t->ref);
 }
 
-/* Whether a matmul at this level takes x as 8-bit blocks, up to 16 rows: Q4X8, Q8X8 and Q8
- * of whole 32-column groups at both SIMD levels (q4x8_x86.h, q8_x86.h), Q4 of those groups
- * at the AVX2 level (kernels_avx2.c). */
-static int mm_x8(const env_t *e, const weight_t *w, int n)
+/* Whether a matmul at this level takes x as 8-bit blocks (at every n: those weights never
+ * take the prefill path): Q4X8, Q8X8 and Q8 of whole 32-column groups at both SIMD levels
+ * (q4x8_x86.h, q8_x86.h), Q4 of those groups at the AVX2 level (kernels_avx2.c). */
+static int mm_x8(const env_t *e, const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
-        return e->level >= CPU_SIMD_AVX2 && n <= 16;
+        return e->level >= CPU_SIMD_AVX2;
     if (w->dtype == DTYPE_Q8)
-        return e->level >= CPU_SIMD_AVX2 && w->group % 32 == 0 && n <= 16;
-    return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0 &&
-           n <= 16;
+        return e->level >= CPU_SIMD_AVX2 && w->group % 32 == 0;
+    return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0;
 }
 
 /* x quantized as the 8-bit path does, written here from its definition: per block of xb
@@ -917,7 +955,7 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     ck_assert_ptr_nonnull(xd);
     ck_assert_ptr_nonnull(hs);
     fill(xh, (size_t)(n * cols), -1.0f, 1.0f);
-    int x8 = mm_x8(e, &t->w, n);
+    int x8 = mm_x8(e, &t->w);
     if (x8)
         for (int i = 0; i < n; i++)
             mm_quantize_x(xh + i * cols, cols,

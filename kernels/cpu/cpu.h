@@ -16,6 +16,8 @@
 #ifndef RIVER_KERNELS_CPU_H
 #define RIVER_KERNELS_CPU_H
 
+#include <stdbool.h>
+
 #include "kernels/ops.h"
 
 typedef enum {
@@ -50,6 +52,17 @@ void cpu_backend_destroy(backend_t **b);
  * a 4-bit backbone can be offloaded, at the Q4 kernels' speed. RIVER_EINVAL
  * if b is not a CPU backend; nothing changes then. */
 int cpu_backend_keep_mapped(backend_t *b);
+
+/* Rows of x up to which every matmul takes the decode path (kernels/cpu/matmul.c). */
+#define CPU_DECODE_MAX_ROWS 16
+
+/* Whether a matmul of n rows with w (as placed) at `level` gives each row of y the same
+ * bits as a call with that row alone. It does up to CPU_DECODE_MAX_ROWS rows, where the
+ * decode path runs, and at any n for weights the level's decode kernels take x in 8 bits
+ * for (Q8 and Q4 with groups of whole 32-column blocks, Q8X8, Q4X8), whose matmuls never
+ * leave that path. Lossless mode needs it: a verify batch must give the backbone's
+ * single-row decode results. */
+bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n);
 
 /* Threads the backend runs ops on. */
 int cpu_backend_threads(const backend_t *b);

@@ -345,6 +345,13 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
     return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
 }
 
+static int avx2_gemv_x8_block(const weight_t *w)
+{
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || q8_int_path(w))
+        return 32;
+    return q8_path(w) ? q8_xblock(w) : 0;
+}
+
 static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8) {
@@ -914,6 +921,7 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .gemv = avx2_gemv,
     .gemv_prep_floats = avx2_gemv_prep_floats,
     .gemv_prep = avx2_gemv_prep,
+    .gemv_x8_block = avx2_gemv_x8_block,
     .gemm_panel = GEMM_P,
     .gemm_pack = avx2_gemm_pack,
     .gemm_block = avx2_gemm_block,

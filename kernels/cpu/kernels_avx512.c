@@ -390,6 +390,12 @@ static int64_t avx512_gemv_prep_floats(const weight_t *w)
     return w->cols + (ng + 15) / 16 * 16;
 }
 
+/* Q4 outside Q4X8 reads x in f32 at this level (gemv_tile_qf). */
+static int avx512_gemv_x8_block(const weight_t *w)
+{
+    return w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || q8_int_path(w) ? 32 : 0;
+}
+
 static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8) {
@@ -986,6 +992,7 @@ const cpu_kernels_t cpu_kernels_avx512 = {
     .gemv = avx512_gemv,
     .gemv_prep_floats = avx512_gemv_prep_floats,
     .gemv_prep = avx512_gemv_prep,
+    .gemv_x8_block = avx512_gemv_x8_block,
     .gemm_panel = GEMM_P,
     .gemm_pack = avx512_gemm_pack,
     .gemm_block = avx512_gemm_block,

@@ -5,7 +5,14 @@
  * to every row of x while it is in cache (kernel `gemv`). Prefill (large n) is bound by
  * arithmetic: x is packed once into transposed panels, and each thread converts a block of
  * its weight rows to f32 (a block that fits in L2) and runs every panel against it with a
- * register-tiled kernel (`gemm_block`). */
+ * register-tiled kernel (`gemm_block`).
+ *
+ * Weights whose decode kernels take x in 8 bits (Q8, Q4: gemv_x8_block) use the decode path
+ * at every n. Its integer dot products give each row of y the same bits whatever the other
+ * rows of the call, which the prefill path's f32 x cannot: lossless mode compares a
+ * verify batch with single-row decode, and a greedy reply then does not depend on what
+ * else the worker is serving. (The decode path is also the faster one for Q4X8 at every
+ * batch measured; for Q8 it is up to a third slower from 32 rows on.) */
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
 
@@ -13,7 +20,7 @@
  * no arithmetic, where the prefill path converts every weight to f32 and computes whole
  * panels of 32 (16) rows. Measured on 2048 x 2048 (bf16, f32, q4) with the weights in
  * cache, the prefill path catches up between 16 and 24 rows. */
-#define MM_GEMV_MAX_N 16
+#define MM_GEMV_MAX_N CPU_DECODE_MAX_ROWS
 /* Work (multiply-adds) below which a matmul runs on the calling thread alone. */
 #define MM_PAR_MACS 16384
 /* Weight rows are handed out in multiples of this (decode blocks are 8 rows, prefill
@@ -99,6 +106,29 @@ static void mm_gemm_task(void *arg, int task, int thread)
     }
 }
 
+/* Q8/Q4 groups that do not hold whole vectors have no fast decode kernel; the prefill path,
+ * which converts a block of rows to f32 once, is far faster for them. */
+static int mm_odd_groups(const weight_t *w)
+{
+    return (w->dtype == DTYPE_Q8 && w->group % 16 != 0) ||
+           (w->dtype == DTYPE_Q4 && w->group % 32 != 0);
+}
+
+/* Whether a matmul of n rows takes the decode path. */
+static bool mm_decode(const cpu_kernels_t *k, const weight_t *w, int n)
+{
+    if (!k->gemm_block)
+        return true;
+    if (mm_odd_groups(w))
+        return false;
+    return n <= MM_GEMV_MAX_N || (k->gemv_x8_block && k->gemv_x8_block(w) > 0);
+}
+
+bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n)
+{
+    return mm_decode(cpu_kernels_get(level), w, n);
+}
+
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
 {
     int e = cpu_weight_check(w, "matmul");
@@ -118,11 +148,7 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     if (threads > j.units)
         threads = (int)j.units;
 
-    /* Quantized groups that do not hold whole vectors have no fast decode kernel; the
-     * prefill path, which converts a block of rows to f32 once, is far faster for them. */
-    int odd_groups = (w->dtype == DTYPE_Q8 && w->group % 16 != 0) ||
-                     (w->dtype == DTYPE_Q4 && w->group % 32 != 0);
-    if ((n <= MM_GEMV_MAX_N && !odd_groups) || !k->gemm_block) {
+    if (mm_decode(k, w, n)) {
         j.n_tasks = threads;
         if (threads > 1) {
             /* A few chunks per thread: a thread that loses its core for a while (other

@@ -34,6 +34,11 @@ typedef struct cpu_kernels {
      * preparation of n rows into xq. */
     int64_t (*gemv_prep_floats)(const weight_t *w);
     void (*gemv_prep)(float *xq, const float *x, int64_t ldx, int n, const weight_t *w);
+    /* Optional (NULL: 0 for every w). Columns per block of the 8-bit x that gemv's integer
+     * kernels take for w (d = max|x| / 127, x8 = round(x / d) per block, as gemv_prep
+     * computes it), or 0 where gemv reads x in f32. The matmul takes gemv at every n for
+     * such weights: its rows do not depend on how many rows share the call. */
+    int (*gemv_x8_block)(const weight_t *w);
 
     /* The prefill path (NULL on the scalar level, which uses gemv for every n). x is first
      * packed into panels of gemm_panel rows, transposed so that one column of a panel is a
