@@ -4,13 +4,7 @@
 # does not list and one sideways between backends fails it, naming each.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-checks=0
-fails=0
-check() { # name, then a command that must succeed
-    checks=$((checks + 1))
-    name=$1; shift
-    if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fails=$((fails + 1)); fi
-}
+. "$here/suite-lib.sh"
 
 check "the tree keeps the matrix" "$here/check-layers.sh" "$here/.."
 
@@ -35,6 +29,4 @@ check "a folder outside the matrix is refused" \
     sh -c 'printf "%s\n" "$1" | grep -q "stray/x.c is in folder stray, which the matrix does not list"' _ "$out"
 check "downward includes pass" sh -c '! printf "%s\n" "$1" | grep -q "kernels/ops.h:"' _ "$out"
 
-pct=$(( (checks - fails) * 100 / checks ))
-echo "$pct%: Checks: $checks, Failures: $fails, Errors: 0"
-[ "$fails" -eq 0 ]
+suite_end

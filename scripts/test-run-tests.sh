@@ -5,13 +5,7 @@
 # anything else, naming that suite.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-checks=0
-fails=0
-check() { # name, then a command that must succeed
-    checks=$((checks + 1))
-    name=$1; shift
-    if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fails=$((fails + 1)); fi
-}
+. "$here/suite-lib.sh"
 has() { printf '%s\n' "$1" | grep -qF -- "$2"; }
 
 tmp=$(mktemp -d)
@@ -47,6 +41,4 @@ check "under CI=true a missing program fails the run" test "$rc" -ne 0
 check "the failure names the suite" has "$out" "failing suites: $tmp/npmless"
 check "the closing line counts it as a failure" has "$out" "6 passed, 1 failed"
 
-pct=$(( (checks - fails) * 100 / checks ))
-echo "$pct%: Checks: $checks, Failures: $fails, Errors: 0"
-[ "$fails" -eq 0 ]
+suite_end
