@@ -18,15 +18,16 @@
 static void quant_usage(FILE *f)
 {
     fprintf(f,
-            "usage: river quant --model PATH [--bits 4|8] [--group N] [--start LS]\n"
-            "                   [--method hqq|rtn] [--head-bits 0|4|8] [--out FILE]\n"
+            "usage: river quant --model PATH [--bits 2|3|4|8] [--group N] [--start LS]\n"
+            "                   [--method hqq|rtn] [--head-bits 0|2|3|4|8] [--out FILE]\n"
             "                   [--threads N]\n\n"
-            "Quantizes the attention and FFN matrices of layers LS..L-1 to 4 or 8 bits with\n"
+            "Quantizes the attention and FFN matrices of layers LS..L-1 to 2, 3, 4 or 8 bits with\n"
             "one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
             "p 0.7, beta 10 x 1.01, up to 20 iterations) and writes the Exit River file,\n"
             "by default river-q<bits>-g<group>-<method>.safetensors in the model's directory\n"
             "(<stem>-river-... beside a llama2.c .bin). LS defaults to %d, so that a token can\n"
-            "leave the backbone after any layer. N must divide the columns of every matrix.\n"
+            "leave the backbone after any layer. N must divide the columns of every matrix\n"
+            "(and be a multiple of 16 for 2 and 3 bits, codes or head).\n"
             "Progress and the per-layer error (mean absolute and relative Frobenius, with\n"
             "plain RTN for reference) go to stderr; the written path goes to stdout.\n"
             "--head-bits (default 8) also stores a quantized copy of the LM head, used for\n"
@@ -114,8 +115,8 @@ int cmd_quant(int argc, char **argv)
         } else if ((v = quant_optval(argc, argv, &i, "--out", &missing))) {
             out = v;
         } else if ((v = quant_optval(argc, argv, &i, "--bits", &missing))) {
-            if (cli_parse_int(v, 4, 8, &n) != 0 || (n != 4 && n != 8)) {
-                fprintf(stderr, "river quant: --bits must be 4 or 8, not '%s'\n", v);
+            if (cli_parse_int(v, 2, 8, &n) != 0 || dtype_quant_of_bits((int)n) == DTYPE_COUNT) {
+                fprintf(stderr, "river quant: --bits must be 2, 3, 4 or 8, not '%s'\n", v);
                 return 2;
             }
             o.quant.bits = (int)n;
@@ -133,8 +134,10 @@ int cmd_quant(int argc, char **argv)
             }
         } else if ((v = quant_optval(argc, argv, &i, "--head-bits", &missing))) {
             long hb;
-            if (cli_parse_int(v, 0, 8, &hb) != 0 || (hb != 0 && hb != 4 && hb != 8)) {
-                fprintf(stderr, "river quant: --head-bits must be 0, 4 or 8, not '%s'\n", v);
+            if (cli_parse_int(v, 0, 8, &hb) != 0 ||
+                (hb != 0 && dtype_quant_of_bits((int)hb) == DTYPE_COUNT)) {
+                fprintf(stderr, "river quant: --head-bits must be 0, 2, 3, 4 or 8, not '%s'\n",
+                        v);
                 return 2;
             }
             o.head_bits = (int)hb;
