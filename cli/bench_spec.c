@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "engine/exit_setup.h"
+#include "engine/exitriver.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/spec_cost.h"
@@ -41,12 +42,18 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     if (!e)
         e = spec_costs_measure(f, m, kv, &xs.cfg, k_max, ctx, runs, &sc);
     double t_plain = sc.t_plain, t_draft = sc.t_draft;
+    /* What the two steps read: their ratio is the draft's cost where decode is bound by
+     * memory bandwidth. */
+    int64_t plain_bytes = model_bytes_per_token(m);
+    int64_t draft_bytes = xs.river ? spec_draft_bytes(m, xs.river, exit_layer) : 0;
     const double *t_verify = sc.t_verify;
     static const double alphas[] = {0.8, 0.9, 0.95, 0.98};
     if (!e && json) {
         printf("{\"plain_step_ms\":%.4f,\"draft_step_ms\":%.4f,\"exit_layer\":%d,\"layers\":%d,"
-               "\"context\":%d,\"verify_ms\":[", t_plain * 1e3, t_draft * 1e3, exit_layer, L,
-               ctx);
+               "\"context\":%d,\"river_bits\":%d,\"plain_bytes\":%lld,\"draft_bytes\":%lld,"
+               "\"verify_ms\":[", t_plain * 1e3, t_draft * 1e3, exit_layer, L, ctx,
+               xs.river ? exitriver_bits(xs.river) : 0, (long long)plain_bytes,
+               (long long)draft_bytes);
         for (int k = 1; k <= k_max; k++)
             printf("%s{\"k\":%d,\"ms\":%.4f}", k > 1 ? "," : "", k, t_verify[k] * 1e3);
         printf("],\"predicted\":[");
@@ -62,11 +69,16 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
         }
         printf("]}\n");
     } else if (!e) {
-        printf("context %d, %d layers, draft leaves the backbone after %d (then the river)\n"
+        printf("context %d, %d layers, draft leaves the backbone after %d (then the %d-bit "
+               "river)\n"
                "plain decode step %.3f ms, draft step %.3f ms (%.2f of plain)\n"
+               "bytes per token: plain %.1f MB, draft %.1f MB (%.2f of plain)\n"
                "%3s %11s %11s   predicted speed-up at acceptance\n%3s %11s %11s", ctx, L,
-               exit_layer, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain, "k", "verify_ms",
-               "vs_plain", "", "", "");
+               exit_layer, xs.river ? exitriver_bits(xs.river) : 0, t_plain * 1e3,
+               t_draft * 1e3, t_draft / t_plain, (double)plain_bytes / 1e6,
+               (double)draft_bytes / 1e6,
+               plain_bytes > 0 ? (double)draft_bytes / (double)plain_bytes : 0.0, "k",
+               "verify_ms", "vs_plain", "", "", "");
         for (size_t a = 0; a < 4; a++)
             printf(" %7.2f", alphas[a]);
         printf("\n");

@@ -385,6 +385,14 @@ const layer_weights_t *exitriver_layer(const exitriver_t *r, int layer)
     return &r->layers[layer];
 }
 
+int64_t exitriver_layer_bytes(const exitriver_t *r, int from_layer)
+{
+    int64_t bytes = 0;
+    for (int l = from_layer > r->start_layer ? from_layer : r->start_layer; l < r->n_layers; l++)
+        bytes += model_layer_bytes(&r->layers[l]);
+    return bytes;
+}
+
 const weight_t *exitriver_head(const exitriver_t *r)
 {
     return r && r->head.data ? &r->head : NULL;

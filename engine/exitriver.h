@@ -76,6 +76,12 @@ const char *exitriver_fingerprint_of(const exitriver_t *r);
  * l >= n_layers. */
 const layer_weights_t *exitriver_layer(const exitriver_t *r, int layer);
 
+/* Bytes of weights a token that runs river layers from_layer..L-1 (from_layer below the
+ * start layer counts from the start layer) reads in them, packed codes, scales and zeros
+ * and the backbone's norms included, as model_bytes_per_token counts a layer; the river's
+ * LM head not included. */
+int64_t exitriver_layer_bytes(const exitriver_t *r, int from_layer);
+
 /* The river's quantized LM head (vocab, dim), or NULL when it was built without one. */
 const weight_t *exitriver_head(const exitriver_t *r);
 

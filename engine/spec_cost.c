@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "engine/exitriver.h"
+
 double spec_expected_tokens(double alpha, int k)
 {
     if (alpha >= 1)
@@ -30,4 +32,18 @@ int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
     if (best)
         *best = s_best;
     return k_best;
+}
+
+int64_t spec_draft_bytes(const model_t *m, const exitriver_t *r, int exit_layer)
+{
+    int L = m->cfg.n_layers, start = exitriver_start_layer(r);
+    int e = exit_layer < start ? start : exit_layer > L ? L : exit_layer;
+    int64_t bytes = model_bytes_per_token(m);
+    for (int l = e; l < L; l++)
+        bytes -= model_layer_bytes(&m->layers[l]);
+    bytes += exitriver_layer_bytes(r, e);
+    const weight_t *head = exitriver_head(r);
+    if (head)
+        bytes += weight_bytes(head) - weight_bytes(&m->lm_head);
+    return bytes;
 }

@@ -6,6 +6,7 @@
 #define RIVER_ENGINE_SPEC_COST_H
 
 #include "engine/exit.h"
+#include "engine/exitriver.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 
@@ -32,6 +33,15 @@ double spec_speedup(double alpha, int k, double t_plain, double t_draft, double 
  * of k+1 rows (entries 1..k_max are read). *best receives that speed-up when not NULL. */
 int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
                 const double *t_verify, double *best);
+
+/* Bytes of weights one draft step of one row reads when it leaves the backbone after
+ * exit_layer layers (at the river's start layer at the earliest) onto river r: the
+ * embedding row, the backbone's layers before the exit, the river's layers after it (the
+ * codes packed as their dtype packs them, with their scales and zeros:
+ * exitriver_layer_bytes), the final norm, and the river's LM head where it has one (else the
+ * backbone's). A plain step reads model_bytes_per_token(m); in memory-bound decode the
+ * ratio of the two is the least a draft step can cost relative to a plain one. */
+int64_t spec_draft_bytes(const model_t *m, const exitriver_t *r, int exit_layer);
 
 /* Times the steps on forward f (over model m): `runs` steps each (median, 1..64), at positions ctx.. of a scratch
  * sequence in kv (pages reserved and given back here), the draft step under exit config

@@ -104,3 +104,14 @@ dtype_t dtype_quant_of_bits(int bits)
                                        DTYPE_COUNT, DTYPE_COUNT, DTYPE_COUNT, DTYPE_Q8};
     return bits >= 0 && bits <= 8 ? by_bits[bits] : DTYPE_COUNT;
 }
+
+int64_t weight_bytes(const weight_t *w)
+{
+    if (!w->data || w->rows <= 0 || w->cols <= 0)
+        return 0;
+    int64_t per_row = (int64_t)dtype_row_bytes(w->dtype, w->cols);
+    if (w->group > 0)
+        per_row += (w->cols + w->group - 1) / w->group * 2 *
+                   ((w->scales != NULL) + (w->zeros != NULL));
+    return w->rows * per_row;
+}

@@ -62,6 +62,10 @@ typedef struct weight {
     int group;               /* Q2/Q3/Q4/Q8: inputs per group, else 0 */
 } weight_t;
 
+/* Bytes a pass over all of w reads: its data, packed, plus the fp16 scales and zeros of a
+ * quantized weight; 0 when w has no data. */
+int64_t weight_bytes(const weight_t *w);
+
 typedef enum {
     ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]): llama2.c / Meta layout */
     ROPE_HALF,            /* pairs (x[i], x[i + rot/2]): Hugging Face rotate_half */

@@ -614,6 +614,11 @@ int64_t model_param_count(const model_t *m)
     return n;
 }
 
+int64_t model_layer_bytes(const layer_weights_t *L)
+{
+    return layer_sum(L, 1);
+}
+
 int64_t model_bytes_per_token(const model_t *m)
 {
     int64_t b = weight_rows_bytes(&m->final_norm, 1) +

@@ -129,6 +129,10 @@ int64_t model_param_count(const model_t *m);
 /* Bytes of weights one decode step reads: every matrix and vector of every layer, the
  * final norm and the LM head (the embedding lookup reads one row, counted as one row). */
 int64_t model_bytes_per_token(const model_t *m);
+/* Bytes of weights one decoder layer reads per decode step (its matrices, packed, with
+ * their scales and zeros, norms and biases): the share of one layer in
+ * model_bytes_per_token, for a model's layer or a copy of one (the Exit River's). */
+int64_t model_layer_bytes(const layer_weights_t *L);
 
 /* Checks a configuration (positive, plausible sizes; kv heads dividing heads; rotary dims;
  * scaling parameters; special ids inside the vocabulary). Returns 0, or RIVER_ECONFIG with
