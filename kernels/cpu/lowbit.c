@@ -58,6 +58,21 @@ void cpu_lowbit_gemv_scalar(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
 }
 
+void cpu_lowbit_gemv_dequant(const cpu_kernels_t *base,
+                             void (*to_f32)(float *, const weight_t *, int64_t, int64_t),
+                             float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                             const weight_t *w, int64_t r0, int64_t r1)
+{
+    float buf[LOWBIT_DEQ_FLOATS] __attribute__((aligned(64)));
+    int64_t block = LOWBIT_DEQ_FLOATS / w->cols;
+    for (int64_t b0 = r0; b0 < r1; b0 += block) {
+        int64_t b1 = b0 + block < r1 ? b0 + block : r1;
+        to_f32(buf, w, b0, b1);
+        weight_t f = {.dtype = DTYPE_F32, .rows = b1 - b0, .cols = w->cols, .data = buf};
+        base->gemv(y + b0, ldy, x, ldx, NULL, 0, n, &f, 0, b1 - b0);
+    }
+}
+
 /* ---- the tables ------------------------------------------------------------------------ */
 
 /* One table per level: the level's own with the Q2/Q3 kernels in place of its weight

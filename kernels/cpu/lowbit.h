@@ -34,6 +34,16 @@ static inline unsigned cpu_lowbit_code(dtype_t dt, const uint8_t *row, int64_t c
  * of k's level (no gemv_prep; the prefill path's packing and tiles stay k's). */
 const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w);
 
+/* Several rows of x against a Q2/Q3 weight: each block of weight rows is dequantized
+ * (to_f32, the level's rows_to_f32) into a stack buffer of LOWBIT_DEQ_FLOATS floats that
+ * stays in L1/L2, then the level's own f32 gemv (base) runs every row of x against it, so a
+ * code is unpacked once however many rows x has. Needs cols <= LOWBIT_DEQ_FLOATS. */
+#define LOWBIT_DEQ_FLOATS 16384
+void cpu_lowbit_gemv_dequant(const cpu_kernels_t *base,
+                             void (*to_f32)(float *, const weight_t *, int64_t, int64_t),
+                             float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                             const weight_t *w, int64_t r0, int64_t r1);
+
 /* The kernels of one level, with the signatures of cpu_kernels_t's gemv and rows_to_f32
  * (xq and ldq unused). The SIMD ones need groups of whole LOWBIT_GROUP_UNIT runs. */
 void cpu_lowbit_gemv_scalar(float *y, int64_t ldy, const float *x, int64_t ldx,

@@ -23,6 +23,7 @@
 
 /* Rows of x one pass over two weight rows serves: 4 * GEMV_NB accumulators (two weight
  * rows, two halves of a run) within sixteen registers, with the tables and shifts. */
+#define LOWBIT_AVX2_DIRECT_N 2
 #define GEMV_NB 2
 
 AI uint32_t ld_u32(const uint8_t *p)
@@ -142,6 +143,13 @@ void cpu_lowbit_gemv_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, co
 {
     if (w->group % LOWBIT_GROUP_UNIT != 0) {
         cpu_lowbit_gemv_scalar(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    /* Past a few rows of x, unpacking every code once per pass of GEMV_NB rows costs more
+     * than dequantizing once and running the f32 kernel. */
+    if (n > LOWBIT_AVX2_DIRECT_N && w->cols <= LOWBIT_DEQ_FLOATS) {
+        cpu_lowbit_gemv_dequant(&cpu_kernels_avx2, cpu_lowbit_rows_to_f32_avx2, y, ldy, x, ldx, n,
+                                w, r0, r1);
         return;
     }
     const gemv_rows_fn *fns = gemv_fns[w->dtype == DTYPE_Q3];

@@ -20,6 +20,7 @@
 #define AI static inline __attribute__((always_inline))
 
 /* Rows of x one pass over two weight rows serves: 2 * GEMV_NB accumulators. */
+#define LOWBIT_AVX512_DIRECT_N 2
 #define GEMV_NB 8
 
 AI uint32_t ld_u32(const uint8_t *p)
@@ -129,6 +130,13 @@ void cpu_lowbit_gemv_avx512(float *y, int64_t ldy, const float *x, int64_t ldx,
 {
     if (w->group % LOWBIT_GROUP_UNIT != 0) {
         cpu_lowbit_gemv_scalar(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
+        return;
+    }
+    /* Past a few rows of x, unpacking every code once per pass of GEMV_NB rows costs more
+     * than dequantizing once and running the f32 kernel. */
+    if (n > LOWBIT_AVX512_DIRECT_N && w->cols <= LOWBIT_DEQ_FLOATS) {
+        cpu_lowbit_gemv_dequant(&cpu_kernels_avx512, cpu_lowbit_rows_to_f32_avx512, y, ldy, x, ldx, n,
+                                w, r0, r1);
         return;
     }
     const gemv_rows_fn *fns = gemv_fns[w->dtype == DTYPE_Q3];
