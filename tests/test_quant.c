@@ -15,6 +15,7 @@
 #include "offline/quant.h"
 #include "kernels/cpu/quant_groups_internal.h"
 #include "engine/exitriver.h"
+#include "engine/spec_cost.h"
 #include "model/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
@@ -1005,6 +1006,29 @@ START_TEST(test_river_lowbit)
                 ck_assert(!memcmp(rw->zeros, q->zeros, quant_matrix_group_count(q) * 2));
                 quant_matrix_destroy(&q);
             }
+        /* The bytes a token reads, counted here from the layout: codes at bits/8 bytes a
+         * weight, 4 bytes of scale and zero per group, the backbone's f32 norms; a draft step
+         * exiting after 4 layers reads the embedding row, layers 0..3 in f32, the river's
+         * layers 4..11, the final norm and the river's 2-bit head. */
+        int64_t want_river = 0, want_draft = 0;
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            const layer_weights_t *B = &m->layers[l];
+            int64_t norms = 4 * (B->attn_norm.rows * B->attn_norm.cols +
+                                 B->ffn_norm.rows * B->ffn_norm.cols), river = norms, full = norms;
+            for (int i = 0; i < 7; i++) {
+                const weight_t *bw = layer_matrix(B, i);
+                river += bw->rows * (bw->cols * bits / 8 + bw->cols / 32 * 4);
+                full += bw->rows * bw->cols * 4;
+            }
+            if (l >= 4)
+                want_river += river;
+            want_draft += l < 4 ? full : river;
+        }
+        const weight_t *h = &m->lm_head;
+        want_draft += 4 * m->cfg.dim + 4 * m->cfg.dim + h->rows * (h->cols / 4 + h->cols / 32 * 4);
+        ck_assert_int_eq(exitriver_layer_bytes(r, 4), want_river);
+        ck_assert_int_eq(spec_draft_bytes(m, r, 4), want_draft);
+        ck_assert_int_lt(spec_draft_bytes(m, r, 4), model_bytes_per_token(m));
         exitriver_destroy(&r);
         const char *dst = tmp_path("kjv-river-lowbit-bad.safetensors");
         expect_load_error(m, rewrite(path, dst, "bits", bits == 2 ? "3" : "2", NULL, NULL),
