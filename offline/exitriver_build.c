@@ -85,6 +85,13 @@ static int exitriver_build_check(const model_t *m, const exitriver_build_opts_t 
                 return river_err_set(RIVER_EDTYPE, "%s: layer %d %s is %s; the river "
                                      "quantizes F32, F16 or BF16 weights", m->path, l,
                                      exitriver_matrix_name(i), dtype_name(w->dtype));
+            if (w->cols % o->quant.group != 0 && suggest == 0)
+                return river_err_set(RIVER_ESHAPE, "%s: layer %d %s has %lld columns, not a "
+                                     "multiple of the group size %d, and no group these "
+                                     "bits allow (2 and 3 bits: a multiple of %d) divides "
+                                     "every matrix; use --bits 4 or 8", m->path, l,
+                                     exitriver_matrix_name(i), (long long)w->cols,
+                                     o->quant.group, QUANT_LOWBIT_GROUP_UNIT);
             if (w->cols % o->quant.group != 0)
                 return river_err_set(RIVER_ESHAPE, "%s: layer %d %s has %lld columns, not a "
                                      "multiple of the group size %d; the largest group up "
