@@ -108,7 +108,9 @@ static void bench__usage(FILE *f)
                "steps at a context of --prompt-len positions: the plain decode step, the draft\n"
                "step (backbone to layer E, default L/2, then the river) and verify passes of\n"
                "k+1 rows for k = 1..K (default 8), median of --runs (at least 5), and prints\n"
-               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98.\n"
+               "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98, with the bytes\n"
+               "of weights each step reads (the river's codes packed as its 2, 3, 4 or 8 bits\n"
+               "pack them, with their scales and zeros).\n"
                "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
                "copying each matrix of 2 MiB or more into huge pages (copy, the default).\n");
 }
