@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "engine/exit_setup.h"
+#include "engine/exitriver.h"
 #include "engine/forward.h"
 #include "engine/generate.h"
 #include "engine/spec_cost.h"
@@ -46,14 +47,15 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     spec_bytes_t bp, bd;
     spec_path_bytes(m, NULL, L, &bp);
     spec_path_bytes(m, &xs.cfg, exit_layer, &bd);
+    int river_bits = xs.river ? exitriver_bits(xs.river) : 0;
     const double *t_verify = sc.t_verify;
     static const double alphas[] = {0.8, 0.9, 0.95, 0.98};
     if (!e && json) {
         printf("{\"plain_step_ms\":%.4f,\"draft_step_ms\":%.4f,\"plain_bytes\":%.0f,"
                "\"draft_bytes\":%.0f,\"draft_bytes_ratio\":%.4f,\"exit_layer\":%d,"
-               "\"layers\":%d,\"context\":%d,\"verify_ms\":[", t_plain * 1e3, t_draft * 1e3,
-               bp.total, bd.total, bd.total / bp.total, exit_layer, L,
-               ctx);
+               "\"layers\":%d,\"context\":%d,\"river_bits\":%d,\"verify_ms\":[",
+               t_plain * 1e3, t_draft * 1e3, bp.total, bd.total, bd.total / bp.total,
+               exit_layer, L, ctx, river_bits);
         for (int k = 1; k <= k_max; k++)
             printf("%s{\"k\":%d,\"ms\":%.4f}", k > 1 ? "," : "", k, t_verify[k] * 1e3);
         printf("],\"predicted\":[");
@@ -69,15 +71,15 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
         }
         printf("]}\n");
     } else if (!e) {
-        printf("context %d, %d layers, draft leaves the backbone after %d (then the river)\n"
+        printf("context %d, %d layers, draft leaves the backbone after %d (then the %d-bit "
+               "river)\n"
                "plain decode step %.3f ms, draft step %.3f ms (%.2f of plain)\n"
                "bytes a token reads: plain %.2f MB, draft %.2f MB (%.2f of plain; backbone "
                "layers %.2f, river layers %.2f, heads %.2f)\n"
                "%3s %11s %11s   predicted speed-up at acceptance\n%3s %11s %11s", ctx, L,
-               exit_layer, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain, bp.total / 1e6,
-               bd.total / 1e6, bd.total / bp.total, bd.backbone_layers / 1e6,
-               bd.river_layers / 1e6, bd.heads / 1e6, "k", "verify_ms",
-               "vs_plain", "", "", "");
+               exit_layer, river_bits, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain,
+               bp.total / 1e6, bd.total / 1e6, bd.total / bp.total, bd.backbone_layers / 1e6,
+               bd.river_layers / 1e6, bd.heads / 1e6, "k", "verify_ms", "vs_plain", "", "", "");
         for (size_t a = 0; a < 4; a++)
             printf(" %7.2f", alphas[a]);
         printf("\n");

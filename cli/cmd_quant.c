@@ -19,8 +19,8 @@
 static void quant_usage(FILE *f)
 {
     fprintf(f,
-            "usage: river quant --model PATH [--bits 4|8] [--group N] [--start LS]\n"
-            "                   [--method hqq|rtn|sym] [--head-bits 0|4|8] [--out FILE]\n"
+            "usage: river quant --model PATH [--bits 2|3|4|8] [--group N] [--start LS]\n"
+            "                   [--method hqq|rtn|sym] [--head-bits 0|2|3|4|8] [--out FILE]\n"
             "                   [--threads N]\n"
             "       river quant --backbone q8|q4 --model DIR --out DIR2 [--group N]\n"
             "                   [--method hqq|rtn|sym] [--head-bits 0|4|8] [--threads N]\n\n"
@@ -31,14 +31,14 @@ static void quant_usage(FILE *f)
             "embedding, which is the head) at --head-bits, default 8; norms and biases F32.\n"
             "DIR2 loads like any checkpoint; an Exit River built from it (river quant\n"
             "--model DIR2) quantizes the backbone's dequantized weights.\n\n"
-            "Quantizes the attention and FFN matrices of layers LS..L-1 to 4 or 8 bits with\n"
-            "one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
+            "Quantizes the attention and FFN matrices of layers LS..L-1 to 2, 3, 4 or 8 bits\n"
+            "with one fp16 scale and zero per group of N inputs (default 4 bits, group 64, HQQ:\n"
             "p 0.7, beta 10 x 1.01, up to 20 iterations) and writes the Exit River file,\n"
             "by default river-q<bits>-g<group>-<method>.safetensors in the model's directory\n"
             "(<stem>-river-... beside a llama2.c .bin, <stem>.river-... beside <stem>.gguf; a\n"
             "quantized GGUF backbone is quantized from f32 copies). LS defaults to %d, so\n"
             "that a token can leave the backbone after any layer. N must divide the columns\n"
-            "of every matrix.\n"
+            "of every matrix (and be a multiple of 16 for 2 and 3 bits, codes or head).\n"
             "Progress and the per-layer error (mean absolute and relative Frobenius, with\n"
             "plain RTN for reference) go to stderr; the written path goes to stdout.\n"
             "--head-bits (default 8) also stores a quantized copy of the LM head, used for\n"
@@ -136,8 +136,8 @@ int cmd_quant(int argc, char **argv)
             }
             backbone = v;
         } else if ((v = quant_optval(argc, argv, &i, "--bits", &missing))) {
-            if (cli_parse_int(v, 4, 8, &n) != 0 || (n != 4 && n != 8)) {
-                fprintf(stderr, "river quant: --bits must be 4 or 8, not '%s'\n", v);
+            if (cli_parse_int(v, 2, 8, &n) != 0 || dtype_quant_of_bits((int)n) == DTYPE_COUNT) {
+                fprintf(stderr, "river quant: --bits must be 2, 3, 4 or 8, not '%s'\n", v);
                 return 2;
             }
             o.quant.bits = (int)n;
@@ -155,8 +155,10 @@ int cmd_quant(int argc, char **argv)
             }
         } else if ((v = quant_optval(argc, argv, &i, "--head-bits", &missing))) {
             long hb;
-            if (cli_parse_int(v, 0, 8, &hb) != 0 || (hb != 0 && hb != 4 && hb != 8)) {
-                fprintf(stderr, "river quant: --head-bits must be 0, 4 or 8, not '%s'\n", v);
+            if (cli_parse_int(v, 0, 8, &hb) != 0 ||
+                (hb != 0 && dtype_quant_of_bits((int)hb) == DTYPE_COUNT)) {
+                fprintf(stderr, "river quant: --head-bits must be 0, 2, 3, 4 or 8, not '%s'\n",
+                        v);
                 return 2;
             }
             o.head_bits = (int)hb;

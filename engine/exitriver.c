@@ -130,6 +130,21 @@ static int exitriver_meta_int(const safetensors_t *f, const char *key, long min,
     return 0;
 }
 
+/* Whether codes of `bits` bits in r's groups are a layout this build reads: 2, 3 (groups of
+ * a multiple of 16), 4 or 8 bits. */
+static int exitriver_bits_check(const exitriver_t *r, int bits, const char *what)
+{
+    quant_params_t p = quant_params_default();
+    p.bits = bits;
+    p.group = r->group;
+    if (dtype_quant_of_bits(bits) == DTYPE_COUNT || quant_params_check(&p, 0, what) != 0)
+        return river_err_set(RIVER_EFORMAT, "%s: %s of %d bits in groups of %d; this build "
+                             "reads 2 and 3 bits (groups of a multiple of %d), 4 and 8",
+                             safetensors_path(r->file), what, bits, r->group,
+                             QUANT_LOWBIT_GROUP_UNIT);
+    return 0;
+}
+
 /* The fp16 array t->data as a 2-byte aligned pointer: in place when it already is (always
  * for files exitriver_build wrote unless an odd-sized code tensor precedes it), else a copy. */
 static int exitriver_f16_ptr(exitriver_t *r, const safetensors_tensor_t *t, const uint16_t **out)
@@ -185,7 +200,7 @@ static int exitriver_load_layer(exitriver_t *r, const model_t *m, int l)
             return river_err_set(RIVER_EFORMAT, "%s: group size %d does not divide the %lld "
                                  "columns of layer %d %s", path, r->group,
                                  (long long)src->cols, l, exitriver_matrices[i].name);
-        dtype_t dt = r->bits == 4 ? DTYPE_Q4 : DTYPE_Q8;
+        dtype_t dt = dtype_quant_of_bits(r->bits);
         int64_t ng = src->cols / r->group;
         const safetensors_tensor_t *codes, *scales, *zeros;
         int err;
@@ -209,13 +224,12 @@ static int exitriver_load_head(exitriver_t *r, const model_t *m)
 {
     const char *path = safetensors_path(r->file);
     int bits, err;
-    if ((err = exitriver_meta_int(r->file, "head_bits", 4, 8, &bits)))
+    if ((err = exitriver_meta_int(r->file, "head_bits", 2, 8, &bits)))
         return err;
-    if (bits != 4 && bits != 8)
-        return river_err_set(RIVER_EFORMAT, "%s: LM head of %d bits; only 4 and 8 exist", path,
-                             bits);
+    if ((err = exitriver_bits_check(r, bits, "LM head")))
+        return err;
     const weight_t *src = &m->lm_head;
-    dtype_t dt = bits == 4 ? DTYPE_Q4 : DTYPE_Q8;
+    dtype_t dt = dtype_quant_of_bits(bits);
     int64_t ng = src->cols / r->group;
     struct {
         const char *name;
@@ -289,14 +303,10 @@ int exitriver_load(exitriver_t **out, const model_t *m, const char *path)
     int bits;
     if ((err = exitriver_meta_int(r->file, "n_layers", 1, INT_MAX, &r->n_layers)) ||
         (err = exitriver_meta_int(r->file, "start_layer", 0, INT_MAX, &r->start_layer)) ||
-        (err = exitriver_meta_int(r->file, "bits", 4, 8, &bits)) ||
-        (err = exitriver_meta_int(r->file, "group", 1, INT_MAX, &r->group)))
+        (err = exitriver_meta_int(r->file, "bits", 2, 8, &bits)) ||
+        (err = exitriver_meta_int(r->file, "group", 1, INT_MAX, &r->group)) ||
+        (err = exitriver_bits_check(r, bits, "river")))
         goto fail;
-    if (bits != 4 && bits != 8) {
-        err = river_err_set(RIVER_EFORMAT, "%s: river of %d bits; only 4 and 8 exist", path,
-                            bits);
-        goto fail;
-    }
     r->bits = bits;
     if (r->n_layers != m->cfg.n_layers || r->start_layer >= r->n_layers) {
         err = river_err_set(RIVER_EFORMAT, "%s: river covers layers %d..%d of %d; %s has %d",

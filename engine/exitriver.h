@@ -1,18 +1,22 @@
-/* The Exit River file: the 4-bit (or 8-bit) copy of a model's decoder layers from the river
+/* The Exit River file: the 2-, 3-, 4- or 8-bit copy of a model's decoder layers from the river
  * start layer L_s to the last one, built once by `river quant` and mapped
  * beside the full-precision backbone at run time. The builder is offline/exitriver_build.h.
  *
  * Format: one safetensors file. For each layer l >= L_s and each matrix M of wq, wk, wv,
  * wo, w_gate, w_up, w_down (the layer_weights_t field names) it holds
- *   layers.<l>.<M>.codes   U8   (rows, (cols+1)/2) for 4 bits, low nibble = even column;
- *                               (rows, cols) for 8 bits
+ *   layers.<l>.<M>.codes   U8   (rows, dtype_row_bytes(cols)) packed as DTYPE_Q<bits>
+ *                               (kernels/ops.h, docs/FORMATS.md): (rows, cols/4) for 2
+ *                               bits, (rows, cols/4 + cols/8) for 3 bits (the 2-bit plane,
+ *                               then the 1-bit plane), (rows, (cols+1)/2) for 4 bits, low
+ *                               nibble = even column, (rows, cols) for 8 bits
  *   layers.<l>.<M>.scales  F16  (rows, cols/group)
  *   layers.<l>.<M>.zeros   F16  (rows, cols/group), in code units
  * so that value = (code - zero) * scale (see engine/quant_params.h). Its "__metadata__"
  * holds format "river", format_version "1", fingerprint (of the source model,
  * model_fingerprint in model/fingerprint.h), source (the model's path, for people),
- * start_layer, n_layers (the model's), bits, group, method ("hqq" or "rtn") and, for HQQ,
- * its parameters. Norms and biases are not stored: they
+ * start_layer, n_layers (the model's), bits (2, 3, 4 or 8), group (a multiple of 16 for 2
+ * and 3 bits), method ("hqq" or "rtn"), for HQQ its parameters, and head_bits when the
+ * file carries a quantized LM head (lm_head.codes/scales/zeros, packed the same way). Norms and biases are not stored: they
  * stay full precision and are shared with the backbone.
  *
  * Default start layer: 1. The decode loop moves a token to the river after layer l
@@ -68,7 +72,7 @@ quant_method_t exitriver_method(const exitriver_t *r);
 const char *exitriver_path(const exitriver_t *r);
 const char *exitriver_fingerprint_of(const exitriver_t *r);
 
-/* The river's copy of layer l: Q4/Q8 weights for the seven matrices (pointing into the
+/* The river's copy of layer l: Q2/Q3/Q4/Q8 weights for the seven matrices (pointing into the
  * mapped file) and the backbone's own norm and bias weights. NULL for l < start layer or
  * l >= n_layers. */
 const layer_weights_t *exitriver_layer(const exitriver_t *r, int layer);

@@ -47,12 +47,16 @@ quant_params_t quant_params_default(void)
 
 int quant_params_check(const quant_params_t *p, int64_t cols, const char *what)
 {
-    if (p->bits != 4 && p->bits != 8)
-        return river_err_set(RIVER_EINVAL, "%s: %d bits; only 4 and 8 are supported", what,
-                             p->bits);
+    if (p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
+        return river_err_set(RIVER_EINVAL, "%s: %d bits; only 2, 3, 4 and 8 are supported",
+                             what, p->bits);
     if (p->group <= 0)
         return river_err_set(RIVER_EINVAL, "%s: group size %d must be positive", what,
                              p->group);
+    /* The 2- and 3-bit kernels unpack runs of 16 codes of one group (kernels/cpu/lowbit.h). */
+    if (p->bits < 4 && p->group % QUANT_LOWBIT_GROUP_UNIT != 0)
+        return river_err_set(RIVER_EINVAL, "%s: %d-bit groups must be a multiple of %d inputs, "
+                             "not %d", what, p->bits, QUANT_LOWBIT_GROUP_UNIT, p->group);
     if ((unsigned)p->method >= QUANT_METHOD_COUNT)
         return river_err_set(RIVER_EINVAL, "%s: unknown quantization method %d", what,
                              (int)p->method);

@@ -2,12 +2,16 @@
  * HQQ's settings): what the runtime reads back from a river and names its default file
  * after. The quantizer that applies them is offline work (offline/quant.h).
  *
- * A weight_t of dtype Q4/Q8 stores value = (q - zero) * scale, with one fp16 scale and zero
- * (in code units) per group of consecutive inputs of a row. */
+ * A weight_t of dtype Q2/Q3/Q4/Q8 stores value = (q - zero) * scale, with one fp16 scale and
+ * zero (in code units) per group of consecutive inputs of a row. */
 #ifndef RIVER_ENGINE_QUANT_PARAMS_H
 #define RIVER_ENGINE_QUANT_PARAMS_H
 
 #include <stdint.h>
+
+/* 2- and 3-bit groups are a multiple of this many inputs (the run the CPU kernels unpack
+ * at once, LOWBIT_GROUP_UNIT in kernels/cpu/lowbit.h). */
+#define QUANT_LOWBIT_GROUP_UNIT 16
 
 typedef enum {
     QUANT_RTN = 0,
@@ -24,7 +28,7 @@ const char *quant_method_name(quant_method_t m);
 int quant_method_parse(const char *s, quant_method_t *out);
 
 typedef struct quant_params {
-    int bits;              /* 4 or 8 */
+    int bits;              /* 2, 3, 4 or 8 */
     int group;             /* inputs per group; must divide the columns of every matrix */
     quant_method_t method;
     float hqq_p;           /* the lp-norm HQQ minimises, 0.7 */

@@ -6,6 +6,7 @@
 #define RIVER_ENGINE_SPEC_COST_H
 
 #include "engine/exit.h"
+#include "engine/exitriver.h"
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
 

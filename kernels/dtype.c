@@ -13,6 +13,8 @@ size_t dtype_size(dtype_t dt)
     case DTYPE_Q8:
     case DTYPE_Q4X8:
     case DTYPE_Q8X8:
+    case DTYPE_Q2:
+    case DTYPE_Q3:
     case DTYPE_COUNT:
         break;
     }
@@ -35,6 +37,12 @@ size_t dtype_row_bytes(dtype_t dt, int64_t cols)
     case DTYPE_Q8:
     case DTYPE_Q8X8:
         return (size_t)cols;
+    case DTYPE_Q2:
+        /* Four codes per byte; a partial last byte still takes a whole one. */
+        return (size_t)(cols + 3) / 4;
+    case DTYPE_Q3:
+        /* The 2-bit plane, then the 1-bit plane, each rounded up to whole bytes. */
+        return (size_t)(cols + 3) / 4 + (size_t)(cols + 7) / 8;
     case DTYPE_COUNT:
         break;
     }
@@ -58,8 +66,46 @@ const char *dtype_name(dtype_t dt)
         return "q4x8";
     case DTYPE_Q8X8:
         return "q8x8";
+    case DTYPE_Q2:
+        return "q2";
+    case DTYPE_Q3:
+        return "q3";
     case DTYPE_COUNT:
         break;
     }
     return "unknown";
+}
+
+int dtype_quant_bits(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_Q2:
+        return 2;
+    case DTYPE_Q3:
+        return 3;
+    case DTYPE_Q4:
+    case DTYPE_Q4X8:
+        return 4;
+    case DTYPE_Q8:
+    case DTYPE_Q8X8:
+        return 8;
+    case DTYPE_F32:
+    case DTYPE_F16:
+    case DTYPE_BF16:
+    case DTYPE_COUNT:
+        break;
+    }
+    return 0;
+}
+
+int dtype_is_quant(dtype_t dt)
+{
+    return dtype_quant_bits(dt) != 0;
+}
+
+dtype_t dtype_quant_of_bits(int bits)
+{
+    static const dtype_t by_bits[9] = {DTYPE_COUNT, DTYPE_COUNT, DTYPE_Q2,    DTYPE_Q3,   DTYPE_Q4,
+                                       DTYPE_COUNT, DTYPE_COUNT, DTYPE_COUNT, DTYPE_Q8};
+    return bits >= 0 && bits <= 8 ? by_bits[bits] : DTYPE_COUNT;
 }

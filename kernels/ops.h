@@ -28,6 +28,11 @@ typedef enum {
                    (kernels/cpu/q4x8.h); same size, scales and zeros as Q4; never in a file */
     DTYPE_Q8X8, /* Q8 with its codes repacked by the CPU backend for its integer kernels
                    (kernels/cpu/q4x8.h); same size, scales and zeros as Q8; never in a file */
+    DTYPE_Q2, /* 2-bit affine groups: data is (rows, cols/4) bytes, code k of a row in bits
+                 2*(k%4)..2*(k%4)+1 of byte k/4 (docs/FORMATS.md) */
+    DTYPE_Q3, /* 3-bit affine groups: each row is a 2-bit plane of (cols/4) bytes holding the
+                 low two bits of every code as Q2 does, then a 1-bit plane of (cols/8) bytes
+                 holding bit 2 of code k in bit k%8 of byte k/8 (docs/FORMATS.md) */
     DTYPE_COUNT
 } dtype_t;
 
@@ -36,18 +41,27 @@ size_t dtype_size(dtype_t dt);
 /* Bytes of one row of `cols` elements, packing included. */
 size_t dtype_row_bytes(dtype_t dt, int64_t cols);
 const char *dtype_name(dtype_t dt);
+/* Whether dt is one of the affine-group types (Q2, Q3, Q4, Q4X8, Q8): scales, zeros and a
+ * group. */
+int dtype_is_quant(dtype_t dt);
+/* Bits of one code of an affine-group type (2, 3, 4 or 8), 0 for the others. */
+int dtype_quant_bits(dtype_t dt);
+/* The file dtype of codes of `bits` bits (2: Q2, 3: Q3, 4: Q4, 8: Q8); DTYPE_COUNT for
+ * other widths. */
+dtype_t dtype_quant_of_bits(int bits);
 
 /* A weight matrix or vector, resident where its backend can read it (on the CPU: the mmap'd
- * checkpoint, or the backend's copy in huge pages). A 1-D tensor has rows = 1. For Q4/Q8 a value is
- * (q - zero) * scale, one fp16 scale and zero per `group` consecutive inputs of a row. */
+ * checkpoint, or the backend's copy in huge pages). A 1-D tensor has rows = 1. For Q2/Q3/Q4/Q8 a
+ * value is (q - zero) * scale, one fp16 scale and zero per `group` consecutive inputs of a
+ * row (Q2/Q3: a group is a multiple of 16 inputs). */
 typedef struct weight {
     dtype_t dtype;
     int64_t rows;            /* output features */
     int64_t cols;            /* input features */
     const void *data;        /* (rows, cols) elements of dtype, or packed codes */
-    const uint16_t *scales;  /* Q4/Q8: (rows, cols/group) fp16, else NULL */
-    const uint16_t *zeros;   /* Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
-    int group;               /* Q4/Q8: inputs per group, else 0 */
+    const uint16_t *scales;  /* Q2/Q3/Q4/Q8: (rows, cols/group) fp16, else NULL */
+    const uint16_t *zeros;   /* Q2/Q3/Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
+    int group;               /* Q2/Q3/Q4/Q8: inputs per group, else 0 */
     int zero128;             /* Q8: 1 when every zero is 128 (int8 symmetric, as llama.cpp's
                               * q8_0), found by the CPU backend's weight_upload so that its
                               * kernels skip the zero terms; 0 claims nothing */

@@ -140,10 +140,12 @@ int64_t model_param_count(const model_t *m);
  * final norm and the LM head (the embedding lookup reads one row, counted as one row).
  * Quantized weights count their packed codes plus their fp16 scales and zeros. */
 int64_t model_bytes_per_token(const model_t *m);
-/* Bytes of `rows` rows of w as stored: codes (packing included) plus, for Q4/Q8, the fp16
- * scales and zeros of those rows; 0 for an absent weight (data NULL). */
+/* Bytes of `rows` rows of w as stored: codes (packing included) plus, for Q2/Q3/Q4/Q8, the
+ * fp16 scales and zeros of those rows; 0 for an absent weight (data NULL). */
 int64_t model_weight_bytes(const weight_t *w, int64_t rows);
-/* Bytes of every matrix and vector of one decoder layer (a backbone's, or a river's copy). */
+/* Bytes of weights one decoder layer reads per decode step (its matrices, packed, with
+ * their scales and zeros, norms and biases): the share of one layer in
+ * model_bytes_per_token, for a model's layer or a copy of one (the Exit River's). */
 int64_t model_layer_bytes(const layer_weights_t *L);
 
 /* Checks a configuration (positive, plausible sizes; kv heads dividing heads; rotary dims;

@@ -39,8 +39,15 @@ int exitriver_group_fit(const model_t *m, const exitriver_build_opts_t *o, int m
             }
             common = a;
         }
+    /* Two 4-bit codes share a byte; 2- and 3-bit groups are whole runs of 16 codes. */
+    int bits[2] = {o->quant.bits, o->head_bits};
+    int unit = 1;
+    for (int i = 0; i < 2; i++) {
+        int u = bits[i] == 4 ? 2 : bits[i] == 2 || bits[i] == 3 ? QUANT_LOWBIT_GROUP_UNIT : 1;
+        unit = u > unit ? u : unit;
+    }
     for (int g = most; g >= 1; g--)
-        if (common % g == 0 && (o->quant.bits != 4 || g % 2 == 0))
+        if (common % g == 0 && g % unit == 0)
             return g;
     return 0;
 }
@@ -58,8 +65,14 @@ static int exitriver_build_check(const model_t *m, const exitriver_build_opts_t 
     int err = quant_params_check(&o->quant, 0, m->path);
     if (err)
         return err;
-    if (o->head_bits != 0 && o->head_bits != 4 && o->head_bits != 8)
-        return river_err_set(RIVER_EINVAL, "river: LM head bits %d; 0, 4 or 8", o->head_bits);
+    if (o->head_bits != 0) {
+        quant_params_t hp = o->quant;
+        hp.bits = o->head_bits;
+        if (quant_params_check(&hp, 0, "river: LM head") != 0)
+            return river_err_set(RIVER_EINVAL, "river: LM head bits %d with group %d; 0, or 2 "
+                                 "or 3 (groups of a multiple of %d), 4 or 8", o->head_bits,
+                                 o->quant.group, QUANT_LOWBIT_GROUP_UNIT);
+    }
     if (o->head_bits && m->lm_head.cols % o->quant.group != 0)
         return river_err_set(RIVER_EINVAL, "%s: group %d does not divide the LM head's %lld "
                              "columns", m->path, o->quant.group, (long long)m->lm_head.cols);
@@ -75,6 +88,13 @@ static int exitriver_build_check(const model_t *m, const exitriver_build_opts_t 
                 return river_err_set(RIVER_EDTYPE, "%s: layer %d %s is %s; the river "
                                      "quantizes F32, F16, BF16, Q4 or Q8 weights", m->path, l,
                                      exitriver_matrix_name(i), dtype_name(w->dtype));
+            if (w->cols % o->quant.group != 0 && suggest == 0)
+                return river_err_set(RIVER_ESHAPE, "%s: layer %d %s has %lld columns, not a "
+                                     "multiple of the group size %d, and no group these "
+                                     "bits allow (2 and 3 bits: a multiple of %d) divides "
+                                     "every matrix; use --bits 4 or 8", m->path, l,
+                                     exitriver_matrix_name(i), (long long)w->cols,
+                                     o->quant.group, QUANT_LOWBIT_GROUP_UNIT);
             if (w->cols % o->quant.group != 0)
                 return river_err_set(RIVER_ESHAPE, "%s: layer %d %s has %lld columns, not a "
                                      "multiple of the group size %d; the largest group up "
@@ -116,7 +136,7 @@ static int exitriver_declare(safetensors_writer_t *wr, const model_t *m,
         const weight_t *w = &m->lm_head;
         int64_t gshape[2] = {w->rows, w->cols / p->group};
         int64_t cshape[2] = {
-            w->rows, (int64_t)dtype_row_bytes(o->head_bits == 4 ? DTYPE_Q4 : DTYPE_Q8, w->cols)};
+            w->rows, (int64_t)dtype_row_bytes(dtype_quant_of_bits(o->head_bits), w->cols)};
         if ((err = safetensors_writer_set_metadata(wr, "head_bits", hb)) ||
             (err = safetensors_writer_add(wr, "lm_head.scales", SAFETENSORS_F16, 2, gshape)) ||
             (err = safetensors_writer_add(wr, "lm_head.zeros", SAFETENSORS_F16, 2, gshape)) ||
@@ -128,7 +148,7 @@ static int exitriver_declare(safetensors_writer_t *wr, const model_t *m,
             const weight_t *w = exitriver_matrix(&m->layers[l], i);
             int64_t gshape[2] = {w->rows, w->cols / p->group};
             int64_t cshape[2] = {
-                w->rows, (int64_t)dtype_row_bytes(p->bits == 4 ? DTYPE_Q4 : DTYPE_Q8, w->cols)};
+                w->rows, (int64_t)dtype_row_bytes(dtype_quant_of_bits(p->bits), w->cols)};
             /* Scales and zeros come first: their sizes are even, so they stay 2-byte aligned
              * in the mapping whenever the codes before them are. */
             exitriver_tensor_name(name, sizeof name, l, i, "scales");

@@ -53,7 +53,7 @@ double quant_stats_rtn_rel_fro(const quant_stats_t *s)
 
 static size_t quant_code_bytes(int bits, int64_t rows, int64_t cols)
 {
-    return (size_t)rows * dtype_row_bytes(bits == 4 ? DTYPE_Q4 : DTYPE_Q8, cols);
+    return (size_t)rows * dtype_row_bytes(dtype_quant_of_bits(bits), cols);
 }
 
 int quant_matrix_new(quant_matrix_t **out, int64_t rows, int64_t cols, int bits, int group)
@@ -62,7 +62,13 @@ int quant_matrix_new(quant_matrix_t **out, int64_t rows, int64_t cols, int bits,
     if (rows <= 0 || cols <= 0 || rows > (INT64_C(1) << 31) || cols > (INT64_C(1) << 31))
         return river_err_set(RIVER_ESHAPE, "quant: matrix of %lld x %lld", (long long)rows,
                              (long long)cols);
-    if ((bits != 4 && bits != 8) || group <= 0 || cols % group != 0)
+    quant_params_t p = quant_params_default();
+    p.bits = bits;
+    p.group = group;
+    int err = quant_params_check(&p, 0, "quant");
+    if (err)
+        return err;
+    if (cols % group != 0)
         return river_err_set(RIVER_EINVAL, "quant: %d bits, group %d for %lld columns", bits,
                              group, (long long)cols);
     quant_matrix_t *q = calloc(1, sizeof *q);
@@ -107,7 +113,7 @@ size_t quant_matrix_group_count(const quant_matrix_t *q)
 weight_t quant_matrix_weight(const quant_matrix_t *q)
 {
     return (weight_t){
-        .dtype = q->bits == 4 ? DTYPE_Q4 : DTYPE_Q8,
+        .dtype = dtype_quant_of_bits(q->bits),
         .rows = q->rows,
         .cols = q->cols,
         .data = q->codes,
@@ -143,21 +149,30 @@ static void quant_dequant_row(const weight_t *w, int64_t r, float *dst)
         float s = f16_to_f32(w->scales[r * ng + g]);
         float z = f16_to_f32(w->zeros[r * ng + g]);
         for (int64_t k = g * w->group; k < (g + 1) * w->group; k++) {
-            unsigned q = w->dtype == DTYPE_Q8 ? row[k]
-                         : (k & 1)            ? (unsigned)(row[k >> 1] >> 4)
-                                              : (unsigned)(row[k >> 1] & 0x0f);
+            unsigned q;
+            if (w->dtype == DTYPE_Q8)
+                q = row[k];
+            else if (w->dtype == DTYPE_Q4)
+                q = (k & 1) ? (unsigned)(row[k >> 1] >> 4) : (unsigned)(row[k >> 1] & 0x0f);
+            else /* the planes of docs/FORMATS.md, read here from their definition */
+                q = ((unsigned)(row[k >> 2] >> (2 * (k & 3))) & 3u) |
+                    (w->dtype == DTYPE_Q3
+                         ? (((unsigned)(row[(cols + 3) / 4 + (k >> 3)] >> (k & 7)) & 1u) << 2)
+                         : 0u);
             dst[k] = ((float)q - z) * s;
         }
     }
 }
 
-/* Converts row r of a weight (F32, F16, BF16, or Q4/Q8 dequantized) to float32; returns the
+/* Converts row r of a weight (F32, F16, BF16, or Q2/Q3/Q4/Q8 dequantized) to float32; returns the
  * first non-finite column or -1. */
 static int64_t quant_load_row(const weight_t *w, int64_t r, float *dst)
 {
     int64_t cols = w->cols;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * dtype_row_bytes(w->dtype, cols);
     switch (w->dtype) {
+    case DTYPE_Q2:
+    case DTYPE_Q3:
     case DTYPE_Q4:
     case DTYPE_Q8:
         quant_dequant_row(w, r, dst);
@@ -254,6 +269,38 @@ static int quant_sym_groups(const quant_job_t *j, const float *x, int64_t n_grou
     return 0;
 }
 
+/* Packs one row of codes (one a byte) into the layout of dt (kernels/ops.h,
+ * docs/FORMATS.md). */
+static void quant_pack_row(dtype_t dt, uint8_t *dst, const uint8_t *codes, int64_t cols)
+{
+    switch (dt) {
+    case DTYPE_Q8:
+        memcpy(dst, codes, (size_t)cols);
+        return;
+    case DTYPE_Q4:
+        for (int64_t k = 0; k + 1 < cols; k += 2)
+            dst[k / 2] = (uint8_t)(codes[k] | (codes[k + 1] << 4));
+        if (cols & 1)
+            dst[cols / 2] = codes[cols - 1];
+        return;
+    case DTYPE_Q2:
+    case DTYPE_Q3: {
+        /* The low two bits of every code four to a byte; for Q3 bit 2 after them, eight to
+         * a byte. */
+        memset(dst, 0, dtype_row_bytes(dt, cols));
+        uint8_t *hi = dst + (cols + 3) / 4;
+        for (int64_t k = 0; k < cols; k++) {
+            dst[k >> 2] |= (uint8_t)((codes[k] & 3u) << (2 * (k & 3)));
+            if (dt == DTYPE_Q3)
+                hi[k >> 3] |= (uint8_t)(((codes[k] >> 2) & 1u) << (k & 7));
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
 static void quant_task(void *arg, int task, int thread)
 {
     quant_task_ctx_t *c = arg;
@@ -263,7 +310,8 @@ static void quant_task(void *arg, int task, int thread)
     int64_t r1 = r0 + c->rows_per_task < out->rows ? r0 + c->rows_per_task : out->rows;
     float *x = c->row_f32[thread];
     uint8_t *codes = c->row_codes[thread];
-    size_t row_bytes = dtype_row_bytes(out->bits == 4 ? DTYPE_Q4 : DTYPE_Q8, cols);
+    dtype_t dt = dtype_quant_of_bits(out->bits);
+    size_t row_bytes = dtype_row_bytes(dt, cols);
     quant_stats_t *st = &c->stats[task];
     for (int64_t r = r0; r < r1; r++) {
         int64_t bad = quant_load_row(c->w, r, x);
@@ -282,15 +330,7 @@ static void quant_task(void *arg, int task, int thread)
             c->bad_col[task] = (int64_t)(-1 - rc) * out->group;
             return;
         }
-        uint8_t *dst = out->codes + (size_t)r * row_bytes;
-        if (out->bits == 8) {
-            memcpy(dst, codes, (size_t)cols);
-        } else {
-            for (int64_t k = 0; k + 1 < cols; k += 2)
-                dst[k / 2] = (uint8_t)(codes[k] | (codes[k + 1] << 4));
-            if (cols & 1)
-                dst[cols / 2] = codes[cols - 1];
-        }
+        quant_pack_row(dt, out->codes + (size_t)r * row_bytes, codes, cols);
     }
 }
 
@@ -415,6 +455,8 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
     case DTYPE_BF16:
         quant_load_row(w, row, out);
         return 0;
+    case DTYPE_Q2:
+    case DTYPE_Q3:
     case DTYPE_Q4:
     case DTYPE_Q8: {
         if (w->group <= 0 || cols % w->group != 0 || !w->scales || !w->zeros)

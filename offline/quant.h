@@ -1,8 +1,8 @@
-/* Weight quantizers for the Exit River: round-to-nearest (RTN) and HQQ, to 4 or 8 bits with
+/* Weight quantizers for the Exit River: round-to-nearest (RTN) and HQQ, to 2, 3, 4 or 8 bits with
  * one fp16 scale and zero per group of consecutive inputs of a row.
  *
  * Conventions. The quantizer is written W_q = clamp(round(W*s + z), 0, 2^b - 1)
- * and the dequantization as (W_q - z) / s. A weight_t of dtype Q4/Q8 stores
+ * and the dequantization as (W_q - z) / s. A weight_t of dtype Q2/Q3/Q4/Q8 stores
  * value = (q - zero) * scale, so what is stored is scale = 1/s and zero = z (in code units).
  * Both are rounded to fp16, and every code is computed from the rounded values
  * (s = 1/scale16, z = zero16), so the stored weights are exactly the ones whose error was
@@ -45,8 +45,10 @@ typedef struct quant_matrix {
     int group;
     int64_t rows;
     int64_t cols;
-    uint8_t *codes;    /* (rows, (cols+1)/2) for 4 bits, low nibble = even column;
-                        * (rows, cols) for 8 bits */
+    uint8_t *codes;    /* (rows, dtype_row_bytes(cols)) packed as the weight dtype of
+                        * `bits` packs them (kernels/ops.h): Q2 (rows, cols/4), Q3 (rows,
+                        * cols/4 + cols/8), Q4 (rows, (cols+1)/2) low nibble = even column,
+                        * Q8 (rows, cols) */
     uint16_t *scales;  /* (rows, cols/group) fp16 */
     uint16_t *zeros;   /* (rows, cols/group) fp16, in code units */
 } quant_matrix_t;
@@ -56,7 +58,7 @@ void quant_matrix_destroy(quant_matrix_t **q);
 /* Bytes of codes, and entries of scales (= of zeros). */
 size_t quant_matrix_code_bytes(const quant_matrix_t *q);
 size_t quant_matrix_group_count(const quant_matrix_t *q);
-/* The matrix as a Q4/Q8 weight_t pointing into q. */
+/* The matrix as a Q2/Q3/Q4/Q8 weight_t pointing into q. */
 weight_t quant_matrix_weight(const quant_matrix_t *q);
 
 /* Quantizes w (F32, F16, BF16, or Q4/Q8: a quantized backbone's matrix, read dequantized
@@ -69,7 +71,7 @@ weight_t quant_matrix_weight(const quant_matrix_t *q);
 int quant_weight(quant_matrix_t *out, const weight_t *w, const quant_params_t *p,
                  threadpool_t *pool, quant_stats_t *stats);
 
-/* Row `row` of any weight_t (F32, F16, BF16, Q4, Q8) as cols floats, dequantizing exactly
+/* Row `row` of any weight_t (F32, F16, BF16, Q2, Q3, Q4, Q8) as cols floats, dequantizing exactly
  * as the CPU kernels do. */
 int quant_row_f32(const weight_t *w, int64_t row, float *out);
 

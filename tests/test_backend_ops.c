@@ -231,9 +231,9 @@ static weight_t weight_rand(dtype_t dt, int64_t rows, int64_t cols, int group, f
             d[i] = (uint8_t)test_rand_u32();
         size_t ng = (size_t)rows * (size_t)(cols / group);
         uint16_t *s = malloc(ng * sizeof *s), *z = malloc(ng * sizeof *z);
-        float qmax = dt == DTYPE_Q4 ? 15.0f : 255.0f;
+        float qmax = (float)((1 << dtype_quant_bits(dt)) - 1);
         for (size_t i = 0; i < ng; i++) {
-            s[i] = f32_to_f16(amp * 0.1f * test_rand(0.2f, 1.0f) * (dt == DTYPE_Q4 ? 8.0f : 0.5f));
+            s[i] = f32_to_f16(amp * 0.1f * test_rand(0.2f, 1.0f) * 128.0f / (qmax + 1.0f));
             z[i] = f32_to_f16(test_rand(0.3f * qmax, 0.7f * qmax));
         }
         w.data = d;
@@ -341,11 +341,28 @@ static void check_rows_alone(backend_t *b, cpu_simd_t level, const weight_t *w, 
     free(y1);
 }
 
+/* Q2/Q3 have CPU kernels only: on the CUDA pair the upload of such a weight must fail with
+ * RIVER_EDTYPE naming the type and leave the weight as it was, which is all a case of those
+ * types checks there (true: done). */
+static bool lowbit_refused(bpair_t *p, dtype_t dt, int64_t rows, int64_t cols, int group)
+{
+    if ((dt != DTYPE_Q2 && dt != DTYPE_Q3) || strcmp(p->name, "cuda") != 0)
+        return false;
+    weight_t h = weight_rand(dt, rows, cols, group, 0.05f), x = h;
+    ck_assert_int_eq(p->x->ops->weight_upload(p->x->ctx, &x), RIVER_EDTYPE);
+    ck_assert_msg(strstr(river_err_detail(), dtype_name(dt)), "%s", river_err_detail());
+    ck_assert_ptr_eq(x.data, h.data);
+    weight_host_free(&h);
+    return true;
+}
+
 /* matmul: a outputs, b inputs, c rows (0: each count of mm_ns), d group. A Q4X8 case places
  * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
 {
     dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt;
+    if (lowbit_refused(p, dt, c->a, c->b, c->d))
+        return;
     weight_t host = weight_rand(dt, c->a, c->b, c->d, 0.05f);
     if (c->e) /* Q8 with every zero 128 */
         for (int64_t i = 0; i < c->a * (c->b / c->d); i++)
@@ -382,6 +399,8 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
 /* embed: a vocab, b dim, c tokens, d group (0: 64). */
 static void run_embed(bpair_t *p, const op_case_t *c)
 {
+    if (lowbit_refused(p, c->dt, c->a, c->b, c->d ? c->d : 64))
+        return;
     wtwin_t w = wtwin_new(p, weight_rand(c->dt, c->a, c->b, c->d ? c->d : 64, 0.5f));
     int32_t *tok = malloc(sizeof *tok * (size_t)c->c);
     for (int i = 0; i < c->c; i++)
@@ -824,6 +843,24 @@ typedef struct tw {
     float *ref; /* rows x cols */
 } tw_t;
 
+/* Code k of a Q2/Q3 row of `cols` codes, written and read here from the layout's
+ * definition (kernels/ops.h, docs/FORMATS.md): the low two bits in bits 2*(k%4) of byte k/4;
+ * for Q3, bit 2 in bit k%8 of byte cols/4 + k/8. The row starts zeroed. */
+static void tw_lowbit_set(dtype_t dt, uint8_t *row, int64_t cols, int64_t k, unsigned q)
+{
+    row[k / 4] |= (uint8_t)((q & 3) << (2 * (k % 4)));
+    if (dt == DTYPE_Q3)
+        row[(cols + 3) / 4 + k / 8] |= (uint8_t)(((q >> 2) & 1) << (k % 8));
+}
+
+static unsigned tw_lowbit_get(dtype_t dt, const uint8_t *row, int64_t cols, int64_t k)
+{
+    unsigned q = (row[k / 4] >> (2 * (k % 4))) & 3;
+    if (dt == DTYPE_Q3)
+        q |= ((row[(cols + 3) / 4 + k / 8] >> (k % 8)) & 1u) << 2;
+    return q;
+}
+
 static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
 {
     memset(t, 0, sizeof *t);
@@ -860,14 +897,18 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
                 row[k / 2] |= (uint8_t)((k & 1) ? q << 4 : q);
                 break;
             }
+            case DTYPE_Q2:
+            case DTYPE_Q3:
+                tw_lowbit_set(dt, row, cols, k, test_rand_u32() & (dt == DTYPE_Q2 ? 3u : 7u));
+                break;
             default:
                 ck_abort_msg("bad dtype");
             }
         }
     }
-    if (dt == DTYPE_Q4 || dt == DTYPE_Q8) {
+    if (dtype_is_quant(dt)) {
         int64_t ng = cols / group;
-        float qmax = dt == DTYPE_Q4 ? 15.0f : 255.0f;
+        float qmax = (float)((1 << dtype_quant_bits(dt)) - 1);
         t->scales = malloc((size_t)(rows * ng) * sizeof(uint16_t));
         t->zeros = malloc((size_t)(rows * ng) * sizeof(uint16_t));
         ck_assert(t->scales && t->zeros);
@@ -878,7 +919,9 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *row = (const uint8_t *)t->data + r * rb;
             for (int64_t k = 0; k < cols; k++) {
-                unsigned q = dt == DTYPE_Q8 ? row[k] : (k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15;
+                unsigned q = dt == DTYPE_Q8   ? row[k]
+                             : dt == DTYPE_Q4 ? ((k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15)
+                                              : tw_lowbit_get(dt, row, cols, k);
                 float s = ref_f16(t->scales[r * ng + k / group]);
                 float z = ref_f16(t->zeros[r * ng + k / group]);
                 t->ref[r * cols + k] = ((float)q - z) * s;
@@ -1071,6 +1114,26 @@ static void check_matmul_errors(bpair_t *p, const op_case_t *c)
     e.o->buf_free(e.c, x);
     e.o->buf_free(e.c, y);
     tw_free(&t);
+    /* Q2/Q3 groups are whole runs of 16 codes: 8 is refused, naming the type; so are
+     * missing zeros. */
+    for (dtype_t dt = DTYPE_Q2; dt <= DTYPE_Q3; dt++) {
+        tw_make(&t, dt, 4, 64, 16);
+        x = e.o->buf_alloc(e.c, 64);
+        y = e.o->buf_alloc(e.c, 64);
+        t.w.group = 8;
+        ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), RIVER_EFORMAT);
+        ck_assert_msg(strstr(river_err_detail(), dtype_name(dt)), "%s", river_err_detail());
+        t.w.group = 24;
+        ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), RIVER_EFORMAT);
+        t.w.group = 16;
+        t.w.zeros = NULL;
+        ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), RIVER_EFORMAT);
+        t.w.zeros = t.zeros;
+        ck_assert_int_eq(e.o->matmul(e.c, y, x, &t.w, 1), 0);
+        e.o->buf_free(e.c, x);
+        e.o->buf_free(e.c, y);
+        tw_free(&t);
+    }
 }
 
 /* embed: a vocab, b dim, d group; six tokens, exact rows, tokens out of range refused. */
@@ -1643,6 +1706,16 @@ static const op_case_t cases[] = {
     CASE("matmul q4 g32 (256, 512) n 3", run_matmul, DTYPE_Q4, 256, 512, 3, 32, 1e-4),
     CASE("matmul q4 g128 (512, 1024) n 20", run_matmul, DTYPE_Q4, 512, 1024, 20, 128, 1e-4),
     CASE("matmul q4 g6 (33, 96) n 2", run_matmul, DTYPE_Q4, 33, 96, 2, 6, 1e-4),
+    CASE("matmul q2 g64 (256, 512) n 1", run_matmul, DTYPE_Q2, 256, 512, 1, 64, 1e-4),
+    CASE("matmul q2 g32 (200, 384) n 3", run_matmul, DTYPE_Q2, 200, 384, 3, 32, 1e-4),
+    CASE("matmul q2 g16 (96, 256) n 17", run_matmul, DTYPE_Q2, 96, 256, 17, 16, 1e-4),
+    CASE("matmul q2 g64 (300, 512) n 64", run_matmul, DTYPE_Q2, 300, 512, 64, 64, 1e-4),
+    CASE("matmul q3 g64 (256, 512) n 1", run_matmul, DTYPE_Q3, 256, 512, 1, 64, 1e-4),
+    CASE("matmul q3 g32 (200, 384) n 3", run_matmul, DTYPE_Q3, 200, 384, 3, 32, 1e-4),
+    CASE("matmul q3 g16 (96, 256) n 17", run_matmul, DTYPE_Q3, 96, 256, 17, 16, 1e-4),
+    CASE("matmul q3 g48 (300, 480) n 64", run_matmul, DTYPE_Q3, 300, 480, 64, 48, 1e-4),
+    CASE("matmul q2 g64 (2048, 2048) n 1", run_matmul, DTYPE_Q2, 2048, 2048, 1, 64, 1e-4),
+    CASE("matmul q3 g64 (8192, 2048) n 4", run_matmul, DTYPE_Q3, 8192, 2048, 4, 64, 1e-4),
     /* Llama 3.2 1B projection shapes (dim 2048, FFN 8192), GEMV and cuBLAS paths. */
     CASE("matmul f32 (2048, 2048) n 1", run_matmul, DTYPE_F32, 2048, 2048, 1, 0, 1e-4),
     GPU_CASE("matmul f32 (2048, 2048) n 64", run_matmul, DTYPE_F32, 2048, 2048, 64, 0, 1e-4),
@@ -1795,6 +1868,20 @@ static const op_case_t cases[] = {
     MM_CASE("matmul q8x8 g32 (19, 2048)", DTYPE_Q8X8, 19, 2048, 32, NULL),
     MM_CASE("matmul q8 g32 (37, 512) RIVER_Q4X8=0", DTYPE_Q8, 37, 512, 32, "0"),
     MM_CASE("matmul q8 g64 (13, 768) RIVER_Q4X8=0", DTYPE_Q8, 13, 768, 64, "0"),
+    /* ...Q2 and Q3 (kernels/cpu/lowbit.h) in groups of 16, 32, 48 and 64, one group to
+     * many per row, odd output counts... */
+    MM_CASE("matmul q2 g16 (1, 16)", DTYPE_Q2, 1, 16, 16, NULL),
+    MM_CASE("matmul q2 g16 (7, 48)", DTYPE_Q2, 7, 48, 16, NULL),
+    MM_CASE("matmul q2 g32 (20, 64)", DTYPE_Q2, 20, 64, 32, NULL),
+    MM_CASE("matmul q2 g48 (13, 96)", DTYPE_Q2, 13, 96, 48, NULL),
+    MM_CASE("matmul q2 g64 (37, 384)", DTYPE_Q2, 37, 384, 64, NULL),
+    MM_CASE("matmul q2 g64 (3, 2304)", DTYPE_Q2, 3, 2304, 64, NULL),
+    MM_CASE("matmul q3 g16 (1, 16)", DTYPE_Q3, 1, 16, 16, NULL),
+    MM_CASE("matmul q3 g16 (7, 48)", DTYPE_Q3, 7, 48, 16, NULL),
+    MM_CASE("matmul q3 g32 (20, 64)", DTYPE_Q3, 20, 64, 32, NULL),
+    MM_CASE("matmul q3 g48 (13, 96)", DTYPE_Q3, 13, 96, 48, NULL),
+    MM_CASE("matmul q3 g64 (37, 384)", DTYPE_Q3, 37, 384, 64, NULL),
+    MM_CASE("matmul q3 g64 (3, 2304)", DTYPE_Q3, 3, 2304, 64, NULL),
     /* ...and the errors a matmul returns (the CPU only: what it refuses is its own). */
     RCASE("matmul errors", NULL, check_matmul_errors, DTYPE_Q4, 0, 0, 0, 0, 0, 0, 0),
     /* embed: 50 rows of every type, exact; Q8/Q4 in groups of 8 and 16. */
@@ -1818,6 +1905,8 @@ static const op_case_t cases[] = {
     RCASE("embed q4 g16 50x32", run_embed, check_embed, DTYPE_Q4, 50, 32, 6, 16, 0, 0, 0),
     RCASE("embed q4 g16 50x48", run_embed, check_embed, DTYPE_Q4, 50, 48, 6, 16, 0, 0, 0),
     RCASE("embed q4 g16 50x96", run_embed, check_embed, DTYPE_Q4, 50, 96, 6, 16, 0, 0, 0),
+    RCASE("embed q2 g16 50x32", run_embed, check_embed, DTYPE_Q2, 50, 32, 6, 16, 0, 0, 0),
+    RCASE("embed q3 g32 50x96", run_embed, check_embed, DTYPE_Q3, 50, 96, 6, 32, 0, 0, 0),
     GPU_CASE("embed f32 32000x2048", run_embed, DTYPE_F32, 32000, 2048, 5, 0, 0),
     GPU_CASE("embed f16 32000x2048", run_embed, DTYPE_F16, 32000, 2048, 5, 0, 0),
     GPU_CASE("embed q8 32000x2048", run_embed, DTYPE_Q8, 32000, 2048, 5, 0, 0),

@@ -15,7 +15,9 @@
 #include "offline/quant.h"
 #include "kernels/cpu/quant_groups_internal.h"
 #include "engine/exitriver.h"
+#include "engine/spec_cost.h"
 #include "model/safetensors.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/half.h"
 #include "tests/proc.h"
@@ -66,10 +68,25 @@ static weight_t random_weight(dtype_t dt, int64_t rows, int64_t cols, float sd, 
     return (weight_t){.dtype = dt, .rows = rows, .cols = cols, .data = p};
 }
 
+/* The code widths the quantizer writes, in order: 2, 3, 4, 8 (0 after the last). */
+static int next_bits(int bits)
+{
+    return bits < 4 ? bits + 1 : bits == 4 ? 8 : 0;
+}
+
 static unsigned code_at(const quant_matrix_t *q, int64_t r, int64_t c)
 {
     if (q->bits == 8)
         return q->codes[r * q->cols + c];
+    if (q->bits < 4) {
+        /* docs/FORMATS.md, from its definition: the 2-bit plane, then the 1-bit plane. */
+        size_t rb = (size_t)(q->cols / 4) + (q->bits == 3 ? (size_t)(q->cols / 8) : 0);
+        const uint8_t *row = q->codes + (size_t)r * rb;
+        unsigned v = (row[c / 4] >> (2 * (c % 4))) & 3u;
+        if (q->bits == 3)
+            v |= ((row[q->cols / 4 + c / 8] >> (c % 8)) & 1u) << 2;
+        return v;
+    }
     uint8_t b = q->codes[(size_t)r * (size_t)((q->cols + 1) / 2) + (size_t)(c / 2)];
     return (c & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 0x0f);
 }
@@ -227,14 +244,15 @@ START_TEST(test_hqq_round_trip)
 }
 END_TEST
 
-/* The AVX-512 kernel, the portable one, and any thread count give the same bytes. */
+/* The AVX-512 kernel, the portable one, and any thread count give the same bytes, at 2, 3,
+ * 4 and 8 bits. */
 START_TEST(test_kernels_and_threads_agree)
 {
     rng_state = 99;
     threadpool_t *pool = NULL;
     ck_assert_int_eq(threadpool_new(&pool, 2), 0);
     for (int m = 0; m < QUANT_METHOD_COUNT; m++)
-        for (int bits = 4; bits <= 8; bits += 4) {
+        for (int bits = 2; bits; bits = next_bits(bits)) {
             void *buf;
             weight_t w = random_weight(DTYPE_F32, 300, 256, 0.03f, &buf);
             quant_params_t p = params(bits, 64, (quant_method_t)m);
@@ -258,7 +276,7 @@ START_TEST(test_kernels_and_threads_agree)
 END_TEST
 
 /* The kernels of every SIMD level this processor has give the portable kernel's bytes and
- * error sums, for RTN and HQQ, 4 and 8 bits and group sizes 16, 48, 64 and 128, on values
+ * error sums, for RTN and HQQ, 2, 3, 4 and 8 bits and group sizes 16, 48, 64 and 128, on values
  * with outliers and constant groups. */
 START_TEST(test_simd_kernels_agree)
 {
@@ -274,7 +292,7 @@ START_TEST(test_simd_kernels_agree)
     ck_assert(w && q[0] && q[1] && q[2]);
     for (int gi = 0; gi < 4; gi++)
         for (int hqq = 0; hqq <= 1; hqq++)
-            for (int bits = 4; bits <= 8; bits += 4) {
+            for (int bits = 2; bits; bits = next_bits(bits)) {
                 int g = groups[gi];
                 for (int k = 0; k < NG * g; k++)
                     w[k] = (float)(rng_uniform() - 0.5) * 0.05f;
@@ -303,6 +321,95 @@ START_TEST(test_simd_kernels_agree)
     free(w);
     for (int k = 0; k < 3; k++)
         free(q[k]);
+}
+END_TEST
+
+/* 2 and 3 bits, RTN and HQQ, groups of 16 to 64: the codes fill their range in every group
+ * (RTN), every value is within half a step of its dequantization (RTN), HQQ's error is no
+ * more than RTN's, the stored codes are the rounding of W * s + z with the stored scale and
+ * zero, the rows pack into cols/4 (+ cols/8) bytes, the CPU backend dequantizes a stored
+ * matrix to quant_row_f32's values bit for bit at every SIMD level, and the error shrinks
+ * from 2 to 3 to 4 bits. */
+START_TEST(test_lowbit_round_trip)
+{
+    static const int groups[] = {16, 32, 48, 64};
+    rng_state = 2024;
+    double rel[9] = {0};
+    for (int gi = 0; gi < 4; gi++)
+        for (int bits = 2; bits <= 4; bits++) {
+            int g = groups[gi];
+            void *buf;
+            weight_t w = random_weight(DTYPE_BF16, 21, 192, 0.03f, &buf);
+            quant_params_t pr = params(bits, g, QUANT_RTN), ph = params(bits, g, QUANT_HQQ);
+            quant_stats_t sr, sh;
+            quant_matrix_t *qr = quantize(&w, &pr, NULL, &sr);
+            quant_matrix_t *qh = quantize(&w, &ph, NULL, &sh);
+            unsigned qmax = (1u << bits) - 1;
+            if (bits < 4)
+                ck_assert_uint_eq(quant_matrix_code_bytes(qr),
+                                  21 * (192 / 4 + (bits == 3 ? 192 / 8 : 0)));
+            ck_assert(sh.abs_err <= sr.abs_err);
+            ck_assert_double_eq(sh.rtn_abs_err, sr.abs_err);
+            weight_t wr = quant_matrix_weight(qr), wh = quant_matrix_weight(qh);
+            ck_assert_int_eq(wr.dtype, dtype_quant_of_bits(bits));
+            quant_error_t er, eh;
+            ck_assert_int_eq(quant_error(&w, &wr, 0.7, &er), 0);
+            ck_assert_int_eq(quant_error(&w, &wh, 0.7, &eh), 0);
+            ck_assert_double_eq_tol(er.mae, quant_stats_mae(&sr), 1e-6 * er.mae);
+            ck_assert_double_eq_tol(eh.mae, quant_stats_mae(&sh), 1e-6 * eh.mae);
+            ck_assert(eh.mae <= er.mae);
+            rel[bits] += er.rel_fro;
+            float a[192], b[192];
+            int64_t ng = w.cols / g;
+            for (int64_t r = 0; r < w.rows; r++) {
+                ck_assert_int_eq(quant_row_f32(&w, r, a), 0);
+                ck_assert_int_eq(quant_row_f32(&wr, r, b), 0);
+                for (int64_t gr = 0; gr < ng; gr++) {
+                    float s = f16_to_f32(qr->scales[r * ng + gr]);
+                    unsigned lo = qmax, hi = 0;
+                    for (int64_t c = gr * g; c < (gr + 1) * g; c++) {
+                        unsigned code = code_at(qr, r, c);
+                        ck_assert_uint_le(code, qmax);
+                        lo = code < lo ? code : lo;
+                        hi = code > hi ? code : hi;
+                        ck_assert(fabsf(a[c] - b[c]) <= 0.5f * s * 1.0001f + 1e-9f);
+                        /* HQQ's code: the rounding with its stored scale and zero. */
+                        float sh16 = f16_to_f32(qh->scales[r * ng + gr]);
+                        float zh16 = f16_to_f32(qh->zeros[r * ng + gr]);
+                        float t = nearbyintf(a[c] * (1.0f / sh16) + zh16);
+                        ck_assert_uint_eq(code_at(qh, r, c),
+                                          (unsigned)fminf(fmaxf(t, 0.0f), (float)qmax));
+                    }
+                    ck_assert_uint_eq(lo, 0);
+                    ck_assert_uint_eq(hi, qmax);
+                }
+            }
+            /* The CPU backend's dequantization (its embed op reads whole rows) is
+             * quant_row_f32's, bit for bit, at every level this processor has. */
+            for (int lv = 0; lv <= (int)cpu_simd_detect(); lv++) {
+                backend_t *be = NULL;
+                ck_assert_int_eq(cpu_backend_new(&be, 1, (cpu_simd_t)lv), 0);
+                int32_t tok[3] = {0, 20, 7};
+                float *out = be->ops->buf_alloc(be->ctx, 3 * 192);
+                ck_assert_ptr_nonnull(out);
+                ck_assert_int_eq(be->ops->embed(be->ctx, out, &wh, tok, 3), 0);
+                for (int i = 0; i < 3; i++) {
+                    ck_assert_int_eq(quant_row_f32(&wh, tok[i], b), 0);
+                    ck_assert_msg(!memcmp(out + i * 192, b, sizeof b),
+                                  "%s: %d-bit g%d row %d dequantizes differently",
+                                  cpu_simd_name((cpu_simd_t)lv), bits, g, tok[i]);
+                }
+                be->ops->buf_free(be->ctx, out);
+                backend_destroy(&be);
+            }
+            quant_matrix_destroy(&qr);
+            quant_matrix_destroy(&qh);
+            free(buf);
+        }
+    printf("random RTN: mean rel-fro 2-bit %.4f, 3-bit %.4f, 4-bit %.4f\n", rel[2] / 4,
+           rel[3] / 4, rel[4] / 4);
+    ck_assert(rel[3] < 0.7 * rel[2]);
+    ck_assert(rel[4] < 0.7 * rel[3]);
 }
 END_TEST
 
@@ -391,8 +498,16 @@ START_TEST(test_bad_input)
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_ERANGE);
     v[70] = 70;
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), 0);
-    p.bits = 3;
+    p.bits = 3; /* a width the output was not made for */
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_EINVAL);
+    p.bits = 5;
+    ck_assert_int_eq(quant_params_check(&p, 64, "x"), RIVER_EINVAL);
+    p = params(2, 24, QUANT_HQQ); /* 2- and 3-bit groups are runs of 16 */
+    ck_assert_int_eq(quant_params_check(&p, 48, "x"), RIVER_EINVAL);
+    ck_assert_ptr_nonnull(strstr(river_err_detail(), "multiple of 16"));
+    quant_matrix_t *q3 = NULL;
+    ck_assert_int_ne(quant_matrix_new(&q3, 2, 48, 3, 24), 0);
+    ck_assert_ptr_null(q3);
     p = params(4, 48, QUANT_HQQ);
     ck_assert_int_eq(quant_weight(q, &w, &p, NULL, NULL), RIVER_ESHAPE);
     ck_assert_int_eq(quant_params_check(&p, 64, "x"), RIVER_ESHAPE);
@@ -853,6 +968,103 @@ START_TEST(test_river_corrupt)
 END_TEST
 
 /* A wrong dtype for a tensor. */
+/* 2- and 3-bit rivers of kjv-12l (groups of 32, a 2-bit head): the file records the width,
+ * every matrix loads as Q2/Q3 with the quantizer's bytes in cols/4 (+ cols/8) a row, and
+ * metadata that disagrees with the codes is refused: another width (the codes' shape no
+ * longer fits), a group that is no run of 16, a width this build does not read. */
+START_TEST(test_river_lowbit)
+{
+    model_t *m = load(KJV);
+    for (int bits = 2; bits <= 3; bits++) {
+        const char *path = tmp_path(bits == 2 ? "kjv-river-q2.safetensors"
+                                              : "kjv-river-q3.safetensors");
+        exitriver_build_opts_t o = exitriver_build_opts_default();
+        o.quant.bits = bits;
+        o.quant.group = 32;
+        o.head_bits = 2;
+        o.n_threads = 2;
+        quant_stats_t total;
+        ck_assert_msg(exitriver_build(m, path, &o, &total) == 0, "%s", river_err_detail());
+        ck_assert(total.abs_err <= total.rtn_abs_err);
+        exitriver_t *r = NULL;
+        ck_assert_msg(exitriver_load(&r, m, path) == 0, "%s", river_err_detail());
+        ck_assert_int_eq(exitriver_bits(r), bits);
+        ck_assert_int_eq(exitriver_group(r), 32);
+        safetensors_t *f = NULL;
+        ck_assert_int_eq(safetensors_open(&f, path), 0);
+        ck_assert_str_eq(safetensors_metadata(f, "bits"), bits == 2 ? "2" : "3");
+        ck_assert_str_eq(safetensors_metadata(f, "head_bits"), "2");
+        safetensors_destroy(&f);
+        ck_assert_int_eq(exitriver_head(r)->dtype, DTYPE_Q2);
+        quant_params_t p = o.quant;
+        for (int l = 1; l < m->cfg.n_layers; l += 5)
+            for (int i = 0; i < 7; i++) {
+                const weight_t *rw = layer_matrix(exitriver_layer(r, l), i);
+                const weight_t *bw = layer_matrix(&m->layers[l], i);
+                ck_assert_int_eq(rw->dtype, bits == 2 ? DTYPE_Q2 : DTYPE_Q3);
+                quant_matrix_t *q = quantize(bw, &p, NULL, NULL);
+                ck_assert_uint_eq(quant_matrix_code_bytes(q),
+                                  (size_t)bw->rows * (size_t)(bw->cols / 4 +
+                                                              (bits == 3 ? bw->cols / 8 : 0)));
+                ck_assert(!memcmp(rw->data, q->codes, quant_matrix_code_bytes(q)));
+                ck_assert(!memcmp(rw->zeros, q->zeros, quant_matrix_group_count(q) * 2));
+                quant_matrix_destroy(&q);
+            }
+        /* The bytes a token reads, counted here from the layout: codes at bits/8 bytes a
+         * weight, 4 bytes of scale and zero per group, the backbone's f32 norms; a draft step
+         * exiting after 4 layers reads the embedding row, layers 0..3 in f32, the river's
+         * layers 4..11, the final norm and the river's 2-bit head. */
+        int64_t want_river = 0, want_draft = 0;
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            const layer_weights_t *B = &m->layers[l];
+            int64_t norms = 4 * (B->attn_norm.rows * B->attn_norm.cols +
+                                 B->ffn_norm.rows * B->ffn_norm.cols), river = norms, full = norms;
+            for (int i = 0; i < 7; i++) {
+                const weight_t *bw = layer_matrix(B, i);
+                river += bw->rows * (bw->cols * bits / 8 + bw->cols / 32 * 4);
+                full += bw->rows * bw->cols * 4;
+            }
+            if (l >= 4)
+                want_river += river;
+            want_draft += l < 4 ? full : river;
+        }
+        const weight_t *h = &m->lm_head;
+        want_draft += 4 * m->cfg.dim + 4 * m->cfg.dim + h->rows * (h->cols / 4 + h->cols / 32 * 4);
+        const layer_weights_t *layers[16] = {0};
+        ck_assert_int_le(m->cfg.n_layers, 16);
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            layers[l] = exitriver_layer(r, l);
+        exit_config_t ex = {.policy = {.rule = EXIT_RULE_FIXED, .kv = EXIT_KV_RIVER},
+                            .river = layers, .river_start = exitriver_start_layer(r),
+                            .river_head = exitriver_head(r)};
+        spec_bytes_t draft, plain;
+        spec_path_bytes(m, &ex, 4, &draft);
+        spec_path_bytes(m, NULL, m->cfg.n_layers, &plain);
+        ck_assert_double_eq(draft.river_layers, (double)want_river);
+        ck_assert_double_eq(draft.total, (double)want_draft);
+        ck_assert_double_eq(plain.total, (double)model_bytes_per_token(m));
+        ck_assert_double_lt(draft.total, plain.total);
+        exitriver_destroy(&r);
+        const char *dst = tmp_path("kjv-river-lowbit-bad.safetensors");
+        expect_load_error(m, rewrite(path, dst, "bits", bits == 2 ? "3" : "2", NULL, NULL),
+                          RIVER_ESHAPE, NULL);
+        expect_load_error(m, rewrite(path, dst, "group", "8", NULL, NULL), RIVER_EFORMAT,
+                          "multiple of 16");
+        expect_load_error(m, rewrite(path, dst, "bits", "5", NULL, NULL), RIVER_EFORMAT, "bits");
+        drop(dst);
+        drop(path);
+    }
+    /* A 3-bit river with groups of 24 is refused before anything is written. */
+    exitriver_build_opts_t o = exitriver_build_opts_default();
+    o.quant.bits = 3;
+    o.quant.group = 24;
+    const char *path = tmp_path("kjv-river-g24.safetensors");
+    ck_assert_int_eq(exitriver_build(m, path, &o, NULL), RIVER_EINVAL);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    model_destroy(&m);
+}
+END_TEST
+
 START_TEST(test_river_wrong_dtype)
 {
     const char *src = kjv_river();
@@ -1043,6 +1255,7 @@ static Suite *quant_suite(void)
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
     tcase_add_test(q, test_simd_kernels_agree);
+    tcase_add_test(q, test_lowbit_round_trip);
     tcase_add_test(q, test_odd_shapes);
     tcase_add_test(q, test_degenerate_groups);
     tcase_add_test(q, test_bad_input);
@@ -1062,6 +1275,7 @@ static Suite *quant_suite(void)
     tcase_add_test(rv, test_river_truncated);
     tcase_add_test(rv, test_river_corrupt);
     tcase_add_test(rv, test_river_wrong_dtype);
+    tcase_add_test(rv, test_river_lowbit);
     tcase_add_test(rv, test_river_stories260k);
     tcase_add_test(rv, test_quant_group_fit);
     suite_add_tcase(s, rv);

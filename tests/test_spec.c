@@ -26,13 +26,16 @@ typedef struct out {
     int n;
     int finished;
     int drafted, accepted;
+    int64_t depth_sum; /* backbone layers the tokens ran, summed */
 } out_t;
 
 static void on_token(void *user, const gen_event_t *ev)
 {
     out_t *o = user;
-    if (ev->id >= 0 && o->n < MAX_IDS)
+    if (ev->id >= 0 && o->n < MAX_IDS) {
         o->ids[o->n++] = ev->id;
+        o->depth_sum += ev->depth;
+    }
     o->drafted = ev->drafted;
     o->accepted = ev->accepted;
     if (ev->finish != GEN_RUNNING)
@@ -107,9 +110,9 @@ typedef struct env {
     char river_path[512];
 } env_t;
 
-/* The model, a default (4-bit) river from layer 1 built into the temp dir, and the exit
- * setup for the policy. */
-static void env_open(env_t *e, const char *model, const char *tag)
+/* The model, a river of `bits` bits in groups of up to `group` from layer 1 built into the
+ * temp dir, and the exit setup for the policy. */
+static void env_open_river(env_t *e, const char *model, const char *tag, int bits, int group)
 {
     memset(e, 0, sizeof *e);
     ck_assert_msg(model_load(&e->m, test_model_path(model)) == 0, "%s", river_err_detail());
@@ -118,6 +121,8 @@ static void env_open(env_t *e, const char *model, const char *tag)
              tag);
     exitriver_build_opts_t o = exitriver_build_opts_default();
     o.start_layer = 1;
+    o.quant.bits = bits;
+    o.quant.group = group;
     /* The largest group that divides every matrix of the model (stories260K: 4). */
     while (o.quant.group > 1 && (e->m->cfg.dim % o.quant.group || e->m->cfg.hidden_dim % o.quant.group))
         o.quant.group /= 2;
@@ -126,6 +131,12 @@ static void env_open(env_t *e, const char *model, const char *tag)
                          .kv = EXIT_KV_RIVER};
     ck_assert_msg(exit_setup_open(&e->xs, &pol, e->river_path, NULL, e->m) == 0, "%s",
                   river_err_detail());
+}
+
+/* The default river: 4 bits, groups of 64 where they fit. */
+static void env_open(env_t *e, const char *model, const char *tag)
+{
+    env_open_river(e, model, tag, 4, 64);
 }
 
 static void env_close(env_t *e)
@@ -241,6 +252,73 @@ START_TEST(test_greedy_identical_goldens)
     ck_assert_msg(accepted * 2 > drafted, "%lld of %lld draft tokens accepted",
                   (long long)accepted, (long long)drafted);
     env_close(&e);
+}
+END_TEST
+
+/* 2- and 3-bit rivers of kjv-12l run: lossy decoding with the cosine rule finishes every
+ * prompt with tokens that left the backbone early, and lossless decoding over the same
+ * river still gives the backbone's ids exactly, with draft tokens accepted. */
+START_TEST(test_lowbit_rivers)
+{
+    const model_case_t *mc = &cases[0];
+    for (int bits = 2; bits <= 3; bits++) {
+        env_t e;
+        char tag[32];
+        snprintf(tag, sizeof tag, "q%d", bits);
+        env_open_river(&e, mc->model, tag, bits, 32);
+        ck_assert_int_eq(exitriver_bits(e.xs.river), bits);
+        prompt_t ps[MAX_PROMPTS];
+        out_t want[MAX_PROMPTS], got[MAX_PROMPTS];
+        for (int i = 0; i < MAX_PROMPTS; i++)
+            prompt_load(&ps[i], mc->golden, mc->slugs[i]);
+        backbone_ids(&e, ps, MAX_PROMPTS, want);
+        int L = e.m->cfg.n_layers;
+        for (int lossless = 0; lossless <= 1; lossless++) {
+            gen_t *g = gen_open(&e, 32, MAX_PROMPTS);
+            gen_policy(g, &e, EXIT_RULE_COSINE, 0.9f, EXIT_AGG_ROW);
+            if (lossless)
+                ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4}), 0);
+            for (int i = 0; i < MAX_PROMPTS; i++) {
+                memset(&got[i], 0, sizeof got[i]);
+                gen_request_t r = {.prompt = ps[i].ids, .n_prompt = (size_t)ps[i].n,
+                                   .max_tokens = max_tokens_for(&e, &ps[i]), .ignore_eos = 1,
+                                   .on_token = on_token, .user = &got[i],
+                                   .lossless = lossless};
+                int seq;
+                ck_assert_msg(gen_submit(g, &r, &seq) == 0, "%s", river_err_detail());
+            }
+            ck_assert_int_eq(gen_run_all(g), 0);
+            gen_stats_t st;
+            gen_get_stats(g, &st);
+            int64_t depth = 0, n = 0;
+            for (int i = 0; i < MAX_PROMPTS; i++) {
+                char what[160];
+                snprintf(what, sizeof what, "%d-bit river, %s, %s", bits, mc->slugs[i],
+                         lossless ? "lossless" : "lossy");
+                ck_assert_msg(got[i].finished && got[i].n == want[i].n, "%s: %d ids of %d",
+                              what, got[i].n, want[i].n);
+                if (lossless)
+                    assert_same(&want[i], &got[i], what);
+                depth += got[i].depth_sum;
+                n += got[i].n;
+            }
+            if (lossless) {
+                ck_assert_int_gt(st.spec_accepted_tokens, 0);
+                ck_assert_int_le(st.spec_accepted_tokens, st.spec_draft_tokens);
+            } else {
+                ck_assert_msg(depth < n * L, "%d-bit: no token left the backbone (%lld layers "
+                              "over %lld tokens)", bits, (long long)depth, (long long)n);
+            }
+            printf("%d-bit river, %s: mean depth %.2f of %d", bits,
+                   lossless ? "lossless" : "lossy", (double)depth / (double)n, L);
+            if (lossless)
+                printf(", %lld of %lld draft tokens accepted",
+                       (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens);
+            printf("\n");
+            gen_destroy(&g);
+        }
+        env_close(&e);
+    }
 }
 END_TEST
 
@@ -711,6 +789,7 @@ static Suite *spec_suite(void)
     tcase_add_loop_test(tc, test_greedy_identical_goldens, 0,
                         (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, test_mixed_batch);
+    tcase_add_test(tc, test_lowbit_rivers);
     tcase_add_test(tc, test_kv_bit_identical);
     tcase_add_test(tc, test_sampling_distribution);
     tcase_add_test(tc, test_bad_combinations);

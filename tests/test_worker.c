@@ -392,6 +392,49 @@ START_TEST(test_exit_policy)
 }
 END_TEST
 
+/* A 2-bit river (groups of 32) and a 3-bit one load in the worker as in the engine: under a
+ * fixed exit after 6 layers every token leaves there, and the tokens are the engine's with
+ * the same river and policy. */
+START_TEST(test_exit_policy_lowbit)
+{
+    for (int bits = 2; bits <= 3; bits++) {
+        char river_file[512];
+        snprintf(river_file, sizeof river_file, "%s/kjv-river-q%d.safetensors", test_tmpdir(),
+                 bits);
+        model_t *m;
+        ck_assert_msg(model_load(&m, KJV) == 0, "%s", river_err_detail());
+        exitriver_build_opts_t o = exitriver_build_opts_default();
+        o.start_layer = 2;
+        o.n_threads = 1;
+        o.quant.bits = bits;
+        o.quant.group = 32;
+        ck_assert_msg(exitriver_build(m, river_file, &o, NULL) == 0, "%s", river_err_detail());
+        model_destroy(&m);
+        exit_policy_t pol = {.rule = EXIT_RULE_FIXED, .exit_layer = 6, .agg = EXIT_AGG_MIN,
+                             .kv = EXIT_KV_RIVER};
+        static ref_t ref;
+        ref_run_exit(KJV, NULL, prompts[1], 24, 1, &ref, NULL, river_file, &pol);
+        char extra[700];
+        snprintf(extra, sizeof extra, "river: %s\nexit:\n  rule: fixed\n  exit_layer: 6\n",
+                 river_file);
+        wk_t w;
+        wk_start(&w, KJV, 4, extra, 50, 100);
+        ck_assert(w.caps.has_river);
+        req_t q = {.id = 31, .text = prompts[1], .max_tokens = 24, .ignore_eos = 1};
+        wk_submit(&w, &q);
+        stream_t st = {.id = 31};
+        streams_collect(&w, &st, 1, 10000);
+        ck_assert_int_eq(st.ended, 1);
+        expect_same(&st, &ref, 0);
+        ck_assert_uint_eq(st.n, 24);
+        for (size_t t = 0; t < st.n; t++)
+            ck_assert_int_eq(st.layers[t], 6);
+        wk_stop(&w);
+        remove(river_file);
+    }
+}
+END_TEST
+
 /* Lossless mode through the worker: lossless requests (the worker's default and asked for,
  * with their own draft lengths), a plain one (policy none) and a lossy one share batches,
  * joining at different times; the lossless and plain ids are the plain backbone's, Done's
@@ -929,6 +972,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_serve_matches_engine);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
+    tcase_add_test(tc, test_exit_policy_lowbit);
     tcase_add_test(tc, test_lossless);
     tcase_add_test(tc, test_cancel_frees_pages);
     tcase_add_test(tc, test_bad_input);

@@ -14,6 +14,7 @@
 #include "kernels/backend_driver.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
 #include "kernels/half.h"
 #include "kernels/shm.h"
@@ -76,6 +77,15 @@ int cpu_weight_check(const weight_t *w, const char *what)
                                  "columns", what, dtype_name(w->dtype), w->group,
                                  (long long)w->cols);
     }
+    /* The 2- and 3-bit kernels unpack whole runs of LOWBIT_GROUP_UNIT codes of one group. */
+    if (w->dtype == DTYPE_Q2 || w->dtype == DTYPE_Q3) {
+        if (!w->scales || !w->zeros || w->group <= 0 || w->group % LOWBIT_GROUP_UNIT != 0 ||
+            w->cols % w->group != 0)
+            return river_err_set(RIVER_EFORMAT, "cpu %s: %s weight with group %d over %lld "
+                                 "columns (groups of a multiple of %d that divides the "
+                                 "columns)", what, dtype_name(w->dtype), w->group,
+                                 (long long)w->cols, LOWBIT_GROUP_UNIT);
+    }
     return 0;
 }
 
@@ -100,7 +110,7 @@ static int cpu_vector_f32(const float **out, ops_ctx_t *ctx, cpu_scratch_t *s,
     e = cpu_scratch_reserve(s, (size_t)d);
     if (e)
         return e;
-    ctx->k->rows_to_f32(s->p, w, 0, 1);
+    cpu_kernels_for(ctx->k, w)->rows_to_f32(s->p, w, 0, 1);
     *out = s->p;
     return 0;
 }
@@ -242,13 +252,14 @@ static int cpu_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const int
         return e;
     if (n < 0 || (n > 0 && (!out || !tokens)))
         return river_err_set(RIVER_EINVAL, "cpu embed: %d tokens", n);
+    void (*rows_to_f32)(float *, const weight_t *, int64_t, int64_t) =
+        cpu_kernels_for(ctx->k, table)->rows_to_f32;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= table->rows)
             return river_err_set(RIVER_ERANGE, "cpu embed: token %d outside vocabulary of %lld",
                                  (int)tokens[i], (long long)table->rows);
     for (int i = 0; i < n; i++)
-        ctx->k->rows_to_f32((float *)out + (int64_t)i * table->cols, table, tokens[i],
-                            tokens[i] + 1);
+        rows_to_f32((float *)out + (int64_t)i * table->cols, table, tokens[i], tokens[i] + 1);
     return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
@@ -61,6 +62,10 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
             }
             break;
         }
+        case DTYPE_Q2:
+        case DTYPE_Q3:
+            cpu_lowbit_rows_to_f32_scalar(d, w, r, r + 1);
+            break;
         case DTYPE_COUNT:
             break;
         }

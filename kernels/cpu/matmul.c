@@ -15,6 +15,7 @@
  * batch measured; for Q8 it is up to a third slower from 32 rows on.) */
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/lowbit.h"
 
 /* Up to this many rows of x the decode path is used: it reads the weights once and wastes
  * no arithmetic, where the prefill path converts every weight to f32 and computes whole
@@ -35,6 +36,7 @@
 
 typedef struct mm_job {
     ops_ctx_t *ctx;
+    const cpu_kernels_t *k; /* the level's kernels for w (cpu_kernels_for) */
     float *y;
     const float *x;
     const weight_t *w;
@@ -63,14 +65,14 @@ static void mm_gemv_task(void *arg, int task, int thread)
     int64_t r0, r1;
     mm_task_rows(j, task, &r0, &r1);
     if (r1 > r0)
-        j->ctx->k->gemv(j->y, j->w->rows, j->x, j->w->cols, j->xq, j->ldq, j->n, j->w, r0, r1);
+        j->k->gemv(j->y, j->w->rows, j->x, j->w->cols, j->xq, j->ldq, j->n, j->w, r0, r1);
 }
 
 static void mm_pack_task(void *arg, int task, int thread)
 {
     (void)thread;
     const mm_job_t *j = arg;
-    const cpu_kernels_t *k = j->ctx->k;
+    const cpu_kernels_t *k = j->k;
     int P = k->gemm_panel;
     int64_t cols = j->w->cols;
     int i0 = task * P;
@@ -82,7 +84,7 @@ static void mm_pack_task(void *arg, int task, int thread)
 static void mm_gemm_task(void *arg, int task, int thread)
 {
     const mm_job_t *j = arg;
-    const cpu_kernels_t *k = j->ctx->k;
+    const cpu_kernels_t *k = j->k;
     const weight_t *w = j->w;
     int P = k->gemm_panel;
     int64_t cols = w->cols, rows = w->rows;
@@ -126,7 +128,7 @@ static bool mm_decode(const cpu_kernels_t *k, const weight_t *w, int n)
 
 bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n)
 {
-    return mm_decode(cpu_kernels_get(level), w, n);
+    return mm_decode(cpu_kernels_for(cpu_kernels_get(level), w), w, n);
 }
 
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
@@ -138,8 +140,8 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
         return river_err_set(RIVER_EINVAL, "cpu matmul: n %d", n);
     if (n == 0)
         return 0;
-    const cpu_kernels_t *k = ctx->k;
-    mm_job_t j = { .ctx = ctx, .y = y, .x = x, .w = w, .n = n,
+    const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w);
+    mm_job_t j = { .ctx = ctx, .k = k, .y = y, .x = x, .w = w, .n = n,
                    .units = (w->rows + MM_ROW_UNIT - 1) / MM_ROW_UNIT };
     int64_t macs = (int64_t)n * w->rows * w->cols;
     int threads = ctx->n_threads;

@@ -36,6 +36,13 @@ int cuda__weight_check(const weight_t *w, const char *what)
         return river_err_set(RIVER_EINVAL, "cuda %s: no weight data", what);
     if ((unsigned)w->dtype >= DTYPE_COUNT)
         return river_err_set(RIVER_EDTYPE, "cuda %s: dtype %d", what, (int)w->dtype);
+    /* The 2- and 3-bit types have CPU kernels only (kernels/cpu/lowbit.h); refusing them
+     * here, at upload, keeps a 2- or 3-bit river from loading on a GPU at all. */
+    if (w->dtype == DTYPE_Q2 || w->dtype == DTYPE_Q3)
+        return river_err_set(RIVER_EDTYPE, "cuda %s: %s weights (%lld x %lld) are not "
+                             "supported on CUDA; build the river with --bits 4 or 8, or run "
+                             "it on the CPU", what, dtype_name(w->dtype), (long long)w->rows,
+                             (long long)w->cols);
     if (w->rows <= 0 || w->cols <= 0)
         return river_err_set(RIVER_ESHAPE, "cuda %s: shape (%lld, %lld)", what,
                              (long long)w->rows, (long long)w->cols);

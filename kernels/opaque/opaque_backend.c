@@ -282,7 +282,7 @@ static int opq_weight_upload(ops_ctx_t *ctx, weight_t *w)
         return 0; /* placed already (a view shared by two weights) */
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
     size_t qbytes = 0;
-    if (w->dtype == DTYPE_Q4 || w->dtype == DTYPE_Q8) {
+    if (dtype_is_quant(w->dtype)) {
         if (w->group <= 0 || w->cols % w->group)
             return river_err_set(RIVER_EINVAL, "opaque upload: group %d does not divide %lld "
                                  "columns", w->group, (long long)w->cols);
