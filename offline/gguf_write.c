@@ -64,7 +64,8 @@ static int put(gguf_writer_t *w, const void *p, size_t n)
         w->kv = q;
         w->kv_cap = cap;
     }
-    memcpy(w->kv + w->kv_len, p, n);
+    if (n) /* an empty string or array passes no bytes, and may pass no pointer */
+        memcpy(w->kv + w->kv_len, p, n);
     w->kv_len += n;
     return 0;
 }
