@@ -56,6 +56,14 @@ int cli_parse_float(const char *s, double *out);
 int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int user_len,
                        int json);
 
+/* river bench --profile (cli/bench_profile.c): one run of gen_len decode steps after a
+ * prompt of prompt_len, every op timed (kernels/profile.h), printed per op and weight shape
+ * with its bytes and bandwidth, the time between ops and a read sweep of bw_mib MiB; with
+ * river_path, the steps take a fixed exit after exit_layer layers (0: a quarter of them)
+ * onto that river. */
+int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int prompt_len,
+                  int gen_len, long bw_mib, int json);
+
 /* river bench --kernels (cli/bench_kernels.c): the CPU matmul kernels alone on Llama 3.2
  * 1B's shapes, per SIMD level, format and batch, against the read bandwidth; its own
  * options from argv. Returns the process exit status. */

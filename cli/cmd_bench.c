@@ -111,6 +111,12 @@ static void bench__usage(FILE *f)
                "the speed-up they predict at acceptance 0.8, 0.9, 0.95, 0.98, with the bytes\n"
                "of weights each step reads (the river's codes packed as its 2, 3, 4 or 8 bits\n"
                "pack them, with their scales and zeros).\n"
+               "--profile [--river RIVER [--exit-layer E]] instead times every op of G decode\n"
+               "steps after a prompt of P (one warm-up run first): per op and weight shape,\n"
+               "calls and microseconds per step, share of the step, and for matmuls the\n"
+               "weight bytes per call and GB/s; then the time between ops and the matmuls'\n"
+               "bandwidth against a read sweep. With --river, every step leaves the backbone\n"
+               "after E layers (default a quarter) onto that river.\n"
                "--kernels instead times the CPU matmul kernels alone on Llama 3.2 1B's shapes\n"
                "(river bench --kernels --help).\n"
                "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
@@ -133,13 +139,16 @@ int cmd_bench(int argc, char **argv)
         {"history", required_argument, 0, 1002},
         {"turns", required_argument, 0, 1003},
         {"user-len", required_argument, 0, 1004},
+        {"profile", no_argument, 0, 1006},
+        {"river", required_argument, 0, 1007},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *split_river = NULL, *spec_river = NULL;
+    const char *profile_river = NULL;
     long threads = 0, prompt_len = 128, gen_len = 64, runs = 5, bw_mib = 2048;
     long history = 512, turns = 4, user_len = 32;
     long draft = 8, exit_layer = 0;
-    int json = 0, c, li = 0, prefix_reuse = 0, gen_len_set = 0;
+    int json = 0, c, li = 0, prefix_reuse = 0, gen_len_set = 0, profile = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--kernels"))
             return bench_kernels(argc, argv);
@@ -152,6 +161,8 @@ int cmd_bench(int argc, char **argv)
         case 'p': target = &prompt_len; break;
         case 'g': target = &gen_len; gen_len_set = 1; break;
         case 1001: prefix_reuse = 1; continue;
+        case 1006: profile = 1; continue;
+        case 1007: profile_river = optarg; continue;
         case 1002: target = &history; break;
         case 1003: target = &turns; hi = 1000; break;
         case 1004: target = &user_len; break;
@@ -215,6 +226,17 @@ int cmd_bench(int argc, char **argv)
         cli_env_close(&env);
         return cli_fail("bench", river_err_set(RIVER_EUNSUPPORTED, "--split-costs needs "
                                                "--device cpu for now"));
+    }
+    if (profile_river && !profile) {
+        cli_env_close(&env);
+        fprintf(stderr, "river bench: --river goes with --profile\n");
+        return 2;
+    }
+    if (profile) {
+        int rc2 = bench_profile(&env, profile_river, (int)exit_layer, (int)prompt_len,
+                                (int)gen_len, bw_mib, json);
+        cli_env_close(&env);
+        return rc2;
     }
     if (spec_river) {
         int rc2 = bench_spec_costs(&env, spec_river, (int)exit_layer, (int)draft,

@@ -8,6 +8,8 @@ size_t dtype_size(dtype_t dt)
         return 4;
     case DTYPE_F16:
     case DTYPE_BF16:
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
         return 2;
     case DTYPE_Q4:
     case DTYPE_Q8:
@@ -29,6 +31,8 @@ size_t dtype_row_bytes(dtype_t dt, int64_t cols)
     case DTYPE_F32:
     case DTYPE_F16:
     case DTYPE_BF16:
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
         return (size_t)cols * dtype_size(dt);
     case DTYPE_Q4:
     case DTYPE_Q4X8:
@@ -70,6 +74,10 @@ const char *dtype_name(dtype_t dt)
         return "q2";
     case DTYPE_Q3:
         return "q3";
+    case DTYPE_BF16X8:
+        return "bf16x8";
+    case DTYPE_F16X8:
+        return "f16x8";
     case DTYPE_COUNT:
         break;
     }
@@ -92,6 +100,8 @@ int dtype_quant_bits(dtype_t dt)
     case DTYPE_F32:
     case DTYPE_F16:
     case DTYPE_BF16:
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
     case DTYPE_COUNT:
         break;
     }

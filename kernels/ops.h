@@ -33,6 +33,9 @@ typedef enum {
     DTYPE_Q3, /* 3-bit affine groups: each row is a 2-bit plane of (cols/4) bytes holding the
                  low two bits of every code as Q2 does, then a 1-bit plane of (cols/8) bytes
                  holding bit 2 of code k in bit k%8 of byte k/8 (docs/FORMATS.md) */
+    DTYPE_BF16X8, /* BF16 with its rows blocked by the CPU backend for its decode kernels
+                     (kernels/cpu/rowblock.h); same bytes, elsewhere; never in a file */
+    DTYPE_F16X8,  /* the same for F16 */
     DTYPE_COUNT
 } dtype_t;
 

@@ -467,6 +467,8 @@ int quant_row_f32(const weight_t *w, int64_t row, float *out)
     }
     case DTYPE_Q4X8: /* the CPU backends' own layouts: placed weights are read by the ops */
     case DTYPE_Q8X8:
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
     case DTYPE_COUNT:
         break;
     }

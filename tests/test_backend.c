@@ -20,8 +20,10 @@
 #include "offline/synth.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/rowblock.h"
 #include "kernels/half.h"
 #include "kernels/opaque/opaque.h"
+#include "kernels/profile.h"
 #include "tests/testutil.h"
 
 #define KJV TEST_DATA "/kjv-12l"
@@ -122,6 +124,95 @@ START_TEST(test_cpu_info)
     backend_get_info(be, &bi);
     ck_assert_str_eq(bi.variant, cpu_simd_name(CPU_SIMD_SCALAR));
     backend_destroy(&be);
+}
+END_TEST
+
+/* The profiling wrapper (kernels/profile.h) in place over a CPU backend: what was made before
+ * it stays valid, every call is filed under its op, weight shape and rows, and detaching
+ * gives back the backend as it was. */
+START_TEST(test_profile)
+{
+    backend_t *be = NULL;
+    ck_assert_int_eq(backend_open(&be, NULL, 1, BACKEND_WEIGHTS_COPY), 0);
+    const ops_t *cpu_ops = be->ops;
+    const profile_row_t *rows;
+    int n_rows;
+    double window;
+    ck_assert_int_eq(profile_read(be, &rows, &n_rows, &window), RIVER_EINVAL);
+    ck_assert_int_eq(profile_reset(be), RIVER_EINVAL);
+
+    enum { R = 64, C = 32, N = 100 };
+    uint16_t *wd = malloc(sizeof *wd * R * C);
+    float norm[C], xh[N * C], yh[N * R];
+    ck_assert_ptr_nonnull(wd);
+    for (int i = 0; i < R * C; i++)
+        wd[i] = f32_to_bf16((float)(i % C) / C);
+    for (int i = 0; i < C; i++)
+        norm[i] = 1.0f;
+    for (int i = 0; i < N * C; i++)
+        xh[i] = 1.0f;
+    weight_t w = {.dtype = DTYPE_BF16, .rows = R, .cols = C, .data = wd};
+    weight_t nw = {.dtype = DTYPE_F32, .rows = 1, .cols = C, .data = norm};
+    ck_assert_int_eq(be->ops->weight_upload(be->ctx, &w), 0);
+    float *x = be->ops->buf_alloc(be->ctx, N * C), *y = be->ops->buf_alloc(be->ctx, N * R);
+    ck_assert(x && y);
+    ck_assert_int_eq(be->ops->from_host(be->ctx, x, 0, xh, N * C), 0);
+
+    ck_assert_int_eq(profile_attach(be), 0);
+    ck_assert_ptr_ne(be->ops, cpu_ops);
+    ck_assert_int_eq(profile_attach(be), RIVER_EINVAL);
+    ck_assert_str_eq(be->ops->name, cpu_ops->name);
+    ck_assert_ptr_null(be->ops->graph_begin); /* every op runs, one at a time */
+    ck_assert_int_eq(backend_threads(be), 1);
+    ck_assert_int_eq(profile_reset(be), 0);
+    ck_assert_int_eq(be->ops->matmul(be->ctx, y, x, &w, 1), 0);
+    ck_assert_int_eq(be->ops->matmul(be->ctx, y, x, &w, 1), 0);
+    ck_assert_int_eq(be->ops->matmul(be->ctx, y, x, &w, 2), 0);
+    ck_assert_int_eq(be->ops->rmsnorm(be->ctx, x, x, &nw, 1, C, 1e-5f), 0);
+    ck_assert_int_eq(be->ops->to_host(be->ctx, yh, y, 0, 2 * R), 0);
+    /* The wrapped op computed what the CPU's does: row r sums (k / C) over k. */
+    ck_assert_float_eq_tol(yh[R + 5], (float)(C - 1) / 2.0f, 1e-4f);
+    ck_assert_int_eq(profile_read(be, &rows, &n_rows, &window), 0);
+    ck_assert_int_eq(n_rows, 4);
+    double bytes = (double)R * C * 2, sum = 0;
+    ck_assert_str_eq(rows[0].op, "matmul");
+    ck_assert_int_eq(rows[0].dtype, w.dtype); /* as placed (bf16x8 on the SIMD levels) */
+    ck_assert(rows[0].rows == R && rows[0].cols == C && rows[0].n == 1);
+    ck_assert_int_eq(rows[0].calls, 2);
+    ck_assert_double_eq(rows[0].bytes, 2 * bytes);
+    ck_assert_str_eq(rows[1].op, "matmul");
+    ck_assert(rows[1].n == 2 && rows[1].calls == 1 && rows[1].bytes == bytes);
+    ck_assert_str_eq(rows[2].op, "rmsnorm");
+    ck_assert(rows[2].dtype == DTYPE_COUNT && rows[2].calls == 1 && rows[2].bytes == 0);
+    ck_assert_str_eq(rows[3].op, "to_host");
+    for (int i = 0; i < n_rows; i++) {
+        ck_assert(rows[i].seconds > 0);
+        sum += rows[i].seconds;
+    }
+    ck_assert(window >= sum);
+
+    /* Past PROFILE_MAX_ROWS groups the rest are summed in one row, "other". */
+    ck_assert_int_eq(profile_reset(be), 0);
+    ck_assert_int_eq(profile_read(be, &rows, &n_rows, &window), 0);
+    ck_assert_int_eq(n_rows, 0);
+    for (int n = 1; n <= N; n++)
+        ck_assert_int_eq(be->ops->matmul(be->ctx, y, x, &w, n), 0);
+    ck_assert_int_eq(profile_read(be, &rows, &n_rows, &window), 0);
+    ck_assert_int_eq(n_rows, PROFILE_MAX_ROWS + 1);
+    ck_assert_str_eq(rows[PROFILE_MAX_ROWS].op, "other");
+    ck_assert_int_eq(rows[PROFILE_MAX_ROWS].calls, N - PROFILE_MAX_ROWS);
+
+    profile_detach(be);
+    ck_assert_ptr_eq(be->ops, cpu_ops);
+    ck_assert_int_eq(profile_read(be, &rows, &n_rows, &window), RIVER_EINVAL);
+    ck_assert_int_eq(be->ops->matmul(be->ctx, y, x, &w, 1), 0);
+    /* A wrapped backend is destroyed with its wrapper (ASan sees any leak). */
+    ck_assert_int_eq(profile_attach(be), 0);
+    be->ops->buf_free(be->ctx, x);
+    be->ops->buf_free(be->ctx, y);
+    backend_destroy(&be);
+    ck_assert_ptr_null(be);
+    free(wd);
 }
 END_TEST
 
@@ -400,8 +491,9 @@ static void matmul_host(backend_t *be, float *y, const float *x, const weight_t 
 }
 
 /* The CPU copies a matrix of 2 MiB or more into huge pages at placement (decode streams
- * those faster than the file's small pages), bit for bit; smaller ones, and every one of a
- * backend told to keep weights mapped, are read in place. */
+ * those faster than the file's small pages), bit for bit, its rows blocked where the SIMD
+ * levels read that layout faster (rowblock.h), with the same products to the bit; smaller
+ * ones, and every one of a backend told to keep weights mapped, are read in place. */
 START_TEST(test_cpu_huge_copies)
 {
     const int64_t R = 1024, C = 2048; /* 4 MiB of bf16 */
@@ -425,7 +517,17 @@ START_TEST(test_cpu_huge_copies)
     ck_assert_int_eq(o->weight_upload(be->ctx, &w), 0);
     ck_assert_ptr_ne(w.data, src);
     ck_assert_uint_eq((uintptr_t)w.data % ((uintptr_t)2 << 20), 0);
-    ck_assert(memcmp(w.data, keep, bytes) == 0);
+    if (cpu_backend_simd(be) >= CPU_SIMD_AVX2) {
+        ck_assert_int_eq(w.dtype, DTYPE_BF16X8);
+        size_t rb = (size_t)C * sizeof(uint16_t);
+        for (int64_t r = 0; r < R; r++)
+            for (size_t b = 0; b < rb; b += CPU_ROWBLOCK_CHUNK)
+                ck_assert(memcmp(cpu_rowblock_at(w.data, rb, r, b),
+                                 (const uint8_t *)keep + (size_t)r * rb + b,
+                                 CPU_ROWBLOCK_CHUNK) == 0);
+    } else {
+        ck_assert(memcmp(w.data, keep, bytes) == 0);
+    }
     /* The source's pages were handed back: the caller's memory keeps its bytes. */
     ck_assert(memcmp(src, keep, bytes) == 0);
     char path[512];
@@ -444,11 +546,17 @@ START_TEST(test_cpu_huge_copies)
     /* Offloading cannot release a copy, and is told so. */
     ck_assert_int_eq(o->weight_residency(be->ctx, &w, 0), RIVER_EUNSUPPORTED);
     ck_assert_msg(strstr(river_err_detail(), "kept mapped"), "%s", river_err_detail());
-    /* Under 2 MiB: read in place. */
+    /* Under 2 MiB and of rows that make no whole 8-row blocks: read in place; whole
+     * blocks are copied into the row-blocked layout at any size. */
     weight_t small = w0;
     small.rows = (int64_t)(((size_t)2 << 20) / ((size_t)C * sizeof(uint16_t))) - 1;
     ck_assert_int_eq(o->weight_upload(be->ctx, &small), 0);
     ck_assert_ptr_eq(small.data, src);
+    small = w0;
+    small.rows = 8;
+    ck_assert_int_eq(o->weight_upload(be->ctx, &small), 0);
+    if (cpu_backend_simd(be) >= CPU_SIMD_AVX2)
+        ck_assert(small.data != src && small.dtype == DTYPE_BF16X8);
     backend_destroy(&be);
 
     ck_assert_int_eq(backend_open(&be, "cpu", 2, BACKEND_WEIGHTS_MAPPED), 0);
@@ -541,6 +649,7 @@ static Suite *backend_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_device_names);
     tcase_add_test(tc, test_cpu_info);
+    tcase_add_test(tc, test_profile);
     tcase_add_test(tc, test_host_peer_unsupported);
     tcase_add_test(tc, test_place_fingerprints);
     tcase_add_test(tc, test_place_layers);

@@ -39,6 +39,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/q4x8.h"
+#include "kernels/cpu/rowblock.h"
 #include "kernels/half.h"
 #include "tests/testutil.h"
 
@@ -287,7 +288,8 @@ struct op_case {
     int a, b, c, d, e, f; /* the case's shape; each run and check says what they are */
     double tol;           /* CUDA; 0 on a matmul over mm_ns: the path's (mm_tol) */
     int gpu_only;         /* real model shapes too large to be worth the CPU's time twice */
-    const char *q4x8;     /* RIVER_Q4X8 for the case (NULL: unset, the SIMD levels repack) */
+    const char *env;      /* "NAME=VALUE" the case sets, RIVER_Q4X8=0 or RIVER_ROWBLOCK=0
+                             (NULL: none, the SIMD levels repack) */
 };
 
 /* The row counts a matmul case of c = 0 runs: GEMV sizes, the 8-row passes and their
@@ -356,11 +358,37 @@ static bool lowbit_refused(bpair_t *p, dtype_t dt, int64_t rows, int64_t cols, i
     return true;
 }
 
+/* Whether the case sets `setting` ("RIVER_Q4X8=0", say). */
+static bool case_env(const op_case_t *c, const char *setting)
+{
+    return c->env && strcmp(c->env, setting) == 0;
+}
+
+/* The dtype a case places: the file's type of the CPU's own layouts (Q4X8, Q8X8, BF16X8,
+ * F16X8), which the SIMD levels repack it into. */
+static dtype_t case_file_dtype(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_Q4X8:
+        return DTYPE_Q4;
+    case DTYPE_Q8X8:
+        return DTYPE_Q8;
+    case DTYPE_BF16X8:
+        return DTYPE_BF16;
+    case DTYPE_F16X8:
+        return DTYPE_F16;
+    default:
+        return dt;
+    }
+}
+
 /* matmul: a outputs, b inputs, c rows (0: each count of mm_ns), d group. A Q4X8 case places
- * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's q4x8) says not. */
+ * Q4 codes, which the SIMD levels repack unless RIVER_Q4X8=0 (the case's env) says not; bf16
+ * and f16 weights of whole 8-row blocks of 32-column chunks are repacked into the row-blocked
+ * layout unless RIVER_ROWBLOCK=0, and others stay row-major. */
 static void run_matmul(bpair_t *p, const op_case_t *c)
 {
-    dtype_t dt = c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt;
+    dtype_t dt = case_file_dtype(c->dt);
     if (lowbit_refused(p, dt, c->a, c->b, c->d))
         return;
     weight_t host = weight_rand(dt, c->a, c->b, c->d, 0.05f);
@@ -370,10 +398,17 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
     wtwin_t w = wtwin_new(p, host);
     if (p->level >= 0) /* the CPU's placement marks symmetric Q8 */
         ck_assert_int_eq(w.x.zero128, c->e);
-    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (c->q4x8 || c->dt == DTYPE_Q4X8))
-        ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q4 : DTYPE_Q4X8);
-    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q8 && (c->q4x8 || c->dt == DTYPE_Q8X8))
-        ck_assert_int_eq(w.x.dtype, c->q4x8 ? DTYPE_Q8 : DTYPE_Q8X8);
+    bool q4x8_off = case_env(c, "RIVER_Q4X8=0");
+    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (q4x8_off || c->dt == DTYPE_Q4X8))
+        ck_assert_int_eq(w.x.dtype, q4x8_off ? DTYPE_Q4 : DTYPE_Q4X8);
+    if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q8 && (q4x8_off || c->dt == DTYPE_Q8X8))
+        ck_assert_int_eq(w.x.dtype, q4x8_off ? DTYPE_Q8 : DTYPE_Q8X8);
+    if (p->level >= 0 && (dt == DTYPE_BF16 || dt == DTYPE_F16)) {
+        bool blocked = p->level >= CPU_SIMD_AVX2 && !case_env(c, "RIVER_ROWBLOCK=0") &&
+                       c->a % CPU_ROWBLOCK_ROWS == 0 && (c->b * 2) % CPU_ROWBLOCK_CHUNK == 0;
+        ck_assert_int_eq(w.x.dtype, !blocked ? dt : dt == DTYPE_BF16 ? DTYPE_BF16X8
+                                                                   : DTYPE_F16X8);
+    }
     for (int k = 0; k < (c->c ? 1 : N_MM_NS); k++) {
         int n = c->c ? c->c : mm_ns[k];
         twin_t x = twin_rand(p, (size_t)n * c->b, -1, 1);
@@ -1054,8 +1089,7 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
 {
     env_t e = env_ref(p);
     tw_t t;
-    tw_make(&t, c->dt == DTYPE_Q4X8 ? DTYPE_Q4 : c->dt == DTYPE_Q8X8 ? DTYPE_Q8 : c->dt, c->a,
-            c->b, c->d);
+    tw_make(&t, case_file_dtype(c->dt), c->a, c->b, c->d);
     uint8_t *packed = NULL;
     if (c->e) {
         /* Symmetric Q8: placement finds it (and only it: one zero off 128 is not). */
@@ -1076,6 +1110,14 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
         cpu_q4x8_repack(&t.w, packed);
         t.w.data = packed;
         t.w.dtype = DTYPE_Q4X8;
+    }
+    if (c->dt == DTYPE_BF16X8 || c->dt == DTYPE_F16X8) {
+        ck_assert(cpu_rowblock_eligible(&t.w));
+        packed = malloc(dtype_row_bytes(t.w.dtype, t.w.cols) * (size_t)t.w.rows);
+        ck_assert_ptr_nonnull(packed);
+        cpu_rowblock_repack(&t.w, packed);
+        t.w.data = packed;
+        t.w.dtype = c->dt;
     }
     if (c->dt == DTYPE_Q8X8) {
         ck_assert(cpu_q8x8_eligible(&t.w));
@@ -1683,9 +1725,9 @@ static void run_attention_hist(bpair_t *p, const op_case_t *c)
 #define GPU_CASE(name, run, dt, a, b, c, d, tol) {name, run, NULL, dt, a, b, c, d, 0, 0, tol, 1, NULL}
 #define GPU_CASE6(name, run, a, b, c, d, e, f, tol)                                           \
     {name, run, NULL, DTYPE_F32, a, b, c, d, e, f, tol, 1, NULL}
-/* A matmul over mm_ns with its reference check: rows, cols, group; q4x8 is RIVER_Q4X8. */
-#define MM_CASE(name, dt, rows, cols, group, q4x8)                                            \
-    {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, q4x8}
+/* A matmul over mm_ns with its reference check: rows, cols, group, the setting it makes. */
+#define MM_CASE(name, dt, rows, cols, group, env)                                             \
+    {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, env}
 /* The same for Q8 with every zero 128 (e = 1), at n rows (0: over mm_ns), placed first:
  * the SIMD levels' symmetric path, which skips the zero terms. */
 #define MM_SYM_CASE(name, rows, cols, group, n)                                               \
@@ -1846,11 +1888,27 @@ static const op_case_t cases[] = {
     MM_CASE("matmul q4x8 g512 (5, 2048)", DTYPE_Q4X8, 5, 2048, 512, NULL),
     MM_CASE("matmul q4x8 g64 (19, 256)", DTYPE_Q4X8, 19, 256, 64, NULL),
     MM_CASE("matmul q4x8 g32 (1, 512)", DTYPE_Q4X8, 1, 512, 32, NULL),
-    MM_CASE("matmul q4 g32 (8, 256) RIVER_Q4X8=0", DTYPE_Q4, 8, 256, 32, "0"),
-    MM_CASE("matmul q4 g64 (37, 512) RIVER_Q4X8=0", DTYPE_Q4, 37, 512, 64, "0"),
-    MM_CASE("matmul q4 g128 (13, 768) RIVER_Q4X8=0", DTYPE_Q4, 13, 768, 128, "0"),
+    MM_CASE("matmul q4 g32 (8, 256) RIVER_Q4X8=0", DTYPE_Q4, 8, 256, 32, "RIVER_Q4X8=0"),
+    MM_CASE("matmul q4 g64 (37, 512) RIVER_Q4X8=0", DTYPE_Q4, 37, 512, 64, "RIVER_Q4X8=0"),
+    MM_CASE("matmul q4 g128 (13, 768) RIVER_Q4X8=0", DTYPE_Q4, 13, 768, 128, "RIVER_Q4X8=0"),
     /* ...Q8 with every zero 128 (the symmetric path: n 1, 2, 5, 8 among mm_ns, and
      * prefill rows; after the others, whose seeds follow their place in the list)... */
+    /* ...BF16X8 and F16X8, the CPU's row-blocked bf16 and f16: the reference pairs read the
+     * blocked rows at every level; the other pairs place bf16 and f16, which the SIMD
+     * levels block (RIVER_ROWBLOCK unset, whole 8-row blocks of 32-column chunks) or keep
+     * row-major (RIVER_ROWBLOCK=0, or other shapes)... */
+    MM_CASE("matmul bf16x8 (8, 32)", DTYPE_BF16X8, 8, 32, 0, NULL),
+    MM_CASE("matmul bf16x8 (40, 512)", DTYPE_BF16X8, 40, 512, 0, NULL),
+    MM_CASE("matmul bf16x8 (16, 2080)", DTYPE_BF16X8, 16, 2080, 0, NULL),
+    MM_CASE("matmul f16x8 (24, 96)", DTYPE_F16X8, 24, 96, 0, NULL),
+    MM_CASE("matmul f16x8 (64, 1024)", DTYPE_F16X8, 64, 1024, 0, NULL),
+    MM_CASE("matmul bf16 (37, 384)", DTYPE_BF16, 37, 384, 0, NULL),
+    MM_CASE("matmul bf16 (64, 200)", DTYPE_BF16, 64, 200, 0, NULL),
+    MM_CASE("matmul f16 (21, 96)", DTYPE_F16, 21, 96, 0, NULL),
+    MM_CASE("matmul bf16 (40, 512) RIVER_ROWBLOCK=0", DTYPE_BF16, 40, 512, 0,
+            "RIVER_ROWBLOCK=0"),
+    MM_CASE("matmul f16 (64, 1024) RIVER_ROWBLOCK=0", DTYPE_F16, 64, 1024, 0,
+            "RIVER_ROWBLOCK=0"),
     MM_SYM_CASE("matmul q8 z128 g32 (37, 384)", 37, 384, 32, 0),
     MM_SYM_CASE("matmul q8 z128 g64 (19, 256)", 19, 256, 64, 0),
     MM_SYM_CASE("matmul q8 z128 g128 (8, 4096)", 8, 4096, 128, 0),
@@ -1866,8 +1924,8 @@ static const op_case_t cases[] = {
     MM_CASE("matmul q8x8 g256 (9, 1024)", DTYPE_Q8X8, 9, 1024, 256, NULL),
     MM_CASE("matmul q8x8 g512 (5, 2048)", DTYPE_Q8X8, 5, 2048, 512, NULL),
     MM_CASE("matmul q8x8 g32 (19, 2048)", DTYPE_Q8X8, 19, 2048, 32, NULL),
-    MM_CASE("matmul q8 g32 (37, 512) RIVER_Q4X8=0", DTYPE_Q8, 37, 512, 32, "0"),
-    MM_CASE("matmul q8 g64 (13, 768) RIVER_Q4X8=0", DTYPE_Q8, 13, 768, 64, "0"),
+    MM_CASE("matmul q8 g32 (37, 512) RIVER_Q4X8=0", DTYPE_Q8, 37, 512, 32, "RIVER_Q4X8=0"),
+    MM_CASE("matmul q8 g64 (13, 768) RIVER_Q4X8=0", DTYPE_Q8, 13, 768, 64, "RIVER_Q4X8=0"),
     /* ...Q2 and Q3 (kernels/cpu/lowbit.h) in groups of 16, 32, 48 and 64, one group to
      * many per row, odd output counts... */
     MM_CASE("matmul q2 g16 (1, 16)", DTYPE_Q2, 1, 16, 16, NULL),
@@ -2037,14 +2095,14 @@ static double simd_floor(const bpair_t *p, const op_case_t *c)
 }
 
 /* Case _i on every backend pair there is (the real model shapes on the GPU only): its run
- * on pairs 0-3, its check on the reference pairs. A case's RIVER_Q4X8 is set before any
- * weight is placed: the CPU backend reads it once per process, and Check runs each case in
- * a child process of its own. */
+ * on pairs 0-3, its check on the reference pairs. A case's setting (RIVER_Q4X8,
+ * RIVER_ROWBLOCK) is made before any weight is placed: the CPU backend reads it once per
+ * process, and Check runs each case in a child process of its own. */
 START_TEST(test_op_case)
 {
     const op_case_t *c = &cases[_i];
-    if (c->q4x8)
-        setenv("RIVER_Q4X8", c->q4x8, 1);
+    if (c->env)
+        ck_assert_int_eq(putenv((char *)c->env), 0);
     for (int k = 0; k < N_PAIRS; k++) {
         bpair_t p;
         void (*fn)(bpair_t *, const op_case_t *) = k >= FIRST_REF_PAIR ? c->check : c->run;

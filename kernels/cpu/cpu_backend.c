@@ -16,6 +16,7 @@
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
+#include "kernels/cpu/rowblock.h"
 #include "kernels/half.h"
 #include "kernels/shm.h"
 
@@ -531,21 +532,34 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
  * released) reads every weight in place, 4-bit and 8-bit codes in the file's layout
  * included. */
 /* RIVER_Q4X8=0 keeps 4-bit and 8-bit weights in the file's layout (the Q4 and Q8 kernels),
- * to measure the one against the other in one run; 1 (or unset) repacks. Read once; any
- * other value is refused at every placement, naming it, rather than read as one or the
- * other. */
-static pthread_once_t q4x8_once = PTHREAD_ONCE_INIT;
-static int q4x8_off, q4x8_bad;
-static char q4x8_text[32];
+ * and RIVER_ROWBLOCK=0 bf16 and f16 weights row-major (rowblock.h), to measure the one
+ * layout against the other in one run; 1 (or unset) repacks. Read once; any other value is
+ * refused at every placement, naming it, rather than read as one or the other. */
+typedef struct repack_env {
+    const char *name;
+    const char *what; /* what 0 keeps, for the error */
+    int off, bad;
+    char text[32];
+} repack_env_t;
 
-static void q4x8_env_read(void)
+static repack_env_t repack_envs[] = {
+    {"RIVER_Q4X8", "4-bit and 8-bit weights as the file has them", 0, 0, ""},
+    {"RIVER_ROWBLOCK", "bf16 and f16 weights row-major", 0, 0, ""},
+};
+enum { REPACK_Q4X8, REPACK_ROWBLOCK };
+static pthread_once_t repack_once = PTHREAD_ONCE_INIT;
+
+static void repack_env_read(void)
 {
-    const char *v = getenv("RIVER_Q4X8");
-    if (!v || !*v)
-        return;
-    snprintf(q4x8_text, sizeof q4x8_text, "%s", v);
-    q4x8_off = !strcmp(v, "0");
-    q4x8_bad = !q4x8_off && strcmp(v, "1") != 0;
+    for (size_t i = 0; i < sizeof repack_envs / sizeof repack_envs[0]; i++) {
+        repack_env_t *r = &repack_envs[i];
+        const char *v = getenv(r->name);
+        if (!v || !*v)
+            continue;
+        snprintf(r->text, sizeof r->text, "%s", v);
+        r->off = !strcmp(v, "0");
+        r->bad = !r->off && strcmp(v, "1") != 0;
+    }
 }
 
 /* Memory for a weight's copy in huge pages (huge_pages.h), recorded in ctx->owned; NULL
@@ -596,12 +610,14 @@ static int cpu__zeros_all_128(const weight_t *w)
 
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
-    if (pthread_once(&q4x8_once, q4x8_env_read) != 0)
-        return river_err_set(RIVER_ESYS, "RIVER_Q4X8: pthread_once failed");
-    if (q4x8_bad)
-        return river_err_set(RIVER_EINVAL, "RIVER_Q4X8=%s: not 0 (keep 4-bit and 8-bit weights "
-                             "as the file has them) or 1 (repack them for the integer kernels)",
-                             q4x8_text);
+    if (pthread_once(&repack_once, repack_env_read) != 0)
+        return river_err_set(RIVER_ESYS, "cpu upload: pthread_once failed");
+    for (size_t i = 0; i < sizeof repack_envs / sizeof repack_envs[0]; i++)
+        if (repack_envs[i].bad)
+            return river_err_set(RIVER_EINVAL, "%s=%s: not 0 (keep %s) or 1 (repack them for "
+                                 "the decode kernels)", repack_envs[i].name,
+                                 repack_envs[i].text, repack_envs[i].what);
+    int q4x8_off = repack_envs[REPACK_Q4X8].off;
     /* Placed already: a view shared by two weights (a tied head). */
     if (!w->data || cpu__owns(ctx, w->data))
         return 0;
@@ -612,7 +628,9 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
      * other. */
     int repack = ctx->k->q4x8 && !q4x8_off && !ctx->keep_mapped && cpu_q4x8_eligible(w);
     int repack8 = ctx->k->q8x8 && !q4x8_off && !ctx->keep_mapped && cpu_q8x8_eligible(w);
-    if (!repack && !repack8 && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES)) {
+    int blocked = ctx->k->rowblock && !repack_envs[REPACK_ROWBLOCK].off && !ctx->keep_mapped &&
+                  cpu_rowblock_eligible(w);
+    if (!repack && !repack8 && !blocked && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES)) {
         w->zero128 = zero128;
         return 0;
     }
@@ -623,6 +641,8 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
         cpu_q4x8_repack(w, p);
     else if (repack8)
         cpu_q8x8_repack(w, p);
+    else if (blocked)
+        cpu_rowblock_repack(w, p);
     else
         memcpy(p, w->data, bytes);
 #ifdef MADV_PAGEOUT
@@ -635,6 +655,8 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
         w->dtype = DTYPE_Q4X8;
     else if (repack8)
         w->dtype = DTYPE_Q8X8;
+    else if (blocked)
+        w->dtype = w->dtype == DTYPE_BF16 ? DTYPE_BF16X8 : DTYPE_F16X8;
     return 0;
 }
 

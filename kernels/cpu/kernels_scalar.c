@@ -6,12 +6,23 @@
 
 #include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
+#include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
 
-/* One weight value of a Q4/Q8 row: code k of a row whose codes start at q. */
-static inline unsigned scalar_code(dtype_t dt, const uint8_t *q, int64_t k)
+/* Element k of row r of a row-blocked weight (rowblock.h), as f32. */
+static inline float scalar_rowblock(const weight_t *w, size_t rb, int64_t r, int64_t k)
 {
+    uint16_t h;
+    memcpy(&h, cpu_rowblock_at(w->data, rb, r, (size_t)k * sizeof h), sizeof h);
+    return w->dtype == DTYPE_BF16X8 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* One weight value of a grouped row: code k of a row of `cols` codes starting at q. */
+static inline unsigned scalar_code(dtype_t dt, const uint8_t *q, int64_t cols, int64_t k)
+{
+    if (dt == DTYPE_Q2 || dt == DTYPE_Q3)
+        return cpu_lowbit_code(dt, q, cols, k);
     if (dt == DTYPE_Q8)
         return q[k];
     if (dt == DTYPE_Q8X8)
@@ -48,6 +59,13 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
                 d[k] = bf16_to_f32(h[k]);
             break;
         }
+        case DTYPE_BF16X8:
+        case DTYPE_F16X8:
+            for (int64_t k = 0; k < cols; k++)
+                d[k] = scalar_rowblock(w, rb, r, k);
+            break;
+        case DTYPE_Q2:
+        case DTYPE_Q3:
         case DTYPE_Q4:
         case DTYPE_Q8:
         case DTYPE_Q4X8:
@@ -58,14 +76,10 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
             for (int64_t g = 0; g < ng; g++) {
                 float s = f16_to_f32(sc[g]), z = f16_to_f32(ze[g]);
                 for (int64_t k = g * w->group; k < (g + 1) * w->group; k++)
-                    d[k] = ((float)scalar_code(w->dtype, row, k) - z) * s;
+                    d[k] = ((float)scalar_code(w->dtype, row, cols, k) - z) * s;
             }
             break;
         }
-        case DTYPE_Q2:
-        case DTYPE_Q3:
-            cpu_lowbit_rows_to_f32_scalar(d, w, r, r + 1);
-            break;
         case DTYPE_COUNT:
             break;
         }
@@ -105,13 +119,19 @@ void cpu_scalar_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const f
                     buf[k] = bf16_to_f32(((const uint16_t *)row)[k0 + k]);
                 wf = buf;
                 break;
+            case DTYPE_BF16X8:
+            case DTYPE_F16X8:
+                for (int64_t k = 0; k < len; k++)
+                    buf[k] = scalar_rowblock(w, rb, r, k0 + k);
+                wf = buf;
+                break;
             default: {
                 int64_t ng = cols / w->group;
                 for (int64_t k = 0; k < len; k++) {
                     int64_t kk = k0 + k, g = kk / w->group;
                     float s = f16_to_f32(w->scales[r * ng + g]);
                     float z = f16_to_f32(w->zeros[r * ng + g]);
-                    buf[k] = ((float)scalar_code(w->dtype, row, kk) - z) * s;
+                    buf[k] = ((float)scalar_code(w->dtype, row, cols, kk) - z) * s;
                 }
                 wf = buf;
                 break;

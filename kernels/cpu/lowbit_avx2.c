@@ -113,64 +113,34 @@ AI void gemv_rows(dtype_t dt, int R, float *y, int64_t ldy, const float *x, int6
     }
 }
 
-/* One function per (dtype, rows of x) pair, so the inner loops are unrolled for it: pairs
- * of weight rows, then the odd one. */
-#define GEMV_FN(name, DT, NB)                                                                \
-    static void name(float *y, int64_t ldy, const float *x, int64_t ldx, int i0,            \
-                     const weight_t *w, int64_t r0, int64_t r1)                             \
-    {                                                                                        \
-        int64_t r = r0, ng = w->cols / w->group;                                             \
-        size_t rb = dtype_row_bytes(DT, w->cols);                                            \
-        for (; r + 2 <= r1; r += 2)                                                          \
-            gemv_rows(DT, 2, y, ldy, x, ldx, i0, NB, w, ng, rb, r);                          \
-        if (r < r1)                                                                          \
-            gemv_rows(DT, 1, y, ldy, x, ldx, i0, NB, w, ng, rb, r);                          \
-    }
-GEMV_FN(gemv_q2_1, DTYPE_Q2, 1)
-GEMV_FN(gemv_q2_2, DTYPE_Q2, 2)
-GEMV_FN(gemv_q3_1, DTYPE_Q3, 1)
-GEMV_FN(gemv_q3_2, DTYPE_Q3, 2)
+/* One direct kernel per (dtype, rows of x) pair. */
+CPU_LOWBIT_ROWS_FN(gemv_q2_1, DTYPE_Q2, 1)
+CPU_LOWBIT_ROWS_FN(gemv_q2_2, DTYPE_Q2, 2)
+CPU_LOWBIT_ROWS_FN(gemv_q3_1, DTYPE_Q3, 1)
+CPU_LOWBIT_ROWS_FN(gemv_q3_2, DTYPE_Q3, 2)
 
-typedef void (*gemv_rows_fn)(float *, int64_t, const float *, int64_t, int, const weight_t *,
-                             int64_t, int64_t);
-static const gemv_rows_fn gemv_fns[2][GEMV_NB] = {
-    {gemv_q2_1, gemv_q2_2},
-    {gemv_q3_1, gemv_q3_2},
+static const cpu_lowbit_rows_fn q2_fns[GEMV_NB] = {gemv_q2_1, gemv_q2_2};
+static const cpu_lowbit_rows_fn q3_fns[GEMV_NB] = {gemv_q3_1, gemv_q3_2};
+static const cpu_lowbit_level_t level = {
+    .base = &cpu_kernels_avx2,
+    .rows_to_f32 = cpu_lowbit_rows_to_f32_avx2,
+    .direct_n = LOWBIT_AVX2_DIRECT_N,
+    .nb = GEMV_NB,
+    .fns = {q2_fns, q3_fns},
 };
 
 void cpu_lowbit_gemv_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
                           int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
 {
-    if (w->group % LOWBIT_GROUP_UNIT != 0) {
-        cpu_lowbit_gemv_scalar(y, ldy, x, ldx, xq, ldq, n, w, r0, r1);
-        return;
-    }
-    /* Past a few rows of x, unpacking every code once per pass of GEMV_NB rows costs more
-     * than dequantizing once and running the f32 kernel. */
-    if (n > LOWBIT_AVX2_DIRECT_N && w->cols <= LOWBIT_DEQ_FLOATS) {
-        cpu_lowbit_gemv_dequant(&cpu_kernels_avx2, cpu_lowbit_rows_to_f32_avx2, y, ldy, x, ldx, n,
-                                w, r0, r1);
-        return;
-    }
-    const gemv_rows_fn *fns = gemv_fns[w->dtype == DTYPE_Q3];
-    /* Blocks of weight rows small enough to stay in L1 while every block of x rows meets
-     * them: the weights are read from memory once. */
-    int64_t rb = (int64_t)dtype_row_bytes(w->dtype, w->cols);
-    int64_t block = rb > 0 ? (16 * 1024) / rb : 2;
-    block = block < 2 ? 2 : block & ~(int64_t)1;
-    for (int64_t b0 = r0; b0 < r1; b0 += block) {
-        int64_t b1 = b0 + block < r1 ? b0 + block : r1;
-        for (int i0 = 0; i0 < n; i0 += GEMV_NB) {
-            int nb = n - i0 < GEMV_NB ? n - i0 : GEMV_NB;
-            fns[nb - 1](y, ldy, x, ldx, i0, w, b0, b1);
-        }
-    }
+    (void)xq;
+    (void)ldq;
+    cpu_lowbit_gemv_level(&level, y, ldy, x, ldx, n, w, r0, r1);
 }
 
 void cpu_lowbit_rows_to_f32_avx2(float *dst, const weight_t *w, int64_t r0, int64_t r1)
 {
     if (w->group % LOWBIT_GROUP_UNIT != 0) {
-        cpu_lowbit_rows_to_f32_scalar(dst, w, r0, r1);
+        cpu_scalar_rows_to_f32(dst, w, r0, r1);
         return;
     }
     dtype_t dt = w->dtype;

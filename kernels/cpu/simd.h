@@ -21,6 +21,10 @@ typedef struct cpu_kernels {
     int q4x8;
     /* The same for Q8 into Q8X8 (q4x8.h). */
     int q8x8;
+    /* gemv reads the row-blocked layout faster than the row-major one (rowblock.h): the
+     * backend repacks eligible BF16 and F16 weights into it when they are placed. Every
+     * level's kernels read it correctly. */
+    int rowblock;
 
     /* y[i*ldy + r] = sum_k x[i*ldx + k] * W[r][k] for i < n and r0 <= r < r1 (y points at
      * element (0, 0) of the output). Weights are read in place, once per call: each block of
