@@ -11,9 +11,9 @@
  * that level (cpu_read_bandwidth_gbs), taken right before that level's runs of the shape.
  *
  * The codes are arbitrary bytes (the kernels' speed does not depend on their values), so
- * 4-bit weights are placed as Q4X8 directly, the layout the backend repacks them into, and
- * bf16x8 is bf16 in the row-blocked layout the backend repacks bf16 into (rowblock.h), beside
- * plain row-major bf16. */
+ * 4-bit weights are placed as Q4X8 directly and q8x8 8-bit ones as Q8X8, the layouts the
+ * backend repacks them into, and bf16x8 is bf16 in the row-blocked layout the backend
+ * repacks bf16 into (rowblock.h), beside plain row-major bf16. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +47,7 @@ static const bk_format_t bk_formats[] = {
     {"bf16x8", DTYPE_BF16X8, 0, BK_ZERO_NONE, 0},
     {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_128, 255},
     {"q8-g32", DTYPE_Q8, 32, BK_ZERO_ANY, 255},
+    {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_128, 255},
     {"q4x8-g32", DTYPE_Q4X8, 32, BK_ZERO_ANY, 15},
     {"q4x8-g64", DTYPE_Q4X8, 64, BK_ZERO_ANY, 15},
 };
@@ -310,7 +311,7 @@ static void bk_usage(FILE *f)
                "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, q8-g32-z128,\n"
-               "q8-g32, q4x8-g32, q4x8-g64) and batch (default 1,2,4,8,128; the scalar\n"
+               "q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (default 1,2,4,8,128; the scalar\n"
                "level stops at 8), the median ms per call over R runs (default 5), the\n"
                "weight bytes (codes, scales, zeros) per second and their fraction of a read\n"
                "sweep of M MiB (default 1024) with the same threads (default 2) and that\n"

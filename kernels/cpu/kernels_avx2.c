@@ -92,27 +92,6 @@ AI void gemv_prefetch(const uint8_t *w, size_t rb, int64_t k, int64_t pf, const 
         _mm_prefetch((const char *)(w + r * rb + byte + pf), _MM_HINT_T0);
 }
 
-/* The row-blocked layout (rowblock.h) is one stream a block, which the hardware prefetchers
- * follow; a tile of fewer than the block's 8 rows reads only its rows' lines of each chunk,
- * though, and the next tile the others, so every tile prefetches the whole chunk
- * ROWBLOCK_PF_CHUNKS ahead (4 KiB bf16 rows: 8 KiB, a quarter of a block) for them all.
- * Measured with river bench --kernels (8192 x 2048, 2 threads): 0.86-0.99 of the read sweep
- * at 1 row of x where the row-major layout gives 0.72-0.80; without the prefetch, 4 and 8 rows
- * of x fell to 0.36-0.48. */
-#define ROWBLOCK_PF_CHUNKS 16
-
-/* Prefetches the whole 8-row chunk ROWBLOCK_PF_CHUNKS after the one holding p (chunks are
- * 512-byte aligned: a block starts at a multiple of 8 rows of 64-byte multiples). */
-AI void rowblock_prefetch(const uint8_t *p)
-{
-    const size_t span = CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK;
-    const char *c = (const char *)(((uintptr_t)p & ~(uintptr_t)(span - 1)) +
-                                   (uintptr_t)ROWBLOCK_PF_CHUNKS * span);
-#pragma GCC unroll 8
-    for (int j = 0; j < CPU_ROWBLOCK_ROWS; j++)
-        _mm_prefetch(c + CPU_ROWBLOCK_CHUNK * j, _MM_HINT_T0);
-}
-
 /* Byte offset of column k (a multiple of 8) in a row whose 64-byte chunks are cs bytes
  * apart (rowblock.h: 64 in the row-major layout, which makes it k's plain offset). */
 AI size_t col_off(int64_t k, size_t cs, const dtype_t dt)
@@ -139,7 +118,8 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
             gemv_prefetch(w, rb, k, pf, dt, R);
         const uint8_t *wk = w + col_off(k, cs, dt);
         if (cs != CPU_ROWBLOCK_CHUNK && col_off(k, CPU_ROWBLOCK_CHUNK, dt) % CPU_ROWBLOCK_CHUNK == 0)
-            rowblock_prefetch(wk); /* at the start of each chunk */
+            cpu_rowblock_prefetch(wk, CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK,
+                                  CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK);
         /* Against four rows of x (3 x 4 uses all 16 registers: 12 accumulators, the three
          * converted weight vectors, one x vector) each weight vector is converted first
          * and each x vector loaded once; with fewer rows (8 x 1, 4 x 2) the x vectors are
@@ -231,10 +211,9 @@ AI void gemv_tile_any(float *y, int64_t ldy, const float *x, int64_t ldx, const 
                       const int N)
 {
     if (cpu_rowblock_is(w->dtype)) {
-        const uint8_t *wb = cpu_rowwalk_row(w->dtype, w->data, rb, r);
-        cpu_rowwalk_t rw = cpu_rowwalk(w->dtype, rb);
-        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, wb, rw.row_stride, rw.chunk_stride,
-                  w->cols, 0, dt, R, N);
+        cpu_rowwalk_t rw = cpu_rowwalk(w->dtype, w->data, w->rows, rb, r, CPU_ROWBLOCK_CHUNK);
+        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, rw.row, rw.row_stride,
+                  rw.chunk_stride, w->cols, 0, dt, R, N);
         return;
     }
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
@@ -665,9 +644,9 @@ static void avx2_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t 
     if (cpu_rowblock_is(dt)) {
         /* Whole chunks of 32 columns (rowblock.h), four vectors each. */
         dtype_t et = cpu_rowblock_elem(dt);
-        cpu_rowwalk_t rw = cpu_rowwalk(dt, rb);
         for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = cpu_rowwalk_row(dt, w->data, rb, r);
+            cpu_rowwalk_t rw = cpu_rowwalk(dt, w->data, w->rows, rb, r, CPU_ROWBLOCK_CHUNK);
+            const uint8_t *row = rw.row;
             float *d = dst + (r - r0) * cols;
             for (int64_t k = 0; k < cols; k += 32) {
                 const uint8_t *c = row + (size_t)(k / 32) * rw.chunk_stride;

@@ -1,22 +1,30 @@
-/* Internal to the CPU backend: the row-blocked layout of float weights (DTYPE_BF16X8,
- * DTYPE_F16X8), which the backend repacks bf16 and f16 matrices into at placement
- * (cpu_weight_upload) for its decode kernels.
+/* Internal to the CPU backend: the row-blocked layouts, DTYPE_BF16X8 and DTYPE_F16X8, that
+ * the backend repacks bf16 and f16 matrices into at placement (cpu_weight_upload) for its
+ * decode kernels.
  *
- * Why: a decode matmul applies a block of 8 weight rows at once to x, so in row-major order
- * it reads 8 streams 1 row apart (4 KiB for 2048 bf16 columns) and jumps to the next block
- * at the end of a row: every 4 KiB page is a short stream of its own, which the processor's
- * prefetchers pick up late. Measured on this kind of machine (2 threads, AMD EPYC with
- * AVX-512, 768 MiB of 8192 x 2048 bf16 matrices): the row-major kernel reads 0.68-0.79 of a
- * plain sweep's bandwidth, the same kernel on the row-blocked layout 0.85-1.09 (median 0.94).
- * In this layout the 8 rows' next 64 bytes each are one contiguous 512-byte run, so a block
- * is read as one sequential stream.
+ * Why: a decode matmul applies a block of weight rows at once to x, so in row-major order
+ * it reads one stream per row, the streams a row apart (4 KiB for 2048 bf16 columns), and
+ * jumps to the next block at the end of a row: every 4 KiB page is a short stream of its
+ * own, which the processor's prefetchers pick up late. Measured on this kind of machine (2
+ * threads, AMD EPYC with AVX-512, 768 MiB of 8192 x 2048 bf16 matrices): the row-major
+ * kernel reads 0.68-0.79 of a plain sweep's bandwidth, the same kernel on the row-blocked
+ * layout 0.85-1.09 (median 0.94). In this layout the next chunk of every row of a block is
+ * one contiguous run, so a block is read as one sequential stream.
  *
- * Layout: rows in blocks of CPU_ROWBLOCK_ROWS; within a block, each row's bytes in chunks of
- * CPU_ROWBLOCK_CHUNK (one cache line, 32 bf16 or f16 columns), and chunk c of the block's
- * rows stored together, row by row. The bytes of a row are what the row-major layout holds,
- * only elsewhere: a block is (rows / 8, row bytes / 64, 8, 64) bytes.
+ * Layout: rows in blocks of cpu_rowblock_rows(dt) (8, the rows a decode tile covers); within
+ * a block, each row's bytes in chunks of cpu_rowblock_chunk(dt) (64, a cache line), and
+ * chunk c of the block's rows stored together, row by row. The functions below also take a
+ * last block of fewer rows (its chunks are that many rows long), which a type whose
+ * eligibility allowed such shapes would have. A row holds the bytes the row-major layout
+ * holds, only elsewhere.
  *
- * Which weights: BF16 and F16 with rows a multiple of 8 and columns a multiple of 32. */
+ * Which weights: BF16 and F16 with rows a multiple of 8 and row bytes a multiple of 64.
+ *
+ * Q4X8 and Q8X8 (q4x8.h) stay row-major. The same layout for them, blocks of 4 rows (their
+ * decode tiles at one row of x) and chunks of a 256-column set, was measured against it in
+ * one run (river bench --kernels, alternating binaries, 3-4 rounds, 2 threads): at one row
+ * of x 1.0-1.4x, but at 2 to 8 rows, where the tiles cover half a block each, 0.4-1.0x
+ * whatever the prefetch distance, so it was not taken. */
 #ifndef RIVER_KERNELS_CPU_ROWBLOCK_H
 #define RIVER_KERNELS_CPU_ROWBLOCK_H
 
@@ -25,53 +33,103 @@
 
 #include "kernels/ops.h"
 
+/* bf16 and f16: rows a block and bytes a chunk. */
 #define CPU_ROWBLOCK_ROWS 8
 #define CPU_ROWBLOCK_CHUNK 64
 
 /* Whether w (BF16 or F16, row-major) can take the layout. */
 int cpu_rowblock_eligible(const weight_t *w);
-/* Writes w's rows (eligible) in the layout to dst (rows * row bytes). */
+/* Writes w's rows (eligible) in the layout of its row-blocked type to dst (rows * row
+ * bytes). */
 void cpu_rowblock_repack(const weight_t *w, uint8_t *dst);
 
-/* Whether dt is a row-blocked type, and the element type its bytes hold. */
-static inline int cpu_rowblock_is(dtype_t dt)
+/* Rows a block of dt's layout, 0 for the types without one. */
+static inline int cpu_rowblock_rows(dtype_t dt)
 {
-    return dt == DTYPE_BF16X8 || dt == DTYPE_F16X8;
+    switch (dt) {
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
+        return CPU_ROWBLOCK_ROWS;
+    default:
+        return 0;
+    }
 }
 
+/* Bytes a chunk of dt's layout, 0 for the types without one. */
+static inline size_t cpu_rowblock_chunk(dtype_t dt)
+{
+    switch (dt) {
+    case DTYPE_BF16X8:
+    case DTYPE_F16X8:
+        return CPU_ROWBLOCK_CHUNK;
+    default:
+        return 0;
+    }
+}
+
+static inline int cpu_rowblock_is(dtype_t dt)
+{
+    return cpu_rowblock_rows(dt) != 0;
+}
+
+/* The element type whose bytes a bf16 or f16 row-blocked type holds; dt for the others. */
 static inline dtype_t cpu_rowblock_elem(dtype_t dt)
 {
     return dt == DTYPE_BF16X8 ? DTYPE_BF16 : dt == DTYPE_F16X8 ? DTYPE_F16 : dt;
 }
 
-/* Where byte `byte` of row r lives in a row-blocked matrix at base with rb bytes a row. */
-static inline const uint8_t *cpu_rowblock_at(const uint8_t *base, size_t rb, int64_t r,
-                                             size_t byte)
+/* Where byte `byte` of row r lives in a matrix of `rows` rows of rb bytes at base, in dt's
+ * layout (row-major for a type without one). */
+static inline const uint8_t *cpu_rowblock_at(dtype_t dt, const void *base, int64_t rows,
+                                             size_t rb, int64_t r, size_t byte)
 {
-    return base + (size_t)(r / CPU_ROWBLOCK_ROWS) * CPU_ROWBLOCK_ROWS * rb +
-           byte / CPU_ROWBLOCK_CHUNK * (CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK) +
-           (size_t)(r % CPU_ROWBLOCK_ROWS) * CPU_ROWBLOCK_CHUNK + byte % CPU_ROWBLOCK_CHUNK;
+    const uint8_t *p = base;
+    int64_t B = cpu_rowblock_rows(dt);
+    if (!B)
+        return p + (size_t)r * rb + byte;
+    size_t C = cpu_rowblock_chunk(dt);
+    int64_t b0 = r - r % B, in = rows - b0 < B ? rows - b0 : B;
+    return p + (size_t)b0 * rb + byte / C * (size_t)in * C + (size_t)(r - b0) * C + byte % C;
 }
 
-/* How a kernel walks rows of a weight of either layout: row r's chunk c (64 bytes) starts at
- * row_at(r) + c * chunk_stride, and rows within one block of 8 are row_stride apart. */
+/* How far ahead a decode tile prefetches, in spans (a chunk of every row of a block: 512
+ * bytes). The layout is one stream a block, which the hardware prefetchers follow; but a
+ * tile of fewer rows than its block reads only its rows' lines of each span, and the next
+ * tile the others, so every tile prefetches whole spans for them all, 16 spans (8 KiB)
+ * ahead. Measured with river bench --kernels (8192 x 2048, 2 threads): 0.86-0.99 of the
+ * read sweep at 1 row of x where the row-major layout gave 0.72-0.80; without the prefetch,
+ * 4 and 8 rows of x fell to 0.36-0.48. */
+#define CPU_ROWBLOCK_PF_SPANS 16
+
+/* Prefetches the `span` bytes (a power of two: one chunk of every row of a block) `ahead`
+ * bytes past the span holding p, a line at a time. In the backend's copies, which start
+ * 2 MiB aligned, whole blocks start at multiples of their span, so these are the lines of
+ * every row of p's block: a tile of fewer rows than the block brings the others' too, which
+ * the next tile then finds in cache. */
+static inline void cpu_rowblock_prefetch(const void *p, size_t span, size_t ahead)
+{
+    const char *c = (const char *)(((uintptr_t)p & ~(uintptr_t)(span - 1)) + ahead);
+    for (size_t l = 0; l < span; l += 64)
+        __builtin_prefetch(c + l, 0, 3);
+}
+
+/* How a kernel walks from row r: chunk c (of `chunk` bytes, dt's own for a row-blocked type)
+ * of row r + j, for rows r + j of r's block, is at row + j * row_stride + c * chunk_stride. */
 typedef struct cpu_rowwalk {
+    const uint8_t *row;
     size_t row_stride;
     size_t chunk_stride;
 } cpu_rowwalk_t;
 
-static inline cpu_rowwalk_t cpu_rowwalk(dtype_t dt, size_t rb)
+static inline cpu_rowwalk_t cpu_rowwalk(dtype_t dt, const void *base, int64_t rows, size_t rb,
+                                        int64_t r, size_t chunk)
 {
-    if (cpu_rowblock_is(dt))
-        return (cpu_rowwalk_t){CPU_ROWBLOCK_CHUNK, CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK};
-    return (cpu_rowwalk_t){rb, CPU_ROWBLOCK_CHUNK};
-}
-
-/* The start of row r (its chunk 0). */
-static inline const uint8_t *cpu_rowwalk_row(dtype_t dt, const uint8_t *base, size_t rb,
-                                             int64_t r)
-{
-    return cpu_rowblock_is(dt) ? cpu_rowblock_at(base, rb, r, 0) : base + (size_t)r * rb;
+    int64_t B = cpu_rowblock_rows(dt);
+    if (!B)
+        return (cpu_rowwalk_t){(const uint8_t *)base + (size_t)r * rb, rb, chunk};
+    int64_t b0 = r - r % B, in = rows - b0 < B ? rows - b0 : B;
+    return (cpu_rowwalk_t){cpu_rowblock_at(dt, base, rows, rb, r, 0), chunk,
+                           (size_t)in * chunk};
 }
 
 #endif
