@@ -1,8 +1,10 @@
 /* The CPU backend's machinery around its ops, at every SIMD level this processor has: the
  * levels themselves (detection, names, RIVER_SIMD), the read-bandwidth sweep, and the Q4X8
- * layout (the repacking, which weights it takes, RIVER_Q4X8). The ops themselves, against
+ * layout (the repacking, which weights it takes, RIVER_Q4X8), and the two levels' integer
+ * kernels at the AVX-512 level (RIVER_X8_LEVEL). The ops themselves, against
  * plain reference loops at every level and thread count, are cases of
  * tests/test_backend_ops.c's one list. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,8 @@
 #include "common/err.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/q4x8.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/x8_pick.h"
 #include "kernels/half.h"
 #include "tests/testutil.h"
 
@@ -216,6 +220,116 @@ START_TEST(test_simd_env)
 }
 END_TEST
 
+/* The AVX2 and AVX-512 levels' Q4X8 kernels give the same bits (x8_pick.h: the AVX-512
+ * level may run either; both multiply the unsigned codes): prepared x, gemv at 1..8 rows of
+ * x, and rows_to_f32. Their Q8X8 kernels agree to rounding (without VNNI the codes are
+ * taken as q - 128, with the zero terms to match), and dequantize the same bits. */
+START_TEST(test_x8_levels_agree)
+{
+    if (cpu_simd_detect() < CPU_SIMD_AVX512)
+        return; /* one level only */
+    static const int64_t shapes[][3] = {{37, 512, 64}, {8, 256, 32}, {13, 768, 128}};
+    const cpu_kernels_t *k[2] = {&cpu_kernels_avx2, &cpu_kernels_avx512};
+    test_rand_seed(5);
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            weight_t w = q4_rand(rows, cols, (int)shapes[si][2]);
+            size_t bytes = dtype_row_bytes(q8 ? DTYPE_Q8 : DTYPE_Q4, cols) * (size_t)rows;
+            uint8_t *codes = malloc(bytes), *packed = malloc(bytes);
+            ck_assert(codes && packed);
+            for (size_t i = 0; i < bytes; i++)
+                codes[i] = q8 ? (uint8_t)test_rand_u32() : ((const uint8_t *)w.data)[i];
+            weight_t src = w;
+            src.dtype = q8 ? DTYPE_Q8 : DTYPE_Q4;
+            src.data = codes;
+            if (q8)
+                cpu_q8x8_repack(&src, packed);
+            else
+                cpu_q4x8_repack(&src, packed);
+            weight_t x8w = src;
+            x8w.dtype = q8 ? DTYPE_Q8X8 : DTYPE_Q4X8;
+            x8w.data = packed;
+            enum { N = 8 };
+            float *x = malloc(sizeof *x * (size_t)(N * cols));
+            float *y[2], *xq[2], *f[2];
+            ck_assert(x);
+            for (int64_t i = 0; i < N * cols; i++)
+                x[i] = test_rand(-1.0f, 1.0f);
+            for (int n = 1; n <= N; n++) {
+                for (int l = 0; l < 2; l++) {
+                    int64_t ldq = k[l]->gemv_prep_floats(&x8w);
+                    ck_assert_int_gt(ldq, 0);
+                    ck_assert_int_eq(ldq, k[0]->gemv_prep_floats(&x8w));
+                    xq[l] = aligned_alloc(64, sizeof(float) * (size_t)(n * ldq + 16));
+                    y[l] = malloc(sizeof(float) * (size_t)(n * rows));
+                    ck_assert(xq[l] && y[l]);
+                    memset(xq[l], 0, sizeof(float) * (size_t)(n * ldq));
+                    k[l]->gemv_prep(xq[l], x, cols, n, &x8w);
+                    k[l]->gemv(y[l], rows, x, cols, xq[l], ldq, n, &x8w, 0, rows);
+                }
+                for (int64_t i = 0; i < n * rows; i++) {
+                    float a = y[0][i], b = y[1][i];
+                    ck_assert_msg(q8 ? fabsf(a - b) <= 1e-5f * (fabsf(a) + 1.0f) : a == b,
+                                  "%s (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
+                                  q8 ? "q8x8" : "q4x8", (long long)rows, (long long)cols, n,
+                                  (long long)i, a, b);
+                    if (!q8)
+                        ck_assert(memcmp(&a, &b, sizeof a) == 0);
+                }
+                for (int l = 0; l < 2; l++) {
+                    free(xq[l]);
+                    free(y[l]);
+                }
+            }
+            for (int l = 0; l < 2; l++) {
+                f[l] = malloc(sizeof(float) * (size_t)(rows * cols));
+                ck_assert_ptr_nonnull(f[l]);
+                k[l]->rows_to_f32(f[l], &x8w, 0, rows);
+            }
+            ck_assert(memcmp(f[0], f[1], sizeof(float) * (size_t)(rows * cols)) == 0);
+            free(f[0]);
+            free(f[1]);
+            free(x);
+            free(codes);
+            free(packed);
+            q4_free(&w);
+        }
+}
+END_TEST
+
+/* Which level's kernels run Q4X8 at the AVX-512 level with RIVER_X8_LEVEL=value: the
+ * level, or 100 when placement refuses the value, naming it, and 99 for anything else. */
+static int x8_env_body(const char *value)
+{
+    backend_t *be = NULL;
+    int code = 99;
+    if (cpu_backend_new(&be, 1, CPU_SIMD_AVX512) == 0) {
+        weight_t w = q4_rand(8, 256, 32), up = w;
+        int e = be->ops->weight_upload(be->ctx, &up);
+        if (e == RIVER_EINVAL && strstr(river_err_detail(), value))
+            code = 100;
+        else if (e == 0 && up.dtype == DTYPE_Q4X8)
+            code = (int)cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8)->level;
+        q4_free(&w);
+        cpu_backend_destroy(&be);
+    }
+    return code;
+}
+
+START_TEST(test_x8_env)
+{
+    if (cpu_simd_detect() < CPU_SIMD_AVX512)
+        return; /* nothing to choose */
+    ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "avx2", x8_env_body), CPU_SIMD_AVX2);
+    ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "avx512", x8_env_body), CPU_SIMD_AVX512);
+    ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "sse", x8_env_body), 100);
+    /* Below the AVX-512 level nothing changes, and other types keep their level. */
+    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx2, DTYPE_Q4X8), &cpu_kernels_avx2);
+    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_BF16), &cpu_kernels_avx512);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
@@ -224,6 +338,8 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_levels);
     tcase_add_test(tc, test_simd_env);
     tcase_add_test(tc, test_q4x8_env);
+    tcase_add_test(tc, test_x8_levels_agree);
+    tcase_add_test(tc, test_x8_env);
     tcase_add_loop_test(tc, test_q4x8_layout, 0, 2 * CPU_SIMD_COUNT);
     suite_add_tcase(s, tc);
     return s;

@@ -17,6 +17,7 @@
 #include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/rowblock.h"
+#include "kernels/cpu/x8_pick.h"
 #include "kernels/half.h"
 #include "kernels/shm.h"
 
@@ -618,6 +619,9 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
                                  "the decode kernels)", repack_envs[i].name,
                                  repack_envs[i].text, repack_envs[i].what);
     int q4x8_off = repack_envs[REPACK_Q4X8].off;
+    int xe = cpu_x8_env_check();
+    if (xe)
+        return xe;
     /* Placed already: a view shared by two weights (a tied head). */
     if (!w->data || cpu__owns(ctx, w->data))
         return 0;

@@ -1,6 +1,7 @@
 /* The gemv the vector levels share for the 2- and 3-bit weight types, and the kernel tables
  * that route Q2/Q3 weights to each level's kernels (lowbit.h). */
 #include "kernels/cpu/lowbit.h"
+#include "kernels/cpu/x8_pick.h"
 
 #include <pthread.h>
 
@@ -77,6 +78,8 @@ static void lowbit_tables_build(void)
 
 const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w)
 {
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
+        return cpu_x8_kernels(k, w->dtype);
     if (w->dtype != DTYPE_Q2 && w->dtype != DTYPE_Q3)
         return k;
     /* pthread_once fails only on misuse; the tables are then still built by this thread. */
