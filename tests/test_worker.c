@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/un.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -536,6 +537,57 @@ END_TEST
 
 /* Cancel in mid-stream ends the request with Done(CANCELLED) and its KV pages come back.
  * The worker is paused while the Cancel is sent, so the cancel lands mid-stream. */
+/* kv.pages 0 on a model whose full contexts outgrow the host (tinystories-656k told it has
+ * 2^21 positions: 2 GiB of KV a sequence, 32 GiB for 16): the worker starts, its pool holds
+ * at least one full context and at most half the physical memory beyond that, and it
+ * serves. Uncapped, the pool is refused at start-up on any host of less than 64 GiB. */
+START_TEST(test_kv_pages_default_fits)
+{
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/longctx", test_tmpdir());
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    const char *files[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[600];
+        snprintf(src, sizeof src, "%s/%s", TINY, files[i]);
+        char *abs = realpath(src, NULL);
+        ck_assert_ptr_nonnull(abs);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        ck_assert_int_eq(symlink(abs, path), 0);
+        free(abs);
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 1, "
+               "\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 128, "
+               "\"intermediate_size\": 384, \"max_position_embeddings\": 2097152, "
+               "\"model_type\": \"llama\", \"num_attention_heads\": 8, "
+               "\"num_hidden_layers\": 2, \"num_key_value_heads\": 4, "
+               "\"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
+               "\"tie_word_embeddings\": true, \"torch_dtype\": \"float32\", "
+               "\"vocab_size\": 2048}\n");
+    ck_assert_int_eq(fclose(f), 0);
+    wk_t w;
+    wk_start(&w, dir, 16, NULL, 50, 200);
+    /* 2 layers, K and V, 4 heads of 16, 16 positions, f32: 16 KiB a page. */
+    const double page = 2.0 * 2 * 64 * 16 * 4, per_seq = 2097152 / 16;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double total = (double)w.caps.kv_pages_total;
+    ck_assert_msg(total >= per_seq, "%.0f pages: less than one full context", total);
+    ck_assert_msg(total <= per_seq || total * page <= phys / 2, "%.0f pages of %.0f bytes "
+                  "on a host of %.0f bytes", total, page, phys);
+    req_t q = {.id = 3, .text = "Once upon a time", .max_tokens = 8, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 3};
+    streams_collect(&w, &st, 1, 20000);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_uint_eq(st.n, 8);
+    wk_stop(&w);
+}
+END_TEST
+
 START_TEST(test_cancel_frees_pages)
 {
     wk_t w;
@@ -970,6 +1022,7 @@ static Suite *worker_suite(void)
     TCase *tc = tcase_create("process");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_serve_matches_engine);
+    tcase_add_test(tc, test_kv_pages_default_fits);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
     tcase_add_test(tc, test_exit_policy_lowbit);

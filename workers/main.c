@@ -198,6 +198,41 @@ static backend_weights_t worker__weights(const config_worker_t *c)
 }
 
 /* Logs what this process holds in memory: all of it, and the model's weights. */
+/* KV pages of the pool: kv.pages, or for 0 enough for max_seqs full contexts, capped on a
+ * host backend at half the memory available once the weights are placed. The pool is
+ * reserved up front, and 16 full contexts of a model with a long context ask for more than
+ * a host has (Llama 3.2 1B: 131072 positions, 1 MiB a page of 16, 128 GiB in all), which
+ * the kernel refuses to map; sequences past the cap wait or are preempted. Never fewer
+ * than one full context's pages. */
+static int worker__kv_pages(const worker_t *w, const config_worker_t *c)
+{
+    const model_config_t *mc = &w->env.model->cfg;
+    int64_t per_seq = (mc->max_seq_len + c->kv_page_size - 1) / c->kv_page_size;
+    int64_t want = (int64_t)c->max_seqs * per_seq;
+    if (c->kv_pages > 0)
+        return c->kv_pages;
+    if (want > (1 << 24))
+        want = 1 << 24;
+    long avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
+                                             c->kv_page_size, 1);
+    if (!backend_is_host(w->env.be) || avail <= 0 || psz <= 0 || page_bytes == 0)
+        return (int)want;
+    int64_t fit = (int64_t)((double)avail * (double)psz * 0.5 / (double)page_bytes);
+    if (fit >= want)
+        return (int)want;
+    int64_t pages = fit > per_seq ? fit : per_seq;
+    if (pages > want)
+        pages = want;
+    if (pages < 1)
+        pages = 1;
+    log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the memory available; "
+             "%d full contexts of %d would take %lld (set kv.pages to choose)",
+             (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,
+             c->max_seqs, mc->max_seq_len, (long long)want);
+    return (int)pages;
+}
+
 static void worker__log_resident(const worker_t *w, const char *what)
 {
     int64_t rss = offload_rss_bytes();
@@ -310,10 +345,11 @@ static int worker__open_engine(worker_t *w)
     if ((e = exit_setup_open(&w->xc, &pol, c->river[0] ? c->river : NULL,
                              c->routers[0] ? c->routers : NULL, w->env.model)))
         return e;
+    int kv_pages = worker__kv_pages(w, c);
     /* Preemption: a worker under load must not fail a request because the pool is
      * momentarily full. */
     gen_config_t gc = {.max_rows = c->max_batch_rows, .prefill_chunk = c->prefill_chunk,
-                       .page_size = c->kv_page_size, .n_pages = c->kv_pages,
+                       .page_size = c->kv_page_size, .n_pages = kv_pages,
                        .max_seqs = c->max_seqs, .preempt = 1,
                        .prefix_cache = c->prefix_cache_enabled && !river,
                        .prefix_cache_pages = c->prefix_cache_pages};
@@ -331,13 +367,10 @@ static int worker__open_engine(worker_t *w)
         gc.prefix_seed = prefix_hash_seed(fp, rfp);
     }
     if (river) {
-        /* The pool the backbone peer maps too; as many pages as gen_new would make. */
+        /* The pool the backbone peer maps too. */
         const model_config_t *mc = &w->env.model->cfg;
-        int pages = c->kv_pages > 0 ? c->kv_pages
-                                    : c->max_seqs * ((mc->max_seq_len + c->kv_page_size - 1) /
-                                                     c->kv_page_size);
         if ((e = kv_pool_new_shared(&w->kv, w->env.be, mc->n_layers,
-                                    mc->n_kv_heads * mc->head_dim, c->kv_page_size, pages,
+                                    mc->n_kv_heads * mc->head_dim, c->kv_page_size, kv_pages,
                                     &w->memfd)))
             return e;
         gc.kv_pool = w->kv;
