@@ -140,11 +140,7 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
         json_object_set_new(o, "step_gbs", json_real(step_gbs));
         json_object_set_new(o, "read_bandwidth_gbs", json_real(bw));
         json_object_set_new(o, "ops", arr);
-        char *s = json_dumps(o, JSON_COMPACT);
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(o);
+        cli_json_print(o);
     } else {
         printf("decode step profile: %lld steps at context %d, %d threads, simd %s",
                (long long)steps, prompt_len, n_threads, cli_env_simd_name(env));

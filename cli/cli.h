@@ -43,6 +43,10 @@ int cli_env_is_cpu(const cli_env_t *env);
 /* The SIMD level of a CPU backend ("avx2"...), or "none" for another backend. */
 const char *cli_env_simd_name(const cli_env_t *env);
 
+/* Prints o (NULL: nothing) as one line of compact JSON on stdout and releases it. */
+struct json_t;
+void cli_json_print(struct json_t *o);
+
 /* Finds the tokenizer file that belongs to a model path; writes it to buf. */
 int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);
 

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 #include "common/err.h"
 #include "kernels/backend.h"
@@ -89,4 +91,13 @@ int cli_env_open(cli_env_t *env, const char *model_path, const char *tok_path, i
 void cli_env_close(cli_env_t *env)
 {
     engine_close(env);
+}
+
+void cli_json_print(json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    json_decref(o);
 }

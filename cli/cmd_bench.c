@@ -354,11 +354,7 @@ int cmd_bench(int argc, char **argv)
             json_object_set_new(o, "read_bandwidth_widest_gbs", json_real(bw_widest));
             json_object_set_new(o, "roofline_fraction_widest", json_real(frac_widest));
         }
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(o);
+        cli_json_print(o);
     } else {
         printf("prefill_tok_s       %.1f\n", prefill_tps);
         printf("decode_tok_s        %.2f\n", decode_tps);

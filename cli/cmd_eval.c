@@ -570,11 +570,7 @@ int cmd_eval(int argc, char **argv)
                     json_object_set_new(o, "reference", json_string(ref_path));
                 json_object_set_new(o, "value", json_real(value));
                 json_object_set_new(o, "simd", json_string(cli_env_simd_name(&env)));
-                char *s = json_dumps(o, JSON_COMPACT);
-                if (s)
-                    printf("%s\n", s);
-                free(s);
-                json_decref(o);
+                cli_json_print(o);
             }
         } else {
             printf("%-8s %-9s %8.3f %7.2f %7.2f%% %8.4f %9.1f %9.1f %8.2f %8.2f %7.2f\n",

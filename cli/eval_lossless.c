@@ -164,11 +164,7 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
                                   (json_int_t)st.spec_accepted_tokens, "verify_passes",
                                   (json_int_t)st.spec_verify_passes, "tokens",
                                   (json_int_t)st.decode_tokens);
-            char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-            if (s)
-                printf("%s\n", s);
-            free(s);
-            json_decref(o);
+            cli_json_print(o);
         } else {
             printf("%-8s %8.3f %5d %9s %7.2f%% %9.2f %9.1f %9.1f %8.2f %10.3f %10.3f\n",
                    exit_rule_name(sc.policy.rule), value, spec.k_max, identical ? "yes" : "NO",
