@@ -13,8 +13,9 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/profile.h"
 
-/* Steps the generator until the sequence is done; with reset_after_prefill, the profile
- * window starts after the step that ran the prompt. *steps: decode-only steps after it. */
+/* Runs one request of n_prompt tokens and gen_len more to its end, a step at a time; with
+ * `profile`, the profile's window starts after the step that ran the prompt. *steps: the
+ * decode-only steps after it. */
 static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_prompt,
                           int gen_len, int profile, int64_t *steps)
 {

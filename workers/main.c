@@ -221,11 +221,7 @@ static int worker__kv_pages(const worker_t *w, const config_worker_t *c)
     int64_t fit = (int64_t)((double)avail * (double)psz * 0.5 / (double)page_bytes);
     if (fit >= want)
         return (int)want;
-    int64_t pages = fit > per_seq ? fit : per_seq;
-    if (pages > want)
-        pages = want;
-    if (pages < 1)
-        pages = 1;
+    int64_t pages = fit > per_seq ? fit : per_seq; /* fit < want here, and per_seq <= want */
     log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the memory available; "
              "%d full contexts of %d would take %lld (set kv.pages to choose)",
              (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,

@@ -150,8 +150,7 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
             xv[i] = _mm512_loadu_ps(x + i * ldx + k);
         const uint8_t *wk = w + col_off(k, cs, dt);
         if (cs != CPU_ROWBLOCK_CHUNK && col_off(k, CPU_ROWBLOCK_CHUNK, dt) % CPU_ROWBLOCK_CHUNK == 0)
-            cpu_rowblock_prefetch(wk, CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK,
-                                  CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK);
+            cpu_rowblock_prefetch(wk); /* row-blocked: at each chunk's start */
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 wv = ld16(dt, wk + r * rb, 0);
@@ -452,9 +451,8 @@ AI void gemv_tile_any(float *y, int64_t ldy, const float *x, int64_t ldx, const 
                       const dtype_t dt, const int R, const int N)
 {
     if (cpu_rowblock_is(w->dtype)) {
-        cpu_rowwalk_t rw = cpu_rowwalk(w->dtype, w->data, w->rows, rb, r, CPU_ROWBLOCK_CHUNK);
-        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, rw.row, rw.row_stride,
-                  rw.chunk_stride, w->cols, 0, dt, R, N);
+        gemv_tile(y + i * ldy + r, ldy, x + i * ldx, ldx, cpu_rowblock_at(w->data, rb, r, 0),
+                  CPU_ROWBLOCK_CHUNK, CPU_ROWBLOCK_SPAN, w->cols, 0, dt, R, N);
         return;
     }
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
@@ -625,11 +623,10 @@ static void avx512_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_
         /* Whole chunks of 32 columns (rowblock.h), two vectors each. */
         dtype_t et = cpu_rowblock_elem(dt);
         for (int64_t r = r0; r < r1; r++) {
-            cpu_rowwalk_t rw = cpu_rowwalk(dt, w->data, w->rows, rb, r, CPU_ROWBLOCK_CHUNK);
-            const uint8_t *row = rw.row;
+            const uint8_t *row = cpu_rowblock_at(w->data, rb, r, 0);
             float *d = dst + (r - r0) * cols;
             for (int64_t k = 0; k < cols; k += 32) {
-                const uint8_t *c = row + (size_t)(k / 32) * rw.chunk_stride;
+                const uint8_t *c = row + (size_t)(k / 32) * CPU_ROWBLOCK_SPAN;
                 _mm512_storeu_ps(d + k, ld16(et, c, 0));
                 _mm512_storeu_ps(d + k + 16, ld16(et, c, 16));
             }

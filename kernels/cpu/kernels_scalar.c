@@ -14,27 +14,22 @@
 static inline float scalar_rowblock(const weight_t *w, size_t rb, int64_t r, int64_t k)
 {
     uint16_t h;
-    memcpy(&h, cpu_rowblock_at(w->dtype, w->data, w->rows, rb, r, (size_t)k * sizeof h),
-           sizeof h);
+    memcpy(&h, cpu_rowblock_at(w->data, rb, r, (size_t)k * sizeof h), sizeof h);
     return w->dtype == DTYPE_BF16X8 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-/* One weight value of a grouped row: code k of row r of w (rb bytes a row), whose bytes
- * start at q in the row-major layouts. */
-static inline unsigned scalar_code(const weight_t *w, const uint8_t *q, size_t rb, int64_t r,
-                                   int64_t k)
+/* One weight value of a grouped row: code k of a row of `cols` codes starting at q. */
+static inline unsigned scalar_code(dtype_t dt, const uint8_t *q, int64_t cols, int64_t k)
 {
-    dtype_t dt = w->dtype;
     if (dt == DTYPE_Q2 || dt == DTYPE_Q3)
-        return cpu_lowbit_code(dt, q, w->cols, k);
+        return cpu_lowbit_code(dt, q, cols, k);
     if (dt == DTYPE_Q8)
         return q[k];
     if (dt == DTYPE_Q8X8)
-        return *cpu_rowblock_at(dt, w->data, w->rows, rb, r, (size_t)cpu_q8x8_byte(k));
+        return q[cpu_q8x8_byte(k)];
     if (dt == DTYPE_Q4X8) {
         int high;
-        uint8_t b = *cpu_rowblock_at(dt, w->data, w->rows, rb, r,
-                                     (size_t)cpu_q4x8_byte(k, &high));
+        uint8_t b = q[cpu_q4x8_byte(k, &high)];
         return high ? (unsigned)(b >> 4) : (unsigned)(b & 0x0f);
     }
     uint8_t b = q[k >> 1];
@@ -81,7 +76,7 @@ void cpu_scalar_rows_to_f32(float *dst, const weight_t *w, int64_t r0, int64_t r
             for (int64_t g = 0; g < ng; g++) {
                 float s = f16_to_f32(sc[g]), z = f16_to_f32(ze[g]);
                 for (int64_t k = g * w->group; k < (g + 1) * w->group; k++)
-                    d[k] = ((float)scalar_code(w, row, rb, r, k) - z) * s;
+                    d[k] = ((float)scalar_code(w->dtype, row, cols, k) - z) * s;
             }
             break;
         }
@@ -136,7 +131,7 @@ void cpu_scalar_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const f
                     int64_t kk = k0 + k, g = kk / w->group;
                     float s = f16_to_f32(w->scales[r * ng + g]);
                     float z = f16_to_f32(w->zeros[r * ng + g]);
-                    buf[k] = ((float)scalar_code(w, row, rb, r, kk) - z) * s;
+                    buf[k] = ((float)scalar_code(w->dtype, row, cols, kk) - z) * s;
                 }
                 wf = buf;
                 break;

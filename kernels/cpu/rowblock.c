@@ -13,10 +13,9 @@ int cpu_rowblock_eligible(const weight_t *w)
 void cpu_rowblock_repack(const weight_t *w, uint8_t *dst)
 {
     size_t rb = dtype_row_bytes(w->dtype, w->cols);
-    dtype_t to = w->dtype == DTYPE_BF16 ? DTYPE_BF16X8 : DTYPE_F16X8;
     const uint8_t *src = w->data;
     for (int64_t r = 0; r < w->rows; r++)
         for (size_t b = 0; b < rb; b += CPU_ROWBLOCK_CHUNK)
-            memcpy((uint8_t *)cpu_rowblock_at(to, dst, w->rows, rb, r, b),
+            memcpy((uint8_t *)cpu_rowblock_at(dst, rb, r, b),
                    src + (size_t)r * rb + b, CPU_ROWBLOCK_CHUNK);
 }

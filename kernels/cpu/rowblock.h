@@ -11,11 +11,9 @@
  * layout 0.85-1.09 (median 0.94). In this layout the next chunk of every row of a block is
  * one contiguous run, so a block is read as one sequential stream.
  *
- * Layout: rows in blocks of cpu_rowblock_rows(dt) (8, the rows a decode tile covers); within
- * a block, each row's bytes in chunks of cpu_rowblock_chunk(dt) (64, a cache line), and
- * chunk c of the block's rows stored together, row by row. The functions below also take a
- * last block of fewer rows (its chunks are that many rows long), which a type whose
- * eligibility allowed such shapes would have. A row holds the bytes the row-major layout
+ * Layout: rows in blocks of CPU_ROWBLOCK_ROWS (8, the rows a decode tile covers); within a
+ * block, each row's bytes in chunks of CPU_ROWBLOCK_CHUNK (64, a cache line), and chunk c of
+ * the block's rows stored together, row by row. A row holds the bytes the row-major layout
  * holds, only elsewhere.
  *
  * Which weights: BF16 and F16 with rows a multiple of 8 and row bytes a multiple of 64.
@@ -33,103 +31,57 @@
 
 #include "kernels/ops.h"
 
-/* bf16 and f16: rows a block and bytes a chunk. */
+/* Rows a block and bytes a chunk. */
 #define CPU_ROWBLOCK_ROWS 8
 #define CPU_ROWBLOCK_CHUNK 64
 
 /* Whether w (BF16 or F16, row-major) can take the layout. */
 int cpu_rowblock_eligible(const weight_t *w);
-/* Writes w's rows (eligible) in the layout of its row-blocked type to dst (rows * row
- * bytes). */
+/* Writes w's rows (eligible) in the layout to dst (rows * row bytes). */
 void cpu_rowblock_repack(const weight_t *w, uint8_t *dst);
-
-/* Rows a block of dt's layout, 0 for the types without one. */
-static inline int cpu_rowblock_rows(dtype_t dt)
-{
-    switch (dt) {
-    case DTYPE_BF16X8:
-    case DTYPE_F16X8:
-        return CPU_ROWBLOCK_ROWS;
-    default:
-        return 0;
-    }
-}
-
-/* Bytes a chunk of dt's layout, 0 for the types without one. */
-static inline size_t cpu_rowblock_chunk(dtype_t dt)
-{
-    switch (dt) {
-    case DTYPE_BF16X8:
-    case DTYPE_F16X8:
-        return CPU_ROWBLOCK_CHUNK;
-    default:
-        return 0;
-    }
-}
 
 static inline int cpu_rowblock_is(dtype_t dt)
 {
-    return cpu_rowblock_rows(dt) != 0;
+    return dt == DTYPE_BF16X8 || dt == DTYPE_F16X8;
 }
 
-/* The element type whose bytes a bf16 or f16 row-blocked type holds; dt for the others. */
+/* The element type whose bytes a row-blocked type holds; dt for the others. */
 static inline dtype_t cpu_rowblock_elem(dtype_t dt)
 {
     return dt == DTYPE_BF16X8 ? DTYPE_BF16 : dt == DTYPE_F16X8 ? DTYPE_F16 : dt;
 }
 
-/* Where byte `byte` of row r lives in a matrix of `rows` rows of rb bytes at base, in dt's
- * layout (row-major for a type without one). */
-static inline const uint8_t *cpu_rowblock_at(dtype_t dt, const void *base, int64_t rows,
-                                             size_t rb, int64_t r, size_t byte)
+/* Bytes of one chunk of every row of a block, stored together. */
+#define CPU_ROWBLOCK_SPAN (CPU_ROWBLOCK_ROWS * CPU_ROWBLOCK_CHUNK)
+
+/* Where byte `byte` of row r lives in a row-blocked matrix at base, rb bytes a row. From
+ * there, the same byte of the next rows of r's block is CPU_ROWBLOCK_CHUNK further each, and
+ * the next chunk of row r CPU_ROWBLOCK_SPAN further. */
+static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_t r,
+                                             size_t byte)
 {
-    const uint8_t *p = base;
-    int64_t B = cpu_rowblock_rows(dt);
-    if (!B)
-        return p + (size_t)r * rb + byte;
-    size_t C = cpu_rowblock_chunk(dt);
-    int64_t b0 = r - r % B, in = rows - b0 < B ? rows - b0 : B;
-    return p + (size_t)b0 * rb + byte / C * (size_t)in * C + (size_t)(r - b0) * C + byte % C;
+    return (const uint8_t *)base + (size_t)(r / CPU_ROWBLOCK_ROWS) * CPU_ROWBLOCK_ROWS * rb +
+           byte / CPU_ROWBLOCK_CHUNK * CPU_ROWBLOCK_SPAN +
+           (size_t)(r % CPU_ROWBLOCK_ROWS) * CPU_ROWBLOCK_CHUNK + byte % CPU_ROWBLOCK_CHUNK;
 }
 
-/* How far ahead a decode tile prefetches, in spans (a chunk of every row of a block: 512
- * bytes). The layout is one stream a block, which the hardware prefetchers follow; but a
- * tile of fewer rows than its block reads only its rows' lines of each span, and the next
- * tile the others, so every tile prefetches whole spans for them all, 16 spans (8 KiB)
- * ahead. Measured with river bench --kernels (8192 x 2048, 2 threads): 0.86-0.99 of the
- * read sweep at 1 row of x where the row-major layout gave 0.72-0.80; without the prefetch,
- * 4 and 8 rows of x fell to 0.36-0.48. */
+/* How far ahead a decode tile prefetches, in spans. The layout is one stream a block, which
+ * the hardware prefetchers follow; but a tile of fewer rows than its block reads only its
+ * rows' lines of each span, and the next tile the others, so every tile prefetches whole
+ * spans for them all, 16 spans (8 KiB) ahead. Measured with river bench --kernels (8192 x
+ * 2048, 2 threads): 0.86-0.99 of the read sweep at 1 row of x where the row-major layout
+ * gave 0.72-0.80; without the prefetch, 4 and 8 rows of x fell to 0.36-0.48. */
 #define CPU_ROWBLOCK_PF_SPANS 16
 
-/* Prefetches the `span` bytes (a power of two: one chunk of every row of a block) `ahead`
- * bytes past the span holding p, a line at a time. In the backend's copies, which start
- * 2 MiB aligned, whole blocks start at multiples of their span, so these are the lines of
- * every row of p's block: a tile of fewer rows than the block brings the others' too, which
- * the next tile then finds in cache. */
-static inline void cpu_rowblock_prefetch(const void *p, size_t span, size_t ahead)
+/* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
+ * p. The backend's copies start 2 MiB aligned, so spans start at multiples of their size
+ * and these are the lines of every row of p's block. */
+static inline void cpu_rowblock_prefetch(const void *p)
 {
-    const char *c = (const char *)(((uintptr_t)p & ~(uintptr_t)(span - 1)) + ahead);
-    for (size_t l = 0; l < span; l += 64)
+    const char *c = (const char *)(((uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1)) +
+                                   (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN);
+    for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
         __builtin_prefetch(c + l, 0, 3);
-}
-
-/* How a kernel walks from row r: chunk c (of `chunk` bytes, dt's own for a row-blocked type)
- * of row r + j, for rows r + j of r's block, is at row + j * row_stride + c * chunk_stride. */
-typedef struct cpu_rowwalk {
-    const uint8_t *row;
-    size_t row_stride;
-    size_t chunk_stride;
-} cpu_rowwalk_t;
-
-static inline cpu_rowwalk_t cpu_rowwalk(dtype_t dt, const void *base, int64_t rows, size_t rb,
-                                        int64_t r, size_t chunk)
-{
-    int64_t B = cpu_rowblock_rows(dt);
-    if (!B)
-        return (cpu_rowwalk_t){(const uint8_t *)base + (size_t)r * rb, rb, chunk};
-    int64_t b0 = r - r % B, in = rows - b0 < B ? rows - b0 : B;
-    return (cpu_rowwalk_t){cpu_rowblock_at(dt, base, rows, rb, r, 0), chunk,
-                           (size_t)in * chunk};
 }
 
 #endif
