@@ -147,6 +147,8 @@ typedef struct backend_info {
     int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
                           map, share (memfd) or advise them */
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
+    int64_t mem_free;  /* bytes its buffers can still take when asked (the host's available
+                          memory, the GPU's free memory); 0 where it cannot tell */
 } backend_info_t;
 
 /* Memory two processes on one host map together (the split pair's KV pool), as the

@@ -59,6 +59,7 @@ START_TEST(test_device_names)
         backend_get_info(be, &bi);
         ck_assert_int_eq(bi.host_memory, 0);
         ck_assert_int_eq(bi.device, 0);
+        ck_assert(bi.mem_free > 0);
         backend_destroy(&be);
     }
 #else
@@ -109,6 +110,9 @@ START_TEST(test_cpu_info)
     ck_assert_int_eq(bi.threads, 2);
     ck_assert_int_eq(bi.device, -1);
     ck_assert_int_eq(bi.host_memory, 1);
+    /* The host's available memory: more than nothing, no more than it has. */
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    ck_assert(bi.mem_free > 0 && (double)bi.mem_free <= phys);
     ck_assert_int_eq(backend_is_host(be), 1);
     ck_assert_int_eq(backend_threads(be), 2);
     char buf[64];

@@ -69,7 +69,7 @@ static const config_key_t config__worker_keys[] = {
     CONFIG_SECTION_KEY("kv", "The paged KV cache."),
     WK("kv.page_size", CONFIG_INT, kv_page_size, 1, 4096, "16", "Positions per KV page."),
     WK("kv.pages", CONFIG_INT, kv_pages, 0, 1 << 24, "0",
-       "Pages in the pool; 0: enough for max_seqs full contexts, on the CPU at most half the "
+       "Pages in the pool; 0: enough for max_seqs full contexts, at most half the "
        "memory available once the weights are placed (at least one full context)."),
     CONFIG_SECTION_KEY("prefix_cache", "Full KV pages kept after their request ends and reused "
                                     "by requests that start with the same token ids (a "

@@ -197,11 +197,10 @@ static backend_weights_t worker__weights(const config_worker_t *c)
     return c->weights == CONFIG_WEIGHTS_MAPPED ? BACKEND_WEIGHTS_MAPPED : BACKEND_WEIGHTS_COPY;
 }
 
-/* Logs what this process holds in memory: all of it, and the model's weights. */
-/* KV pages of the pool: kv.pages, or for 0 enough for max_seqs full contexts, capped on a
- * host backend at half the memory available once the weights are placed. The pool is
- * reserved up front, and 16 full contexts of a model with a long context ask for more than
- * a host has (Llama 3.2 1B: 131072 positions, 1 MiB a page of 16, 128 GiB in all), which
+/* KV pages of the pool: kv.pages, or for 0 enough for max_seqs full contexts, capped at
+ * half the memory the backend has free once the weights are placed (backend_info.mem_free:
+ * the host's, or the GPU's). The pool is reserved up front, and 16 full contexts of a model
+ * with a long context ask for more than a host or a GPU has (Llama 3.2 1B: 131072 positions, 1 MiB a page of 16, 128 GiB in all), which
  * the kernel refuses to map; sequences past the cap wait or are preempted. Never fewer
  * than one full context's pages. */
 static int worker__kv_pages(const worker_t *w, const config_worker_t *c)
@@ -213,22 +212,24 @@ static int worker__kv_pages(const worker_t *w, const config_worker_t *c)
         return c->kv_pages;
     if (want > (1 << 24))
         want = 1 << 24;
-    long avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    backend_info_t bi = {0};
+    backend_get_info(w->env.be, &bi);
     size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
                                              c->kv_page_size, 1);
-    if (!backend_is_host(w->env.be) || avail <= 0 || psz <= 0 || page_bytes == 0)
+    if (bi.mem_free <= 0 || page_bytes == 0)
         return (int)want;
-    int64_t fit = (int64_t)((double)avail * (double)psz * 0.5 / (double)page_bytes);
+    int64_t fit = (int64_t)((double)bi.mem_free * 0.5 / (double)page_bytes);
     if (fit >= want)
         return (int)want;
     int64_t pages = fit > per_seq ? fit : per_seq; /* fit < want here, and per_seq <= want */
-    log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the memory available; "
+    log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the %s memory available; "
              "%d full contexts of %d would take %lld (set kv.pages to choose)",
              (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,
-             c->max_seqs, mc->max_seq_len, (long long)want);
+             bi.host_memory ? "host's" : "device's", c->max_seqs, mc->max_seq_len, (long long)want);
     return (int)pages;
 }
 
+/* Logs what this process holds in memory: all of it, and the model's weights. */
 static void worker__log_resident(const worker_t *w, const char *what)
 {
     int64_t rss = offload_rss_bytes();

@@ -90,6 +90,8 @@ static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = 0;
     out->device = ctx->device;
     out->host_memory = 0;
+    size_t free_b = 0, total_b = 0;
+    out->mem_free = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? (int64_t)free_b : 0;
 }
 
 /* Device copies are not released yet: eviction to host memory (or to the backbone GPU of a

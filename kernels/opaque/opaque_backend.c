@@ -268,6 +268,7 @@ static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = cpu.threads;
     out->device = 0;
     out->host_memory = 0;
+    out->mem_free = cpu.mem_free; /* its device memory is the host's */
     /* Peer copies through a shared buffer run the same ops a GPU pair's would, on memory
      * the worker cannot touch; NCCL has no CPU form. */
     out->handoff = HANDOFF_SHARED;
