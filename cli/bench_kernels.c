@@ -64,7 +64,7 @@ static const struct {
 };
 #define BK_N_SHAPES (int)(sizeof bk_shapes / sizeof bk_shapes[0])
 
-#define BK_MAX_N 128
+#define BK_MAX_N 512
 #define BK_MAX_BATCHES 16
 #define BK_RUN_SECONDS 0.25
 #define BK_RUN_MIN_SECONDS 0.01
@@ -311,12 +311,12 @@ static void bk_usage(FILE *f)
                "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, q8-g32-z128,\n"
-               "q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (default 1,2,4,8,128; the scalar\n"
-               "level stops at 8), the median ms per call over R runs (default 5), the\n"
-               "weight bytes (codes, scales, zeros) per second and their fraction of a read\n"
-               "sweep of M MiB (default 1024) with the same threads (default 2) and that\n"
-               "level's loads, taken before each shape's runs at each level, and G\n"
-               "multiply-adds per second. Each shape is placed as distinct copies filling P\n"
+               "q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512, default\n"
+               "1,2,4,8,128; the scalar level stops at 8), the median ms per call over R runs\n"
+               "(default 5), the weight bytes (codes, scales, zeros) per second and their\n"
+               "fraction of a read sweep of M MiB (default 1024) with the same threads\n"
+               "(default 2) and that level's loads, taken before each shape's runs at each\n"
+               "level, and G multiply-adds per second. Each shape is placed as distinct copies filling P\n"
                "MiB (default 1024, past the last-level cache), called in rotation. Shapes:\n"
                "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n");
 }
