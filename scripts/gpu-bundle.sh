@@ -81,3 +81,17 @@ rm -rf "$stage"
 raw=$(awk '$1 ~ /^[0-9]+$/ { s += $1 } END { print s }' "$DEST/MANIFEST")
 packed=$(stat -c %s "$DEST/bundle.tar.xz")
 echo "gpu-bundle: $DEST/bundle.tar.xz: $((packed / 1024)) KiB ($((raw / 1024)) KiB unpacked)"
+# What a run on the lent machine carries, all of it, is capped at 64 MiB: the working tree
+# (tracked files and untracked ones git does not ignore) and the bundle. Test data that
+# other work adds counts against the same limit, so it is measured here, every time.
+limit=$((64 * 1024 * 1024))
+tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+    awk '{ s += $1 } END { print s + 0 }')
+total=$((tree + packed)) # the bundle is ignored (.gitignore) and carried beside the tree
+echo "gpu-bundle: working tree $((tree / 1024)) KiB + bundle $((packed / 1024)) KiB =" \
+    "$((total / 1024)) KiB of the $((limit / 1024)) KiB a GPU run carries"
+if [ "$total" -gt "$limit" ]; then
+    echo "gpu-bundle: over the limit by $(((total - limit) / 1024)) KiB: the run would not" \
+        "reach the machine (move test data out of the tree, or shrink the bundle)" >&2
+    exit 1
+fi

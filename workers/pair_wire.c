@@ -5,8 +5,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/pidfd.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -65,10 +66,13 @@ int pair_wire_send(void *sock, const ProtobufCMessage *env, int flags)
 }
 
 /* A pidfd for a peer process (readable once it ends), or -1 when the kernel has none:
- * liveness then rests on heartbeats alone. */
+ * liveness then rests on heartbeats alone. The raw system call rather than glibc's
+ * pidfd_open, which only glibc 2.36 has: the binaries must also start on the older C
+ * libraries of machines they are carried to (the lent GPU machine), where the kernel has
+ * the call. */
 int pair_wire_pidfd(pid_t pid)
 {
-    int fd = pidfd_open(pid, 0);
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (fd < 0)
         log_warn("pidfd_open(%d): %s; the peer's end is noticed by heartbeats only",
                  (int)pid, strerror(errno));
