@@ -28,9 +28,10 @@
 # usage: scripts/gpu-check.sh [--only STEP[,STEP...]] [--list]
 #        (or STEPS="STEP ..." in the environment; --only wins)
 #
-# Output: summary.txt and logs.tar.gz (one NAME.log per step) under $OUT when it is set,
-# else under build-gpu/gpu-check/ (there with the logs unpacked in logs/ too). The summary
-# ends with the --only line that reruns just the failed steps.
+# Output: summary.txt, logs/NAME.log (one per step) and logs.tar.gz (the same, archived
+# again after every step) under $OUT when it is set, else under build-gpu/gpu-check/. A
+# failed step's last lines go into the summary too, which ends with the --only line that
+# reruns just the failed steps.
 #
 # Exit status: 0 when every step that ran passed, 1 when one failed, 2 when no GPU is
 # visible (every step then says "skip ... (no GPU)"; nothing is run), 3 for a missing
@@ -78,14 +79,11 @@ for s in $selected; do
     esac
 done
 
-if [ -n "${OUT:-}" ]; then
-    DEST=$OUT
-    LOGS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-logs.XXXXXX") || exit 3
-else
-    DEST=build-gpu/gpu-check
-    LOGS=$DEST/logs
-    rm -rf "$LOGS"
-fi
+# The logs are written where they come back from ($OUT) and archived after every step: a
+# run cut short by the outer time limit still returns every step that finished.
+DEST=${OUT:-build-gpu/gpu-check}
+LOGS=$DEST/logs
+rm -rf "$LOGS"
 mkdir -p "$DEST" "$LOGS" || exit 3
 SUMMARY=$DEST/summary.txt
 : >"$SUMMARY"
@@ -93,6 +91,12 @@ failed=""
 
 say() {
     echo "$*" | tee -a "$SUMMARY"
+}
+
+archive() {
+    tar -C "$LOGS" -czf "$DEST/logs.tar.gz.part" . 2>/dev/null &&
+        mv "$DEST/logs.tar.gz.part" "$DEST/logs.tar.gz" ||
+        echo "gpu-check: could not write $DEST/logs.tar.gz" >&2
 }
 
 finish() {
@@ -103,9 +107,7 @@ finish() {
     elif [ "$rc" -eq 0 ]; then
         say "gpu-check: every step that ran passed"
     fi
-    tar -C "$LOGS" -czf "$DEST/logs.tar.gz" . 2>/dev/null ||
-        echo "gpu-check: could not write $DEST/logs.tar.gz" >&2
-    [ -n "${OUT:-}" ] && rm -rf "$LOGS"
+    archive
     [ -n "${WORK:-}" ] && rm -rf "$WORK"
     exit "$rc"
 }
@@ -197,16 +199,20 @@ step() {
     if [ "$rc" -eq 0 ] && grep -q '^SKIP (no-gpu\|no-cuda)' "$LOGS/$name.log"; then
         say "FAIL  $name (skipped its GPU work: $(grep -m 1 '^SKIP (no-' "$LOGS/$name.log"))"
         failed="$failed $name"
+        archive
         return 1
     fi
     if [ "$rc" -eq 0 ]; then
         say "ok    $name ($((t1 - t0)) s)"
     else
         [ "$rc" -ge 124 ] && [ "$rc" -le 137 ] && rc="$rc, time limit $limit s"
-        say "FAIL  $name (exit $rc after $((t1 - t0)) s; see $name.log)"
+        say "FAIL  $name (exit $rc after $((t1 - t0)) s; see $name.log); its last lines:"
+        tail -n 15 "$LOGS/$name.log" | sed 's/^/    | /' | tee -a "$SUMMARY"
         failed="$failed $name"
+        archive
         return 1
     fi
+    archive
     return 0
 }
 
