@@ -149,6 +149,8 @@ typedef struct backend_info {
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
     int64_t mem_free;  /* bytes its buffers can still take when asked (the host's available
                           memory, the GPU's free memory); 0 where it cannot tell */
+    int lost;          /* the device failed for good (a sticky CUDA fault: every later op
+                          fails too); only a new process can use it again */
 } backend_info_t;
 
 /* Memory two processes on one host map together (the split pair's KV pool), as the

@@ -588,6 +588,40 @@ START_TEST(test_kv_pages_default_fits)
 }
 END_TEST
 
+/* A device lost for good (a sticky GPU fault; here the opaque backend's
+ * RIVER_OPAQUE_FAULT_AFTER) fails the running request UNAVAILABLE, which riverd sends to
+ * another worker, and ends the worker with a failure status instead of answering every
+ * later request with the same error. */
+START_TEST(test_device_lost_exits)
+{
+    if (!strcmp(test_device(), "cuda"))
+        return; /* nothing can lose a real GPU on purpose */
+    wk_t w;
+    ck_assert_int_eq(setenv("RIVER_OPAQUE_FAULT_AFTER", "60", 1), 0);
+    wk_start(&w, TINY, 4, strcmp(test_device(), "opaque") ? "device: opaque\n" : NULL, 50, 200);
+    unsetenv("RIVER_OPAQUE_FAULT_AFTER");
+    req_t q = {.id = 9, .text = "Once upon a time", .max_tokens = 64, .ignore_eos = 1};
+    wk_submit(&w, &q);
+    stream_t st = {.id = 9};
+    int64_t end = clock_now_ms() + 10000;
+    int code = -1;
+    while (code < 0 && clock_now_ms() < end) {
+        River__Worker__WorkerMessage *m = wk_recv(&w, 100);
+        if (m) {
+            if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+                ck_assert_msg(stream_take(&st, 1, m), "unexpected %s", frame_case_name(&m->base));
+            frame_free((ProtobufCMessage **)&m);
+        }
+        code = wk_wait_exit(&w, 0);
+    }
+    ck_assert_msg(code > 0, "worker exit status %d after its device was lost", code);
+    ck_assert_int_eq(st.ended, 2);
+    ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
+    ck_assert_uint_lt(st.n, 64);
+    wk_stop(&w);
+}
+END_TEST
+
 START_TEST(test_cancel_frees_pages)
 {
     wk_t w;
@@ -1023,6 +1057,7 @@ static Suite *worker_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_serve_matches_engine);
     tcase_add_test(tc, test_kv_pages_default_fits);
+    tcase_add_test(tc, test_device_lost_exits);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
     tcase_add_test(tc, test_exit_policy_lowbit);

@@ -434,6 +434,7 @@ static int worker__open(worker_t *w)
         .policy = w->xc.cfg.policy,
         .lossless = w->cfg.exit_mode == CONFIG_EXIT_MODE_LOSSLESS,
         .can_lossless = w->xc.river != NULL && w->xc.cfg.policy.rule != EXIT_RULE_NONE,
+        .be = w->env.be,
     };
     link_handlers_t h = {
         .user = w,
@@ -549,6 +550,14 @@ static int64_t worker__watchdog(worker_t *w, int64_t now)
     return w->watchdog_next;
 }
 
+/* Whether the backend's device failed for good (backend_info.lost). */
+static bool worker__device_lost(const worker_t *w)
+{
+    backend_info_t bi = {0};
+    backend_get_info(w->env.be, &bi);
+    return bi.lost != 0;
+}
+
 static int worker__run(worker_t *w)
 {
     for (;;) {
@@ -602,8 +611,11 @@ static int worker__run(worker_t *w)
         if (w->linked)
             link_tick(w->link, now);
         worker__report_pair(w);
-        /* An engine step that failed has failed its requests; the worker stays up. */
-        sched_step(w->sched, now);
+        /* An engine step that failed has failed its requests; the worker stays up, unless
+         * its device is lost for good: then only a new process can serve, and riverd, which
+         * sees the link go, sends this worker's requests elsewhere. */
+        if (sched_step(w->sched, now) && worker__device_lost(w))
+            return RIVER_EDEVICE;
         if (sched_drained(w->sched)) {
             /* The last word: draining, nothing queued, nothing running. */
             link_send_heartbeat(w->link);
@@ -782,7 +794,15 @@ int main(int argc, char **argv)
         log_error("start-up failed: %s", river_err_detail());
     } else if (worker__notify_ready(&w), (e = worker__run(&w))) {
         log_error("%s", river_err_detail());
-        sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__INTERNAL, river_err_detail());
+        /* Requests on a lost device fail UNAVAILABLE, which riverd re-dispatches to
+         * another worker with the tokens they already have. */
+        if (worker__device_lost(&w)) {
+            log_error("the device is lost to this process; exiting so that riverd "
+                      "re-dispatches its requests");
+            sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE, river_err_detail());
+        } else {
+            sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__INTERNAL, river_err_detail());
+        }
     } else {
         rc = 0;
     }

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "engine/kv_pool.h"
+#include "kernels/backend.h"
 
 typedef enum {
     SREQ_QUEUED = 0, /* waiting for an engine slot */
@@ -171,6 +172,17 @@ static int sched__text_copy(sched_t *s, const char *text, size_t len)
     return 0;
 }
 
+/* Whether the device is lost for good: then nothing here is the request's fault, and
+ * another worker can serve it. */
+static bool sched__device_lost(const sched_t *s)
+{
+    if (!s->cfg.be)
+        return false;
+    backend_info_t bi = {0};
+    backend_get_info(s->cfg.be, &bi);
+    return bi.lost != 0;
+}
+
 /* Every engine event of a running request: a Tokens message for a token (or for text
  * without one, which the end of a sequence may flush), then the request's end. */
 static void sched__on_event(void *user, const gen_event_t *ev)
@@ -201,7 +213,8 @@ static void sched__on_event(void *user, const gen_event_t *ev)
     if (ev->finish == GEN_FINISH_ERROR) {
         char msg[512];
         snprintf(msg, sizeof msg, "generation failed: %s", river_err_detail());
-        sched__failed(s, r->id, frame_error_code(ev->err), msg);
+        sched__failed(s, r->id, sched__device_lost(s) ? RIVER__CLIENT__ERROR__CODE__UNAVAILABLE
+                                                      : frame_error_code(ev->err), msg);
     } else if (ev->finish == GEN_FINISH_CANCEL && r->fail_code) {
         sched__failed(s, r->id, r->fail_code, r->fail_msg);
     } else {

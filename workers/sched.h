@@ -41,6 +41,9 @@ typedef struct sched_config {
     exit_policy_t policy; /* the worker's exit policy (to tell overrides apart) */
     int lossless;         /* requests' default mode: 1 lossless (exit.mode) */
     int can_lossless;     /* the worker has an exit rule and a river to draft with */
+    const backend_t *be;  /* the engine's backend: a request that fails on a lost device
+                             (backend_info.lost) fails UNAVAILABLE, which riverd sends to
+                             another worker; NULL: never */
 } sched_config_t;
 
 /* g, m and tok (NULL: token-id prompts only) must outlive the scheduler; messages go

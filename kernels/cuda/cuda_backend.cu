@@ -11,11 +11,38 @@ extern "C" {
 #include "kernels/backend_driver.h"
 }
 
+/* Set once an error has left the process's CUDA context unusable (backend_info.lost). */
+static int cuda__lost;
+
+/* The errors after which the context is corrupt and every later call fails the same way
+ * (CUDA's "sticky" errors): the process must end for the device to serve again. */
+static int cuda__sticky(cudaError_t err)
+{
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int cuda__fail(cudaError_t err, const char *what)
 {
-    /* Clears a sticky launch error so that the next call reports its own. */
+    if (cuda__sticky(err))
+        cuda__lost = 1;
+    /* Clears a launch error that is not sticky so that the next call reports its own. */
     (void)cudaGetLastError();
-    return river_err_set(RIVER_EDEVICE, "cuda %s: %s", what, cudaGetErrorString(err));
+    return river_err_set(RIVER_EDEVICE, "cuda %s: %s%s", what, cudaGetErrorString(err),
+                         cuda__lost ? " (the device is lost to this process)" : "");
 }
 
 int cuda__blas_fail(cublasStatus_t st, const char *what)
@@ -91,7 +118,9 @@ static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
     out->device = ctx->device;
     out->host_memory = 0;
     size_t free_b = 0, total_b = 0;
-    out->mem_free = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? (int64_t)free_b : 0;
+    out->mem_free = !cuda__lost && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess
+                        ? (int64_t)free_b : 0;
+    out->lost = cuda__lost;
 }
 
 /* Device copies are not released yet: eviction to host memory (or to the backbone GPU of a
@@ -206,6 +235,19 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
         e = cuda__blas_fail(st, "set stream");
         goto fail_blas;
     }
+    /* Without a workspace of its own cuBLAS allocates one per stream on demand, and inside
+     * a captured graph (RIVER_CUDA_GRAPHS) that becomes allocation nodes and a new
+     * instantiation for every prefill. 32 MiB is what cuBLAS asks for on Hopper. */
+    ce = cudaMalloc(&ctx->blas_ws, CUDA_BLAS_WS_BYTES);
+    if (ce != cudaSuccess) {
+        e = cuda__fail(ce, "cuBLAS workspace");
+        goto fail_blas;
+    }
+    st = cublasSetWorkspace(ctx->blas, ctx->blas_ws, CUDA_BLAS_WS_BYTES);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        e = cuda__blas_fail(st, "set workspace");
+        goto fail_ws;
+    }
     ctx->n_sm = 1;
     {
         const char *g = getenv("RIVER_CUDA_GRAPHS");
@@ -222,6 +264,8 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
     *out = b;
     return 0;
 
+fail_ws:
+    (void)cudaFree(ctx->blas_ws);
 fail_blas:
     cublasDestroy(ctx->blas);
 fail_stream:
@@ -250,6 +294,8 @@ extern "C" void cuda_backend_destroy(backend_t **bp)
     cuda__graph_release(ctx);
     free(ctx->host);
     cublasDestroy(ctx->blas);
+    if (ctx->blas_ws)
+        (void)cudaFree(ctx->blas_ws);
     cudaStreamDestroy(ctx->stream);
     (void)cudaGetLastError();
     free(ctx);

@@ -28,6 +28,8 @@ extern "C" {
  * backend. The match is on content, never on a host pointer, so a caller that changes an
  * array in place can never be handed a stale copy. */
 #define STAGE_SLOTS 16
+/* cuBLAS workspace bytes (the size its documentation asks for on Hopper). */
+#define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
 
 struct stage_slot {
     void *host;        /* pinned (cudaHostAlloc) copy of the bytes last uploaded */
@@ -43,6 +45,8 @@ struct ops_ctx {
     int n_sm;          /* multiprocessors of the device, for grid sizing */
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_ws; /* cuBLAS's workspace, CUDA_BLAS_WS_BYTES: set once, so that a GEMM
+                      captured into a graph allocates nothing inside it */
     /* Device scratch for converted activations and partial results; grows geometrically
      * and is kept. Reuse across ops is safe: everything runs in stream order. */
     void *scratch;

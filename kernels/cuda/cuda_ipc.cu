@@ -15,6 +15,11 @@ void *cuda__shared_alloc(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h)
     cudaError_t ce = cudaMalloc(&d, bytes);
     if (ce == cudaSuccess)
         ce = cudaMemset(d, 0, bytes);
+    /* cudaMemset may return before the zeros are written, and the other process maps the
+     * pool through the handle at once, on streams of its own: it must not see the memory
+     * before it is zero. */
+    if (ce == cudaSuccess)
+        ce = cudaDeviceSynchronize();
     cudaIpcMemHandle_t ipc;
     if (ce == cudaSuccess)
         ce = cudaIpcGetMemHandle(&ipc, d);

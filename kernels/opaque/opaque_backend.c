@@ -21,7 +21,22 @@ struct ops_ctx {
     char *shadow;      /* (OPAQUE_ARENA_BYTES) PROT_NONE range the caller's addresses are in */
     size_t used;       /* bytes handed out, page-rounded; never reused */
     size_t page;
+    /* RIVER_OPAQUE_FAULT_AFTER=N: the device is lost at the N+1st matmul, as a GPU is after
+     * a sticky fault, and every op from then on fails; tests of what a worker does then. */
+    long fault_after; /* matmuls left before the fault; -1: never */
+    int lost;
 };
+
+/* Counts a matmul towards RIVER_OPAQUE_FAULT_AFTER; RIVER_EDEVICE once the device is lost. */
+static int opq__alive(ops_ctx_t *c, const char *op)
+{
+    if (!c->lost && c->fault_after >= 0 && c->fault_after-- == 0)
+        c->lost = 1;
+    if (c->lost)
+        return river_err_set(RIVER_EDEVICE, "opaque %s: the device is lost "
+                             "(RIVER_OPAQUE_FAULT_AFTER)", op);
+    return 0;
+}
 
 /* The readable address of caller address h, or NULL when h is not inside what this backend
  * handed out. */
@@ -154,6 +169,9 @@ static int opq_rmsnorm(ops_ctx_t *ctx, void *out, const void *x, const weight_t 
 
 static int opq_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
 {
+    int e = opq__alive(ctx, "matmul");
+    if (e)
+        return e;
     OPQ_BUF(yr, y, "matmul");
     OPQ_BUF(xr, x, "matmul");
     OPQ_WEIGHT(wr, w, "matmul");
@@ -269,6 +287,7 @@ static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
     out->device = 0;
     out->host_memory = 0;
     out->mem_free = cpu.mem_free; /* its device memory is the host's */
+    out->lost = ctx->lost;
     /* Peer copies through a shared buffer run the same ops a GPU pair's would, on memory
      * the worker cannot touch; NCCL has no CPU form. */
     out->handoff = HANDOFF_SHARED;
@@ -440,6 +459,14 @@ int opaque_backend_new(backend_t **out, int n_threads, cpu_simd_t simd)
         goto fail;
     }
     ctx->page = (size_t)sysconf(_SC_PAGESIZE);
+    const char *fa = getenv("RIVER_OPAQUE_FAULT_AFTER");
+    char *end = NULL;
+    ctx->fault_after = fa && *fa ? strtol(fa, &end, 10) : -1;
+    if (fa && *fa && (*end || ctx->fault_after < 0)) {
+        e = river_err_set(RIVER_EINVAL, "RIVER_OPAQUE_FAULT_AFTER '%s' is not a count of "
+                          "matmuls", fa);
+        goto fail;
+    }
     ctx->real = mmap(NULL, OPAQUE_ARENA_BYTES, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (ctx->real == MAP_FAILED) {
