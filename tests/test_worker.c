@@ -535,16 +535,12 @@ START_TEST(test_lossless)
 }
 END_TEST
 
-/* Cancel in mid-stream ends the request with Done(CANCELLED) and its KV pages come back.
- * The worker is paused while the Cancel is sent, so the cancel lands mid-stream. */
-/* kv.pages 0 on a model whose full contexts outgrow the host (tinystories-656k told it has
- * 2^21 positions: 2 GiB of KV a sequence, 32 GiB for 16): the worker starts, its pool holds
- * at least one full context and at most half the physical memory beyond that, and it
- * serves. Uncapped, the pool is refused at start-up on any host of less than 64 GiB. */
-START_TEST(test_kv_pages_default_fits)
+/* tinystories-656k (links to its files) under a config.json that says it has `positions`
+ * positions; the directory is written to dir. */
+static void longctx_model(char *dir, size_t cap, const char *name, long positions)
 {
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/longctx", test_tmpdir());
+    char path[600];
+    snprintf(dir, cap, "%s/%s", test_tmpdir(), name);
     ck_assert_int_eq(mkdir(dir, 0755), 0);
     const char *files[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json",
                            "special_tokens_map.json", "generation_config.json"};
@@ -562,13 +558,23 @@ START_TEST(test_kv_pages_default_fits)
     ck_assert_ptr_nonnull(f);
     fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"bos_token_id\": 1, "
                "\"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 128, "
-               "\"intermediate_size\": 384, \"max_position_embeddings\": 2097152, "
+               "\"intermediate_size\": 384, \"max_position_embeddings\": %ld, "
                "\"model_type\": \"llama\", \"num_attention_heads\": 8, "
                "\"num_hidden_layers\": 2, \"num_key_value_heads\": 4, "
                "\"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
                "\"tie_word_embeddings\": true, \"torch_dtype\": \"float32\", "
-               "\"vocab_size\": 2048}\n");
+               "\"vocab_size\": 2048}\n", positions);
     ck_assert_int_eq(fclose(f), 0);
+}
+
+/* kv.pages 0 on a model whose full contexts outgrow the host (tinystories-656k told it has
+ * 2^21 positions: 2 GiB of KV a sequence, 32 GiB for 16): the worker starts, its pool holds
+ * at least one full context and at most half the physical memory beyond that, and it
+ * serves. Uncapped, the pool is refused at start-up on any host of less than 64 GiB. */
+START_TEST(test_kv_pages_default_fits)
+{
+    char dir[512];
+    longctx_model(dir, sizeof dir, "longctx", 2097152);
     wk_t w;
     wk_start(&w, dir, 16, NULL, 50, 200);
     /* 2 layers, K and V, 4 heads of 16, 16 positions, f32: 16 KiB a page. */
@@ -585,6 +591,34 @@ START_TEST(test_kv_pages_default_fits)
     ck_assert_int_eq(st.ended, 1);
     ck_assert_uint_eq(st.n, 8);
     wk_stop(&w);
+}
+END_TEST
+
+/* kv.pages 0 on a model one of whose contexts is more KV than the memory has free (2^26
+ * positions: 64 GiB): the worker refuses to start, saying what it needed and which key to
+ * set, rather than failing at the mapping. */
+START_TEST(test_kv_context_too_large)
+{
+    /* 2^26 positions (the most a model may have) of 1 KiB of KV each: 64 GiB. */
+    long avail = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / (1L << 30);
+    if (avail >= 60) {
+        printf("test_kv_context_too_large: %ld GiB here, one context may fit\n", avail);
+        return;
+    }
+    char dir[512], cfg[1024], log[600];
+    longctx_model(dir, sizeof dir, "hugectx", 1L << 26);
+    snprintf(cfg, sizeof cfg, "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nthreads: 1\n"
+             "log_level: error\nauth: {mode: plain}\n%s", test_tmpdir(), dir, test_device_yaml());
+    snprintf(log, sizeof log, "%s/hugectx.log", test_tmpdir());
+    pid_t pid = wk_spawn("hugectx.yaml", cfg, NULL, log, NULL);
+    int code = test_wait_code(pid, 30000);
+    ck_assert_msg(code > 0, "worker exit status %d", code);
+    size_t n = 0;
+    char *text = test_read_file(log, &n);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(strstr(text, "one full context of 67108864 positions") &&
+                      strstr(text, "set kv.pages"), "%s", text);
+    free(text);
 }
 END_TEST
 
@@ -615,6 +649,13 @@ START_TEST(test_device_lost_exits)
         code = wk_wait_exit(&w, 0);
     }
     ck_assert_msg(code > 0, "worker exit status %d after its device was lost", code);
+    /* What it sent before it went may still be on the socket. */
+    River__Worker__WorkerMessage *m;
+    while (!st.ended && (m = wk_recv(&w, 500))) {
+        if (m->kind_case != RIVER__WORKER__WORKER_MESSAGE__KIND_HEARTBEAT)
+            ck_assert_msg(stream_take(&st, 1, m), "unexpected %s", frame_case_name(&m->base));
+        frame_free((ProtobufCMessage **)&m);
+    }
     ck_assert_int_eq(st.ended, 2);
     ck_assert_int_eq(st.code, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE);
     ck_assert_uint_lt(st.n, 64);
@@ -622,6 +663,8 @@ START_TEST(test_device_lost_exits)
 }
 END_TEST
 
+/* Cancel in mid-stream ends the request with Done(CANCELLED) and its KV pages come back.
+ * The worker is paused while the Cancel is sent, so the cancel lands mid-stream. */
 START_TEST(test_cancel_frees_pages)
 {
     wk_t w;
@@ -1058,6 +1101,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_serve_matches_engine);
     tcase_add_test(tc, test_kv_pages_default_fits);
     tcase_add_test(tc, test_device_lost_exits);
+    tcase_add_test(tc, test_kv_context_too_large);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
     tcase_add_test(tc, test_exit_policy_lowbit);

@@ -200,33 +200,49 @@ static backend_weights_t worker__weights(const config_worker_t *c)
 /* KV pages of the pool: kv.pages, or for 0 enough for max_seqs full contexts, capped at
  * half the memory the backend has free once the weights are placed (backend_info.mem_free:
  * the host's, or the GPU's). The pool is reserved up front, and 16 full contexts of a model
- * with a long context ask for more than a host or a GPU has (Llama 3.2 1B: 131072 positions, 1 MiB a page of 16, 128 GiB in all), which
- * the kernel refuses to map; sequences past the cap wait or are preempted. Never fewer
- * than one full context's pages. */
-static int worker__kv_pages(const worker_t *w, const config_worker_t *c)
+ * with a long context ask for more than a host or a GPU has (Llama 3.2 1B: 131072
+ * positions, 1 MiB a page of 16, 128 GiB in all), which the kernel refuses to map;
+ * sequences past the cap wait or are preempted. Never fewer than one full context's pages:
+ * where even that is more than the memory has free, RIVER_ENOMEM says so and names the
+ * key. */
+static int worker__kv_pages(const worker_t *w, const config_worker_t *c, int *out)
 {
     const model_config_t *mc = &w->env.model->cfg;
     int64_t per_seq = (mc->max_seq_len + c->kv_page_size - 1) / c->kv_page_size;
     int64_t want = (int64_t)c->max_seqs * per_seq;
+    *out = c->kv_pages;
     if (c->kv_pages > 0)
-        return c->kv_pages;
+        return 0;
     if (want > (1 << 24))
         want = 1 << 24;
     backend_info_t bi = {0};
     backend_get_info(w->env.be, &bi);
     size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
                                              c->kv_page_size, 1);
+    *out = (int)want;
     if (bi.mem_free <= 0 || page_bytes == 0)
-        return (int)want;
+        return 0;
     int64_t fit = (int64_t)((double)bi.mem_free * 0.5 / (double)page_bytes);
     if (fit >= want)
-        return (int)want;
+        return 0;
+    /* A pool without room for one whole context would fail the longest requests however
+     * long they wait; one that the memory cannot hold would fail here at the mapping with
+     * a less helpful message. */
+    if ((double)per_seq * (double)page_bytes > (double)bi.mem_free)
+        return river_err_set(RIVER_ENOMEM, "kv.pages 0: one full context of %d positions "
+                             "takes %.1f GiB of KV, more than the %.1f GiB the %s has free; "
+                             "set kv.pages to the pages to reserve (of %d positions, %.1f MiB "
+                             "each), and requests longer than the pool wait or fail",
+                             mc->max_seq_len, (double)per_seq * (double)page_bytes / 1073741824.0,
+                             (double)bi.mem_free / 1073741824.0, bi.host_memory ? "host" : "device",
+                             c->kv_page_size, (double)page_bytes / 1048576.0);
     int64_t pages = fit > per_seq ? fit : per_seq; /* fit < want here, and per_seq <= want */
     log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the %s memory available; "
              "%d full contexts of %d would take %lld (set kv.pages to choose)",
              (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,
              bi.host_memory ? "host's" : "device's", c->max_seqs, mc->max_seq_len, (long long)want);
-    return (int)pages;
+    *out = (int)pages;
+    return 0;
 }
 
 /* Logs what this process holds in memory: all of it, and the model's weights. */
@@ -342,7 +358,9 @@ static int worker__open_engine(worker_t *w)
     if ((e = exit_setup_open(&w->xc, &pol, c->river[0] ? c->river : NULL,
                              c->routers[0] ? c->routers : NULL, w->env.model)))
         return e;
-    int kv_pages = worker__kv_pages(w, c);
+    int kv_pages = 0;
+    if ((e = worker__kv_pages(w, c, &kv_pages)))
+        return e;
     /* Preemption: a worker under load must not fail a request because the pool is
      * momentarily full. */
     gen_config_t gc = {.max_rows = c->max_batch_rows, .prefill_chunk = c->prefill_chunk,
