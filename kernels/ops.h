@@ -148,7 +148,8 @@ typedef struct backend_info {
                           map, share (memfd) or advise them */
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
     int64_t mem_free;  /* bytes its buffers can still take when asked (the host's available
-                          memory, the GPU's free memory); 0 where it cannot tell */
+                          memory within its cgroups' limits: common/meminfo.h; the GPU's
+                          free memory); 0 where it cannot tell */
     int lost;          /* the device failed for good (a sticky CUDA fault: every later op
                           fails too); only a new process can use it again */
 } backend_info_t;

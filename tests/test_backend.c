@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/meminfo.h"
 #include "engine/engine_open.h"
 #include "engine/generate.h"
 #include "engine/offload.h"
@@ -96,6 +98,66 @@ START_TEST(test_host_peer_unsupported)
         backend_peer_close(be, &peer);
         backend_destroy(&be);
     }
+}
+END_TEST
+
+/* Writes text to dir/name, making dir (and its parents, one level at a time) first. */
+static void mi_put(const char *dir, const char *name, const char *text)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + strlen(test_tmpdir()) + 1; (p = strchr(p, '/')); *p++ = '/') {
+        *p = '\0';
+        mkdir(path, 0755);
+    }
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The memory a process can take: MemAvailable, bounded by the least headroom of the cgroups
+ * it is in, at every level, for cgroup v2 and v1. */
+START_TEST(test_meminfo_cgroups)
+{
+    char root[600], fs[620], d[700], mi[620], cg[620];
+    snprintf(root, sizeof root, "%s/meminfo", test_tmpdir());
+    snprintf(fs, sizeof fs, "%s/fs", root);
+    snprintf(mi, sizeof mi, "%s/meminfo", root);
+    snprintf(cg, sizeof cg, "%s/cgroup", root);
+    mi_put(root, "meminfo", "MemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n");
+    /* No limits anywhere: MemAvailable. */
+    mi_put(root, "cgroup", "0::/\n");
+    ck_assert_int_eq(meminfo_available_from(mi, cg, fs), (int64_t)8 << 30);
+    /* v2: /a allows 3 GiB and uses 1; /a/b has no limit of its own. */
+    snprintf(d, sizeof d, "%s/a", fs);
+    mi_put(d, "memory.max", "3221225472\n");
+    mi_put(d, "memory.current", "1073741824\n");
+    snprintf(d, sizeof d, "%s/a/b", fs);
+    mi_put(d, "memory.max", "max\n");
+    mi_put(d, "memory.current", "536870912\n");
+    mi_put(root, "cgroup", "0::/a/b\n");
+    ck_assert_int_eq(meminfo_available_from(mi, cg, fs), (int64_t)2 << 30);
+    /* A limit below the available memory but above it at another level: the least. */
+    mi_put(d, "memory.max", "1610612736\n");
+    ck_assert_int_eq(meminfo_available_from(mi, cg, fs), (int64_t)1 << 30);
+    /* v1: the memory controller's mount; a child without a limit under a parent of 1 GiB
+     * that uses 256 MiB. */
+    snprintf(d, sizeof d, "%s/memory", fs);
+    mi_put(d, "memory.limit_in_bytes", "1073741824\n");
+    mi_put(d, "memory.usage_in_bytes", "268435456\n");
+    snprintf(d, sizeof d, "%s/memory/x", fs);
+    mi_put(d, "memory.limit_in_bytes", "9223372036854771712\n");
+    mi_put(d, "memory.usage_in_bytes", "1048576\n");
+    mi_put(root, "cgroup", "4:memory:/x\n1:cpu:/x\n");
+    ck_assert_int_eq(meminfo_available_from(mi, cg, fs), (int64_t)768 << 20);
+    /* Nothing readable: 0 (unknown). */
+    ck_assert_int_eq(meminfo_available_from("/nonexistent", "/nonexistent", fs), 0);
+    /* This process: something, no more than the machine has. */
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    ck_assert(meminfo_available() > 0 && (double)meminfo_available() <= phys);
 }
 END_TEST
 
@@ -653,6 +715,7 @@ static Suite *backend_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_device_names);
     tcase_add_test(tc, test_cpu_info);
+    tcase_add_test(tc, test_meminfo_cgroups);
     tcase_add_test(tc, test_profile);
     tcase_add_test(tc, test_host_peer_unsupported);
     tcase_add_test(tc, test_place_fingerprints);

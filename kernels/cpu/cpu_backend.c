@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/meminfo.h"
 #include "kernels/backend_driver.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/huge_pages.h"
@@ -511,24 +512,6 @@ static int cpu_sync(ops_ctx_t *ctx)
     return 0;
 }
 
-/* The memory the host can still give: MemAvailable, which counts the page cache the kernel
- * would drop (a mapped checkpoint's pages), where sysconf's free pages do not. */
-static int64_t cpu_mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[128];
-    long long kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    if (kib >= 0)
-        return (int64_t)kib * 1024;
-    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
-}
-
 static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
 {
     out->name = "cpu";
@@ -536,7 +519,7 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = ctx->n_threads;
     out->device = -1;
     out->host_memory = 1;
-    out->mem_free = cpu_mem_available();
+    out->mem_free = meminfo_available();
 }
 
 /* Where placement puts a weight. The mapped checkpoint's pages are 4 KiB page-cache pages
