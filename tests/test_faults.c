@@ -392,6 +392,28 @@ START_TEST(test_client_limit)
                   st[LIMIT].msg);
     ck_assert_uint_eq(st[LIMIT].n_ids, 0);
 
+    /* Another tenant of the same connection (Generate.tenant, what river-gateway sends for
+     * each API key) has a share of its own: at its limit, and still served. */
+    streams_stream_t tn[LIMIT + 1];
+    memset(tn, 0, sizeof tn);
+    river_generate_opts_t ot = o;
+    ot.tenant = "other-tenant";
+    ot.max_tokens = 4;
+    for (int i = 0; i <= LIMIT; i++) {
+        ot.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(c, &ot, NULL, streams_on_event, &tn[i], NULL), 0);
+    }
+    while (!tn[LIMIT].ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(tn[LIMIT].code, RIVER_CODE_RESOURCE_EXHAUSTED);
+    ck_assert_msg(strstr(tn[LIMIT].msg, "tenant other-tenant"), "%s", tn[LIMIT].msg);
+    for (int i = 0; i < LIMIT; i++) {
+        while (!tn[i].ended)
+            ck_assert_int_ge(river_client_poll(c, 1000), 0);
+        ck_assert_msg(tn[i].end == RIVER_EVENT_FINAL, "tenant request %d: %s", i, tn[i].msg);
+        ck_assert_uint_eq(tn[i].n_ids, 4);
+    }
+
     /* Another connection is its own client. */
     streams_load_t l;
     streams_load_start(&l, s.clients, NULL, 1, want, TOKENS, 30000);
