@@ -71,7 +71,8 @@ typedef struct session {
 
 /* ---- Clients ---- */
 
-/* Bytes of a client's identity: key or routing id, a 0, the tenant. */
+/* Bytes of a client's identity: key or routing id, a 0 and the tenant, or a 1 for the
+ * client as a whole. */
 #define DISPATCH_IDENTITY_MAX (RIVERD_ROUTE_MAX + 1 + RIVERD_TENANT_MAX)
 
 /* What a client is, for its limits: its CURVE key when riverd authenticates, so that one
@@ -79,7 +80,8 @@ typedef struct session {
  * client is no more than a connection, the routing id riverd's client ROUTER gave it. A
  * client that serves many (river-gateway) names the tenant of each request, and each
  * tenant is a client of its own: one API key cannot use up everyone's share. */
-static size_t dispatch__client_identity(const route_t *r, uint8_t id[DISPATCH_IDENTITY_MAX])
+static size_t dispatch__client_identity(const route_t *r, bool whole,
+                                        uint8_t id[DISPATCH_IDENTITY_MAX])
 {
     size_t n;
     if (r->key[0]) {
@@ -89,32 +91,52 @@ static size_t dispatch__client_identity(const route_t *r, uint8_t id[DISPATCH_ID
         n = r->len;
         memcpy(id, r->id, n);
     }
-    id[n++] = 0;
+    id[n++] = whole ? 1 : 0;
+    if (whole)
+        return n;
     size_t t = strlen(r->tenant);
     memcpy(id + n, r->tenant, t);
     return n + t;
 }
 
-/* Requests in flight plus ends owed, for the client at r. The count lives in the map's
- * value pointer itself, so counting costs no allocation per client. */
-static int dispatch__client_load(riverd_t *rd, const route_t *r)
+/* Requests in flight plus ends owed, for the client and tenant at r (whole: for all the
+ * client's tenants). The count lives in the map's value pointer itself, so counting costs
+ * no allocation per client. */
+static int dispatch__load_of(riverd_t *rd, const route_t *r, bool whole)
 {
     uint8_t id[DISPATCH_IDENTITY_MAX];
-    size_t len = dispatch__client_identity(r, id);
+    size_t len = dispatch__client_identity(r, whole, id);
     return (int)(uintptr_t)hmap_get(rd->client_load, id, len);
 }
 
-/* Adds delta to the client's load; the entry goes when it reaches 0. */
-static int dispatch__client_add(riverd_t *rd, const route_t *r, int delta)
+static int dispatch__client_load(riverd_t *rd, const route_t *r)
+{
+    return dispatch__load_of(rd, r, false);
+}
+
+/* Adds delta to one of the counts; the entry goes when it reaches 0. */
+static int dispatch__load_add(riverd_t *rd, const route_t *r, bool whole, int delta)
 {
     uint8_t id[DISPATCH_IDENTITY_MAX];
-    size_t len = dispatch__client_identity(r, id);
-    int n = dispatch__client_load(rd, r) + delta;
+    size_t len = dispatch__client_identity(r, whole, id);
+    int n = dispatch__load_of(rd, r, whole) + delta;
     if (n <= 0) {
         hmap_del(rd->client_load, id, len);
         return 0;
     }
     return hmap_put(rd->client_load, id, len, (void *)(uintptr_t)n);
+}
+
+/* Adds delta to the load of the client's tenant and of the client as a whole. */
+static int dispatch__client_add(riverd_t *rd, const route_t *r, int delta)
+{
+    if (dispatch__load_add(rd, r, false, delta) < 0)
+        return -1;
+    if (dispatch__load_add(rd, r, true, delta) < 0) {
+        dispatch__load_add(rd, r, false, -delta);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- Maps and lists ---- */
@@ -769,6 +791,13 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
                  "this client%s%s has %d requests in flight, at "
                  "limits.max_requests_per_client (%d)", who.tenant[0] ? ", tenant " : "",
                  who.tenant, load, rd->cfg.max_requests_per_client);
+        goto refuse;
+    }
+    load = dispatch__load_of(rd, from, true);
+    if (load >= rd->cfg.max_requests_per_key) {
+        snprintf(why, sizeof why,
+                 "this client has %d requests in flight over all its tenants, at "
+                 "limits.max_requests_per_key (%d)", load, rd->cfg.max_requests_per_key);
         goto refuse;
     }
     if (rd->n_queued >= rd->cfg.queue_length) {

@@ -192,6 +192,13 @@ int gw_apikeys_load(gw_apikeys_t **out, const char *path, const gw_config_t *cfg
                                GW_KEYS_MAX);
             break;
         }
+        /* The tables were sized by the lines counted first; a file that grew since then
+         * would fill them past half. */
+        if (2 * (k->n + 1) > k->mask + 1) {
+            rc = river_err_set(RIVER_EIO, "api_keys %s: the file changed while it was read",
+                               path);
+            break;
+        }
         size_t i = gw_apikeys__bucket(k, d);
         for (; k->slots[i].tenant; i = (i + 1) & k->mask)
             if (!memcmp(k->slots[i].digest, d, sizeof d))

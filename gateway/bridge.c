@@ -162,7 +162,7 @@ static void gw_bridge__event(void *user, const river_event_t *ev)
         c->usage.prompt_tokens = ev->prompt_tokens;
         c->usage.completion_tokens = ev->completion_tokens;
         /* Shared pages could be another tenant's: their count would tell it. */
-        if (c->tenant && gw_tenant_cache_salt(c->tenant)[0])
+        if (c->tenant && !gw_tenant_cache_shared(c->tenant))
             c->usage.cached_tokens = ev->cached_tokens;
         c->usage.mean_exit_layer = ev->mean_exit_layer;
         c->t_end = now;

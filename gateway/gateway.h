@@ -190,6 +190,9 @@ void gw_tenant_destroy(gw_tenant_t **t);
 const char *gw_tenant_name(const gw_tenant_t *t);
 /* The partition its requests' cached pages belong to: its name, "" when shared. */
 const char *gw_tenant_cache_salt(const gw_tenant_t *t);
+/* Whether its cached pages may be other tenants' (tenants.share_prefix_cache), so that
+ * their count must not be reported to it. */
+bool gw_tenant_cache_shared(const gw_tenant_t *t);
 /* Takes one request from the tenant's rate, or fills err (429 naming the limit and when
  * to retry) and returns -1 when it is over a limit; nothing is taken then. */
 int gw_tenant_admit(gw_tenant_t *t, gw_error_t *err);

@@ -58,6 +58,11 @@ const char *gw_tenant_cache_salt(const gw_tenant_t *t)
     return t->cfg->tenant_share_cache ? "" : t->name;
 }
 
+bool gw_tenant_cache_shared(const gw_tenant_t *t)
+{
+    return t->cfg->tenant_share_cache;
+}
+
 /* Adds what the time since the last refill earns (caller holds the lock). */
 static void gw_tenant__refill(gw_tenant_t *t)
 {
