@@ -6,6 +6,7 @@
  * meets depends on the digest of the key sent, which says nothing about any stored key
  * (that would take a SHA-256 preimage), so its time tells an attacker nothing. */
 #include <ctype.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +80,9 @@ static size_t gw_apikeys__name_hash(const char *s)
 
 /* The tenant called name, made the first time a line names it. */
 static gw_tenant_t *gw_apikeys__tenant(gw_apikeys_t *k, const char *name,
-                                       const gw_config_t *cfg)
+                                       const gw_config_t *cfg, int *fresh)
 {
+    *fresh = 0;
     size_t i = gw_apikeys__name_hash(name) & k->name_mask;
     for (; k->by_name[i]; i = (i + 1) & k->name_mask)
         if (!strcmp(gw_tenant_name(k->by_name[i]), name))
@@ -98,12 +100,59 @@ static gw_tenant_t *gw_apikeys__tenant(gw_apikeys_t *k, const char *name,
         return NULL;
     k->tenants[k->n_tenants++] = t;
     k->by_name[i] = t;
+    *fresh = 1;
     return t;
 }
 
-/* Reads a line's digest (64 hex digits) and tenant name; 0, or -1 when it is neither. */
-static int gw_apikeys__parse(char *s, uint8_t d[GW_DIGEST_LEN], char name[GW_TENANT_NAME_MAX + 1])
+/* What one line says. */
+typedef struct gw_key_line {
+    uint8_t digest[GW_DIGEST_LEN];
+    char name[GW_TENANT_NAME_MAX + 1];
+    int rpm, tpm; /* the tenant's own rates, -1: not given */
+} gw_key_line_t;
+
+/* The line's options, name=N; 0, or -1 naming the bad one in why. */
+static int gw_apikeys__options(char *s, gw_key_line_t *l, char *why, size_t cap)
 {
+    static const struct {
+        const char *name;
+        size_t offset;
+    } opts[] = {
+        {"requests_per_minute", offsetof(gw_key_line_t, rpm)},
+        {"tokens_per_minute", offsetof(gw_key_line_t, tpm)},
+    };
+    char *save = NULL;
+    for (char *tok = strtok_r(s, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        char *eq = strchr(tok, '=');
+        size_t i = 0;
+        for (; eq && i < sizeof opts / sizeof opts[0]; i++)
+            if (strlen(opts[i].name) == (size_t)(eq - tok) &&
+                !strncmp(tok, opts[i].name, (size_t)(eq - tok)))
+                break;
+        char *end;
+        long v = eq ? strtol(eq + 1, &end, 10) : -1;
+        if (!eq || i == sizeof opts / sizeof opts[0] || end == eq + 1 || *end || v < 0 ||
+            v > 1000000000) {
+            snprintf(why, cap, "'%s' is not requests_per_minute=N or tokens_per_minute=N "
+                     "(0..1000000000)", tok);
+            return -1;
+        }
+        *(int *)((char *)l + opts[i].offset) = (int)v;
+    }
+    return 0;
+}
+
+/* Reads a line's digest (64 hex digits), tenant name and options; 0, or -1 with why. */
+static int gw_apikeys__parse(char *s, gw_key_line_t *l, char *why, size_t cap)
+{
+    uint8_t *d = l->digest;
+    char *name = l->name;
+    l->rpm = l->tpm = -1;
+    snprintf(why, cap, "expected a SHA-256 digest in hex (64 characters; river-gateway "
+             "--hash-key prints one), then optionally a tenant name ([A-Za-z0-9._-], at most "
+             "%d) and its rates", GW_TENANT_NAME_MAX);
+    if (strlen(s) < GW_KEY_HEX_LEN)
+        return -1;
     for (size_t i = 0; i < GW_KEY_HEX_LEN; i++)
         if (!isxdigit((unsigned char)s[i]))
             return -1;
@@ -113,23 +162,25 @@ static int gw_apikeys__parse(char *s, uint8_t d[GW_DIGEST_LEN], char name[GW_TEN
         char byte[3] = {s[2 * i], s[2 * i + 1], 0};
         d[i] = (uint8_t)strtoul(byte, NULL, 16);
     }
-    const char *t = s + GW_KEY_HEX_LEN;
+    char *t = s + GW_KEY_HEX_LEN;
     while (isspace((unsigned char)*t))
         t++;
-    size_t n = strlen(t);
-    if (n == 0) {
+    size_t n = strcspn(t, " \t");
+    if (n == 0 || memchr(t, '=', n)) {
         snprintf(name, GW_TENANT_NAME_MAX + 1, "key-%.16s", s);
         for (char *p = name; *p; p++)
             *p = (char)tolower((unsigned char)*p);
-        return 0;
-    }
-    if (n > GW_TENANT_NAME_MAX)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)t[i]) && !strchr("._-", t[i]))
+    } else {
+        if (n > GW_TENANT_NAME_MAX)
             return -1;
-    memcpy(name, t, n + 1);
-    return 0;
+        for (size_t i = 0; i < n; i++)
+            if (!isalnum((unsigned char)t[i]) && !strchr("._-", t[i]))
+                return -1;
+        memcpy(name, t, n);
+        name[n] = '\0';
+        t += n;
+    }
+    return gw_apikeys__options(t, l, why, cap);
 }
 
 /* Counts the lines that may hold a key, to size the tables once. */
@@ -178,15 +229,13 @@ int gw_apikeys_load(gw_apikeys_t **out, const char *path, const gw_config_t *cfg
             s[--n] = '\0';
         if (n == 0 || s[0] == '#')
             continue;
-        uint8_t d[GW_DIGEST_LEN];
-        char name[GW_TENANT_NAME_MAX + 1];
-        if (n < GW_KEY_HEX_LEN || gw_apikeys__parse(s, d, name)) {
-            rc = river_err_set(RIVER_EFORMAT, "api_keys %s:%d: expected a SHA-256 digest in "
-                               "hex (64 characters; river-gateway --hash-key prints one), "
-                               "then optionally a tenant name ([A-Za-z0-9._-], at most %d)",
-                               path, lineno, GW_TENANT_NAME_MAX);
+        gw_key_line_t kl;
+        char why[256];
+        if (gw_apikeys__parse(s, &kl, why, sizeof why)) {
+            rc = river_err_set(RIVER_EFORMAT, "api_keys %s:%d: %s", path, lineno, why);
             break;
         }
+        const uint8_t *d = kl.digest;
         if (k->n == GW_KEYS_MAX) {
             rc = river_err_set(RIVER_ERANGE, "api_keys %s: more than %d keys", path,
                                GW_KEYS_MAX);
@@ -201,19 +250,28 @@ int gw_apikeys_load(gw_apikeys_t **out, const char *path, const gw_config_t *cfg
         }
         size_t i = gw_apikeys__bucket(k, d);
         for (; k->slots[i].tenant; i = (i + 1) & k->mask)
-            if (!memcmp(k->slots[i].digest, d, sizeof d))
+            if (!memcmp(k->slots[i].digest, d, GW_DIGEST_LEN))
                 break;
         if (k->slots[i].tenant) {
             rc = river_err_set(RIVER_EFORMAT, "api_keys %s:%d: this digest is listed twice",
                                path, lineno);
             break;
         }
-        gw_tenant_t *t = gw_apikeys__tenant(k, name, cfg);
+        int fresh = 0;
+        gw_tenant_t *t = gw_apikeys__tenant(k, kl.name, cfg, &fresh);
         if (!t) {
-            rc = river_err_set(RIVER_ENOMEM, "api_keys: tenant %s", name);
+            rc = river_err_set(RIVER_ENOMEM, "api_keys: tenant %s", kl.name);
             break;
         }
-        memcpy(k->slots[i].digest, d, sizeof d);
+        if (kl.rpm >= 0 || kl.tpm >= 0) {
+            if (!fresh) {
+                rc = river_err_set(RIVER_EFORMAT, "api_keys %s:%d: tenant %s has its rates "
+                                   "on its first line only", path, lineno, kl.name);
+                break;
+            }
+            gw_tenant_set_limits(t, kl.rpm, kl.tpm);
+        }
+        memcpy(k->slots[i].digest, d, GW_DIGEST_LEN);
         k->slots[i].tenant = t;
         k->n++;
     }

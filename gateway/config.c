@@ -60,7 +60,8 @@ static const config_key_t gw_config__keys[] = {
     GW("api_keys", CONFIG_STRING, api_keys, 0, 0, "",
        "File of allowed API keys as SHA-256 hex digests, one a line (`river-gateway "
        "--hash-key` prints the line for a key), each optionally followed by its tenant's "
-       "name (keys without one are tenants of their own); requests must send "
+       "name (keys without one are tenants of their own) and, on a tenant's first line, "
+       "its own rates (requests_per_minute=N tokens_per_minute=N); requests must send "
        "`Authorization: Bearer KEY`. Empty: no keys asked for, one tenant."),
     CONFIG_SECTION_KEY("limits", "What one request or everyone may hold."),
     GW("limits.max_body_bytes", CONFIG_INT, max_body_bytes, 1024, 1 << 30, "1048576",

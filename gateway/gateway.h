@@ -193,6 +193,9 @@ const char *gw_tenant_cache_salt(const gw_tenant_t *t);
 /* Whether its cached pages may be other tenants' (tenants.share_prefix_cache), so that
  * their count must not be reported to it. */
 bool gw_tenant_cache_shared(const gw_tenant_t *t);
+/* Its own rates instead of tenants.*, each -1 to keep that one (the key file's options);
+ * called before the tenant serves. */
+void gw_tenant_set_limits(gw_tenant_t *t, int requests_per_minute, int tokens_per_minute);
 /* Takes one request from the tenant's rate, or fills err (429 naming the limit and when
  * to retry) and returns -1 when it is over a limit; nothing is taken then. */
 int gw_tenant_admit(gw_tenant_t *t, gw_error_t *err);
@@ -206,8 +209,10 @@ void gw_tenant_charge(gw_tenant_t *t, uint32_t tokens);
 typedef struct gw_apikeys gw_apikeys_t;
 /* Reads a key file: one SHA-256 hex digest a line, optionally followed by the name of its
  * tenant ([A-Za-z0-9._-], at most GW_TENANT_NAME_MAX; keys without one are tenants of
- * their own, "key-" and the digest's first 16 digits); '#' comments and blank lines
- * allowed. Tenants get cfg's limits. Fails naming the line; *out NULL then. */
+ * their own, "key-" and the digest's first 16 digits) and the tenant's own rates
+ * (requests_per_minute=N, tokens_per_minute=N, on the tenant's first line; cfg's
+ * tenants.* otherwise); '#' comments and blank lines allowed. Fails naming the line;
+ * *out NULL then. */
 int gw_apikeys_load(gw_apikeys_t **out, const char *path, const gw_config_t *cfg);
 void gw_apikeys_destroy(gw_apikeys_t **k);
 /* The tenant of key (the Bearer token), NULL when it hashes to no digest of the file:

@@ -15,6 +15,8 @@
 struct gw_tenant {
     char name[GW_TENANT_NAME_MAX + 1];
     const gw_config_t *cfg;
+    int rpm, tpm;        /* its requests and tokens a minute, 0: no limit */
+    int own_rpm, own_tpm; /* the key file set them, not tenants.* */
     pthread_mutex_t mu;
     double requests; /* request tokens left, at most tenants.requests_per_minute */
     double tokens;   /* token-rate tokens left, at most tenants.tokens_per_minute */
@@ -32,10 +34,28 @@ gw_tenant_t *gw_tenant_new(const char *name, const gw_config_t *cfg)
     }
     snprintf(t->name, sizeof t->name, "%s", name);
     t->cfg = cfg;
-    t->requests = cfg->tenant_requests_per_minute;
-    t->tokens = cfg->tenant_tokens_per_minute;
+    t->rpm = cfg->tenant_requests_per_minute;
+    t->tpm = cfg->tenant_tokens_per_minute;
+    t->requests = t->rpm;
+    t->tokens = t->tpm;
     t->t_last = clock_now_s();
     return t;
+}
+
+void gw_tenant_set_limits(gw_tenant_t *t, int requests_per_minute, int tokens_per_minute)
+{
+    pthread_mutex_lock(&t->mu);
+    if (requests_per_minute >= 0) {
+        t->rpm = requests_per_minute;
+        t->requests = t->rpm;
+        t->own_rpm = 1;
+    }
+    if (tokens_per_minute >= 0) {
+        t->tpm = tokens_per_minute;
+        t->tokens = t->tpm;
+        t->own_tpm = 1;
+    }
+    pthread_mutex_unlock(&t->mu);
 }
 
 void gw_tenant_destroy(gw_tenant_t **pt)
@@ -68,43 +88,47 @@ static void gw_tenant__refill(gw_tenant_t *t)
 {
     double now = clock_now_s(), dt = now - t->t_last;
     t->t_last = now;
-    double rpm = t->cfg->tenant_requests_per_minute, tpm = t->cfg->tenant_tokens_per_minute;
+    double rpm = t->rpm, tpm = t->tpm;
     t->requests = fmin(rpm, t->requests + dt * rpm / 60);
     t->tokens = fmin(tpm, t->tokens + dt * tpm / 60);
 }
 
 int gw_tenant_admit(gw_tenant_t *t, gw_error_t *err)
 {
-    const gw_config_t *c = t->cfg;
     pthread_mutex_lock(&t->mu);
     gw_tenant__refill(t);
     const char *limit = NULL;
-    int value = 0;
+    int value = 0, own = 0;
     double wait_s = 0;
-    if (c->tenant_requests_per_minute && t->requests < 1) {
+    if (t->rpm && t->requests < 1) {
         limit = "requests_per_minute";
-        value = c->tenant_requests_per_minute;
+        value = t->rpm;
+        own = t->own_rpm;
         wait_s = (1 - t->requests) * 60 / value;
-    } else if (c->tenant_tokens_per_minute && t->tokens <= 0) {
+    } else if (t->tpm && t->tokens <= 0) {
         limit = "tokens_per_minute";
-        value = c->tenant_tokens_per_minute;
+        value = t->tpm;
+        own = t->own_tpm;
         wait_s = (1 - t->tokens) * 60 / value;
-    } else if (c->tenant_requests_per_minute) {
+    } else if (t->rpm) {
         t->requests -= 1;
     }
     pthread_mutex_unlock(&t->mu);
     if (!limit)
         return 0;
     return gw_error_set(err, GW_ERR_RATE, NULL,
-                        "tenant '%s' is over its limit tenants.%s (%d); retry in %.0f s",
-                        t->name, limit, value, ceil(wait_s));
+                        "tenant '%s' is over its limit %s%s (%d%s); retry in %.0f s", t->name,
+                        own ? "" : "tenants.", limit, value, own ? ", its api_keys line" : "",
+                        ceil(wait_s));
 }
 
 void gw_tenant_charge(gw_tenant_t *t, uint32_t tokens)
 {
-    if (!t->cfg->tenant_tokens_per_minute)
-        return;
     pthread_mutex_lock(&t->mu);
+    if (!t->tpm) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
     gw_tenant__refill(t);
     t->tokens -= tokens;
     pthread_mutex_unlock(&t->mu);

@@ -1071,9 +1071,34 @@ START_TEST(test_api_key_set)
     ck_assert_ptr_null(gw_apikeys_find(k, "sk-0 "));
     ck_assert_ptr_null(gw_apikeys_find(k, ""));
     gw_apikeys_destroy(&k);
-    /* One digest twice, and a bad tenant name, are refused naming the line. */
-    char hex[GW_KEY_HEX_LEN + 1], y[512];
+    /* A tenant with rates of its own, from its first line. */
+    char hex[GW_KEY_HEX_LEN + 1], hex2[GW_KEY_HEX_LEN + 1], y[512];
     gw_apikeys_hash("x", 1, hex);
+    gw_apikeys_hash("y", 1, hex2);
+    snprintf(y, sizeof y, "%s limited requests_per_minute=1 tokens_per_minute=50\n%s limited\n",
+             hex, hex2);
+    test_write(path, y);
+    ck_assert_msg(gw_apikeys_load(&k, path, &cfg) == 0, "%s", river_err_detail());
+    gw_tenant_t *lim = gw_apikeys_find(k, "y");
+    ck_assert_ptr_eq(lim, gw_apikeys_find(k, "x"));
+    gw_error_t err;
+    ck_assert_int_eq(gw_tenant_admit(lim, &err), 0);
+    ck_assert_int_eq(gw_tenant_admit(lim, &err), -1);
+    ck_assert_int_eq(err.kind, GW_ERR_RATE);
+    ck_assert_msg(strstr(err.message, "tenant 'limited' is over its limit requests_per_minute "
+                         "(1, its api_keys line)"), "%s", err.message);
+    gw_apikeys_destroy(&k);
+    snprintf(y, sizeof y, "%s limited\n%s limited tokens_per_minute=5\n", hex, hex2);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:2: tenant limited has its rates"),
+                  "%s", river_err_detail());
+    snprintf(y, sizeof y, "%s colour=3\n", hex);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:1: 'colour=3' is not"), "%s",
+                  river_err_detail());
+    /* One digest twice, and a bad tenant name, are refused naming the line. */
     snprintf(y, sizeof y, "%s a\n%s b\n", hex, hex);
     test_write(path, y);
     ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
