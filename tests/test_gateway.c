@@ -313,15 +313,22 @@ static json_t *gt_json(const gt_resp_t *r)
     return o;
 }
 
-/* POST with the test key; the parsed body; *status the HTTP status. */
-static json_t *gt_post(int port, const char *path, const char *body, int *status)
+/* POST with key; the parsed body; *status the HTTP status. */
+static json_t *gt_post_key(int port, const char *key, const char *path, const char *body,
+                           int *status)
 {
     gt_resp_t r;
-    gt_http(port, "POST", path, GT_KEY, body, &r);
+    gt_http(port, "POST", path, key, body, &r);
     *status = r.status;
     json_t *o = gt_json(&r);
     gt_resp_free(&r);
     return o;
+}
+
+/* POST with the test key. */
+static json_t *gt_post(int port, const char *path, const char *body, int *status)
+{
+    return gt_post_key(port, GT_KEY, path, body, status);
 }
 
 /* Checks SSE framing: events `data: ...` separated by one blank line, SSE comments
@@ -994,15 +1001,10 @@ END_TEST
 
 /* ---- Tenants and API keys ---- */
 
-/* POST as key's tenant; the parsed body; *status the HTTP status. */
+/* A text completion as key's tenant. */
 static json_t *gt_post_as(int port, const char *key, const char *body, int *status)
 {
-    gt_resp_t r;
-    gt_http(port, "POST", "/v1/completions", key, body, &r);
-    *status = r.status;
-    json_t *o = gt_json(&r);
-    gt_resp_free(&r);
-    return o;
+    return gt_post_key(port, key, "/v1/completions", body, status);
 }
 
 /* A text completion of prompt as key's tenant: its usage.prompt_tokens_details

@@ -1353,6 +1353,20 @@ static void tp_on_event(void *user, const river_event_t *ev)
     s->prompt = ev->prompt_tokens;
 }
 
+/* Sends TP_GEN tokens' request of ids (without a session id) into st. */
+static void tp_submit(river_client_t *c, const int32_t *ids, size_t n, const char *cache_salt,
+                      tp_stream_t *st)
+{
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.prompt_ids = ids;
+    o.n_prompt_ids = n;
+    o.max_tokens = TP_GEN;
+    o.ignore_eos = 1;
+    o.timeout_ms = 10000;
+    o.cache_salt = cache_salt;
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, st, NULL), 0);
+}
+
 /* Several chats that share a system prompt, each turn resending the whole history as
  * token ids without a session id (a stateless API), through riverd with two workers and
  * placement `placement`. Each round sends one turn of every chat at once, the chats in a
@@ -1401,13 +1415,7 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
                 x = x * 1664525u + 1013904223u;
                 hist[k][n[k]++] = 3 + (int32_t)((x >> 8) % 500);
             }
-            river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-            o.prompt_ids = hist[k];
-            o.n_prompt_ids = n[k];
-            o.max_tokens = TP_GEN;
-            o.ignore_eos = 1;
-            o.timeout_ms = 10000;
-            ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st[k], NULL), 0);
+            tp_submit(c, hist[k], n[k], NULL, &st[k]);
         }
         int64_t until = clock_now_ms() + 20000;
         while (river_client_in_flight(c) > 0) {
@@ -1446,14 +1454,7 @@ static tp_stream_t tp_run_one(river_client_t *c, const int32_t *ids, size_t n,
                               const char *cache_salt)
 {
     tp_stream_t st = {0};
-    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-    o.prompt_ids = ids;
-    o.n_prompt_ids = n;
-    o.max_tokens = TP_GEN;
-    o.ignore_eos = 1;
-    o.timeout_ms = 10000;
-    o.cache_salt = cache_salt;
-    ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st, NULL), 0);
+    tp_submit(c, ids, n, cache_salt, &st);
     while (!st.ended)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
     ck_assert(st.ok);
@@ -1484,17 +1485,11 @@ START_TEST(test_prefix_repeat)
     }
     tp_stream_t st[2];
     memset(st, 0, sizeof st);
-    for (int k = 0; k < 2; k++) {
-        river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-        o.prompt_ids = p[k];
-        o.n_prompt_ids = N;
-        o.max_tokens = TP_GEN;
-        o.ignore_eos = 1;
-        o.timeout_ms = 10000;
-        ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st[k], NULL), 0);
-    }
+    for (int k = 0; k < 2; k++)
+        tp_submit(c, p[k], N, NULL, &st[k]);
     while (river_client_in_flight(c) > 0)
         ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert(st[0].ok && st[1].ok);
     for (int round = 0; round < 2; round++)
         for (int k = 0; k < 2; k++) {
             tp_stream_t r = tp_run_one(c, p[k], N, NULL);
