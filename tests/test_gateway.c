@@ -80,7 +80,7 @@ static void gt_keys(gt_env_t *e)
     /* The API key file: the hash `river-gateway --hash-key` prints, then the tenants'
      * keys, each with its tenant's name. */
     static const char *const keys[][2] = {
-        {GT_KEY, ""}, {GT_KEY_A, " tenant-a"}, {GT_KEY_B, " tenant-b"}, {GT_KEY_C, " tenant-c"}};
+        {GT_KEY, ""}, {GT_KEY_A, " tenant-a"}, {GT_KEY_B, " tenant-b"}, {GT_KEY_C, " tenant-c requests_per_minute=100"}};
     char file[1024] = "# test key\n";
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         char *argv[] = {(char *)test_bin("river-gateway"), "--hash-key", (char *)keys[i][0],
@@ -735,9 +735,9 @@ END_TEST
 
 /* ---- Disconnect, deadline ---- */
 
-/* riverd's count of requests that ended with outcome (its Prometheus text), -1 when it
- * does not answer. */
-static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
+/* A counter of riverd's Prometheus text (name and labels), -1 when riverd does not
+ * answer or has none. */
+static long gt_riverd_metric(const gt_env_t *e, const char *name)
 {
     river_keys_t k = gt_admin_keys(e);
     river_admin_t *a;
@@ -747,12 +747,20 @@ static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
     river_admin_destroy(&a);
     if (rc < 0)
         return -1;
-    char key[128];
-    snprintf(key, sizeof key, "river_requests_total{outcome=\"%s\"} ", outcome);
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
     const char *p = strstr(text, key);
     long n = p ? atol(p + strlen(key)) : -1;
     free(text);
     return n;
+}
+
+/* riverd's count of requests that ended with outcome. */
+static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
+{
+    char name[128];
+    snprintf(name, sizeof name, "river_requests_total{outcome=\"%s\"}", outcome);
+    return gt_riverd_metric(e, name);
 }
 
 /* Reads a stream's socket until its first chunk with text. */
@@ -1143,10 +1151,19 @@ START_TEST(test_tenants)
     /* B's own prompts are B's to find. */
     ck_assert_int_eq(gt_cached(port, GT_KEY_B, pw, NULL), n_prompt - 1);
 
-    /* Gateway 1: two requests and 200 tokens a minute per tenant. */
+    /* Gateway 1: two requests and 200 tokens a minute per tenant (C: 100 requests, its key
+     * file line says), and tenants share the cache. */
     gt_start_gateway(&e, 1, GT_STORIES,
-                     "tenants:\n  requests_per_minute: 2\n  tokens_per_minute: 200\n");
+                     "tenants:\n  requests_per_minute: 2\n  tokens_per_minute: 200\n"
+                     "  share_prefix_cache: true\n");
     port = e.port[1];
+    /* Shared: C's request reuses the pages of the unnamed key's, as riverd counts, and
+     * cached_tokens does not say so. */
+    ck_assert_int_eq(gt_cached(port, GT_KEY, px, NULL), 0);
+    long hits = gt_riverd_metric(&e, "river_prefix_cache_hit_tokens_total");
+    ck_assert_int_eq(gt_cached(port, GT_KEY_C, px, NULL), 0);
+    ck_assert_int_eq(gt_riverd_metric(&e, "river_prefix_cache_hit_tokens_total") - hits,
+                     n_prompt - 1);
     const char *small = "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":2}";
     int status;
     for (int i = 0; i < 2; i++) {
