@@ -332,7 +332,7 @@ $(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(COMMON_LIB)
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $(SERVE_BINS) $(RIVER_BIN)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ) $(SCHEMA_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ) $(SCHEMA_OBJ) $(GATEWAY_KEYS_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS) $(if $(filter $(GATEWAY_KEYS_OBJ),$^),$(GATEWAY_LIBS))
 
 # The include matrix of scripts/check-layers.sh (docs/ARCHITECTURE.md, "Folders"); `make
 # test` runs it as a suite (scripts/test-check-layers.sh), with a tree that breaks it.
@@ -382,6 +382,10 @@ FUZZ_WORKER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard workers/pair*.c)) \
                    $(BUILD)/workers/link.o $(SCHEMA_OBJ) \
                    $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
+# The gateway suite checks the API key set and the tenants' rates in process too.
+GATEWAY_KEYS_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/apikeys.o $(BUILD)/gateway/tenants.o \
+                    $(BUILD)/gateway/errors.o)
+$(BUILD)/tests/test_gateway: $(GATEWAY_KEYS_OBJ)
 $(BUILD)/tests/test_config: $(SCHEMA_OBJ)
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)

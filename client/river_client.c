@@ -353,6 +353,10 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     }
     g.deadline_ms = o->deadline_ms;
     g.ignore_eos = o->ignore_eos != 0;
+    if (o->tenant)
+        g.tenant = (char *)o->tenant;
+    if (o->cache_salt)
+        g.cache_salt = (char *)o->cache_salt;
     River__Client__ClientRequest env;
     river__client__client_request__init(&env);
     env.kind_case = RIVER__CLIENT__CLIENT_REQUEST__KIND_GENERATE;

@@ -87,6 +87,10 @@ typedef struct river_generate_opts {
     const char *const *stop;     /* stop strings */
     size_t n_stop;
     int ignore_eos;
+    /* For a client that serves many (Generate.tenant, .cache_salt): whose request it is,
+     * for riverd's per-client limits, and its prefix-cache partition; NULL: none. */
+    const char *tenant;
+    const char *cache_salt;
     /* Early-exit overrides; NULL / has_* 0 keep the worker's. */
     const char *exit_policy;     /* "none", "cosine", "router", "fixed" */
     int has_tau;

@@ -33,7 +33,9 @@ typedef struct config_riverd {
     int max_stop_strings;
     int max_stop_length;       /* bytes of one stop string */
     int max_frame_bytes;
-    int max_requests_per_client; /* queued or running, per client connection */
+    int max_requests_per_client; /* queued or running, per client (key or connection) and
+                                    tenant */
+    int max_requests_per_key;    /* the same, of all of one client's tenants together */
     int max_client_backlog;    /* replies queued to one client that does not read them */
     int64_t heartbeat_ms;      /* heartbeat.interval */
     int heartbeat_liveness;    /* heartbeat.liveness: missed beats before a peer is dead */

@@ -61,7 +61,12 @@ static const config_key_t config__riverd_keys[] = {
        "64",
        "Requests one client may have queued or running at once (a request whose end the "
        "client has not read yet still counts); one more is refused with RESOURCE_EXHAUSTED. "
-       "A client is its key under auth.mode curve, its connection in plain mode."),
+       "A client is its key under auth.mode curve, its connection in plain mode, and each "
+       "tenant a client names (Generate.tenant: river-gateway's API keys) is one of its own."),
+    RD("limits.max_requests_per_key", CONFIG_INT, max_requests_per_key, 1, 1000000, "256",
+       "Requests one client may have queued or running at once over all the tenants it "
+       "names, so that naming more tenants does not multiply a client's share; one more is "
+       "refused with RESOURCE_EXHAUSTED."),
     RD("limits.max_client_backlog", CONFIG_INT, max_client_backlog, 256, 1000000, "10000",
        "Replies riverd queues for one client connection that does not read them (beyond "
        "what the operating system buffers). Past it the client's requests are cancelled on "

@@ -71,39 +71,72 @@ typedef struct session {
 
 /* ---- Clients ---- */
 
+/* Bytes of a client's identity: key or routing id, a 0 and the tenant, or a 1 for the
+ * client as a whole. */
+#define DISPATCH_IDENTITY_MAX (RIVERD_ROUTE_MAX + 1 + RIVERD_TENANT_MAX)
+
 /* What a client is, for its limits: its CURVE key when riverd authenticates, so that one
  * key cannot multiply its share by opening more connections; in plain mode, where a
- * client is no more than a connection, the routing id riverd's client ROUTER gave it. */
-static size_t dispatch__client_identity(const route_t *r, const uint8_t **id)
+ * client is no more than a connection, the routing id riverd's client ROUTER gave it. A
+ * client that serves many (river-gateway) names the tenant of each request, and each
+ * tenant is a client of its own: one API key cannot use up everyone's share. */
+static size_t dispatch__client_identity(const route_t *r, bool whole,
+                                        uint8_t id[DISPATCH_IDENTITY_MAX])
 {
+    size_t n;
     if (r->key[0]) {
-        *id = (const uint8_t *)r->key;
-        return strlen(r->key);
+        n = strlen(r->key);
+        memcpy(id, r->key, n);
+    } else {
+        n = r->len;
+        memcpy(id, r->id, n);
     }
-    *id = r->id;
-    return r->len;
+    id[n++] = whole ? 1 : 0;
+    if (whole)
+        return n;
+    size_t t = strlen(r->tenant);
+    memcpy(id + n, r->tenant, t);
+    return n + t;
 }
 
-/* Requests in flight plus ends owed, for the client at r. The count lives in the map's
- * value pointer itself, so counting costs no allocation per client. */
-static int dispatch__client_load(riverd_t *rd, const route_t *r)
+/* Requests in flight plus ends owed, for the client and tenant at r (whole: for all the
+ * client's tenants). The count lives in the map's value pointer itself, so counting costs
+ * no allocation per client. */
+static int dispatch__load_of(riverd_t *rd, const route_t *r, bool whole)
 {
-    const uint8_t *id;
-    size_t len = dispatch__client_identity(r, &id);
+    uint8_t id[DISPATCH_IDENTITY_MAX];
+    size_t len = dispatch__client_identity(r, whole, id);
     return (int)(uintptr_t)hmap_get(rd->client_load, id, len);
 }
 
-/* Adds delta to the client's load; the entry goes when it reaches 0. */
-static int dispatch__client_add(riverd_t *rd, const route_t *r, int delta)
+static int dispatch__client_load(riverd_t *rd, const route_t *r)
 {
-    const uint8_t *id;
-    size_t len = dispatch__client_identity(r, &id);
-    int n = dispatch__client_load(rd, r) + delta;
+    return dispatch__load_of(rd, r, false);
+}
+
+/* Adds delta to one of the counts; the entry goes when it reaches 0. */
+static int dispatch__load_add(riverd_t *rd, const route_t *r, bool whole, int delta)
+{
+    uint8_t id[DISPATCH_IDENTITY_MAX];
+    size_t len = dispatch__client_identity(r, whole, id);
+    int n = dispatch__load_of(rd, r, whole) + delta;
     if (n <= 0) {
         hmap_del(rd->client_load, id, len);
         return 0;
     }
     return hmap_put(rd->client_load, id, len, (void *)(uintptr_t)n);
+}
+
+/* Adds delta to the load of the client's tenant and of the client as a whole. */
+static int dispatch__client_add(riverd_t *rd, const route_t *r, int delta)
+{
+    if (dispatch__load_add(rd, r, false, delta) < 0)
+        return -1;
+    if (dispatch__load_add(rd, r, true, delta) < 0) {
+        dispatch__load_add(rd, r, false, -delta);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- Maps and lists ---- */
@@ -498,7 +531,27 @@ static bool dispatch__check_ids(const config_riverd_t *c, const River__Client__G
         return snprintf(why, cap, "session_id is over the limit of %d bytes",
                         DISPATCH_SESSION_MAX),
                false;
+    if (strlen(g->tenant) > RIVERD_TENANT_MAX || strlen(g->cache_salt) > RIVERD_TENANT_MAX)
+        return snprintf(why, cap, "%s is over the limit of %d bytes",
+                        strlen(g->tenant) > RIVERD_TENANT_MAX ? "tenant" : "cache_salt",
+                        RIVERD_TENANT_MAX),
+               false;
     return true;
+}
+
+/* Bytes of a request's prefix-cache salt: the client's key, a 0, its cache_salt. */
+#define DISPATCH_SALT_MAX (sizeof ((route_t *)0)->key + 1 + RIVERD_TENANT_MAX)
+
+/* The salt of req's prefix-cache partition (Submit.prefix_salt): the client's CURVE key
+ * (empty in plain mode) and the cache_salt it sent, so that another client key never
+ * reaches a partition whatever salt it sends, and a client's tenants stay apart. */
+static size_t dispatch__salt(const request_t *req, uint8_t salt[DISPATCH_SALT_MAX])
+{
+    size_t n = strlen(req->client.key), m = strlen(req->gen->cache_salt);
+    memcpy(salt, req->client.key, n);
+    salt[n++] = 0;
+    memcpy(salt + n, req->gen->cache_salt, m);
+    return n + m;
 }
 
 static const dispatch_check_fn dispatch__checks[] = {
@@ -516,7 +569,9 @@ static int dispatch__room(const worker_t *w)
 
 /* Pages of req's prompt that w's prefix cache names (Heartbeat.prefix_pages): the
  * longest run from the start, found by hashing the token ids the way the worker names its
- * pages. 0 for a text prompt (riverd has no tokenizer) or a worker without a cache. */
+ * pages (its key, its seed, the request's salt). 0 for a text prompt (riverd has no
+ * tokenizer) or a worker without a cache. The heartbeat carries 64 bits of each name: a
+ * clash misplaces a request at worst, since the worker verifies every hit itself. */
 static int dispatch__prefix_pages(const worker_t *w, const request_t *req)
 {
     const River__Client__Generate *g = req->gen;
@@ -524,14 +579,16 @@ static int dispatch__prefix_pages(const worker_t *w, const request_t *req)
         g->prompt_case != RIVER__CLIENT__GENERATE__PROMPT_TOKENS || !g->tokens)
         return 0;
     int best = 0;
-    uint64_t h = w->caps.prefix_seed;
+    uint8_t salt[DISPATCH_SALT_MAX];
+    size_t n_salt = dispatch__salt(req, salt);
+    prefix_name_t h = prefix_hash_root(&w->caps.prefix_key, w->caps.prefix_seed, salt, n_salt);
     size_t P = w->caps.kv_page_size;
     /* The worker never reuses the last prompt token, so neither does the count. */
     size_t n = g->tokens->n_ids ? (g->tokens->n_ids - 1) / P : 0;
     for (size_t i = 0; i < n; i++) {
-        h = prefix_hash_page(h, g->tokens->ids + i * P, P);
+        h = prefix_hash_page(&w->caps.prefix_key, h, g->tokens->ids + i * P, P);
         for (int k = 0; k < w->n_prefix_pages; k++)
-            if (w->prefix_pages[k] == h) {
+            if (w->prefix_pages[k] == h.lo) {
                 best = (int)i + 1;
                 break;
             }
@@ -613,6 +670,9 @@ static int dispatch__submit(riverd_t *rd, request_t *req, worker_t *w)
     s.tokens_delivered = req->n_delivered;
     s.n_delivered_ids = req->n_delivered;
     s.delivered_ids = req->delivered;
+    uint8_t salt[DISPATCH_SALT_MAX];
+    s.prefix_salt.len = dispatch__salt(req, salt);
+    s.prefix_salt.data = salt;
     River__Worker__DaemonMessage m;
     river__worker__daemon_message__init(&m);
     m.kind_case = RIVER__WORKER__DAEMON_MESSAGE__KIND_SUBMIT;
@@ -704,6 +764,10 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
     for (size_t i = 0; i < sizeof dispatch__checks / sizeof dispatch__checks[0]; i++)
         if (!dispatch__checks[i](&rd->cfg, g, why, sizeof why))
             goto refuse;
+    /* The request counts against its tenant's share (checked to fit above). */
+    route_t who = *from;
+    snprintf(who.tenant, sizeof who.tenant, "%s", g->tenant);
+    from = &who;
     if (dispatch__by_client(rd, from, g->request_id)) {
         snprintf(why, sizeof why, "request_id '%s' is already in flight", g->request_id);
         goto refuse;
@@ -724,8 +788,16 @@ static void dispatch__on_generate(riverd_t *rd, const route_t *from,
     int load = dispatch__client_load(rd, from);
     if (load >= rd->cfg.max_requests_per_client) {
         snprintf(why, sizeof why,
-                 "this client has %d requests in flight, at limits.max_requests_per_client "
-                 "(%d)", load, rd->cfg.max_requests_per_client);
+                 "this client%s%s has %d requests in flight, at "
+                 "limits.max_requests_per_client (%d)", who.tenant[0] ? ", tenant " : "",
+                 who.tenant, load, rd->cfg.max_requests_per_client);
+        goto refuse;
+    }
+    load = dispatch__load_of(rd, from, true);
+    if (load >= rd->cfg.max_requests_per_key) {
+        snprintf(why, sizeof why,
+                 "this client has %d requests in flight over all its tenants, at "
+                 "limits.max_requests_per_key (%d)", load, rd->cfg.max_requests_per_key);
         goto refuse;
     }
     if (rd->n_queued >= rd->cfg.queue_length) {

@@ -222,6 +222,7 @@ static int loop__recv(riverd_t *rd, void *s, int role, route_t *from, zmq_msg_t 
     memcpy(from->id, zmq_msg_data(&f), from->len);
     from->delim = false;
     from->key[0] = '\0';
+    from->tenant[0] = '\0';
     bool more = zmq_msg_more(&f);
     zmq_msg_close(&f);
 

@@ -22,7 +22,8 @@
 static const char *const reload__live[] = {
     "queue_length",          "limits.max_prompt_tokens", "limits.max_tokens",
     "limits.max_stop_strings", "limits.max_prompt_bytes", "limits.max_stop_length",
-    "limits.max_requests_per_client", "drain_timeout", "log_level",
+    "limits.max_requests_per_client", "limits.max_requests_per_key", "drain_timeout",
+    "log_level",
 };
 
 static bool reload__is_live(const char *name)

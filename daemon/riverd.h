@@ -26,6 +26,7 @@
 #include "daemon/config.h"
 #include "common/frame.h"
 #include "common/log.h"
+#include "common/prefix_hash.h"
 #include "daemon/hmap.h"
 
 #define RIVERD_VERSION "0.1.0"
@@ -35,6 +36,8 @@
 #define RIVERD_PEER_MAX 64
 /* ZMQ routing ids are at most 255 bytes. */
 #define RIVERD_ROUTE_MAX 255
+/* Longest Generate.tenant and Generate.cache_salt riverd takes. */
+#define RIVERD_TENANT_MAX 128
 /* Dispatches of one request before riverd gives up on it with UNAVAILABLE. */
 #define RIVERD_MAX_ATTEMPTS 4
 /* Exit layers the metrics histogram tells apart; deeper exits share the last bucket. */
@@ -58,6 +61,9 @@ typedef struct route {
     /* The peer's CURVE public key (Z85, 40 characters) as its handshake authenticated it;
      * empty in plain mode. One key may hold several connections. */
     char key[41];
+    /* The tenant a client request is for (Generate.tenant), set by dispatch at admission
+     * so that the per-client limits count per key and tenant; empty elsewhere. */
+    char tenant[RIVERD_TENANT_MAX + 1];
 } route_t;
 
 /* ---- Workers (workers.c) ---- */
@@ -74,6 +80,7 @@ typedef struct worker_caps {
     uint32_t layer_begin, layer_end, max_context;
     bool has_river;
     uint64_t prefix_seed;   /* 0: no prefix cache */
+    prefix_key_t prefix_key; /* the secret of its page names (Capabilities.prefix_key) */
 } worker_caps_t;
 
 /* Most prefix page names riverd keeps per worker (Heartbeat.prefix_pages). */

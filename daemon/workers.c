@@ -214,6 +214,9 @@ static void workers__caps(worker_caps_t *c, const River__Worker__Capabilities *c
     c->max_context = cap->max_context;
     c->has_river = cap->has_river;
     c->prefix_seed = cap->prefix_seed;
+    /* A worker without a key (an older one) gets no prefix placement. */
+    if (prefix_key_from_bytes(&c->prefix_key, cap->prefix_key.data, cap->prefix_key.len))
+        c->prefix_seed = 0;
 }
 
 static void workers__on_ready(riverd_t *rd, const route_t *from, const char *peer,

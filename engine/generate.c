@@ -142,6 +142,7 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
         g->owns_kv = 1;
         if (c.prefix_cache) {
             prefix_cache_config_t pcc = {.seed = c.prefix_seed,
+                                         .key = c.prefix_key,
                                          .max_pages = c.prefix_cache_pages};
             if ((e = prefix_cache_new(&g->pc, g->kv, &pcc)))
                 goto fail_pc;
@@ -400,6 +401,10 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     }
     kv_seq_init(&s->kv);
     prefix_seq_init(&s->px, g->pc);
+    if (g->pc && r->n_prefix_salt)
+        prefix_seq_set_salt(&s->px, g->pc, r->prefix_salt, r->n_prefix_salt);
+    s->req.prefix_salt = NULL;
+    s->req.n_prefix_salt = 0;
     exit_seq_init(&s->exit);
     if (r->exit) {
         s->row_exit = *r->exit;

@@ -62,6 +62,7 @@ typedef struct gen_config {
     int prefix_cache;
     int prefix_cache_pages; /* pages the cache may hold, 0: the whole pool */
     uint64_t prefix_seed;   /* prefix_hash_seed of the model and river fingerprints */
+    prefix_key_t prefix_key; /* the secret of the cache's page names (prefix_key_random) */
 } gen_config_t;
 
 /* One generated token as its owner sees it. text is the newly final UTF-8 text (stop
@@ -115,6 +116,10 @@ typedef struct gen_request {
     int lossless;
     int draft_k;             /* lossless: most draft tokens per verify pass, 1..GEN_DRAFT_MAX;
                                 0: the generator's (gen_set_spec) */
+    /* The prefix-cache partition (prefix_seq_set_salt): the sequence shares cached pages
+     * only with sequences of the same salt. Copied at submit; NULL/0: the empty salt. */
+    const void *prefix_salt;
+    size_t n_prefix_salt;
 } gen_request_t;
 
 /* Speculative decoding with the exit path as the draft model (lossless mode). Each step a

@@ -11,8 +11,11 @@
 
 /* One entry per page of the pool, by page id; only cached ones are in the table. */
 typedef struct pc_entry {
-    uint64_t name;    /* prefix_hash_page chain */
-    uint64_t parent;  /* name of the page before it, the seed for a first page */
+    prefix_name_t name;   /* prefix_hash_page chain */
+    prefix_name_t parent; /* name of the page before it, the root for a first page */
+    int32_t parent_page;  /* the cached page before it, -1 for a first page */
+    uint64_t parent_serial; /* that page's serial when this one was cached */
+    uint64_t serial;      /* unique per insertion, so a reused slot is not its old page */
     int32_t next;     /* next entry of its bucket, -1 at the end */
     int32_t prev_lru, next_lru; /* LRU list, while refs == 0 */
     int refs;         /* page tables holding it */
@@ -23,6 +26,9 @@ typedef struct pc_entry {
 struct prefix_cache {
     kv_pool_t *kv;
     uint64_t seed;
+    prefix_key_t key;
+    prefix_name_fn name_page;
+    uint64_t next_serial;
     int page_size;
     int n_pages;       /* of the pool */
     int max_pages;
@@ -38,9 +44,9 @@ struct prefix_cache {
     size_t copy_n;
 };
 
-static uint64_t pc__key(uint64_t name, int lossy)
+static uint64_t pc__key(prefix_name_t name, int lossy)
 {
-    return name ^ (lossy ? PREFIX_LOSSY_KEY : 0);
+    return name.lo ^ (lossy ? PREFIX_LOSSY_KEY : 0);
 }
 
 int prefix_cache_new(prefix_cache_t **out, kv_pool_t *kv, const prefix_cache_config_t *cfg)
@@ -55,6 +61,9 @@ int prefix_cache_new(prefix_cache_t **out, kv_pool_t *kv, const prefix_cache_con
         return river_err_set(RIVER_ENOMEM, "prefix cache: state");
     pc->kv = kv;
     pc->seed = cfg->seed ? cfg->seed : 1;
+    pc->key = cfg->key;
+    pc->name_page = cfg->name_page ? cfg->name_page : prefix_hash_page;
+    pc->next_serial = 1;
     pc->page_size = kv_pool_page_size(kv);
     pc->n_pages = kv_pool_total_pages(kv);
     pc->max_pages = cfg->max_pages && cfg->max_pages < pc->n_pages ? cfg->max_pages
@@ -140,14 +149,27 @@ static void pc__unref(prefix_cache_t *pc, int32_t p)
 
 /* ---- The table ---- */
 
-static int32_t pc__find(const prefix_cache_t *pc, uint64_t name, uint64_t parent,
+/* Whether e follows the prefix ps has named so far: the root for a first page, else the
+ * very cached page that holds it (same slot, same serial). By induction over the pages a
+ * hit then holds exactly the sequence's tokens from position 0, whatever the names. */
+static int pc__follows(const pc_entry_t *e, const prefix_seq_t *ps)
+{
+    if (ps->chain_page == -1)
+        return e->parent_page == -1 && prefix_name_eq(e->parent, ps->root);
+    if (ps->chain_page < 0)
+        return 0;
+    return e->parent_page == ps->chain_page && e->parent_serial == ps->chain_serial &&
+           prefix_name_eq(e->parent, ps->chain);
+}
+
+static int32_t pc__find(const prefix_cache_t *pc, prefix_name_t name, const prefix_seq_t *ps,
                         const int32_t *ids, int lossy)
 {
     for (int32_t p = pc->buckets[pc__key(name, lossy) & pc->mask]; p >= 0; p = pc->e[p].next) {
         const pc_entry_t *e = &pc->e[p];
-        /* The tokens are compared too: a name collision must not hand out another
-         * prefix's K/V. */
-        if (e->name == name && e->parent == parent && e->lossy == lossy &&
+        /* The tokens and the page before are compared too: a name collision must not hand
+         * out another prefix's K/V. */
+        if (prefix_name_eq(e->name, name) && e->lossy == lossy && pc__follows(e, ps) &&
             !memcmp(pc->tokens + (size_t)p * (size_t)pc->page_size, ids,
                     (size_t)pc->page_size * sizeof *ids))
             return p;
@@ -182,12 +204,15 @@ int prefix_cache_evict(prefix_cache_t *pc, int n)
     return done;
 }
 
-static void pc__insert(prefix_cache_t *pc, int32_t p, uint64_t name, uint64_t parent,
-                       const int32_t *ids, int lossy)
+static void pc__insert(prefix_cache_t *pc, int32_t p, prefix_name_t name,
+                       const prefix_seq_t *ps, const int32_t *ids, int lossy)
 {
     pc_entry_t *e = &pc->e[p];
     e->name = name;
-    e->parent = parent;
+    e->parent = ps->chain;
+    e->parent_page = ps->chain_page;
+    e->parent_serial = ps->chain_page >= 0 ? pc->e[ps->chain_page].serial : 0;
+    e->serial = pc->next_serial++;
     e->lossy = (uint8_t)lossy;
     e->cached = 1;
     e->refs = 1; /* the sequence that wrote it */
@@ -202,10 +227,41 @@ static void pc__insert(prefix_cache_t *pc, int32_t p, uint64_t name, uint64_t pa
 
 /* ---- Sequences ---- */
 
+/* Back to no page named, under the sequence's root. */
+static void pc__seq_rewind(prefix_seq_t *ps)
+{
+    ps->n_named = 0;
+    ps->chain = ps->root;
+    ps->chain_page = -1;
+    ps->chain_serial = 0;
+    ps->broken = 0;
+    if (ps->lossy)
+        memset(ps->lossy, 0, (size_t)ps->cap);
+}
+
 void prefix_seq_init(prefix_seq_t *ps, const prefix_cache_t *pc)
 {
     memset(ps, 0, sizeof *ps);
-    ps->chain = pc ? pc->seed : 0;
+    ps->chain_page = -1;
+    if (pc)
+        prefix_seq_set_salt(ps, pc, NULL, 0);
+}
+
+void prefix_seq_set_salt(prefix_seq_t *ps, const prefix_cache_t *pc, const void *salt,
+                         size_t n)
+{
+    ps->root = prefix_hash_root(&pc->key, pc->seed, salt, n);
+    pc__seq_rewind(ps);
+}
+
+/* Page p now holds the prefix ps has named (or nothing does, p -2). */
+static void pc__seq_follow(const prefix_cache_t *pc, prefix_seq_t *ps, prefix_name_t name,
+                           int32_t p)
+{
+    ps->chain = name;
+    ps->chain_page = p;
+    ps->chain_serial = p >= 0 ? pc->e[p].serial : 0;
+    ps->n_named++;
 }
 
 void prefix_seq_free(prefix_seq_t *ps)
@@ -260,14 +316,14 @@ static int pc__copy_page(prefix_cache_t *pc, int32_t src, int32_t dst)
 
 /* Looks for a cached page after `parent` whose leading ids match ids (at most n of them),
  * usable under `exact`; returns it and the matched length, or -1. */
-static int32_t pc__find_partial(const prefix_cache_t *pc, uint64_t parent, const int32_t *ids,
-                                size_t n, int exact, size_t *matched)
+static int32_t pc__find_partial(const prefix_cache_t *pc, const prefix_seq_t *ps,
+                                const int32_t *ids, size_t n, int exact, size_t *matched)
 {
     int32_t best = -1;
     size_t best_m = 0;
     for (int32_t p = 0; p < pc->n_pages; p++) {
         const pc_entry_t *e = &pc->e[p];
-        if (!e->cached || e->parent != parent || (exact && e->lossy))
+        if (!e->cached || !pc__follows(e, ps) || (exact && e->lossy))
             continue;
         const int32_t *t = pc->tokens + (size_t)p * (size_t)pc->page_size;
         size_t m = 0;
@@ -287,11 +343,7 @@ int prefix_cache_acquire(prefix_cache_t *pc, kv_seq_t *kv, prefix_seq_t *ps,
                          size_t *hit)
 {
     *hit = 0;
-    ps->n_named = 0;
-    ps->chain = pc->seed;
-    ps->broken = 0;
-    if (ps->lossy)
-        memset(ps->lossy, 0, (size_t)ps->cap);
+    pc__seq_rewind(ps);
     if (max_tokens > n_ids)
         max_tokens = n_ids;
     size_t P = (size_t)pc->page_size;
@@ -302,18 +354,17 @@ int prefix_cache_acquire(prefix_cache_t *pc, kv_seq_t *kv, prefix_seq_t *ps,
     size_t k = 0;
     for (; k < k_max; k++) {
         const int32_t *t = ids + k * P;
-        uint64_t name = prefix_hash_page(ps->chain, t, P);
-        int32_t p = pc__find(pc, name, ps->chain, t, 0);
+        prefix_name_t name = pc->name_page(&pc->key, ps->chain, t, P);
+        int32_t p = pc__find(pc, name, ps, t, 0);
         if (p < 0 && !exact)
-            p = pc__find(pc, name, ps->chain, t, 1);
+            p = pc__find(pc, name, ps, t, 1);
         if (p < 0)
             break;
         if ((e = kv_seq_push(kv, p)))
             goto fail;
         pc__ref(pc, p);
         ps->lossy[k] = pc->e[p].lossy;
-        ps->chain = name;
-        ps->n_named++;
+        pc__seq_follow(pc, ps, name, p);
     }
     size_t got = k * P;
     size_t rest = max_tokens - got;
@@ -321,7 +372,7 @@ int prefix_cache_acquire(prefix_cache_t *pc, kv_seq_t *kv, prefix_seq_t *ps,
         rest = P - 1; /* a whole page would have been found above */
     if (rest > 0) {
         size_t m;
-        int32_t src = pc__find_partial(pc, ps->chain, ids + got, rest, exact, &m);
+        int32_t src = pc__find_partial(pc, ps, ids + got, rest, exact, &m);
         if (src >= 0) {
             int32_t dst;
             /* Pinned, so that making room for the copy cannot evict the page copied. */
@@ -361,16 +412,30 @@ void prefix_cache_publish(prefix_cache_t *pc, kv_seq_t *kv, prefix_seq_t *ps,
         int lossy = ps->lossy[i] || (i > 0 && ps->lossy[i - 1]);
         ps->lossy[i] = (uint8_t)lossy;
         const int32_t *t = ids + (size_t)i * P;
-        uint64_t name = prefix_hash_page(ps->chain, t, P);
+        prefix_name_t name = pc->name_page(&pc->key, ps->chain, t, P);
         int32_t p = kv->pages[i];
-        if (!pc->e[p].cached && pc__find(pc, name, ps->chain, t, lossy) < 0) {
-            if (pc->n_cached >= pc->max_pages)
-                prefix_cache_evict(pc, 1);
-            if (pc->n_cached < pc->max_pages)
-                pc__insert(pc, p, name, ps->chain, t, lossy);
+        /* The page that holds this prefix from now on: the sequence's own once cached, an
+         * equal cached one, or none (its followers cannot be cached either). */
+        int32_t holder = -2;
+        if (pc->e[p].cached) {
+            holder = p;
+        } else if (ps->chain_page != -2) {
+            holder = pc__find(pc, name, ps, t, lossy);
+            if (holder < 0) {
+                /* Evicting may take the page before this one; it then holds nothing. */
+                if (pc->n_cached >= pc->max_pages)
+                    prefix_cache_evict(pc, 1);
+                if (pc->n_cached < pc->max_pages &&
+                    (ps->chain_page < 0 || (pc->e[ps->chain_page].cached &&
+                                            pc->e[ps->chain_page].serial == ps->chain_serial))) {
+                    pc__insert(pc, p, name, ps, t, lossy);
+                    holder = p;
+                } else {
+                    holder = -2;
+                }
+            }
         }
-        ps->chain = name;
-        ps->n_named++;
+        pc__seq_follow(pc, ps, name, holder);
     }
 }
 
@@ -387,26 +452,23 @@ void prefix_cache_release(prefix_cache_t *pc, kv_seq_t *kv, prefix_seq_t *ps)
     }
     free(kv->pages);
     kv_seq_init(kv);
-    ps->n_named = 0;
-    ps->chain = pc->seed;
-    ps->broken = 0;
-    if (ps->lossy)
-        memset(ps->lossy, 0, (size_t)ps->cap);
+    pc__seq_rewind(ps);
 }
 
 int prefix_cache_pages(const prefix_cache_t *pc) { return pc->n_cached; }
 int prefix_cache_evictable(const prefix_cache_t *pc) { return pc->n_evictable; }
 int64_t prefix_cache_evictions(const prefix_cache_t *pc) { return pc->evictions; }
 uint64_t prefix_cache_seed(const prefix_cache_t *pc) { return pc->seed; }
+const prefix_key_t *prefix_cache_key(const prefix_cache_t *pc) { return &pc->key; }
 
 size_t prefix_cache_summary(const prefix_cache_t *pc, uint64_t *out, size_t max)
 {
     size_t n = 0;
     for (int32_t p = 0; p < pc->n_pages && n < max; p++)
         if (pc->e[p].cached && pc->e[p].refs > 0)
-            out[n++] = pc->e[p].name;
+            out[n++] = pc->e[p].name.lo;
     for (int32_t p = pc->lru_tail; p >= 0 && n < max; p = pc->e[p].prev_lru)
-        out[n++] = pc->e[p].name;
+        out[n++] = pc->e[p].name.lo;
     return n;
 }
 

@@ -2,9 +2,13 @@
  * token ids they hold, so that a conversation's earlier turns (or a system prompt many
  * sessions share) are prefilled once.
  *
- * A page is cached once all its page_size slots are written. It is named by the hash chain
- * of common/prefix_hash.h: its tokens, the name of the page before it, and a seed carrying
- * the model and Exit River fingerprints. Cached pages are shared read-only: every sequence
+ * A page is cached once all its page_size slots are written. It is named by the keyed hash
+ * chain of common/prefix_hash.h: its tokens, the name of the page before it, and a root
+ * carrying the model and Exit River fingerprints and the sequence's salt (its tenant, so
+ * that two tenants' equal prompts never share pages). A name only finds candidates: a hit
+ * also needs the page's own tokens and the very page before it (its slot in the pool and
+ * the serial number that slot had when it was cached), so a hit is verified against the
+ * whole prefix's tokens, page by page, and not against a name that could collide. Cached pages are shared read-only: every sequence
  * whose page table holds one holds a reference, and a sequence only ever writes to pages
  * past its cached prefix, which are its own. A page nobody references stays cached until
  * the pool needs it: eviction takes the least recently released page first, and the
@@ -37,13 +41,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/prefix_hash.h"
 #include "engine/kv_pool.h"
 
 typedef struct prefix_cache prefix_cache_t;
 
+/* How a page is named; prefix_hash_page unless a test needs names that collide. */
+typedef prefix_name_t (*prefix_name_fn)(const prefix_key_t *key, prefix_name_t parent,
+                                        const int32_t *ids, size_t n);
+
 typedef struct prefix_cache_config {
     uint64_t seed;  /* prefix_hash_seed of the model and river fingerprints */
+    prefix_key_t key; /* the secret of the names (prefix_key_random) */
     int max_pages;  /* pages the cache may hold (referenced ones included), 0: the pool */
+    prefix_name_fn name_page; /* NULL: prefix_hash_page */
 } prefix_cache_config_t;
 
 /* A cache over pool kv, which must outlive it and be a pool that hands out pages. */
@@ -57,11 +68,21 @@ typedef struct prefix_seq {
     uint8_t *lossy;  /* (cap) per page: a slot of it or of an earlier page is river K/V */
     int cap;
     int n_named;     /* leading pages named (reused or offered to the cache) */
-    uint64_t chain;  /* name of page n_named - 1; the seed when none */
+    prefix_name_t root;  /* the name before page 0: seed and salt */
+    prefix_name_t chain; /* name of page n_named - 1; the root when none */
+    /* The cached page that holds page n_named - 1's prefix, -1 when n_named is 0, -2 when
+     * none does (nothing after it can be cached); and the serial it was cached under. */
+    int32_t chain_page;
+    uint64_t chain_serial;
     int broken;      /* provenance could not be recorded: nothing more is offered */
 } prefix_seq_t;
 
+/* A sequence with the empty salt. */
 void prefix_seq_init(prefix_seq_t *ps, const prefix_cache_t *pc);
+/* Gives a sequence that has no pages yet the salt of its partition (n bytes): it finds
+ * and offers pages only among sequences with the same salt. */
+void prefix_seq_set_salt(prefix_seq_t *ps, const prefix_cache_t *pc, const void *salt,
+                         size_t n);
 void prefix_seq_free(prefix_seq_t *ps);
 
 /* Fills the empty page table kv with the longest cached prefix of ids (n_ids of them), at
@@ -90,9 +111,11 @@ int prefix_cache_pages(const prefix_cache_t *pc);     /* cached, referenced or n
 int prefix_cache_evictable(const prefix_cache_t *pc); /* cached and unreferenced */
 int64_t prefix_cache_evictions(const prefix_cache_t *pc);
 uint64_t prefix_cache_seed(const prefix_cache_t *pc);
+const prefix_key_t *prefix_cache_key(const prefix_cache_t *pc);
 
-/* Names of up to max cached pages, referenced ones first, then most recently used: the
- * summary a worker reports to riverd (each name stands for its whole prefix). */
+/* Names of up to max cached pages, referenced ones first, then most recently used, each
+ * as its low 64 bits: the summary a worker reports to riverd (each name stands for its
+ * whole prefix; riverd only places by it, so a rare clash costs a hit, never K/V). */
 size_t prefix_cache_summary(const prefix_cache_t *pc, uint64_t *out, size_t max);
 
 /* Checks the accounting against the page tables of the live sequences: every cached page

@@ -1162,7 +1162,7 @@ static void fuzz_openai_request(const uint8_t *d, size_t n)
     }
     static const int32_t ids[] = {1, 2, 3};
     gw_piece_t p = {"text \xc3\xa9", 7, ids, ids, 3, 3};
-    gw_usage_t u = {5, 3, 1.5f};
+    gw_usage_t u = {5, 3, 1.5f, 2};
     json_t *o[4] = {
         gw_chunk_json(&r, "cmpl-1", 1, &p, NULL, 0),
         gw_chunk_json(&r, "cmpl-1", 1, NULL, "stop", api == GW_API_CHAT),

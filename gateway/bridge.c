@@ -161,10 +161,17 @@ static void gw_bridge__event(void *user, const river_event_t *ev)
         c->finish = ev->finish;
         c->usage.prompt_tokens = ev->prompt_tokens;
         c->usage.completion_tokens = ev->completion_tokens;
+        /* Shared pages could be another tenant's: their count would tell it. */
+        if (c->tenant && !gw_tenant_cache_shared(c->tenant))
+            c->usage.cached_tokens = ev->cached_tokens;
         c->usage.mean_exit_layer = ev->mean_exit_layer;
         c->t_end = now;
+        if (c->tenant)
+            gw_tenant_charge(c->tenant, ev->prompt_tokens + ev->completion_tokens);
         break;
     case RIVER_EVENT_ERROR:
+        if (c->tenant)
+            gw_tenant_charge(c->tenant, (uint32_t)c->n_ids);
         gw_call__fail_locked(c, ev->code, ev->message ? ev->message : "");
         break;
     }
@@ -187,6 +194,10 @@ static void gw_bridge__do_submit(gw_bridge_t *b, gw_call_t *c, int stopping)
         return;
     }
     c->opts.timeout_ms = b->timeout_ms;
+    if (c->tenant) {
+        c->opts.tenant = gw_tenant_name(c->tenant);
+        c->opts.cache_salt = gw_tenant_cache_salt(c->tenant);
+    }
     int rc = river_client_submit(b->client, &c->opts, c->id, gw_bridge__event, c, NULL);
     if (rc) {
         char msg[512];

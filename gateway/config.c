@@ -59,16 +59,34 @@ static const config_key_t gw_config__keys[] = {
      .sub = &gw_config__model},
     GW("api_keys", CONFIG_STRING, api_keys, 0, 0, "",
        "File of allowed API keys as SHA-256 hex digests, one a line (`river-gateway "
-       "--hash-key` prints the line for a key); requests must send `Authorization: Bearer "
-       "KEY`. Empty: no keys asked for."),
+       "--hash-key` prints the line for a key), each optionally followed by its tenant's "
+       "name (keys without one are tenants of their own) and, on a tenant's first line, "
+       "its own rates (requests_per_minute=N tokens_per_minute=N); requests must send "
+       "`Authorization: Bearer KEY`. Empty: no keys asked for, one tenant."),
     CONFIG_SECTION_KEY("limits", "What one request or everyone may hold."),
     GW("limits.max_body_bytes", CONFIG_INT, max_body_bytes, 1024, 1 << 30, "1048576",
        "Largest request body; a larger one is answered 413."),
     GW("limits.max_concurrent", CONFIG_INT, max_concurrent, 1, 100000, "256",
-       "Generation requests in flight at once; one more is answered 429. riverd's "
-       "limits.max_requests_per_client counts them all as one client's."),
+       "Generation requests in flight at once, all tenants together; one more is answered "
+       "429. riverd's limits.max_requests_per_client counts each tenant's apart."),
     GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "512",
        "HTTP connections at once (one thread each)."),
+    CONFIG_SECTION_KEY("tenants", "Each API key is a tenant (the api_keys file may give "
+                       "several keys one tenant's name): its own rates here, its own share "
+                       "of riverd's limits.max_requests_per_client, its own prefix cache."),
+    GW("tenants.requests_per_minute", CONFIG_INT, tenant_requests_per_minute, 0, 10000000,
+       "0",
+       "Generation requests one tenant may start a minute (a burst of that many, then that "
+       "pace); one more is answered 429 naming this key. 0: no limit."),
+    GW("tenants.tokens_per_minute", CONFIG_INT, tenant_tokens_per_minute, 0, 1000000000,
+       "0",
+       "Prompt and completion tokens one tenant may use a minute; while its tokens of the "
+       "last minute are over it, a request is answered 429 naming this key. 0: no limit."),
+    GW("tenants.share_prefix_cache", CONFIG_BOOL, tenant_share_cache, 0, 0, "false",
+       "Let tenants reuse each other's cached prompt pages. Off, a tenant's prompts are "
+       "cached apart (a tenant cannot learn another's prompts from cached_tokens); on, "
+       "cached_tokens reads 0 for everyone, since it would tell one tenant's prompts to "
+       "another."),
     CONFIG_SECTION_KEY("timeouts", "Time limits."),
     GW("timeouts.request", CONFIG_DURATION, request_timeout_ms, 0, 86400000, "10m",
        "Deadline of one generation, given to riverd; past it the request ends with 504 "

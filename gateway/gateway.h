@@ -13,6 +13,7 @@
 #define RIVER_GATEWAY_GATEWAY_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,9 @@ typedef struct gw_config {
     int max_connections;       /* limits.max_connections: HTTP connections */
     int64_t request_timeout_ms; /* timeouts.request: deadline given to riverd, 0: none */
     int64_t connection_timeout_ms; /* timeouts.connection: idle HTTP connection */
+    int tenant_requests_per_minute; /* tenants.requests_per_minute, 0: no limit */
+    int tenant_tokens_per_minute;   /* tenants.tokens_per_minute, 0: no limit */
+    bool tenant_share_cache;        /* tenants.share_prefix_cache */
     double default_temperature; /* sampling.default_temperature: when a request has none */
     int log_level;             /* config_log_level_t */
 } gw_config_t;
@@ -135,6 +139,9 @@ typedef struct gw_piece {
 typedef struct gw_usage {
     uint32_t prompt_tokens, completion_tokens;
     float mean_exit_layer;
+    /* Prompt tokens the worker's prefix cache held (prompt_tokens_details.cached_tokens):
+     * pages of this tenant's own earlier prompts; 0 where tenants share the cache. */
+    uint32_t cached_tokens;
 } gw_usage_t;
 
 /* "stop" or "length" for a finish reason. */
@@ -165,16 +172,53 @@ int gw_models_has(const gw_models_t *m, const char *name);
 int gw_models_render(const gw_models_t *m, const gw_request_t *r, char **prompt,
                      gw_error_t *err);
 
+/* ---- Tenants (gateway/tenants.c) ---- */
+
+/* Who a request is for: an API key's tenant (several keys may name one), or the one
+ * tenant of a gateway without keys. Each has its own request and token rates
+ * (tenants.requests_per_minute, tenants.tokens_per_minute), its own share of riverd's
+ * per-client limits (Generate.tenant) and its own prefix-cache partition
+ * (Generate.cache_salt) unless tenants.share_prefix_cache. Thread-safe. */
+typedef struct gw_tenant gw_tenant_t;
+
+#define GW_TENANT_NAME_MAX 64
+
+/* A tenant named name (at most GW_TENANT_NAME_MAX bytes) under cfg's limits; NULL when
+ * out of memory. cfg must outlive it. */
+gw_tenant_t *gw_tenant_new(const char *name, const gw_config_t *cfg);
+void gw_tenant_destroy(gw_tenant_t **t);
+const char *gw_tenant_name(const gw_tenant_t *t);
+/* The partition its requests' cached pages belong to: its name, "" when shared. */
+const char *gw_tenant_cache_salt(const gw_tenant_t *t);
+/* Whether its cached pages may be other tenants' (tenants.share_prefix_cache), so that
+ * their count must not be reported to it. */
+bool gw_tenant_cache_shared(const gw_tenant_t *t);
+/* Its own rates instead of tenants.*, each -1 to keep that one (the key file's options);
+ * called before the tenant serves. */
+void gw_tenant_set_limits(gw_tenant_t *t, int requests_per_minute, int tokens_per_minute);
+/* Takes one request from the tenant's rate, or fills err (429 naming the limit and when
+ * to retry) and returns -1 when it is over a limit; nothing is taken then. */
+int gw_tenant_admit(gw_tenant_t *t, gw_error_t *err);
+/* Counts tokens (prompt and completion) a request used against the token rate. */
+void gw_tenant_charge(gw_tenant_t *t, uint32_t tokens);
+
 /* ---- API keys (gateway/apikeys.c) ---- */
 
 #define GW_KEY_HEX_LEN 64 /* SHA-256 in lower-case hex */
 
 typedef struct gw_apikeys gw_apikeys_t;
-/* Reads a key file: one SHA-256 hex digest a line, '#' comments and blank lines allowed. */
-int gw_apikeys_load(gw_apikeys_t **out, const char *path);
+/* Reads a key file: one SHA-256 hex digest a line, optionally followed by the name of its
+ * tenant ([A-Za-z0-9._-], at most GW_TENANT_NAME_MAX; keys without one are tenants of
+ * their own, "key-" and the digest's first 16 digits) and the tenant's own rates
+ * (requests_per_minute=N, tokens_per_minute=N, on the tenant's first line; cfg's
+ * tenants.* otherwise); '#' comments and blank lines allowed. Fails naming the line;
+ * *out NULL then. */
+int gw_apikeys_load(gw_apikeys_t **out, const char *path, const gw_config_t *cfg);
 void gw_apikeys_destroy(gw_apikeys_t **k);
-/* Whether key (the Bearer token) hashes to one of the file's digests. */
-int gw_apikeys_check(const gw_apikeys_t *k, const char *key);
+/* The tenant of key (the Bearer token), NULL when it hashes to no digest of the file:
+ * one hash-set probe, whatever the number of keys. */
+gw_tenant_t *gw_apikeys_find(const gw_apikeys_t *k, const char *key);
+size_t gw_apikeys_count(const gw_apikeys_t *k);
 /* The line a key file holds for key. */
 void gw_apikeys_hash(const char *key, size_t len, char hex[GW_KEY_HEX_LEN + 1]);
 
@@ -198,6 +242,7 @@ typedef struct gw_call {
     int refs;
     char id[RIVER_CLIENT_ID_MAX];
     river_generate_opts_t opts; /* points into req and prompt */
+    gw_tenant_t *tenant;        /* whose it is (borrowed: tenants outlive the calls) */
     gw_request_t req;
     char *prompt;               /* chat: the rendered template */
     /* What arrived and the HTTP side has not taken yet. */
@@ -237,6 +282,7 @@ typedef struct gw_ctx {
     const gw_config_t *cfg;
     gw_models_t *models;
     gw_apikeys_t *keys;    /* NULL: no API keys */
+    gw_tenant_t *anon;     /* the tenant of every request when there are no keys */
     gw_bridge_t *bridge;
 } gw_ctx_t;
 int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);

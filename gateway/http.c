@@ -37,6 +37,7 @@ typedef struct gw_conn {
     char *body;
     size_t n, cap;
     int too_large;
+    gw_tenant_t *tenant; /* whose key it carries, once the route's key check passed */
 } gw_conn_t;
 
 static atomic_int gw_http__in_flight;
@@ -299,6 +300,11 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
         gw_request_free(&req);
         return gw_http__error(conn, &err);
     }
+    if (cc->tenant && gw_tenant_admit(cc->tenant, &err)) {
+        free(prompt);
+        gw_request_free(&req);
+        return gw_http__error(conn, &err);
+    }
     if (atomic_fetch_add(&gw_http__in_flight, 1) >= ctx->cfg->max_concurrent) {
         atomic_fetch_sub(&gw_http__in_flight, 1);
         gw_error_set(&err, GW_ERR_RATE, NULL,
@@ -319,6 +325,7 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
     }
     call->req = req;
     call->prompt = prompt;
+    call->tenant = cc->tenant;
     snprintf(call->id, sizeof call->id, "%s-%08lx%" PRIxFAST64,
              api == GW_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long)(random() & 0xffffffffUL),
              atomic_fetch_add(&gw_http__serial, 1));
@@ -445,18 +452,19 @@ static const gw_route_t gw_http__routes[] = {
 };
 #define GW_N_ROUTES (sizeof gw_http__routes / sizeof gw_http__routes[0])
 
-/* Whether the request carries an allowed key (always, without a key file). */
-static int gw_http__key_ok(const gw_ctx_t *ctx, struct MHD_Connection *c)
+/* The tenant of the request's key (the one tenant, without a key file); NULL when the
+ * key is missing or not allowed. */
+static gw_tenant_t *gw_http__tenant(const gw_ctx_t *ctx, struct MHD_Connection *c)
 {
     if (!ctx->keys)
-        return 1;
+        return ctx->anon;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7))
-        return 0;
+        return NULL;
     h += 7;
     while (*h == ' ')
         h++;
-    return *h && gw_apikeys_check(ctx->keys, h);
+    return *h ? gw_apikeys_find(ctx->keys, h) : NULL;
 }
 
 static enum MHD_Result gw_http__access(void *cls, struct MHD_Connection *c, const char *url,
@@ -515,7 +523,7 @@ static enum MHD_Result gw_http__access(void *cls, struct MHD_Connection *c, cons
         path_match = rt;
         if (strcmp(method, rt->method))
             continue;
-        if (rt->needs_key && !gw_http__key_ok(ctx, c)) {
+        if (rt->needs_key && !(cc->tenant = gw_http__tenant(ctx, c))) {
             gw_error_set(&err, GW_ERR_AUTH, NULL,
                          "Incorrect or missing API key: send Authorization: Bearer KEY");
             return gw_http__error(c, &err);

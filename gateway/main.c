@@ -135,9 +135,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "river-gateway: %s: %s\n", config_path, river_err_detail());
         goto fail_models;
     }
-    if (cfg.api_keys[0] && gw_apikeys_load(&ctx.keys, cfg.api_keys)) {
+    if (cfg.api_keys[0] && gw_apikeys_load(&ctx.keys, cfg.api_keys, &cfg)) {
         fprintf(stderr, "river-gateway: %s: %s\n", config_path, river_err_detail());
         goto fail_keys;
+    }
+    /* Without keys every request is one tenant's, the gateway's own share of riverd. */
+    if (!ctx.keys && !(ctx.anon = gw_tenant_new("", &cfg))) {
+        fprintf(stderr, "river-gateway: out of memory\n");
+        goto fail_bridge;
     }
     if (check) {
         printf("%s: ok (%d models, %s)\n", config_path, cfg.models.n,
@@ -190,6 +195,7 @@ int main(int argc, char **argv)
 fail_http:
     gw_bridge_destroy(&ctx.bridge);
 fail_bridge:
+    gw_tenant_destroy(&ctx.anon);
     gw_apikeys_destroy(&ctx.keys);
 fail_keys:
     gw_models_destroy(&ctx.models);

@@ -435,9 +435,10 @@ json_t *gw_chunk_json(const gw_request_t *r, const char *id, int64_t created,
 
 static json_t *oa__usage(const gw_usage_t *u)
 {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", (int)u->prompt_tokens,
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", (int)u->prompt_tokens,
                      "completion_tokens", (int)u->completion_tokens, "total_tokens",
-                     (int)(u->prompt_tokens + u->completion_tokens));
+                     (int)(u->prompt_tokens + u->completion_tokens),
+                     "prompt_tokens_details", "cached_tokens", (int)u->cached_tokens);
 }
 
 json_t *gw_usage_chunk_json(const gw_request_t *r, const char *id, int64_t created,

@@ -58,6 +58,12 @@ River__Worker__WorkerMessage *wk_launch(wk_t *w, const char *model, int max_seqs
     ck_assert_ptr_nonnull(m->ready->capabilities);
     w->caps = *m->ready->capabilities;
     w->caps.model = NULL;
+    w->caps.prefix_key.len = 0;
+    if (m->ready->capabilities->prefix_key.len == sizeof w->prefix_key) {
+        memcpy(w->prefix_key, m->ready->capabilities->prefix_key.data, sizeof w->prefix_key);
+        w->caps.prefix_key.len = sizeof w->prefix_key;
+    }
+    w->caps.prefix_key.data = w->caps.prefix_key.len ? w->prefix_key : NULL;
     return m;
 }
 

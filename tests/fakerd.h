@@ -25,7 +25,9 @@ typedef struct wk {
     int heartbeats;
     River__Worker__Heartbeat last_hb; /* prefix_pages point into hb_prefix_pages */
     uint64_t hb_prefix_pages[64];
-    River__Worker__Capabilities caps; /* from Ready (model string not kept) */
+    River__Worker__Capabilities caps; /* from Ready (model string not kept; prefix_key
+                                         points into prefix_key) */
+    uint8_t prefix_key[16];
 } wk_t;
 
 /* Writes yaml to the file `name` under the test's directory and starts river-worker on

@@ -366,7 +366,7 @@ START_TEST(test_client_limit)
     streams_expect_t want[STREAMS_N_PROMPTS];
     streams_expect_all(TF_SLOW_MODEL, TOKENS, want);
     cluster_t s = {0};
-    tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n");
+    tf_riverd_start(&s, "limits:\n  max_requests_per_client: 3\n  max_requests_per_key: 7\n");
     tf_worker_start(&s, "w0", TF_SLOW_MODEL, NULL);
     streams_wait_ready(s.admin, NULL, 1, 20000, s.dir);
 
@@ -391,6 +391,55 @@ START_TEST(test_client_limit)
     ck_assert_msg(strstr(st[LIMIT].msg, "limits.max_requests_per_client"), "%s",
                   st[LIMIT].msg);
     ck_assert_uint_eq(st[LIMIT].n_ids, 0);
+
+    /* Another tenant of the same connection (Generate.tenant, what river-gateway sends for
+     * each API key) has a share of its own: at its limit, and still served. */
+    streams_stream_t tn[LIMIT + 1];
+    memset(tn, 0, sizeof tn);
+    river_generate_opts_t ot = o;
+    ot.tenant = "other-tenant";
+    ot.max_tokens = 4;
+    for (int i = 0; i <= LIMIT; i++) {
+        ot.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(c, &ot, NULL, streams_on_event, &tn[i], NULL), 0);
+    }
+    while (!tn[LIMIT].ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(tn[LIMIT].code, RIVER_CODE_RESOURCE_EXHAUSTED);
+    ck_assert_msg(strstr(tn[LIMIT].msg, "tenant other-tenant"), "%s", tn[LIMIT].msg);
+    for (int i = 0; i < LIMIT; i++) {
+        while (!tn[i].ended)
+            ck_assert_int_ge(river_client_poll(c, 1000), 0);
+        ck_assert_msg(tn[i].end == RIVER_EVENT_FINAL, "tenant request %d: %s", i, tn[i].msg);
+        ck_assert_uint_eq(tn[i].n_ids, 4);
+    }
+    /* Naming more tenants does not multiply the connection's share: with LIMIT requests
+     * running, limits.max_requests_per_key (7) admits four more of four new tenants and
+     * refuses a fifth. */
+    enum { KEY_LIMIT = 7, MORE = KEY_LIMIT - LIMIT };
+    streams_stream_t tk[MORE + 1];
+    char tk_ids[MORE + 1][RIVER_CLIENT_ID_MAX];
+    memset(tk, 0, sizeof tk);
+    ot.max_tokens = TOKENS;
+    for (int i = 0; i <= MORE; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        ot.tenant = name;
+        ot.prompt = streams_prompts[i % STREAMS_N_PROMPTS];
+        ck_assert_int_eq(river_client_submit(c, &ot, NULL, streams_on_event, &tk[i], tk_ids[i]),
+                         0);
+    }
+    while (!tk[MORE].ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert_int_eq(tk[MORE].code, RIVER_CODE_RESOURCE_EXHAUSTED);
+    ck_assert_msg(strstr(tk[MORE].msg, "limits.max_requests_per_key (7)"), "%s", tk[MORE].msg);
+    for (int i = 0; i < MORE; i++) {
+        ck_assert_msg(!tk[i].ended, "tenant t%d: %s", i, tk[i].msg);
+        ck_assert_int_eq(river_client_cancel(c, tk_ids[i]), 0);
+    }
+    for (int i = 0; i < MORE; i++)
+        while (!tk[i].ended)
+            ck_assert_int_ge(river_client_poll(c, 1000), 0);
 
     /* Another connection is its own client. */
     streams_load_t l;

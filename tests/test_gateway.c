@@ -29,6 +29,7 @@
 #include "client/river_client.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "gateway/gateway.h"
 #include "tests/cluster.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
@@ -37,6 +38,10 @@
 #define GT_KJV TEST_DATA "/kjv-12l"
 #define GT_TEMPLATE TEST_DATA "/gateway/chatml-stories.jinja"
 #define GT_KEY "sk-river-test-key"
+/* Keys of two named tenants and one more of its own (the key file's third column). */
+#define GT_KEY_A "sk-tenant-a"
+#define GT_KEY_B "sk-tenant-b"
+#define GT_KEY_C "sk-tenant-c"
 
 /* ---- Processes ---- */
 
@@ -72,15 +77,23 @@ static void gt_keys(gt_env_t *e)
     cluster_copy(gt_path(e, "own/gw.key"), gt_path(e, "keys/clients/gw.key"));
     cluster_copy(gt_path(e, "own/w1.key"), gt_path(e, "keys/workers/w1.key"));
     cluster_copy(gt_path(e, "own/a1.key"), gt_path(e, "keys/admin/a1.key"));
-    /* The API key file: the hash `river-gateway --hash-key` prints. */
-    char *argv[] = {(char *)test_bin("river-gateway"), "--hash-key", GT_KEY, NULL};
-    char *out;
-    ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
-    ck_assert_uint_eq(strlen(out), 65);
-    char file[256];
-    snprintf(file, sizeof file, "# test key\n%s", out);
+    /* The API key file: the hash `river-gateway --hash-key` prints, then the tenants'
+     * keys, each with its tenant's name. */
+    static const char *const keys[][2] = {
+        {GT_KEY, ""}, {GT_KEY_A, " tenant-a"}, {GT_KEY_B, " tenant-b"}, {GT_KEY_C, " tenant-c requests_per_minute=100"}};
+    char file[1024] = "# test key\n";
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char *argv[] = {(char *)test_bin("river-gateway"), "--hash-key", (char *)keys[i][0],
+                        NULL};
+        char *out;
+        ck_assert_int_eq(test_capture(argv, NULL, 0, &out), 0);
+        ck_assert_uint_eq(strlen(out), 65);
+        out[64] = '\0';
+        size_t n = strlen(file);
+        snprintf(file + n, sizeof file - n, "%s%s\n", out, keys[i][1]);
+        free(out);
+    }
     test_write(gt_path(e, "api-keys.txt"), file);
-    free(out);
 }
 
 static river_keys_t gt_admin_keys(const gt_env_t *e)
@@ -300,15 +313,22 @@ static json_t *gt_json(const gt_resp_t *r)
     return o;
 }
 
-/* POST with the test key; the parsed body; *status the HTTP status. */
-static json_t *gt_post(int port, const char *path, const char *body, int *status)
+/* POST with key; the parsed body; *status the HTTP status. */
+static json_t *gt_post_key(int port, const char *key, const char *path, const char *body,
+                           int *status)
 {
     gt_resp_t r;
-    gt_http(port, "POST", path, GT_KEY, body, &r);
+    gt_http(port, "POST", path, key, body, &r);
     *status = r.status;
     json_t *o = gt_json(&r);
     gt_resp_free(&r);
     return o;
+}
+
+/* POST with the test key. */
+static json_t *gt_post(int port, const char *path, const char *body, int *status)
+{
+    return gt_post_key(port, GT_KEY, path, body, status);
 }
 
 /* Checks SSE framing: events `data: ...` separated by one blank line, SSE comments
@@ -361,6 +381,25 @@ static const char *gt_str(json_t *o, const char *path)
 {
     json_t *v = json_object_get(o, path);
     return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Whether two usage objects have the same token counts; prompt_tokens_details may differ
+ * (a request repeated finds the pages of the one before). */
+static int gt_same_counts(json_t *a, json_t *b)
+{
+    json_t *x = json_deep_copy(a), *y = json_deep_copy(b);
+    json_object_del(x, "prompt_tokens_details");
+    json_object_del(y, "prompt_tokens_details");
+    int same = json_equal(x, y);
+    json_decref(x);
+    json_decref(y);
+    return same;
+}
+
+/* The error message of an error response. */
+static const char *gt_error_message(json_t *o)
+{
+    return gt_str(json_object_get(o, "error"), "message");
 }
 
 static json_t *gt_choice(json_t *o)
@@ -442,7 +481,11 @@ START_TEST(test_completions_and_chat)
     ck_assert_str_eq(gt_str(gt_choice(json_array_get(ev, n - 2)), "finish_reason"), "length");
     json_t *last = json_array_get(ev, n - 1);
     ck_assert_uint_eq(json_array_size(json_object_get(last, "choices")), 0);
-    ck_assert(json_equal(json_object_get(last, "usage"), usage));
+    /* The same counts; cached_tokens differs, this second prompt finds the first's pages. */
+    ck_assert_int_gt(json_integer_value(json_object_get(
+                         json_object_get(json_object_get(last, "usage"), "prompt_tokens_details"),
+                         "cached_tokens")), 0);
+    ck_assert(gt_same_counts(json_object_get(last, "usage"), usage));
     json_decref(ev);
 
     /* A stop string from the middle of that text ends the completion before it. */
@@ -491,8 +534,8 @@ START_TEST(test_completions_and_chat)
     ck_assert_str_eq(joined, content);
     ck_assert_str_eq(gt_str(gt_choice(json_array_get(ev, n - 2)), "finish_reason"),
                      gt_str(gt_choice(chat), "finish_reason"));
-    ck_assert(json_equal(json_object_get(json_array_get(ev, n - 1), "usage"),
-                         json_object_get(chat, "usage")));
+    ck_assert(gt_same_counts(json_object_get(json_array_get(ev, n - 1), "usage"),
+                             json_object_get(chat, "usage")));
     json_decref(ev);
     json_decref(chat);
 
@@ -692,9 +735,9 @@ END_TEST
 
 /* ---- Disconnect, deadline ---- */
 
-/* riverd's count of requests that ended with outcome (its Prometheus text), -1 when it
- * does not answer. */
-static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
+/* A counter of riverd's Prometheus text (name and labels), -1 when riverd does not
+ * answer or has none. */
+static long gt_riverd_metric(const gt_env_t *e, const char *name)
 {
     river_keys_t k = gt_admin_keys(e);
     river_admin_t *a;
@@ -704,12 +747,20 @@ static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
     river_admin_destroy(&a);
     if (rc < 0)
         return -1;
-    char key[128];
-    snprintf(key, sizeof key, "river_requests_total{outcome=\"%s\"} ", outcome);
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
     const char *p = strstr(text, key);
     long n = p ? atol(p + strlen(key)) : -1;
     free(text);
     return n;
+}
+
+/* riverd's count of requests that ended with outcome. */
+static long gt_riverd_outcome(const gt_env_t *e, const char *outcome)
+{
+    char name[128];
+    snprintf(name, sizeof name, "river_requests_total{outcome=\"%s\"}", outcome);
+    return gt_riverd_metric(e, name);
 }
 
 /* Reads a stream's socket until its first chunk with text. */
@@ -956,6 +1007,193 @@ START_TEST(test_config)
 }
 END_TEST
 
+/* ---- Tenants and API keys ---- */
+
+/* A text completion as key's tenant. */
+static json_t *gt_post_as(int port, const char *key, const char *body, int *status)
+{
+    return gt_post_key(port, key, "/v1/completions", body, status);
+}
+
+/* A text completion of prompt as key's tenant: its usage.prompt_tokens_details
+ * .cached_tokens, and its prompt_tokens into *prompt_tokens. */
+static int gt_cached(int port, const char *key, const char *prompt, int *prompt_tokens)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":\"%s\",\"max_tokens\":1,"
+             "\"temperature\":0}", prompt);
+    int status;
+    json_t *o = gt_post_as(port, key, body, &status);
+    ck_assert_msg(status == 200, "status %d: %s", status, gt_error_message(o));
+    json_t *u = json_object_get(o, "usage");
+    json_t *d = json_object_get(u, "prompt_tokens_details");
+    ck_assert_msg(json_is_integer(json_object_get(d, "cached_tokens")), "no cached_tokens");
+    int cached = (int)json_integer_value(json_object_get(d, "cached_tokens"));
+    if (prompt_tokens)
+        *prompt_tokens = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    json_decref(o);
+    return cached;
+}
+
+/* The key set of a large key file (the most it takes) finds every key with its tenant,
+ * and refuses keys that are not in it; a key file naming one tenant for several keys
+ * gives them one tenant. */
+START_TEST(test_api_key_set)
+{
+    enum { N = 100000 };
+    gw_config_t cfg = {0};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/many-keys.txt", test_tmpdir());
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "# %d keys, every tenth one of tenant shared\n", N);
+    for (int i = 0; i < N; i++) {
+        char key[32], hex[GW_KEY_HEX_LEN + 1];
+        snprintf(key, sizeof key, "sk-%d", i);
+        gw_apikeys_hash(key, strlen(key), hex);
+        fprintf(f, "%s%s\n", hex, i % 10 == 0 ? " shared" : "");
+    }
+    fclose(f);
+    gw_apikeys_t *k;
+    double t0 = clock_now_s();
+    ck_assert_msg(gw_apikeys_load(&k, path, &cfg) == 0, "%s", river_err_detail());
+    double t_load = clock_now_s() - t0;
+    ck_assert_uint_eq(gw_apikeys_count(k), N);
+    gw_tenant_t *shared = NULL;
+    t0 = clock_now_s();
+    for (int i = 0; i < N; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "sk-%d", i);
+        gw_tenant_t *t = gw_apikeys_find(k, key);
+        ck_assert_msg(t, "key %d not found", i);
+        if (i % 10 == 0) {
+            ck_assert_str_eq(gw_tenant_name(t), "shared");
+            ck_assert(!shared || t == shared);
+            shared = t;
+        } else {
+            ck_assert_msg(!strncmp(gw_tenant_name(t), "key-", 4), "%s", gw_tenant_name(t));
+        }
+    }
+    double t_find = clock_now_s() - t0;
+    printf("api key set: %d keys loaded in %.3f s, each found in %.2f us\n", N, t_load,
+           t_find / N * 1e6);
+    ck_assert_ptr_null(gw_apikeys_find(k, "sk-100000"));
+    ck_assert_ptr_null(gw_apikeys_find(k, "sk-0 "));
+    ck_assert_ptr_null(gw_apikeys_find(k, ""));
+    gw_apikeys_destroy(&k);
+    /* A tenant with rates of its own, from its first line. */
+    char hex[GW_KEY_HEX_LEN + 1], hex2[GW_KEY_HEX_LEN + 1], y[512];
+    gw_apikeys_hash("x", 1, hex);
+    gw_apikeys_hash("y", 1, hex2);
+    snprintf(y, sizeof y, "%s limited requests_per_minute=1 tokens_per_minute=50\n%s limited\n",
+             hex, hex2);
+    test_write(path, y);
+    ck_assert_msg(gw_apikeys_load(&k, path, &cfg) == 0, "%s", river_err_detail());
+    gw_tenant_t *lim = gw_apikeys_find(k, "y");
+    ck_assert_ptr_eq(lim, gw_apikeys_find(k, "x"));
+    gw_error_t err;
+    ck_assert_int_eq(gw_tenant_admit(lim, &err), 0);
+    ck_assert_int_eq(gw_tenant_admit(lim, &err), -1);
+    ck_assert_int_eq(err.kind, GW_ERR_RATE);
+    ck_assert_msg(strstr(err.message, "tenant 'limited' is over its limit requests_per_minute "
+                         "(1, its api_keys line)"), "%s", err.message);
+    gw_apikeys_destroy(&k);
+    snprintf(y, sizeof y, "%s limited\n%s limited tokens_per_minute=5\n", hex, hex2);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:2: tenant limited has its rates"),
+                  "%s", river_err_detail());
+    snprintf(y, sizeof y, "%s colour=3\n", hex);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:1: 'colour=3' is not"), "%s",
+                  river_err_detail());
+    /* One digest twice, and a bad tenant name, are refused naming the line. */
+    snprintf(y, sizeof y, "%s a\n%s b\n", hex, hex);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:2: this digest is listed twice"),
+                  "%s", river_err_detail());
+    snprintf(y, sizeof y, "%s bad/name\n", hex);
+    test_write(path, y);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:1"), "%s", river_err_detail());
+    ck_assert_ptr_null(k);
+}
+END_TEST
+
+/* Tenants through a real riverd, worker and two gateways: a tenant's prompt is cached for
+ * it alone (another tenant's cached_tokens is 0 for it, and guessing its next word shows
+ * nothing either), and one tenant over its rates gets 429 naming the limit while another
+ * is served. */
+START_TEST(test_tenants)
+{
+    gt_env_t e;
+    gt_start(&e, GT_STORIES, NULL, NULL);
+    int port = e.port[0];
+    const char *p = "Once upon a time, there was a little girl named Lily. She loved to play "
+                    "outside in the park with her friends and her dog. One day, Lily saw a "
+                    "big red ball under a tree. She ran to get it, but a small bird was "
+                    "sitting on it. Lily said hello to the bird and the bird sang a song. "
+                    "Then her dog, whose name was";
+    char pw[512], px[512];
+    snprintf(pw, sizeof pw, "%s Max", p);  /* A's whole prompt: the word B would guess */
+    snprintf(px, sizeof px, "%s Sam", p);  /* a wrong guess */
+    int n_prompt = 0;
+    ck_assert_int_eq(gt_cached(port, GT_KEY_A, pw, &n_prompt), 0);
+    ck_assert_int_gt(n_prompt, 32); /* two KV pages of 16 and more */
+    /* The control: A itself finds all of its prompt but the last token. */
+    ck_assert_int_eq(gt_cached(port, GT_KEY_A, pw, NULL), n_prompt - 1);
+    /* B, with A's exact prompt (the right guess of its next word), and C with a wrong
+     * guess: nothing, as on a worker that never saw A. */
+    ck_assert_int_eq(gt_cached(port, GT_KEY_B, pw, NULL), 0);
+    ck_assert_int_eq(gt_cached(port, GT_KEY_C, px, NULL), 0);
+    /* B's own prompts are B's to find. */
+    ck_assert_int_eq(gt_cached(port, GT_KEY_B, pw, NULL), n_prompt - 1);
+
+    /* Gateway 1: two requests and 200 tokens a minute per tenant (C: 100 requests, its key
+     * file line says), and tenants share the cache. */
+    gt_start_gateway(&e, 1, GT_STORIES,
+                     "tenants:\n  requests_per_minute: 2\n  tokens_per_minute: 200\n"
+                     "  share_prefix_cache: true\n");
+    port = e.port[1];
+    /* Shared: C's request reuses the pages of the unnamed key's, as riverd counts, and
+     * cached_tokens does not say so. */
+    ck_assert_int_eq(gt_cached(port, GT_KEY, px, NULL), 0);
+    long hits = gt_riverd_metric(&e, "river_prefix_cache_hit_tokens_total");
+    ck_assert_int_eq(gt_cached(port, GT_KEY_C, px, NULL), 0);
+    ck_assert_int_eq(gt_riverd_metric(&e, "river_prefix_cache_hit_tokens_total") - hits,
+                     n_prompt - 1);
+    const char *small = "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":2}";
+    int status;
+    for (int i = 0; i < 2; i++) {
+        json_decref(gt_post_as(port, GT_KEY_A, small, &status));
+        ck_assert_int_eq(status, 200);
+    }
+    json_t *o = gt_post_as(port, GT_KEY_A, small, &status);
+    ck_assert_int_eq(status, 429);
+    ck_assert_msg(strstr(gt_error_message(o), "tenant 'tenant-a'") &&
+                  strstr(gt_error_message(o), "tenants.requests_per_minute (2)"),
+                  "%s", gt_error_message(o));
+    json_decref(o);
+    json_decref(gt_post_as(port, GT_KEY_B, small, &status));
+    ck_assert_int_eq(status, 200);
+    /* C uses more than its tokens of a minute in one request; its next is refused. */
+    json_decref(gt_post_as(port, GT_KEY_C,
+                           "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":220,"
+                           "\"river\":{\"ignore_eos\":true}}", &status));
+    ck_assert_int_eq(status, 200);
+    o = gt_post_as(port, GT_KEY_C, small, &status);
+    ck_assert_int_eq(status, 429);
+    ck_assert_msg(strstr(gt_error_message(o), "tenants.tokens_per_minute (200)"), "%s",
+                  gt_error_message(o));
+    json_decref(o);
+    json_decref(gt_post_as(port, GT_KEY_B, small, &status));
+    ck_assert_int_eq(status, 200);
+    gt_stop(&e);
+}
+END_TEST
+
 static Suite *gateway_suite(void)
 {
     Suite *s = suite_create("gateway");
@@ -968,6 +1206,8 @@ static Suite *gateway_suite(void)
     tcase_add_test(tc, test_disconnect_and_deadline);
     tcase_add_test(tc, test_no_worker);
     tcase_add_test(tc, test_same_ids_as_river_run);
+    tcase_add_test(tc, test_api_key_set);
+    tcase_add_test(tc, test_tenants);
     suite_add_tcase(s, tc);
     return s;
 }

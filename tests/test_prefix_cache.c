@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "common/prefix_hash.h"
 #include "engine/generate.h"
+#include "engine/prefix_cache.h"
 #include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
 #include "offline/exitriver_build.h"
@@ -389,21 +390,120 @@ START_TEST(test_accounting)
 }
 END_TEST
 
-/* The chain riverd computes: deterministic, seeded, each name covering all before it. */
+/* The chain riverd computes: deterministic, keyed, salted, each name covering all before
+ * it, 128 bits. */
 START_TEST(test_hash_chain)
 {
     int32_t a[12] = {1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
     int32_t b[12] = {1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 16};
-    uint64_t ha[3], hb[3], hs[3];
+    prefix_name_t ha[3], hb[3], hs[3], hk[3], ht[3];
     uint64_t s1 = prefix_hash_seed("abc", NULL), s2 = prefix_hash_seed("abc", "def");
     ck_assert(s1 != s2);
-    ck_assert_uint_eq(prefix_hash_chain(s1, a, 12, 4, ha, 3), 3);
-    ck_assert_uint_eq(prefix_hash_chain(s1, b, 12, 4, hb, 3), 3);
-    ck_assert_uint_eq(prefix_hash_chain(s2, a, 12, 4, hs, 3), 3);
-    ck_assert(ha[0] == hb[0] && ha[1] == hb[1] && ha[2] != hb[2]);
-    ck_assert(ha[0] != hs[0]);
-    ck_assert_uint_eq(prefix_hash_chain(s1, a, 11, 4, hb, 3), 2);
-    ck_assert_uint_eq(prefix_hash_chain(s1, a, 12, 4, hb, 1), 1);
+    prefix_key_t k1 = {1, 2}, k2 = {1, 3};
+    prefix_name_t r1 = prefix_hash_root(&k1, s1, NULL, 0);
+    ck_assert_uint_eq(prefix_hash_chain(&k1, r1, a, 12, 4, ha, 3), 3);
+    ck_assert_uint_eq(prefix_hash_chain(&k1, r1, b, 12, 4, hb, 3), 3);
+    ck_assert_uint_eq(prefix_hash_chain(&k1, prefix_hash_root(&k1, s2, NULL, 0), a, 12, 4, hs,
+                                        3), 3);
+    ck_assert_uint_eq(prefix_hash_chain(&k2, prefix_hash_root(&k2, s1, NULL, 0), a, 12, 4, hk,
+                                        3), 3);
+    ck_assert_uint_eq(prefix_hash_chain(&k1, prefix_hash_root(&k1, s1, "tenant-b", 8), a, 12,
+                                        4, ht, 3), 3);
+    ck_assert(prefix_name_eq(ha[0], hb[0]) && prefix_name_eq(ha[1], hb[1]) &&
+              !prefix_name_eq(ha[2], hb[2]));
+    ck_assert(ha[0].lo != hs[0].lo && ha[0].hi != hs[0].hi); /* another seed */
+    ck_assert(ha[0].lo != hk[0].lo && ha[0].hi != hk[0].hi); /* another key */
+    ck_assert(ha[0].lo != ht[0].lo && ha[0].hi != ht[0].hi); /* another salt */
+    /* The salt's length is part of the root: "a" and "a\0" differ. */
+    ck_assert(!prefix_name_eq(prefix_hash_root(&k1, s1, "a", 1), prefix_hash_root(&k1, s1, "a", 2)));
+    ck_assert_uint_eq(prefix_hash_chain(&k1, r1, a, 11, 4, hb, 3), 2);
+    ck_assert_uint_eq(prefix_hash_chain(&k1, r1, a, 12, 4, hb, 1), 1);
+    uint8_t kb[PREFIX_KEY_BYTES];
+    prefix_key_t back;
+    prefix_key_to_bytes(&k2, kb);
+    ck_assert_int_eq(prefix_key_from_bytes(&back, kb, sizeof kb), 0);
+    ck_assert(back.k0 == k2.k0 && back.k1 == k2.k1);
+    ck_assert_int_eq(prefix_key_from_bytes(&back, kb, 8), RIVER_EFORMAT);
+}
+END_TEST
+
+/* Names that collide whenever two pages sit at the same depth, whatever their tokens or
+ * their parents: what an attacker who could compute the hash would construct. */
+static prefix_name_t colliding_name(const prefix_key_t *key, prefix_name_t parent,
+                                    const int32_t *ids, size_t n)
+{
+    (void)key, (void)ids, (void)n;
+    return (prefix_name_t){parent.lo + 1, parent.hi};
+}
+
+/* Publishes ids (whole pages) as one sequence of salt `salt` and releases it. */
+static void publish_seq(prefix_cache_t *pc, kv_pool_t *kv, const int32_t *ids, size_t n,
+                        const char *salt)
+{
+    kv_seq_t seq;
+    prefix_seq_t ps;
+    kv_seq_init(&seq);
+    prefix_seq_init(&ps, pc);
+    prefix_seq_set_salt(&ps, pc, salt, strlen(salt));
+    for (size_t i = 0; i < n / 4; i++) {
+        int32_t page;
+        ck_assert_int_eq(kv_pool_alloc_page(kv, &page), 0);
+        ck_assert_int_eq(kv_seq_push(&seq, page), 0);
+    }
+    prefix_cache_publish(pc, &seq, &ps, ids, n);
+    prefix_cache_release(pc, &seq, &ps);
+    prefix_seq_free(&ps);
+}
+
+/* Tokens the cache would hand a sequence of salt `salt` starting with ids. */
+static size_t lookup(prefix_cache_t *pc, const int32_t *ids, size_t n, const char *salt)
+{
+    kv_seq_t seq;
+    prefix_seq_t ps;
+    kv_seq_init(&seq);
+    prefix_seq_init(&ps, pc);
+    prefix_seq_set_salt(&ps, pc, salt, strlen(salt));
+    size_t hit = 0;
+    ck_assert_int_eq(prefix_cache_acquire(pc, &seq, &ps, ids, n, n - 1, 1, &hit), 0);
+    prefix_cache_release(pc, &seq, &ps);
+    prefix_seq_free(&ps);
+    return hit;
+}
+
+/* A hit is verified against the whole prefix, not the parent's name: with names that
+ * collide at every depth, B0 + A1 (B0 cached by one sequence, A0 A1 by another) must not
+ * take A1's page, whose K/V were computed after A0; a salt keeps another partition out
+ * even of its own tokens. */
+START_TEST(test_collision_is_a_miss)
+{
+    backend_t *be;
+    kv_pool_t *kv;
+    prefix_cache_t *pc;
+    ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
+    ck_assert_int_eq(kv_pool_new(&kv, be, 1, 4, 4, 16), 0);
+    prefix_cache_config_t cfg = {.seed = 42, .key = {7, 9}, .name_page = colliding_name};
+    ck_assert_int_eq(prefix_cache_new(&pc, kv, &cfg), 0);
+    const int32_t a[9] = {1, 10, 11, 12, 20, 21, 22, 23, 5};
+    const int32_t b[9] = {1, 30, 31, 32, 20, 21, 22, 23, 5}; /* B0 + A1 */
+    publish_seq(pc, kv, a, 8, "t1");
+    publish_seq(pc, kv, b, 4, "t1");
+    ck_assert_int_eq(prefix_cache_pages(pc), 3);
+    ck_assert_uint_eq(lookup(pc, a, 9, "t1"), 8);     /* the control: a real hit */
+    ck_assert_uint_eq(lookup(pc, b, 9, "t1"), 4);     /* B0 only: A1 follows A0 */
+    ck_assert_uint_eq(lookup(pc, a, 9, "t2"), 0);     /* another tenant */
+    ck_assert_uint_eq(lookup(pc, a, 9, ""), 0);
+    /* A page of a parent that was evicted and whose slot was cached again is not found
+     * through that slot. */
+    ck_assert_int_eq(prefix_cache_evict(pc, 16), 3);
+    publish_seq(pc, kv, b, 8, "t1");
+    ck_assert_uint_eq(lookup(pc, b, 9, "t1"), 8);
+    ck_assert_uint_eq(lookup(pc, a, 9, "t1"), 1); /* the first token, part of page B0 */
+    int priv = -1;
+    ck_assert_int_eq(prefix_cache_check(pc, NULL, 0, &priv), 0);
+    ck_assert_int_eq(priv, 0);
+    prefix_cache_destroy(&pc);
+    kv_pool_destroy(&kv);
+    cpu_backend_destroy(&be);
 }
 END_TEST
 
@@ -413,6 +513,7 @@ static Suite *prefix_cache_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_hash_chain);
+    tcase_add_test(tc, test_collision_is_a_miss);
     tcase_add_loop_test(tc, test_identical_ids, 0, (int)(sizeof models / sizeof models[0]));
     tcase_add_test(tc, test_exact_after_lossy);
     tcase_add_test(tc, test_accounting);

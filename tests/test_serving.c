@@ -1353,6 +1353,20 @@ static void tp_on_event(void *user, const river_event_t *ev)
     s->prompt = ev->prompt_tokens;
 }
 
+/* Sends TP_GEN tokens' request of ids (without a session id) into st. */
+static void tp_submit(river_client_t *c, const int32_t *ids, size_t n, const char *cache_salt,
+                      tp_stream_t *st)
+{
+    river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
+    o.prompt_ids = ids;
+    o.n_prompt_ids = n;
+    o.max_tokens = TP_GEN;
+    o.ignore_eos = 1;
+    o.timeout_ms = 10000;
+    o.cache_salt = cache_salt;
+    ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, st, NULL), 0);
+}
+
 /* Several chats that share a system prompt, each turn resending the whole history as
  * token ids without a session id (a stateless API), through riverd with two workers and
  * placement `placement`. Each round sends one turn of every chat at once, the chats in a
@@ -1401,13 +1415,7 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
                 x = x * 1664525u + 1013904223u;
                 hist[k][n[k]++] = 3 + (int32_t)((x >> 8) % 500);
             }
-            river_generate_opts_t o = RIVER_GENERATE_OPTS_INIT;
-            o.prompt_ids = hist[k];
-            o.n_prompt_ids = n[k];
-            o.max_tokens = TP_GEN;
-            o.ignore_eos = 1;
-            o.timeout_ms = 10000;
-            ck_assert_int_eq(river_client_submit(c, &o, NULL, tp_on_event, &st[k], NULL), 0);
+            tp_submit(c, hist[k], n[k], NULL, &st[k]);
         }
         int64_t until = clock_now_ms() + 20000;
         while (river_client_in_flight(c) > 0) {
@@ -1440,6 +1448,61 @@ static double ts_prefix_run(const char *placement, int32_t ids[TP_SESSIONS][TP_T
     ts_stop(&s);
     return query > 0 ? hit / query : 0;
 }
+
+/* Runs one request of ids on c alone and returns its end. */
+static tp_stream_t tp_run_one(river_client_t *c, const int32_t *ids, size_t n,
+                              const char *cache_salt)
+{
+    tp_stream_t st = {0};
+    tp_submit(c, ids, n, cache_salt, &st);
+    while (!st.ended)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert(st.ok);
+    return st;
+}
+
+/* placement prefix with keyed, salted page names: two prompts that ran at once (so on
+ * the two workers) each go back to the worker that holds them when repeated alone, where
+ * load-only placement would send both to the same idle worker; a request of another
+ * cache_salt finds nothing of them. */
+START_TEST(test_prefix_repeat)
+{
+    ck_assert(mkdir(test_tmpdir(), 0700) == 0 || errno == EEXIST);
+    ts_srv_t s;
+    ts_start(&s, &(ts_opts_t){.model = TEST_DATA "/stories260K/stories260K.bin", .external = 2,
+                              .extra = "placement: prefix\n"}, NULL);
+    river_client_t *c;
+    ck_assert_int_eq(river_client_new(&c, s.c.clients), 0);
+    enum { N = 60 };
+    static int32_t p[2][N];
+    uint32_t x = 5;
+    for (int k = 0; k < 2; k++) {
+        p[k][0] = 1;
+        for (int i = 1; i < N; i++) {
+            x = x * 1664525u + 1013904223u;
+            p[k][i] = 3 + (int32_t)((x >> 8) % 500);
+        }
+    }
+    tp_stream_t st[2];
+    memset(st, 0, sizeof st);
+    for (int k = 0; k < 2; k++)
+        tp_submit(c, p[k], N, NULL, &st[k]);
+    while (river_client_in_flight(c) > 0)
+        ck_assert_int_ge(river_client_poll(c, 1000), 0);
+    ck_assert(st[0].ok && st[1].ok);
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < 2; k++) {
+            tp_stream_t r = tp_run_one(c, p[k], N, NULL);
+            ck_assert_msg(r.cached == N - 1, "round %d prompt %d: %u of %d tokens cached",
+                          round, k, r.cached, N - 1);
+        }
+    /* One salt each: two prompts of one partition share their first token (BOS). */
+    ck_assert_uint_eq(tp_run_one(c, p[0], N, "partition 1").cached, 0);
+    ck_assert_uint_eq(tp_run_one(c, p[1], N, "partition 2").cached, 0);
+    river_client_destroy(&c);
+    ts_stop(&s);
+}
+END_TEST
 
 /* Prefix-aware placement finds the worker holding a chat's history; load-only placement
  * spreads each round over the workers by free slots, so a chat lands wherever its place
@@ -1482,6 +1545,7 @@ static Suite *serving_suite(void)
     TCase *tp = tcase_create("prefix");
     tcase_set_timeout(tp, 120);
     tcase_add_test(tp, test_prefix_placement);
+    tcase_add_test(tp, test_prefix_repeat);
     suite_add_tcase(s, tp);
     return s;
 }

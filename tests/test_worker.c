@@ -819,6 +819,7 @@ START_TEST(test_prefix_cache_usage)
                  on ? "kv:\n  page_size: 4\n"
                     : "kv:\n  page_size: 4\nprefix_cache:\n  enabled: false\n", 50, 100);
         ck_assert(on ? w.caps.prefix_seed != 0 : w.caps.prefix_seed == 0);
+        ck_assert_uint_eq(w.caps.prefix_key.len, on ? PREFIX_KEY_BYTES : 0);
         for (int round = 0; round < 2; round++) {
             req_t q = {.id = 20 + (uint64_t)round, .text = prompts[1], .max_tokens = 20,
                        .ignore_eos = 1};
@@ -831,15 +832,21 @@ START_TEST(test_prefix_cache_usage)
             ck_assert_uint_eq(st.cached_tokens, on && round ? ref.n_prompt - 1 : 0);
         }
         if (on) {
-            /* The names riverd would compute from the prompt's ids. */
-            uint64_t names[8];
-            size_t n = prefix_hash_chain(w.caps.prefix_seed, ref.prompt, ref.n_prompt,
-                                         (int)w.caps.kv_page_size, names, 8);
+            /* The names riverd would compute from the prompt's ids (the worker's key and
+             * seed, the empty salt fakerd's Submit leaves). */
+            prefix_key_t key;
+            ck_assert_int_eq(prefix_key_from_bytes(&key, w.caps.prefix_key.data,
+                                                   w.caps.prefix_key.len), 0);
+            prefix_name_t names[8];
+            size_t n = prefix_hash_chain(&key, prefix_hash_root(&key, w.caps.prefix_seed,
+                                                                NULL, 0),
+                                         ref.prompt, ref.n_prompt, (int)w.caps.kv_page_size,
+                                         names, 8);
             ck_assert_uint_gt(n, 0);
             ck_assert_uint_gt(w.last_hb.prefix_cache_pages, 0);
             int found = 0;
             for (size_t i = 0; i < w.last_hb.n_prefix_pages; i++)
-                found |= w.last_hb.prefix_pages[i] == names[n - 1];
+                found |= w.last_hb.prefix_pages[i] == names[n - 1].lo;
             ck_assert_msg(found, "the heartbeat does not name the prompt's last full page");
             /* Once the request is gone, cached pages nobody uses count as free. */
             int hb = w.heartbeats;

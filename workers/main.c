@@ -91,6 +91,9 @@ typedef struct worker {
     keys_pair_t keys;
     char server_key[KEYS_Z85_LEN + 1];
     bool said_unavailable; /* role river: what riverd was last told about the backbone */
+    /* The secret of the prefix cache's page names, drawn at start (Capabilities
+     * .prefix_key): nobody without it can predict or collide a name. */
+    uint8_t prefix_key[PREFIX_KEY_BYTES];
 } worker_t;
 
 static void worker_usage(FILE *f)
@@ -380,6 +383,9 @@ static int worker__open_engine(worker_t *w)
                      exitriver_bits(w->xc.river), exitriver_group(w->xc.river),
                      exitriver_start_layer(w->xc.river));
         gc.prefix_seed = prefix_hash_seed(fp, rfp);
+        if ((e = prefix_key_random(&gc.prefix_key)))
+            return e;
+        prefix_key_to_bytes(&gc.prefix_key, w->prefix_key);
     }
     if (river) {
         /* The pool the backbone peer maps too. */
@@ -445,6 +451,10 @@ static int worker__open(worker_t *w)
     lc.caps.max_context = (uint32_t)mc->max_seq_len;
     const prefix_cache_t *pcache = gen_prefix_cache(w->gen);
     lc.caps.prefix_seed = pcache ? prefix_cache_seed(pcache) : 0;
+    if (pcache) {
+        lc.caps.prefix_key.data = w->prefix_key;
+        lc.caps.prefix_key.len = sizeof w->prefix_key;
+    }
     sched_config_t sc = {
         .max_queue = WORKER_QUEUE_PER_SEQ * w->cfg.max_seqs,
         .max_stop = WORKER_MAX_STOP,

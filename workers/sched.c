@@ -20,6 +20,9 @@ typedef enum {
 
 typedef struct sreq sreq_t;
 
+/* Longest Submit.prefix_salt taken (riverd's is a key and a tenant, under 200 bytes). */
+#define SCHED_SALT_MAX 512
+
 struct sreq {
     sreq_t *prev, *next;   /* the scheduler's list, in arrival order */
     sched_t *s;
@@ -30,6 +33,8 @@ struct sreq {
     size_t n_prompt;
     int32_t *done;         /* (n_done) ids the client already has (re-dispatch) */
     size_t n_done;
+    uint8_t *salt;         /* (n_salt) prefix-cache partition (Submit.prefix_salt) */
+    size_t n_salt;
     char **stop;           /* (n_stop) owned; the engine borrows them while running */
     int n_stop;
     sampler_params_t sampling;
@@ -97,6 +102,7 @@ static void sched__free(sched_t *s, sreq_t *r)
     free(r->stop);
     free(r->prompt);
     free(r->done);
+    free(r->salt);
     free(r->hist);
     free(r);
 }
@@ -350,6 +356,16 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
         if (r->prompt[i] < 0 || r->prompt[i] >= s->m->cfg.vocab_size)
             return river_err_set(RIVER_EINVAL, "prompt id %d outside the vocabulary of %d",
                                  r->prompt[i], s->m->cfg.vocab_size);
+    if (m->prefix_salt.len > SCHED_SALT_MAX)
+        return river_err_set(RIVER_EINVAL, "prefix_salt of %zu bytes, over %d",
+                             m->prefix_salt.len, SCHED_SALT_MAX);
+    if (m->prefix_salt.len) {
+        r->salt = malloc(m->prefix_salt.len);
+        if (!r->salt)
+            return river_err_set(RIVER_ENOMEM, "prefix_salt");
+        memcpy(r->salt, m->prefix_salt.data, m->prefix_salt.len);
+        r->n_salt = m->prefix_salt.len;
+    }
     if (m->tokens_delivered != m->n_delivered_ids)
         return river_err_set(RIVER_EINVAL, "tokens_delivered %u but %zu delivered_ids",
                              m->tokens_delivered, m->n_delivered_ids);
@@ -570,6 +586,7 @@ static void sched__admit(sched_t *s)
             .on_token = sched__on_event, .user = r,
             .done = r->done, .n_done = r->n_done,
             .lossless = r->lossless, .draft_k = r->draft_k,
+            .prefix_salt = r->salt, .n_prefix_salt = r->n_salt,
         };
         int seq;
         int e = gen_submit(s->g, &req, &seq);
