@@ -186,6 +186,18 @@ int backend_is_host(const backend_t *be)
     return bi.host_memory;
 }
 
+int backend_is_lost(const backend_t *be)
+{
+    backend_info_t bi;
+    backend_get_info(be, &bi);
+    return bi.lost;
+}
+
+int64_t backend_mem_free(const backend_t *be)
+{
+    return be->ops->mem_free ? be->ops->mem_free(be->ctx) : 0;
+}
+
 int backend_threads(const backend_t *be)
 {
     backend_info_t bi;

@@ -47,6 +47,10 @@ void backend_destroy(backend_t **be);
 void backend_get_info(const backend_t *be, backend_info_t *out);
 /* Whether the backend's buffers and weights are host memory (backend_info.host_memory). */
 int backend_is_host(const backend_t *be);
+/* Whether the device failed for good (backend_info.lost). */
+int backend_is_lost(const backend_t *be);
+/* Bytes its buffers can still take, read now (ops->mem_free); 0 where it cannot tell. */
+int64_t backend_mem_free(const backend_t *be);
 /* The host threads its ops run on. */
 int backend_threads(const backend_t *be);
 /* "name-variant", e.g. "cpu-avx512": two processes whose results must agree bit for bit

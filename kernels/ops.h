@@ -147,9 +147,6 @@ typedef struct backend_info {
     int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
                           map, share (memfd) or advise them */
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
-    int64_t mem_free;  /* bytes its buffers can still take when asked (the host's available
-                          memory within its cgroups' limits: common/meminfo.h; the GPU's
-                          free memory); 0 where it cannot tell */
     int lost;          /* the device failed for good (a sticky CUDA fault: every later op
                           fails too); only a new process can use it again */
 } backend_info_t;
@@ -180,6 +177,11 @@ typedef struct ops {
 
     /* Fills *out; cannot fail. */
     void (*info)(ops_ctx_t *ctx, backend_info_t *out);
+    /* Optional (NULL: unknown). Bytes its buffers can still take, read now: the host's
+     * available memory within its cgroups' limits (common/meminfo.h), the GPU's free
+     * memory; 0 where it cannot tell. A reading of the system, not a field of info, which
+     * callers take often. */
+    int64_t (*mem_free)(ops_ctx_t *ctx);
     /* Places a weight where the ops read it. A backend may read it where it is and leave w
      * alone, or copy data (and Q4/Q8 scales and zeros) into memory it owns until destroy
      * and point w at the copy: device backends always, the CPU for matrices of 2 MiB or

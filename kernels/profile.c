@@ -169,6 +169,11 @@ static void prof_info(ops_ctx_t *ctx, backend_info_t *out)
     IN->info(INCTX, out);
 }
 
+static int64_t prof_mem_free(ops_ctx_t *ctx)
+{
+    return IN->mem_free ? IN->mem_free(INCTX) : 0;
+}
+
 static int prof_weight_upload(ops_ctx_t *ctx, weight_t *w)
 {
     return IN->weight_upload(INCTX, w);
@@ -248,6 +253,7 @@ static void prof_destroy(backend_t *be)
 
 static const ops_t profile_ops = {
     .info = prof_info,
+    .mem_free = prof_mem_free,
     .weight_upload = prof_weight_upload,
     .weight_residency = prof_weight_residency,
     .shared_alloc = prof_shared_alloc,

@@ -201,7 +201,7 @@ static backend_weights_t worker__weights(const config_worker_t *c)
 }
 
 /* KV pages of the pool: kv.pages, or for 0 enough for max_seqs full contexts, capped at
- * half the memory the backend has free once the weights are placed (backend_info.mem_free:
+ * half the memory the backend has free once the weights are placed (backend_mem_free:
  * the host's, or the GPU's). The pool is reserved up front, and 16 full contexts of a model
  * with a long context ask for more than a host or a GPU has (Llama 3.2 1B: 131072
  * positions, 1 MiB a page of 16, 128 GiB in all), which the kernel refuses to map;
@@ -218,32 +218,32 @@ static int worker__kv_pages(const worker_t *w, const config_worker_t *c, int *ou
         return 0;
     if (want > (1 << 24))
         want = 1 << 24;
-    backend_info_t bi = {0};
-    backend_get_info(w->env.be, &bi);
+    int host = backend_is_host(w->env.be);
+    int64_t mem_free = backend_mem_free(w->env.be);
     size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
                                              c->kv_page_size, 1);
     *out = (int)want;
-    if (bi.mem_free <= 0 || page_bytes == 0)
+    if (mem_free <= 0 || page_bytes == 0)
         return 0;
-    int64_t fit = (int64_t)((double)bi.mem_free * 0.5 / (double)page_bytes);
+    int64_t fit = (int64_t)((double)mem_free * 0.5 / (double)page_bytes);
     if (fit >= want)
         return 0;
     /* A pool without room for one whole context would fail the longest requests however
      * long they wait; one that the memory cannot hold would fail here at the mapping with
      * a less helpful message. */
-    if ((double)per_seq * (double)page_bytes > (double)bi.mem_free)
+    if ((double)per_seq * (double)page_bytes > (double)mem_free)
         return river_err_set(RIVER_ENOMEM, "kv.pages 0: one full context of %d positions "
                              "takes %.1f GiB of KV, more than the %.1f GiB the %s has free; "
                              "set kv.pages to the pages to reserve (of %d positions, %.1f MiB "
                              "each), and requests longer than the pool wait or fail",
                              mc->max_seq_len, (double)per_seq * (double)page_bytes / 1073741824.0,
-                             (double)bi.mem_free / 1073741824.0, bi.host_memory ? "host" : "device",
+                             (double)mem_free / 1073741824.0, host ? "host" : "device",
                              c->kv_page_size, (double)page_bytes / 1048576.0);
     int64_t pages = fit > per_seq ? fit : per_seq; /* fit < want here, and per_seq <= want */
     log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the %s memory available; "
              "%d full contexts of %d would take %lld (set kv.pages to choose)",
              (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,
-             bi.host_memory ? "host's" : "device's", c->max_seqs, mc->max_seq_len, (long long)want);
+             host ? "host's" : "device's", c->max_seqs, mc->max_seq_len, (long long)want);
     *out = (int)pages;
     return 0;
 }
@@ -578,14 +578,6 @@ static int64_t worker__watchdog(worker_t *w, int64_t now)
     return w->watchdog_next;
 }
 
-/* Whether the backend's device failed for good (backend_info.lost). */
-static bool worker__device_lost(const worker_t *w)
-{
-    backend_info_t bi = {0};
-    backend_get_info(w->env.be, &bi);
-    return bi.lost != 0;
-}
-
 static int worker__run(worker_t *w)
 {
     for (;;) {
@@ -642,7 +634,7 @@ static int worker__run(worker_t *w)
         /* An engine step that failed has failed its requests; the worker stays up, unless
          * its device is lost for good: then only a new process can serve, and riverd, which
          * sees the link go, sends this worker's requests elsewhere. */
-        if (sched_step(w->sched, now) && worker__device_lost(w))
+        if (sched_step(w->sched, now) && backend_is_lost(w->env.be))
             return RIVER_EDEVICE;
         if (sched_drained(w->sched)) {
             /* The last word: draining, nothing queued, nothing running. */
@@ -824,7 +816,7 @@ int main(int argc, char **argv)
         log_error("%s", river_err_detail());
         /* Requests on a lost device fail UNAVAILABLE, which riverd re-dispatches to
          * another worker with the tokens they already have. */
-        if (worker__device_lost(&w)) {
+        if (backend_is_lost(w.env.be)) {
             log_error("the device is lost to this process; exiting so that riverd "
                       "re-dispatches its requests");
             sched_fail_all(w.sched, RIVER__CLIENT__ERROR__CODE__UNAVAILABLE, river_err_detail());

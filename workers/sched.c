@@ -178,17 +178,6 @@ static int sched__text_copy(sched_t *s, const char *text, size_t len)
     return 0;
 }
 
-/* Whether the device is lost for good: then nothing here is the request's fault, and
- * another worker can serve it. */
-static bool sched__device_lost(const sched_t *s)
-{
-    if (!s->cfg.be)
-        return false;
-    backend_info_t bi = {0};
-    backend_get_info(s->cfg.be, &bi);
-    return bi.lost != 0;
-}
-
 /* Every engine event of a running request: a Tokens message for a token (or for text
  * without one, which the end of a sequence may flush), then the request's end. */
 static void sched__on_event(void *user, const gen_event_t *ev)
@@ -219,8 +208,10 @@ static void sched__on_event(void *user, const gen_event_t *ev)
     if (ev->finish == GEN_FINISH_ERROR) {
         char msg[512];
         snprintf(msg, sizeof msg, "generation failed: %s", river_err_detail());
-        sched__failed(s, r->id, sched__device_lost(s) ? RIVER__CLIENT__ERROR__CODE__UNAVAILABLE
-                                                      : frame_error_code(ev->err), msg);
+        /* On a lost device nothing is the request's fault, and another worker can serve it. */
+        bool lost = s->cfg.be && backend_is_lost(s->cfg.be);
+        sched__failed(s, r->id, lost ? RIVER__CLIENT__ERROR__CODE__UNAVAILABLE
+                                     : frame_error_code(ev->err), msg);
     } else if (ev->finish == GEN_FINISH_CANCEL && r->fail_code) {
         sched__failed(s, r->id, r->fail_code, r->fail_msg);
     } else {

@@ -519,7 +519,12 @@ static void cpu_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = ctx->n_threads;
     out->device = -1;
     out->host_memory = 1;
-    out->mem_free = meminfo_available();
+}
+
+static int64_t cpu_mem_free(ops_ctx_t *ctx)
+{
+    (void)ctx;
+    return meminfo_available();
 }
 
 /* Where placement puts a weight. The mapped checkpoint's pages are 4 KiB page-cache pages
@@ -759,6 +764,7 @@ static void cpu_destroy(backend_t *be)
 static const ops_t cpu_ops = {
     .name = "cpu",
     .info = cpu_info,
+    .mem_free = cpu_mem_free,
     .weight_upload = cpu_weight_upload,
     .weight_residency = cpu_weight_residency,
     .shared_alloc = cpu_shared_alloc,

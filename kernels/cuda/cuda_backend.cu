@@ -117,10 +117,17 @@ static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = 0;
     out->device = ctx->device;
     out->host_memory = 0;
-    size_t free_b = 0, total_b = 0;
-    out->mem_free = !cuda__lost && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess
-                        ? (int64_t)free_b : 0;
     out->lost = cuda__lost;
+}
+
+static int64_t cuda_mem_free(ops_ctx_t *ctx)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cuda__lost || cuda__enter(ctx) || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (int64_t)free_b;
 }
 
 /* Device copies are not released yet: eviction to host memory (or to the backbone GPU of a
@@ -145,6 +152,7 @@ static ops_t make_cuda_ops(void)
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.info = cuda_info;
+    o.mem_free = cuda_mem_free;
     o.weight_upload = cuda__upload_weight;
     o.weight_residency = cuda_weight_residency;
     o.shared_alloc = cuda__shared_alloc;

@@ -276,6 +276,12 @@ static int opq_sync(ops_ctx_t *ctx)
 
 /* ---- the backend ------------------------------------------------------------------------ */
 
+/* Its device memory is the host's. */
+static int64_t opq_mem_free(ops_ctx_t *ctx)
+{
+    return CPU->mem_free(CPUCTX);
+}
+
 static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
 {
     backend_info_t cpu;
@@ -286,7 +292,6 @@ static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
     out->threads = cpu.threads;
     out->device = 0;
     out->host_memory = 0;
-    out->mem_free = cpu.mem_free; /* its device memory is the host's */
     out->lost = ctx->lost;
     /* Peer copies through a shared buffer run the same ops a GPU pair's would, on memory
      * the worker cannot touch; NCCL has no CPU form. */
@@ -423,6 +428,7 @@ static void opq_destroy(backend_t *be)
 static const ops_t opaque_ops = {
     .name = "opaque",
     .info = opq_info,
+    .mem_free = opq_mem_free,
     .weight_upload = opq_weight_upload,
     .weight_residency = opq_weight_residency,
     .shared_alloc = opq_shared_alloc,
