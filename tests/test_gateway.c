@@ -1035,6 +1035,17 @@ static int gt_cached(int port, const char *key, const char *prompt, int *prompt_
     return cached;
 }
 
+/* A key file of `text` at path is refused as RIVER_EFORMAT with a detail holding want. */
+static void keys_refused(const char *path, const char *text, const gw_config_t *cfg,
+                         const char *want)
+{
+    gw_apikeys_t *k = NULL;
+    test_write(path, text);
+    ck_assert_int_eq(gw_apikeys_load(&k, path, cfg), RIVER_EFORMAT);
+    ck_assert_msg(strstr(river_err_detail(), want), "%s", river_err_detail());
+    ck_assert_ptr_null(k);
+}
+
 /* The key set of a large key file (the most it takes) finds every key with its tenant,
  * and refuses keys that are not in it; a key file naming one tenant for several keys
  * gives them one tenant. */
@@ -1099,25 +1110,14 @@ START_TEST(test_api_key_set)
                          "(1, its api_keys line)"), "%s", err.message);
     gw_apikeys_destroy(&k);
     snprintf(y, sizeof y, "%s limited\n%s limited tokens_per_minute=5\n", hex, hex2);
-    test_write(path, y);
-    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
-    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:2: tenant limited has its rates"),
-                  "%s", river_err_detail());
+    keys_refused(path, y, &cfg, "many-keys.txt:2: tenant limited has its rates");
     snprintf(y, sizeof y, "%s colour=3\n", hex);
-    test_write(path, y);
-    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
-    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:1: 'colour=3' is not"), "%s",
-                  river_err_detail());
+    keys_refused(path, y, &cfg, "many-keys.txt:1: 'colour=3' is not");
     /* One digest twice, and a bad tenant name, are refused naming the line. */
     snprintf(y, sizeof y, "%s a\n%s b\n", hex, hex);
-    test_write(path, y);
-    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
-    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:2: this digest is listed twice"),
-                  "%s", river_err_detail());
+    keys_refused(path, y, &cfg, "many-keys.txt:2: this digest is listed twice");
     snprintf(y, sizeof y, "%s bad/name\n", hex);
-    test_write(path, y);
-    ck_assert_int_eq(gw_apikeys_load(&k, path, &cfg), RIVER_EFORMAT);
-    ck_assert_msg(strstr(river_err_detail(), "many-keys.txt:1"), "%s", river_err_detail());
+    keys_refused(path, y, &cfg, "many-keys.txt:1");
     ck_assert_ptr_null(k);
 }
 END_TEST
