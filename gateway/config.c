@@ -67,14 +67,26 @@ static const config_key_t gw_config__keys[] = {
     GW("limits.max_concurrent", CONFIG_INT, max_concurrent, 1, 100000, "256",
        "Generation requests in flight at once; one more is answered 429. riverd's "
        "limits.max_requests_per_client counts them all as one client's."),
-    GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "512",
-       "HTTP connections at once (one thread each)."),
+    GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "4096",
+       "HTTP connections at once (a few epoll threads serve them all; the open-file limit "
+       "is raised to fit). One more is closed at once."),
+    GW("limits.max_connections_per_address", CONFIG_INT, max_connections_per_address, 1,
+       100000, "64",
+       "HTTP connections at once from one client IP address; one more is closed at once, "
+       "while other addresses are still served."),
     CONFIG_SECTION_KEY("timeouts", "Time limits."),
     GW("timeouts.request", CONFIG_DURATION, request_timeout_ms, 0, 86400000, "10m",
        "Deadline of one generation, given to riverd; past it the request ends with 504 "
        "(or an error chunk once streaming began). 0: none."),
     GW("timeouts.connection", CONFIG_DURATION, connection_timeout_ms, 1000, 86400000, "5m",
        "An HTTP connection idle this long is closed."),
+    GW("timeouts.headers", CONFIG_DURATION, headers_timeout_ms, 100, 3600000, "10s",
+       "A request's headers must be complete this long after the connection opened (or "
+       "after the previous request on it ended); past it the connection is closed, however "
+       "slowly the client keeps sending."),
+    GW("timeouts.body", CONFIG_DURATION, body_timeout_ms, 100, 86400000, "60s",
+       "A request's body must be complete this long after its headers; past it the "
+       "connection is closed."),
     CONFIG_SECTION_KEY("sampling", "Defaults for what a request leaves out."),
     GW("sampling.default_temperature", CONFIG_FLOAT, default_temperature, 0, 2, "1.0",
        "Temperature of a request without one; OpenAI's default is 1 (0: greedy)."),
