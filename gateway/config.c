@@ -79,11 +79,12 @@ static const config_key_t gw_config__keys[] = {
        "Deadline of one generation, given to riverd; past it the request ends with 504 "
        "(or an error chunk once streaming began). 0: none."),
     GW("timeouts.connection", CONFIG_DURATION, connection_timeout_ms, 1000, 86400000, "5m",
-       "An HTTP connection idle this long is closed."),
+       "An HTTP connection idle this long (between two requests, or sending nothing) is "
+       "closed."),
     GW("timeouts.headers", CONFIG_DURATION, headers_timeout_ms, 100, 3600000, "10s",
-       "A request's headers must be complete this long after the connection opened (or "
-       "after the previous request on it ended); past it the connection is closed, however "
-       "slowly the client keeps sending."),
+       "A request's headers must be complete this long after the connection opened (on a "
+       "kept-alive connection: after the request line arrived); past it the connection is "
+       "closed, however slowly the client keeps sending."),
     GW("timeouts.body", CONFIG_DURATION, body_timeout_ms, 100, 86400000, "60s",
        "A request's body must be complete this long after its headers; past it the "
        "connection is closed."),

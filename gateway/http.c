@@ -49,11 +49,12 @@
  * counted and the count logged with the next one allowed. */
 #define GW_HTTP_LOG_PER_S 5
 
-/* Where a connection is: each phase is a list, HEADERS and BODY in deadline order (every
- * entry of one of them got the same timeout, appended when it began). */
+/* Where a connection is: each phase is a list, HEADERS, BODY and IDLE in deadline order
+ * (every entry of one of them got the same timeout, appended when it began). */
 typedef enum {
     GW_SOCK_HEADERS = 0, /* until its headers are complete: closed at the deadline */
     GW_SOCK_BODY,        /* until its body is complete: closed at the deadline */
+    GW_SOCK_IDLE,        /* between two requests, until a request line: closed at the deadline */
     GW_SOCK_RUN,         /* its request is being answered */
     GW_SOCK_WAIT,        /* suspended on a call: resumed by the bridge, a hangup or the deadline */
     GW_SOCK_NPHASES
@@ -269,16 +270,20 @@ static int gw_http__next_timeout(const gw_http_t *h, double now)
     return ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
 }
 
-/* Closes the connections past their header or body deadline (gw_http__mu held): a
+/* Closes the connections past their header, body or idle deadline (gw_http__mu held): a
  * shutdown makes libmicrohttpd's next read see the end and close the socket itself. */
 static void gw_http__expire(gw_http_t *h, double now)
 {
-    static const char *what[] = {"headers", "body"};
-    for (int p = GW_SOCK_HEADERS; p <= GW_SOCK_BODY; p++) {
+    static const char *what[] = {"headers", "body", "connection"};
+    for (int p = GW_SOCK_HEADERS; p <= GW_SOCK_IDLE; p++) {
         gw_sock_t *s;
         while ((s = h->lists[p].head) && s->deadline > 0 && s->deadline <= now) {
-            gw_http__warn("closing a connection from %s: its %s took longer than "
-                          "timeouts.%s", s->addr, what[p], what[p]);
+            /* An idle keep-alive connection closed is routine; a slow request is not. */
+            if (p == GW_SOCK_IDLE)
+                log_debug("closing an idle connection from %s (timeouts.connection)", s->addr);
+            else
+                gw_http__warn("closing a connection from %s: its %s took longer than "
+                              "timeouts.%s", s->addr, what[p], what[p]);
             if (shutdown(s->fd, SHUT_RDWR))
                 log_debug("shutdown: %s", strerror(errno));
             gw_http__move(s, GW_SOCK_RUN, 0);
@@ -1001,8 +1006,8 @@ static enum MHD_Result gw_http__access(void *cls, struct MHD_Connection *c, cons
     return cc->route->fn(ctx, c, cc);
 }
 
-/* The request ended (answered, or its connection closed): a next one on the connection
- * has timeouts.headers from now. */
+/* The request ended (answered, or its connection closed): the connection may stay idle for
+ * timeouts.connection, counted from now. */
 static void gw_http__completed(void *cls, struct MHD_Connection *c, void **con_cls,
                                enum MHD_RequestTerminationCode toe)
 {
@@ -1012,12 +1017,31 @@ static void gw_http__completed(void *cls, struct MHD_Connection *c, void **con_c
         return;
     gw_http__drop_call(ctx, cc);
     pthread_mutex_lock(&gw_http__mu);
-    gw_http__move(cc->sock, GW_SOCK_HEADERS,
-                  clock_now_s() + (double)ctx->cfg->headers_timeout_ms / 1000.0);
+    gw_http__move(cc->sock, GW_SOCK_IDLE,
+                  clock_now_s() + (double)ctx->cfg->connection_timeout_ms / 1000.0);
     pthread_mutex_unlock(&gw_http__mu);
     free(cc->body);
     free(cc);
     *con_cls = NULL;
+}
+
+/* A request line arrived: on a connection idle since its previous request, the next
+ * request's headers have timeouts.headers from now (the first request's count from the
+ * accept). Returns the request's first context: none yet. */
+static void *gw_http__request_line(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    gw_ctx_t *ctx = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    gw_sock_t *sock = ci ? ci->socket_context : NULL;
+    if (!sock)
+        return NULL;
+    pthread_mutex_lock(&gw_http__mu);
+    if (sock->phase == GW_SOCK_IDLE)
+        gw_http__move(sock, GW_SOCK_HEADERS,
+                      clock_now_s() + (double)ctx->cfg->headers_timeout_ms / 1000.0);
+    pthread_mutex_unlock(&gw_http__mu);
+    return NULL;
 }
 
 static void gw_http__log(void *cls, const char *fmt, va_list ap)
@@ -1083,7 +1107,7 @@ int gw_http_start(gw_http_t **out, gw_ctx_t *ctx)
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)ctx->cfg->max_connections_per_address,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_NOTIFY_CONNECTION,
         gw_http__notify, h, MHD_OPTION_NOTIFY_COMPLETED, gw_http__completed, ctx,
-        MHD_OPTION_END);
+        MHD_OPTION_URI_LOG_CALLBACK, gw_http__request_line, ctx, MHD_OPTION_END);
     if (!h->d) {
         rc = river_err_set(RIVER_ESYS, "cannot listen on %s:%d: %s", ctx->cfg->listen_address,
                            ctx->cfg->listen_port, strerror(errno));

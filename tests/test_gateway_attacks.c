@@ -6,10 +6,10 @@
  * leave `/health` and a real completion answering within a second, and are themselves
  * still served when they finish; one address over limits.max_connections_per_address has
  * its excess closed while another address is served; a client that keeps dripping header
- * bytes is closed at timeouts.headers; 200 keyless connections each sending a chunked
- * 1 MiB body that never ends grow the gateway by under 20 MB, a keyless request is
- * answered 401 before its body is sent, and an unknown path or /metrics without a key is a
- * 401 too; a non-streaming client that hangs up has its request cancelled and its slot
+ * bytes is closed at timeouts.headers, one idle between two requests is not; 200 keyless
+ * connections each sending a chunked 1 MiB body that never ends grow the gateway by under
+ * 20 MB, a keyless request is answered 401 before its body is sent, and an unknown path or
+ * /metrics without a key is a 401 too; a non-streaming client that hangs up has its request cancelled and its slot
  * freed within a second; error bodies carry no server file paths. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -226,6 +226,18 @@ START_TEST(test_slow_headers)
     close(fd);
     ck_assert_msg(test_log_has(e.gw_log[1], "took longer than timeouts.headers", 2000),
                   "the close was not logged; see %s", e.gw_log[1]);
+    /* A kept-alive connection idle between two requests for longer than timeouts.headers
+     * is not slow: that is timeouts.connection's (5 minutes) to close. */
+    fd = ga_connect_from(e.port[1], ga_addr(78, 0, 2));
+    ga_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(ga_status_within(fd, 2000), 200);
+    test_sleep_ms(3000);
+    char rest[512];
+    while (recv(fd, rest, sizeof rest, MSG_DONTWAIT) > 0)
+        continue;
+    ga_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(ga_status_within(fd, 2000), 200);
+    close(fd);
     gt_health(e.port[1]);
     gt_stop(&e);
 }
