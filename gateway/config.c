@@ -85,12 +85,19 @@ static const config_key_t gw_config__keys[] = {
        "A request's headers must be complete this long after the connection opened (on a "
        "kept-alive connection: after the request line arrived); past it the connection is "
        "closed, however slowly the client keeps sending."),
-    GW("timeouts.body", CONFIG_DURATION, body_timeout_ms, 100, 86400000, "60s",
+    GW("timeouts.body", CONFIG_DURATION, body_timeout_ms, 100, 86400000, "1m",
        "A request's body must be complete this long after its headers; past it the "
        "connection is closed."),
     CONFIG_SECTION_KEY("sampling", "Defaults for what a request leaves out."),
     GW("sampling.default_temperature", CONFIG_FLOAT, default_temperature, 0, 2, "1.0",
        "Temperature of a request without one; OpenAI's default is 1 (0: greedy)."),
+    CONFIG_SECTION_KEY("metrics", "Where Prometheus scrapes the gateway's own metrics."),
+    GW("metrics.address", CONFIG_STRING, metrics_address, 0, 0, "127.0.0.1",
+       "IPv4 address of the metrics listener."),
+    GW("metrics.port", CONFIG_INT, metrics_port, -1, 65535, "-1",
+       "A listener of its own for GET /metrics (and /health), without an API key, for a "
+       "scraper on a network clients cannot reach; 0: any free port (logged). -1: none, "
+       "/metrics is on the main listener only, and with api_keys needs a key there."),
     GW_ENUM("log_level", log_level, config_log_level_names, "info",
             "Least severe messages logged: error, warn, info or debug."),
 };

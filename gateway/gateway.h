@@ -49,6 +49,8 @@ typedef struct gw_config {
     int64_t headers_timeout_ms; /* timeouts.headers: accept to the end of the headers */
     int64_t body_timeout_ms;   /* timeouts.body: the end of the headers to the end of the body */
     double default_temperature; /* sampling.default_temperature: when a request has none */
+    char *metrics_address;     /* metrics.address: IPv4 address of the metrics listener */
+    int metrics_port;          /* metrics.port: -1 none (on the main listener, keyed), 0 any */
     int log_level;             /* config_log_level_t */
 } gw_config_t;
 
@@ -251,6 +253,8 @@ typedef struct gw_ctx {
 } gw_ctx_t;
 int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);
 int gw_http_port(const gw_http_t *h);
+/* The metrics listener's port; -1 when metrics.port is off. */
+int gw_http_metrics_port(const gw_http_t *h);
 void gw_http_stop(gw_http_t **h);
 
 #endif

@@ -81,8 +81,9 @@ typedef struct gw_sock_list {
 
 struct gw_http {
     struct MHD_Daemon *d;
+    struct MHD_Daemon *metrics; /* metrics.port's listener, or NULL */
     gw_ctx_t *ctx;
-    int port;
+    int port, metrics_port;
     gw_sock_list_t lists[GW_SOCK_NPHASES]; /* under gw_http__mu */
     size_t n_waiting;                      /* the WAIT list's length */
     int efd;                               /* wakes the watcher */
@@ -886,6 +887,39 @@ static const gw_route_t gw_http__routes[] = {
 };
 #define GW_N_ROUTES (sizeof gw_http__routes / sizeof gw_http__routes[0])
 
+/* The metrics listener (metrics.port) is the operator's: its routes need no key, and it
+ * serves nothing else. */
+static const gw_route_t gw_http__metrics_routes[] = {
+    {"GET", "/metrics", gw_http__metrics, 0, 0},
+    {"GET", "/health", gw_http__health, 0, 0},
+};
+
+static enum MHD_Result gw_http__metrics_access(void *cls, struct MHD_Connection *c,
+                                               const char *url, const char *method,
+                                               const char *version, const char *upload,
+                                               size_t *upload_size, void **con_cls)
+{
+    static int first_seen;
+    if (!*con_cls) {
+        *con_cls = &first_seen; /* the headers are complete; a body, if any, is dropped */
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    for (size_t i = 0; i < sizeof gw_http__metrics_routes / sizeof gw_http__metrics_routes[0];
+         i++) {
+        const gw_route_t *rt = &gw_http__metrics_routes[i];
+        if (!strcmp(url, rt->path) && !strcmp(method, rt->method))
+            return rt->fn(cls, c, NULL);
+    }
+    gw_error_t err;
+    gw_error_set(&err, GW_ERR_NOT_FOUND, NULL, "the metrics listener serves GET /metrics and "
+                 "GET /health only");
+    return gw_http__error(c, &err);
+}
+
 /* Whether the request carries an allowed key (always, without a key file). */
 static int gw_http__key_ok(const gw_ctx_t *ctx, struct MHD_Connection *c)
 {
@@ -1070,6 +1104,32 @@ static void gw_http__raise_nofile(int max_connections)
                  (unsigned long long)rl.rlim_cur, max_connections);
 }
 
+/* The metrics listener: one thread, a handful of connections, no key. */
+static int gw_http__start_metrics(gw_http_t *h)
+{
+    const gw_config_t *cfg = h->ctx->cfg;
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)cfg->metrics_port);
+    if (inet_pton(AF_INET, cfg->metrics_address, &sa.sin_addr) != 1)
+        return river_err_set(RIVER_ECONFIG, "metrics.address '%s' is not an IPv4 address",
+                             cfg->metrics_address);
+    h->metrics = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)cfg->metrics_port, NULL,
+        NULL, gw_http__metrics_access, h->ctx, MHD_OPTION_EXTERNAL_LOGGER, gw_http__log, h->ctx,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+        MHD_OPTION_END);
+    if (!h->metrics)
+        return river_err_set(RIVER_ESYS, "cannot listen on %s:%d for metrics: %s",
+                             cfg->metrics_address, cfg->metrics_port, strerror(errno));
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info(h->metrics, MHD_DAEMON_INFO_BIND_PORT);
+    h->metrics_port = di ? di->port : cfg->metrics_port;
+    return 0;
+}
+
 int gw_http_start(gw_http_t **out, gw_ctx_t *ctx)
 {
     *out = NULL;
@@ -1115,8 +1175,16 @@ int gw_http_start(gw_http_t **out, gw_ctx_t *ctx)
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : ctx->cfg->listen_port;
+    h->metrics_port = -1;
+    if (ctx->cfg->metrics_port >= 0) {
+        rc = gw_http__start_metrics(h);
+        if (rc)
+            goto fail_metrics;
+    }
     *out = h;
     return 0;
+fail_metrics:
+    MHD_stop_daemon(h->d);
 fail_daemon:
     pthread_mutex_lock(&gw_http__mu);
     h->stop = 1;
@@ -1135,12 +1203,19 @@ int gw_http_port(const gw_http_t *h)
     return h->port;
 }
 
+int gw_http_metrics_port(const gw_http_t *h)
+{
+    return h->metrics_port;
+}
+
 void gw_http_stop(gw_http_t **ph)
 {
     gw_http_t *h = *ph;
     if (!h)
         return;
     *ph = NULL;
+    if (h->metrics)
+        MHD_stop_daemon(h->metrics);
     MHD_stop_daemon(h->d);
     pthread_mutex_lock(&gw_http__mu);
     h->stop = 1;

@@ -10,7 +10,8 @@
  * connections each sending a chunked 1 MiB body that never ends grow the gateway by under
  * 20 MB, a keyless request is answered 401 before its body is sent, and an unknown path or
  * /metrics without a key is a 401 too; a non-streaming client that hangs up has its request cancelled and its slot
- * freed within a second; error bodies carry no server file paths. */
+ * freed within a second; error bodies carry no server file paths; metrics.port's listener
+ * serves /metrics without a key while the main one asks for it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -371,9 +372,9 @@ START_TEST(test_whole_disconnect)
 }
 END_TEST
 
-/* ---- What errors tell ---- */
+/* ---- What errors and metrics tell ---- */
 
-START_TEST(test_no_server_paths)
+START_TEST(test_exposure)
 {
     gt_env_t e;
     gt_start(&e, GT_STORIES, NULL, "");
@@ -386,7 +387,7 @@ START_TEST(test_no_server_paths)
                      "{{ raise_exception('no tool turns here') }}{%- endif -%}"
                      "{{ m['content'] }}{%- endfor -%}{{ undefined_fn() }}");
     e.template_path = tmpl;
-    gt_start_gateway(&e, 1, GT_STORIES, "");
+    gt_start_gateway(&e, 1, GT_STORIES, "metrics:\n  port: 0\n");
     int st;
     json_t *o = gt_post(e.port[1], "/v1/chat/completions",
                         "{\"model\":\"stories\",\"messages\":[{\"role\":\"user\","
@@ -398,6 +399,28 @@ START_TEST(test_no_server_paths)
                   "a server path in the error: %s", text);
     free(text);
     json_decref(o);
+
+    /* Its metrics listener of its own serves the scraper without a key, and nothing else. */
+    ck_assert_msg(test_log_has(e.gw_log[1], "metrics on http://127.0.0.1:", 5000),
+                  "no metrics listener; see %s", e.gw_log[1]);
+    size_t len;
+    char *log = test_read_file(e.gw_log[1], &len);
+    int mport = atoi(strstr(log, "metrics on http://127.0.0.1:") +
+                     strlen("metrics on http://127.0.0.1:"));
+    free(log);
+    ck_assert_int_gt(mport, 0);
+    gt_resp_t r;
+    gt_http(mport, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_msg(strstr(r.body, "river_gateway_requests_total{status=\"400\"} 1"), "%s",
+                  r.body);
+    gt_resp_free(&r);
+    gt_http(mport, "GET", "/v1/models", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    gt_resp_free(&r);
+    gt_http(e.port[1], "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 401);
+    gt_resp_free(&r);
     gt_stop(&e);
 }
 END_TEST
@@ -410,7 +433,7 @@ static Suite *gateway_attacks_suite(void)
     tcase_add_test(tc, test_slow_headers);
     tcase_add_test(tc, test_keyless_bodies);
     tcase_add_test(tc, test_whole_disconnect);
-    tcase_add_test(tc, test_no_server_paths);
+    tcase_add_test(tc, test_exposure);
     suite_add_tcase(s, tc);
     return s;
 }
