@@ -5,7 +5,8 @@
  * What must hold: 2000 connections that never finish their headers, from 250 addresses,
  * leave `/health` and a real completion answering within a second, and are themselves
  * still served when they finish; one address over limits.max_connections_per_address has
- * its excess closed while another address is served; a client that keeps dripping header
+ * its excess closed while another address is served, and the warnings about refusals are
+ * a few a second; a client that keeps dripping header
  * bytes is closed at timeouts.headers, one idle between two requests is not; 200 keyless
  * connections each sending a chunked 1 MiB body that never ends grow the gateway by under
  * 20 MB, a keyless request is answered 401 before its body is sent, and an unknown path or
@@ -204,11 +205,27 @@ START_TEST(test_slow_headers)
     }
     for (int i = 0; i < GA_SLOW_CONNS; i++)
         close(fds[i]);
+    /* 200 more from the address at its limit, each refused: the warnings about them are
+     * a few a second, not one each. */
+    double t_burst = clock_now_s();
+    for (int i = 0; i < 200; i++) {
+        int fd = ga_connect_from(port, ga_addr(77, 0, 1));
+        ga_closed_within(fd, 1000);
+        close(fd);
+    }
+    double burst_s = clock_now_s() - t_burst;
     for (int i = 0; i < GA_PER_ADDRESS + 4; i++)
         close(mine[i]);
-    ck_assert_msg(test_log_has(e.gw_log[0], "per-IP", 1000) ||
-                  test_log_has(e.gw_log[0], "limit", 1000),
+    ck_assert_msg(test_log_has(e.gw_log[0], "reached connection limit", 1000),
                   "no refusal logged; see %s", e.gw_log[0]);
+    size_t len;
+    char *log = test_read_file(e.gw_log[0], &len);
+    int lines = 0;
+    for (const char *p = log; (p = strstr(p, "reached connection limit")); p++)
+        lines++;
+    free(log);
+    ck_assert_msg(lines <= 5 * ((int)burst_s + 3),
+                  "%d refusal warnings for 204 refusals in %.1f s", lines, burst_s);
 
     /* A gateway whose headers must be complete in 2 s: a client dripping a byte every
      * 200 ms, never idle, is closed when they are not. */
