@@ -1104,17 +1104,27 @@ static void gw_http__raise_nofile(int max_connections)
                  (unsigned long long)rl.rlim_cur, max_connections);
 }
 
+/* The address a listener binds; key: the configuration key of address, for the error. */
+static int gw_http__sockaddr(struct sockaddr_in *sa, const char *address, int port,
+                             const char *key)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, address, &sa->sin_addr) != 1)
+        return river_err_set(RIVER_ECONFIG, "%s '%s' is not an IPv4 address", key, address);
+    return 0;
+}
+
 /* The metrics listener: one thread, a handful of connections, no key. */
 static int gw_http__start_metrics(gw_http_t *h)
 {
     const gw_config_t *cfg = h->ctx->cfg;
     struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)cfg->metrics_port);
-    if (inet_pton(AF_INET, cfg->metrics_address, &sa.sin_addr) != 1)
-        return river_err_set(RIVER_ECONFIG, "metrics.address '%s' is not an IPv4 address",
-                             cfg->metrics_address);
+    int rc = gw_http__sockaddr(&sa, cfg->metrics_address, cfg->metrics_port,
+                               "metrics.address");
+    if (rc)
+        return rc;
     h->metrics = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)cfg->metrics_port, NULL,
         NULL, gw_http__metrics_access, h->ctx, MHD_OPTION_EXTERNAL_LOGGER, gw_http__log, h->ctx,
@@ -1137,16 +1147,11 @@ int gw_http_start(gw_http_t **out, gw_ctx_t *ctx)
     if (!h)
         return river_err_set(RIVER_ENOMEM, "http");
     h->ctx = ctx;
-    int rc;
     struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)ctx->cfg->listen_port);
-    if (inet_pton(AF_INET, ctx->cfg->listen_address, &sa.sin_addr) != 1) {
-        rc = river_err_set(RIVER_ECONFIG, "listen.address '%s' is not an IPv4 address",
-                           ctx->cfg->listen_address);
+    int rc = gw_http__sockaddr(&sa, ctx->cfg->listen_address, ctx->cfg->listen_port,
+                               "listen.address");
+    if (rc)
         goto fail_addr;
-    }
     gw_http__raise_nofile(ctx->cfg->max_connections);
     h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (h->efd < 0) {

@@ -187,16 +187,28 @@ void gt_resp_free(gt_resp_t *r)
     memset(r, 0, sizeof *r);
 }
 
-int gt_connect(int port)
+int gt_connect_from(int port, uint32_t src)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct timeval tv = {.tv_sec = 60};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+    if (src) {
+        struct sockaddr_in me = {.sin_family = AF_INET};
+        me.sin_addr.s_addr = htonl(src);
+        ck_assert_msg(bind(fd, (struct sockaddr *)&me, sizeof me) == 0, "bind: %s",
+                      strerror(errno));
+    }
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s",
                   strerror(errno));
+    return fd;
+}
+
+int gt_connect(int port)
+{
+    int fd = gt_connect_from(port, 0);
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
 }
 

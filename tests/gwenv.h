@@ -64,6 +64,10 @@ void gt_stop(gt_env_t *e);
 
 void gt_resp_free(gt_resp_t *r);
 
+/* A socket connected to 127.0.0.1:port from source address src (host order; any 127.x.y.z
+ * is loopback; 0: the kernel's choice). */
+int gt_connect_from(int port, uint32_t src);
+
 /* A socket connected to 127.0.0.1:port, receives timing out after 60 s. */
 int gt_connect(int port);
 

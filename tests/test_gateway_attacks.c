@@ -45,22 +45,6 @@ static uint32_t ga_addr(unsigned a, unsigned b, unsigned c)
     return (127u << 24) | (a << 16) | (b << 8) | c;
 }
 
-/* A socket from source address src (host order) connected to 127.0.0.1:port. */
-static int ga_connect_from(int port, uint32_t src)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-    struct sockaddr_in me = {.sin_family = AF_INET};
-    me.sin_addr.s_addr = htonl(src);
-    ck_assert_msg(bind(fd, (struct sockaddr *)&me, sizeof me) == 0, "bind: %s",
-                  strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s",
-                  strerror(errno));
-    return fd;
-}
-
 static void ga_send_all(int fd, const char *text)
 {
     size_t n = strlen(text);
@@ -151,7 +135,7 @@ START_TEST(test_slow_headers)
     int port = e.port[0];
     static int fds[GA_SLOW_CONNS];
     for (int i = 0; i < GA_SLOW_CONNS; i++) {
-        fds[i] = ga_connect_from(port, ga_addr(1, 1 + i % GA_SLOW_ADDRS / 200,
+        fds[i] = gt_connect_from(port, ga_addr(1, 1 + i % GA_SLOW_ADDRS / 200,
                                                1 + i % GA_SLOW_ADDRS % 200));
         ga_send_all(fds[i], "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
     }
@@ -178,7 +162,7 @@ START_TEST(test_slow_headers)
      * another address is served meanwhile. */
     int mine[GA_PER_ADDRESS + 4];
     for (int i = 0; i < GA_PER_ADDRESS + 4; i++) {
-        mine[i] = ga_connect_from(port, ga_addr(77, 0, 1));
+        mine[i] = gt_connect_from(port, ga_addr(77, 0, 1));
         ga_send_all(mine[i], "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
     }
     int refused = 0;
@@ -189,7 +173,7 @@ START_TEST(test_slow_headers)
     for (int i = 0; i < GA_PER_ADDRESS; i++)
         ck_assert_msg(!ga_closed_within(mine[i], i ? 0 : 200),
                       "connection %d of the address, under its limit, was closed", i);
-    int other = ga_connect_from(port, ga_addr(77, 0, 2));
+    int other = gt_connect_from(port, ga_addr(77, 0, 2));
     ga_send_all(other, "GET /health HTTP/1.0\r\n\r\n");
     ck_assert_int_eq(ga_status_within(other, 1000), 200);
     close(other);
@@ -209,7 +193,7 @@ START_TEST(test_slow_headers)
      * a few a second, not one each. */
     double t_burst = clock_now_s();
     for (int i = 0; i < 200; i++) {
-        int fd = ga_connect_from(port, ga_addr(77, 0, 1));
+        int fd = gt_connect_from(port, ga_addr(77, 0, 1));
         ga_closed_within(fd, 1000);
         close(fd);
     }
@@ -230,7 +214,7 @@ START_TEST(test_slow_headers)
     /* A gateway whose headers must be complete in 2 s: a client dripping a byte every
      * 200 ms, never idle, is closed when they are not. */
     gt_start_gateway(&e, 1, GT_STORIES, "timeouts:\n  headers: 2s\n");
-    int fd = ga_connect_from(e.port[1], ga_addr(78, 0, 1));
+    int fd = gt_connect_from(e.port[1], ga_addr(78, 0, 1));
     ga_send_all(fd, "GET /health HTTP/1.1\r\nX-Slow: ");
     double t0 = clock_now_s();
     int was_closed = 0;
@@ -246,7 +230,7 @@ START_TEST(test_slow_headers)
                   "the close was not logged; see %s", e.gw_log[1]);
     /* A kept-alive connection idle between two requests for longer than timeouts.headers
      * is not slow: that is timeouts.connection's (5 minutes) to close. */
-    fd = ga_connect_from(e.port[1], ga_addr(78, 0, 2));
+    fd = gt_connect_from(e.port[1], ga_addr(78, 0, 2));
     ga_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
     ck_assert_int_eq(ga_status_within(fd, 2000), 200);
     test_sleep_ms(3000);
@@ -270,7 +254,7 @@ START_TEST(test_keyless_bodies)
     gt_start(&e, GT_STORIES, NULL, "");
     int port = e.port[0];
     /* Refused on the headers alone: the body is never sent, the answer comes anyway. */
-    int fd = ga_connect_from(port, ga_addr(2, 1, 1));
+    int fd = gt_connect_from(port, ga_addr(2, 1, 1));
     ga_send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                     "Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n");
     ck_assert_int_eq(ga_status_within(fd, 3000), 401);
@@ -295,7 +279,7 @@ START_TEST(test_keyless_bodies)
     static char chunk[65536];
     memset(chunk, 'x', sizeof chunk);
     for (int i = 0; i < GA_BODY_CONNS; i++) {
-        fds[i] = ga_connect_from(port, ga_addr(3, 0, 1 + (unsigned)i));
+        fds[i] = gt_connect_from(port, ga_addr(3, 0, 1 + (unsigned)i));
         ga_send_all(fds[i], "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                             "Content-Type: application/json\r\n"
                             "Transfer-Encoding: chunked\r\n\r\n100000\r\n");
