@@ -467,8 +467,9 @@ static enum MHD_Result gw_http__json(struct MHD_Connection *c, int status, json_
 static enum MHD_Result gw_http__error(struct MHD_Connection *c, const gw_error_t *e)
 {
     int status = gw_error_status(e->kind);
+    /* A flood of 429s is a flood of refusals too: its warnings are rate-limited. */
     if (status >= 500 || e->kind == GW_ERR_RATE)
-        log_warn("%d: %s", status, e->message);
+        gw_http__warn("%d: %s", status, e->message);
     else
         log_debug("%d: %s", status, e->message);
     return gw_http__json(c, status, gw_error_json(e));
