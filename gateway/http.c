@@ -26,6 +26,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -692,7 +693,8 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
 }
 
 /* Lets go of the request's call: cancelled on its worker when it has not ended (its
- * client went away, or its answer could not be queued). */
+ * client went away: seen by the watcher, or by libmicrohttpd when it closed the
+ * connection on resuming it). */
 static void gw_http__drop_call(gw_ctx_t *ctx, gw_conn_t *cc)
 {
     gw_call_t *call = cc->call;
@@ -703,8 +705,10 @@ static void gw_http__drop_call(gw_ctx_t *ctx, gw_conn_t *cc)
     pthread_mutex_lock(&call->mu);
     int done = call->done;
     pthread_mutex_unlock(&call->mu);
-    if (!done)
+    if (!done) {
+        log_info("client of %s went away: cancelling it", call->id);
         gw_bridge_cancel(ctx->bridge, call);
+    }
     gw_call_release(&call);
     atomic_fetch_sub(&gw_http__in_flight, 1);
     gw_metrics_in_flight(-1);
@@ -776,7 +780,6 @@ static enum MHD_Result gw_http__answer(gw_ctx_t *ctx, struct MHD_Connection *con
     gw_call_t *call = cc->call;
     gw_error_t err;
     if (gw_http__gone(cc->sock)) {
-        log_info("client of %s went away: cancelling it", call->id);
         gw_http__drop_call(ctx, cc);
         return MHD_NO;
     }
@@ -1041,8 +1044,20 @@ static enum MHD_Result gw_http__access(void *cls, struct MHD_Connection *c, cons
     return cc->route->fn(ctx, c, cc);
 }
 
+/* Whether the client of fd sent its FIN and nothing after it that waits unread. */
+static int gw_http__peer_done(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    int unread = 0;
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) &&
+           ioctl(fd, FIONREAD, &unread) == 0 && unread == 0;
+}
+
 /* The request ended (answered, or its connection closed): the connection may stay idle for
- * timeouts.connection, counted from now. */
+ * timeouts.connection, counted from now. A client that half-closed its socket after its
+ * request sends nothing more: its connection is closed now, since libmicrohttpd's
+ * edge-triggered epoll may have read the request and the end in one go and never see the
+ * end (it would wait for timeouts.connection). */
 static void gw_http__completed(void *cls, struct MHD_Connection *c, void **con_cls,
                                enum MHD_RequestTerminationCode toe)
 {
@@ -1054,6 +1069,9 @@ static void gw_http__completed(void *cls, struct MHD_Connection *c, void **con_c
     pthread_mutex_lock(&gw_http__mu);
     gw_http__move(cc->sock, GW_SOCK_IDLE,
                   clock_now_s() + (double)ctx->cfg->connection_timeout_ms / 1000.0);
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && gw_http__peer_done(cc->sock->fd) &&
+        shutdown(cc->sock->fd, SHUT_RDWR))
+        log_debug("shutdown: %s", strerror(errno));
     pthread_mutex_unlock(&gw_http__mu);
     free(cc->body);
     free(cc);

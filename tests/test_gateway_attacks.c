@@ -12,7 +12,8 @@
  * 20 MB, a keyless request is answered 401 before its body is sent, and an unknown path or
  * /metrics without a key is a 401 too; a non-streaming client that hangs up has its request cancelled and its slot
  * freed within a second; error bodies carry no server file paths; metrics.port's listener
- * serves /metrics without a key while the main one asks for it. */
+ * serves /metrics without a key while the main one asks for it; a client that half-closes
+ * after its request is answered and closed. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -422,6 +423,19 @@ START_TEST(test_exposure)
     gt_http(e.port[1], "GET", "/metrics", NULL, NULL, &r);
     ck_assert_int_eq(r.status, 401);
     gt_resp_free(&r);
+
+    /* A kept-alive client that half-closes after its request is answered and closed at
+     * once, not at timeouts.connection. */
+    int fd = gt_connect_from(e.port[1], 0);
+    ga_send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    ck_assert_int_eq(ga_status_within(fd, 2000), 200);
+    double t0 = clock_now_s();
+    int ended = 0;
+    while (!ended && clock_now_s() - t0 < 2)
+        ended = ga_closed_within(fd, 100);
+    ck_assert_msg(ended, "a half-closed client's connection stayed open");
+    close(fd);
     gt_stop(&e);
 }
 END_TEST
