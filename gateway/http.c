@@ -634,26 +634,35 @@ static ssize_t gw_stream__read(void *cls, uint64_t pos, char *buf, size_t max)
     return (ssize_t)n;
 }
 
+/* Lets go of a call and its slot of limits.max_concurrent: cancelled on its worker when it
+ * has not ended (its client went away: seen by the watcher, by libmicrohttpd when it
+ * closed the connection, or by a stream's failed write); account: a stream that ended
+ * counts in the metrics here (a whole response did when it was built). */
+static void gw_http__let_go(gw_ctx_t *ctx, gw_call_t *call, int account)
+{
+    gw_http__detach(call);
+    pthread_mutex_lock(&call->mu);
+    int done = call->done;
+    pthread_mutex_unlock(&call->mu);
+    if (!done) {
+        log_info("client of %s went away: cancelling it", call->id);
+        gw_bridge_cancel(ctx->bridge, call);
+    } else if (account) {
+        gw_http__account(call);
+    }
+    gw_call_release(&call);
+    atomic_fetch_sub(&gw_http__in_flight, 1);
+    gw_metrics_in_flight(-1);
+}
+
 /* The response is gone: the stream ended, or the client went away mid-stream, in which
  * case the request is cancelled on its worker. */
 static void gw_stream__free(void *cls)
 {
     gw_stream_t *s = cls;
-    gw_http__detach(s->call);
-    pthread_mutex_lock(&s->call->mu);
-    int done = s->call->done;
-    pthread_mutex_unlock(&s->call->mu);
-    if (!done) {
-        log_info("client of %s went away: cancelling it", s->call->id);
-        gw_bridge_cancel(s->ctx->bridge, s->call);
-    } else {
-        gw_http__account(s->call);
-    }
-    gw_call_release(&s->call);
+    gw_http__let_go(s->ctx, s->call, 1);
     free(s->out);
     free(s);
-    atomic_fetch_sub(&gw_http__in_flight, 1);
-    gw_metrics_in_flight(-1);
 }
 
 /* ---- Generation ---- */
@@ -692,26 +701,14 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
     o->deadline_ms = (uint32_t)cfg->request_timeout_ms;
 }
 
-/* Lets go of the request's call: cancelled on its worker when it has not ended (its
- * client went away: seen by the watcher, or by libmicrohttpd when it closed the
- * connection on resuming it). */
+/* Lets go of the request's call. */
 static void gw_http__drop_call(gw_ctx_t *ctx, gw_conn_t *cc)
 {
     gw_call_t *call = cc->call;
     if (!call)
         return;
     cc->call = NULL;
-    gw_http__detach(call);
-    pthread_mutex_lock(&call->mu);
-    int done = call->done;
-    pthread_mutex_unlock(&call->mu);
-    if (!done) {
-        log_info("client of %s went away: cancelling it", call->id);
-        gw_bridge_cancel(ctx->bridge, call);
-    }
-    gw_call_release(&call);
-    atomic_fetch_sub(&gw_http__in_flight, 1);
-    gw_metrics_in_flight(-1);
+    gw_http__let_go(ctx, call, 0);
 }
 
 /* Parses, renders and submits a request, then suspends its connection until riverd
