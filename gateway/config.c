@@ -73,7 +73,8 @@ static const config_key_t gw_config__keys[] = {
     GW("limits.max_connections_per_address", CONFIG_INT, max_connections_per_address, 1,
        100000, "64",
        "HTTP connections at once from one client IP address; one more is closed at once, "
-       "while other addresses are still served."),
+       "while other addresses are still served. Behind a reverse proxy every client has "
+       "the proxy's address: set it to limits.max_connections there."),
     CONFIG_SECTION_KEY("timeouts", "Time limits."),
     GW("timeouts.request", CONFIG_DURATION, request_timeout_ms, 0, 86400000, "10m",
        "Deadline of one generation, given to riverd; past it the request ends with 504 "
