@@ -103,7 +103,8 @@ SERVE_BINS  := $(WORKER_BIN) $(DAEMON_BIN) $(OPS_BIN)
 
 # river-gateway (gateway/): the OpenAI-compatible HTTP server, a client of riverd over the
 # client library; it logs like riverd (common/log.c) and takes SHA-256 from nettle for
-# its API key file. gateway/openai.c (the request parser) is also in the fuzz binaries.
+# its API key file. Everything but gateway/main.c is also in the fuzz binaries: the request
+# parser (openai.c) and the HTTP layer (http.c, with what it calls) are fuzz targets.
 # `make test-openai` runs the official `openai` npm package against it (scripts/
 # test-openai.sh: installed under $(BUILD)/npm at test time, never vendored); `make test`
 # runs it too, as a suite of its own (TEST_SCRIPTS).
@@ -111,7 +112,7 @@ GATEWAY_SRC := $(wildcard gateway/*.c)
 GATEWAY_OBJ := $(GATEWAY_SRC:%.c=$(BUILD)/%.o)
 GATEWAY_BIN := $(if $(GATEWAY_SRC),$(BUILD)/bin/river-gateway)
 GATEWAY_LIBS := $(shell pkg-config --libs nettle 2>/dev/null)
-GATEWAY_FUZZ_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/openai.o $(BUILD)/gateway/errors.o)
+GATEWAY_FUZZ_OBJ := $(filter-out $(BUILD)/gateway/main.o,$(GATEWAY_OBJ))
 SERVE_BINS  += $(GATEWAY_BIN)
 TEST_SCRIPTS := scripts/test-openai.sh scripts/test-check-layers.sh scripts/test-run-tests.sh \
 	scripts/test-llamacpp.sh
@@ -332,7 +333,8 @@ $(SOAK_BIN): $(SOAK_OBJ) $(CLIENT_LIB) $(COMMON_LIB)
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON_OBJ) $(LIB) $(CLIENT_LIB) | $(SERVE_BINS) $(RIVER_BIN)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ) $(SCHEMA_OBJ) $(GATEWAY_KEYS_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS) $(if $(filter $(GATEWAY_KEYS_OBJ),$^),$(GATEWAY_LIBS))
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(filter $(FUZZ_WORKER_OBJ) $(SCHEMA_OBJ) $(GATEWAY_KEYS_OBJ),$^) $(TEST_COMMON_OBJ) $(CLIENT_LIB) $(LIB) $(CHECK_LIBS) $(LDLIBS) $(SERVE_LIBS) \
+		$(GATEWAY_LIBS)
 
 # The include matrix of scripts/check-layers.sh (docs/ARCHITECTURE.md, "Folders"); `make
 # test` runs it as a suite (scripts/test-check-layers.sh), with a tree that breaks it.
@@ -408,7 +410,7 @@ $(BUILD)/fuzz/main_%.o: fuzz/libfuzzer.c
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/main_%.o $(BUILD)/fuzz/targets.o $(FUZZ_WORKER_OBJ) \
 		$(CLIENT_LIB) $(LIB)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(SERVE_LIBS) $(GATEWAY_LIBS)
 
 build-fuzz: $(FUZZ_BINS)
 	$(Q)rc=0; for t in $(FUZZ); do \

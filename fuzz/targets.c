@@ -13,7 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <zmq.h>
@@ -51,7 +55,8 @@ static void fuzz_dir_remove(void)
     static const char *names[] = {"model.gguf",         "model.bin",         "config.json",
                                   "model.safetensors",  "tokenizer.json",    "river.safetensors",
                                   "routers.safetensors", "tiny/model.bin",   "clients.sock",
-                                  "admin.sock",         "backbone.sock",     "river.sock"};
+                                  "admin.sock",         "backbone.sock",     "river.sock",
+                                  "api-keys"};
     char p[128];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", fuzz_dir, names[i]);
@@ -1179,6 +1184,87 @@ static void fuzz_openai_request(const uint8_t *d, size_t n)
     gw_request_free(&r);
 }
 
+/* ---- river-gateway's HTTP front door ----
+ * The input is what a client sends on one connection, byte for byte: the gateway's own HTTP
+ * layer (libmicrohttpd's parser, the route table, the key check at the end of the headers,
+ * the body limit, chunked bodies, then the request parser) runs in this process on a real
+ * loopback socket, with an API key file and no model, so that nothing reaches riverd. The
+ * client half-closes after its bytes; the gateway must answer HTTP or close, at the latest
+ * at its header and body deadlines (100 ms each: a request cut short is only noticed
+ * there, as libmicrohttpd's epoll may take its last bytes and the end in one read). */
+#define FUZZ_HTTP_KEY "sk-fuzz"
+
+static int fuzz_http_port(void)
+{
+    static int port = -1;
+    static gw_config_t cfg;
+    static gw_ctx_t ctx;
+    static gw_http_t *http;
+    if (port >= 0)
+        return port;
+    port = 0;
+    char hex[GW_KEY_HEX_LEN + 2];
+    gw_apikeys_hash(FUZZ_HTTP_KEY, strlen(FUZZ_HTTP_KEY), hex);
+    hex[GW_KEY_HEX_LEN] = '\n';
+    const char *path = fuzz_write("api-keys", (const uint8_t *)hex, GW_KEY_HEX_LEN + 1);
+    if (!path || config_defaults(&gw_config_schema, &cfg))
+        fuzz_fail("http_request: no key file or no configuration");
+    cfg.listen_port = 0;
+    cfg.max_body_bytes = 4096;
+    cfg.max_connections_per_address = 100000;
+    cfg.headers_timeout_ms = 100;
+    cfg.body_timeout_ms = 100;
+    /* Every refusal is logged, and the fuzzer sends millions. */
+    log_set_level(LOG_NONE);
+    ctx.cfg = &cfg;
+    if (gw_apikeys_load(&ctx.keys, path, &cfg) || gw_models_new(&ctx.models, &cfg) ||
+        gw_http_start(&http, &ctx))
+        fuzz_fail("http_request: the gateway's HTTP layer does not start");
+    port = gw_http_port(http);
+    return port;
+}
+
+static void fuzz_http_request(const uint8_t *d, size_t n)
+{
+    int port = fuzz_http_port();
+    if (!port)
+        return;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        close(fd);
+        return;
+    }
+    for (size_t off = 0; off < n;) {
+        ssize_t w = send(fd, d + off, n - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break; /* answered and closed before it took everything */
+        off += (size_t)w;
+    }
+    shutdown(fd, SHUT_WR);
+    char head[8], buf[4096];
+    size_t got_head = 0;
+    for (;;) {
+        ssize_t got = recv(fd, buf, sizeof buf, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            fuzz_fail("http_request: no answer and no close within 10 s");
+        if (got <= 0)
+            break;
+        for (ssize_t i = 0; i < got && got_head < sizeof head; i++)
+            head[got_head++] = buf[i];
+    }
+    close(fd);
+    if (got_head && (got_head < 7 || memcmp(head, "HTTP/1.", 7)))
+        fuzz_fail("http_request: the answer is not HTTP");
+}
+
 const fuzz_target_t fuzz_targets[] = {
     {"frame_client_request", fuzz_frame_client_request},
     {"frame_worker_message", fuzz_frame_worker_message},
@@ -1197,6 +1283,7 @@ const fuzz_target_t fuzz_targets[] = {
     {"admin_reply", fuzz_admin_reply},
     {"pair", fuzz_pair},
     {"openai_request", fuzz_openai_request},
+    {"http_request", fuzz_http_request},
 };
 const size_t fuzz_n_targets = sizeof fuzz_targets / sizeof fuzz_targets[0];
 

@@ -121,6 +121,8 @@ static void gw_call__fail(gw_call_t *c, river_code_t code, const char *message)
     pthread_mutex_lock(&c->mu);
     gw_call__fail_locked(c, code, message);
     pthread_mutex_unlock(&c->mu);
+    if (c->on_event)
+        c->on_event(c);
 }
 
 /* What riverd sent about a call, in the bridge thread. */
@@ -177,6 +179,8 @@ static void gw_bridge__event(void *user, const river_event_t *ev)
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (c->on_event)
+        c->on_event(c);
 }
 
 /* ---- The thread ---- */

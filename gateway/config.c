@@ -69,8 +69,14 @@ static const config_key_t gw_config__keys[] = {
     GW("limits.max_concurrent", CONFIG_INT, max_concurrent, 1, 100000, "256",
        "Generation requests in flight at once, all tenants together; one more is answered "
        "429. riverd's limits.max_requests_per_client counts each tenant's apart."),
-    GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "512",
-       "HTTP connections at once (one thread each)."),
+    GW("limits.max_connections", CONFIG_INT, max_connections, 1, 100000, "4096",
+       "HTTP connections at once (a few epoll threads serve them all; the open-file limit "
+       "is raised to fit). One more is closed at once."),
+    GW("limits.max_connections_per_address", CONFIG_INT, max_connections_per_address, 1,
+       100000, "64",
+       "HTTP connections at once from one client IP address; one more is closed at once, "
+       "while other addresses are still served. Behind a reverse proxy every client has "
+       "the proxy's address: set it to limits.max_connections there."),
     CONFIG_SECTION_KEY("tenants", "Each API key is a tenant (the api_keys file may give "
                        "several keys one tenant's name): its own rates here, its own share "
                        "of riverd's limits.max_requests_per_client, its own prefix cache."),
@@ -92,10 +98,25 @@ static const config_key_t gw_config__keys[] = {
        "Deadline of one generation, given to riverd; past it the request ends with 504 "
        "(or an error chunk once streaming began). 0: none."),
     GW("timeouts.connection", CONFIG_DURATION, connection_timeout_ms, 1000, 86400000, "5m",
-       "An HTTP connection idle this long is closed."),
+       "An HTTP connection idle this long (between two requests, or sending nothing) is "
+       "closed."),
+    GW("timeouts.headers", CONFIG_DURATION, headers_timeout_ms, 100, 3600000, "10s",
+       "A request's headers must be complete this long after the connection opened (on a "
+       "kept-alive connection: after the request line arrived); past it the connection is "
+       "closed, however slowly the client keeps sending."),
+    GW("timeouts.body", CONFIG_DURATION, body_timeout_ms, 100, 86400000, "1m",
+       "A request's body must be complete this long after its headers; past it the "
+       "connection is closed."),
     CONFIG_SECTION_KEY("sampling", "Defaults for what a request leaves out."),
     GW("sampling.default_temperature", CONFIG_FLOAT, default_temperature, 0, 2, "1.0",
        "Temperature of a request without one; OpenAI's default is 1 (0: greedy)."),
+    CONFIG_SECTION_KEY("metrics", "Where Prometheus scrapes the gateway's own metrics."),
+    GW("metrics.address", CONFIG_STRING, metrics_address, 0, 0, "127.0.0.1",
+       "IPv4 address of the metrics listener."),
+    GW("metrics.port", CONFIG_INT, metrics_port, -1, 65535, "-1",
+       "A listener of its own for GET /metrics (and /health), without an API key, for a "
+       "scraper on a network clients cannot reach; 0: any free port (logged). -1: none, "
+       "/metrics is on the main listener only, and with api_keys needs a key there."),
     GW_ENUM("log_level", log_level, config_log_level_names, "info",
             "Least severe messages logged: error, warn, info or debug."),
 };

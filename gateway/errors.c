@@ -44,11 +44,52 @@ int gw_error_status(gw_err_kind_t kind)
     return (unsigned)kind < GW_ERR_COUNT ? gw_errors__table[kind].status : 500;
 }
 
+/* Whether c may be part of a file path. */
+static int gw_errors__path_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '/' || c == '.' || c == '_' || c == '-' || c == '+' || c == '~';
+}
+
+void gw_error_scrub_paths(char *msg)
+{
+    char *w = msg;
+    for (const char *r = msg; *r;) {
+        int starts = *r == '/' && (r == msg || !gw_errors__path_char(r[-1]));
+        size_t len = 0, n_slash = 0, last = 0;
+        while (starts && gw_errors__path_char(r[len])) {
+            if (r[len] == '/') {
+                n_slash++;
+                last = len;
+            }
+            len++;
+        }
+        if (n_slash < 2) {
+            *w++ = *r++;
+            continue;
+        }
+        /* "/home/u/models/x.jinja:3:7" becomes "x.jinja:3:7": what the file is called
+         * still tells an operator which one, the directories stay on the server. */
+        const char *base = r + last + 1;
+        size_t n_base = len - last - 1;
+        memmove(w, base, n_base);
+        w += n_base;
+        r += len;
+    }
+    *w = '\0';
+}
+
 json_t *gw_error_json(const gw_error_t *e)
 {
     const gw_err_row_t *row =
         &gw_errors__table[(unsigned)e->kind < GW_ERR_COUNT ? e->kind : GW_ERR_INTERNAL];
-    json_t *msg = json_string(e->message);
+    char text[sizeof e->message];
+    snprintf(text, sizeof text, "%s", e->message);
+    /* The path of a 404 or 405 is the client's own; any other path in a message came from
+     * the server (a template's file, a worker's model directory) and stays there. */
+    if (e->kind != GW_ERR_NOT_FOUND && e->kind != GW_ERR_METHOD)
+        gw_error_scrub_paths(text);
+    json_t *msg = json_string(text);
     if (!msg)
         msg = json_string("(the error message was not valid UTF-8)");
     return json_pack("{s:{s:o,s:s,s:o,s:o}}", "error", "message", msg, "type", row->type,

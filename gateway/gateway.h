@@ -1,7 +1,7 @@
 /* river-gateway: an OpenAI-compatible HTTP server in front of riverd.
  *
- * The gateway owns no model. It speaks HTTP to its clients (gateway/http.c, libmicrohttpd,
- * one thread per connection) and riverd's client protocol to riverd (gateway/bridge.c: one
+ * The gateway owns no model. It speaks HTTP to its clients (gateway/http.c, libmicrohttpd
+ * on a few epoll threads, connections suspended while they wait for riverd) and riverd's client protocol to riverd (gateway/bridge.c: one
  * thread owns the river_client_t connection, since a client connection is not
  * thread-safe). Requests are parsed and validated by gateway/openai.c, which also builds
  * the response and chunk JSON; chat requests are rendered with the model's chat template
@@ -44,12 +44,17 @@ typedef struct gw_config {
     int max_body_bytes;        /* limits.max_body_bytes */
     int max_concurrent;        /* limits.max_concurrent: requests in flight */
     int max_connections;       /* limits.max_connections: HTTP connections */
+    int max_connections_per_address; /* limits.max_connections_per_address: from one IP */
     int64_t request_timeout_ms; /* timeouts.request: deadline given to riverd, 0: none */
     int64_t connection_timeout_ms; /* timeouts.connection: idle HTTP connection */
     int tenant_requests_per_minute; /* tenants.requests_per_minute, 0: no limit */
     int tenant_tokens_per_minute;   /* tenants.tokens_per_minute, 0: no limit */
     bool tenant_share_cache;        /* tenants.share_prefix_cache */
+    int64_t headers_timeout_ms; /* timeouts.headers: accept to the end of the headers */
+    int64_t body_timeout_ms;   /* timeouts.body: the end of the headers to the end of the body */
     double default_temperature; /* sampling.default_temperature: when a request has none */
+    char *metrics_address;     /* metrics.address: IPv4 address of the metrics listener */
+    int metrics_port;          /* metrics.port: -1 none (on the main listener, keyed), 0 any */
     int log_level;             /* config_log_level_t */
 } gw_config_t;
 
@@ -82,7 +87,10 @@ typedef struct gw_error {
 int gw_error_set(gw_error_t *e, gw_err_kind_t kind, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int gw_error_status(gw_err_kind_t kind);
-/* {"error":{"message","type","param","code"}}; a new reference. */
+/* Cuts every absolute path in msg (in place) down to its last component. */
+void gw_error_scrub_paths(char *msg);
+/* {"error":{"message","type","param","code"}}, server paths cut from the message (but a
+ * 404's or 405's, whose path is the client's); a new reference. */
 json_t *gw_error_json(const gw_error_t *e);
 /* The kind of an error riverd (or the client library) ended a request with. */
 gw_err_kind_t gw_error_from_river(river_code_t code);
@@ -257,6 +265,10 @@ typedef struct gw_call {
     river_code_t code;
     char message[512];
     double t_start, t_first, t_end; /* monotonic seconds */
+    /* Called by the bridge thread after each change above, with the lock released: the
+     * HTTP side resumes the connection waiting on the call. Set before submit. */
+    void (*on_event)(struct gw_call *c);
+    void *waiter; /* the HTTP side's, under its own lock */
 } gw_call_t;
 
 typedef struct gw_bridge gw_bridge_t;
@@ -287,6 +299,8 @@ typedef struct gw_ctx {
 } gw_ctx_t;
 int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);
 int gw_http_port(const gw_http_t *h);
+/* The metrics listener's port; -1 when metrics.port is off. */
+int gw_http_metrics_port(const gw_http_t *h);
 void gw_http_stop(gw_http_t **h);
 
 #endif

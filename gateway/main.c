@@ -173,6 +173,9 @@ int main(int argc, char **argv)
     log_info("listening on http://%s:%d (riverd %s, %d models, %s)", cfg.listen_address,
              gw_http_port(http), cfg.riverd_endpoint, cfg.models.n,
              ctx.keys ? "API keys required" : "no API keys");
+    if (gw_http_metrics_port(http) >= 0)
+        log_info("metrics on http://%s:%d/metrics", cfg.metrics_address,
+                 gw_http_metrics_port(http));
     sd_notify(0, "READY=1");
     for (;;) {
         int sig = 0;

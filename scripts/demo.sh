@@ -86,9 +86,15 @@ echo
 
 # The OpenAI-compatible gateway: a client of riverd with its own key, on a free port, with
 # an API key of its own (stored hashed) and the ChatML template of tests/data/gateway
-# (the story model has none).
-api_key="sk-demo-$$"
-"$bin/river-gateway" --hash-key "$api_key" > "$tmp/api-keys"
+# (the story model has none). The key lives in files only (mode 600), never on a command
+# line, where every user of the machine could read it in the process list: the gateway
+# hashes it from stdin and curl reads its Authorization header from a file.
+(
+    umask 077
+    printf 'sk-demo-%s\n' "$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')" > "$tmp/api-key"
+    printf 'Authorization: Bearer %s\n' "$(cat "$tmp/api-key")" > "$tmp/auth-header"
+)
+"$bin/river-gateway" --hash-key < "$tmp/api-key" > "$tmp/api-keys"
 cat > "$tmp/gateway.yaml" <<YAML
 listen:
   port: 0
@@ -119,7 +125,7 @@ while [ -z "$port" ]; do
 done
 echo "== curl -N http://127.0.0.1:$port/v1/chat/completions (stream: true), the SSE as sent"
 curl -sN "http://127.0.0.1:$port/v1/chat/completions" \
-    -H "Authorization: Bearer $api_key" -H "Content-Type: application/json" \
+    -H @"$tmp/auth-header" -H "Content-Type: application/json" \
     -d '{"model": "tinystories", "stream": true, "max_tokens": 12, "temperature": 0,
          "stream_options": {"include_usage": true},
          "messages": [{"role": "user", "content": "Tell me a story about a cat."}]}'

@@ -45,8 +45,16 @@ fail() {
 mkdir "$tmp/keys/clients" "$tmp/keys/workers" "$tmp/keys/admin"
 cp "$tmp/own/worker.key" "$tmp/keys/workers/"
 cp "$tmp/own/gateway.key" "$tmp/keys/clients/"
+# The API key stays off every command line (the process list shows those to every user):
+# hashed from a file on stdin, curl's header read from a file, the client's key an
+# environment variable.
 key="sk-river-$$-$(date +%s)"
-"$bin/river-gateway" --hash-key "$key" >"$tmp/api-keys"
+(
+    umask 077
+    printf '%s\n' "$key" >"$tmp/api-key"
+    printf 'Authorization: Bearer %s\n' "$key" >"$tmp/auth-header"
+)
+"$bin/river-gateway" --hash-key <"$tmp/api-key" >"$tmp/api-keys"
 model=$(pwd)/tests/data/tinystories-656k
 cat >"$tmp/riverd.yaml" <<YAML
 endpoints:
@@ -94,7 +102,7 @@ while [ -z "$port" ]; do
 done
 # The worker registers with riverd within a few heartbeats; a completion is the check.
 i=0
-until curl -sf -o /dev/null -H "Authorization: Bearer $key" \
+until curl -sf -o /dev/null -H @"$tmp/auth-header" \
     -d '{"model":"stories","prompt":"Hi","max_tokens":1}' \
     "http://127.0.0.1:$port/v1/completions"; do
     i=$((i + 1))
