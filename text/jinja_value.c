@@ -738,7 +738,12 @@ int jr_to_str(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out)
     }
     sbuf_t b = {.r = r, .at = at};
     put_value(&b, v, 0, 0);
-    return sb_done(&b, out);
+    int err = sb_done(&b, out);
+    /* The text of a number, or of a list holding template strings only, is the
+     * template's. */
+    if (!err && !jv_holds_data(v))
+        (*out)->prov = JPROV_TEMPLATE;
+    return err;
 }
 
 int jr_repr(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out)
