@@ -598,6 +598,12 @@ START_TEST(test_integer_extremes)
            ", 3) %}{{ l }}|{{ [1, 2].pop(-2) }}|{{ 2.5 | round(" I64MAX ") }}|{{ 25.0 | round(" I64MIN
            ") }}|{{ 'a b c'.split(' ', " I64MAX ") }}|{{ 'aaa'.replace('a', 'b', " I64MIN ") }}",
            "[0, 1, 2, 3]|1|2.5|0.0|['a', 'b', 'c']|bbb");
+    expect_fail("{{ '10' | int(base=" I64MAX ") }}", RIVER_EINVAL, "base must be in 2..36");
+    expect_fail("{{ '10' | int(base=" I64MIN ") }}", RIVER_EINVAL, "base must be in 2..36");
+    expect("{{ '%c' % 65 }}{{ '%c' % 1114111 }}", "A\xf4\x8f\xbf\xbf");
+    expect_fail("{{ '%c' % " I64MAX " }}", RIVER_ERANGE, "not in range");
+    expect_fail("{{ '%c' % -1 }}", RIVER_ERANGE, "not in range");
+    expect_fail("{{ '%c' % (2 ** 32 + 65) }}", RIVER_ERANGE, "not in range");
     expect_fail("{{ [1, 2].pop(" I64MIN ") }}", RIVER_EINVAL, "pop index out of range");
     expect_fail("{{ [1, 2].pop(" I64MAX ") }}", RIVER_EINVAL, "pop index out of range");
 }

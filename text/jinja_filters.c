@@ -314,7 +314,9 @@ static int f_format(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
             } else if ((err = jinja__want_int(r, at, arg, "format", &iv)))
                 return err;
             if (conv == 'c') {
-                jinja__tb_cp(&b, (int32_t)(iv & 0x1FFFFF) > 0x10FFFF ? 0xFFFD : (int32_t)iv);
+                if (iv < 0 || iv > 0x10FFFF)
+                    return jr_fail(r, at, RIVER_ERANGE, "format: %%c arg not in range(0x110000)");
+                jinja__tb_cp(&b, (int32_t)iv);
                 continue;
             }
             spec[o++] = 'l';

@@ -190,12 +190,27 @@ int hf_parse_step(tokenizer_t *t, const json_t *o, int depth, const char *what,
 
 /* ---- encode ----------------------------------------------------------------------------- */
 
+/* Whether s (n bytes) holds the text of one of the special tokens matched after
+ * normalization. */
+static int hf__has_normalized_special(const tokenizer_t *t, const char *s, size_t n)
+{
+    const hf_tok_t *h = t->hf;
+    for (size_t i = 0; i < h->normd.n; i++) {
+        const hf_added_t *a = &h->added[h->normd.tok[i]];
+        if (a->special && memmem(s, n, a->content, a->len))
+            return 1;
+    }
+    return 0;
+}
+
 /* The allowed spans of a piece at raw offset ro (pl bytes), in the offsets of its
  * normalized text (nl bytes): each span's ends mapped through the normalizer by
  * normalizing the piece up to them, which is exact for the normalizers that work
  * character by character (Prepend, Replace, case and Unicode forms). Only tokenizers with
- * normalized special tokens come here. *allow_out is NULL when the piece lies wholly inside
- * one span (every match allowed). */
+ * normalized special tokens come here, and only spans that hold a special token's text
+ * are mapped (a span without one cannot hold a match), so the work is the piece's length
+ * for each special token the template wrote, not for each span. *allow_out is NULL when
+ * the piece lies wholly inside one span (every match allowed). */
 static int hf__normalized_allow(const tokenizer_t *t, const char *piece, size_t ro, size_t pl,
                                 size_t nl, const text_span_t *spans, size_t n_spans,
                                 hf_work_t *w2, text_span_t **buf, size_t *cap,
@@ -214,6 +229,8 @@ static int hf__normalized_allow(const tokenizer_t *t, const char *piece, size_t 
             *allow_out = NULL;
             return 0;
         }
+        if (!hf__has_normalized_special(t, piece + a, b - a))
+            continue;
         size_t na = 0, nb = nl;
         const char *ns;
         int err;
