@@ -304,10 +304,20 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     g.session_id = (char *)(o->session_id ? o->session_id : "");
     River__Client__TokenIds toks;
     river__client__token_ids__init(&toks);
+    River__Client__TextSpans spans;
+    river__client__text_spans__init(&spans);
     if (o->prompt) {
         g.prompt_case = RIVER__CLIENT__GENERATE__PROMPT_TEXT;
         g.text = (char *)o->prompt;
         g.text_has_special = o->text_has_special ? 1 : 0;
+        if (o->special_spans_given) {
+            if (o->n_special_spans > SIZE_MAX / 2 || (o->n_special_spans && !o->special_spans))
+                return river_err_set(RIVER_EINVAL, "special_spans: %zu spans without offsets",
+                                     o->n_special_spans);
+            spans.n_bounds = 2 * o->n_special_spans;
+            spans.bounds = (uint32_t *)o->special_spans;
+            g.special_spans = &spans;
+        }
     } else {
         toks.n_ids = o->n_prompt_ids;
         toks.ids = (int32_t *)o->prompt_ids;

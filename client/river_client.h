@@ -75,6 +75,13 @@ typedef struct river_generate_opts {
     const char *prompt;          /* text, tokenized by the worker; or NULL and: */
     int text_has_special;        /* prompt carries its special tokens (BOS...) as text: the
                                     worker adds none (a rendered chat template) */
+    /* With prompt text: where special tokens may be matched. special_spans_given 0: anywhere
+     * (the default); 1: only where a special token's text lies wholly inside one of the
+     * n_special_spans byte ranges special_spans holds as start, end pairs (none: nowhere),
+     * the rest tokenized as plain text (proto Generate.special_spans). */
+    int special_spans_given;
+    const uint32_t *special_spans; /* 2 * n_special_spans offsets into prompt */
+    size_t n_special_spans;
     const int32_t *prompt_ids;   /* token ids, BOS included when the model wants one */
     size_t n_prompt_ids;
     const char *session_id;      /* same id, same worker while it lives; NULL: none */

@@ -286,9 +286,20 @@ static void fuzz_chat_template(const uint8_t *d, size_t n)
     chat_template_t *t = NULL;
     if (chat_template_new(&t, "fuzz", src) == 0) {
         char *out = NULL;
-        size_t len = 0;
-        if (chat_template_render(t, ctx, &out, &len) == 0)
+        size_t len = 0, n_spans = 0;
+        text_span_t *spans = NULL;
+        if (chat_template_render_spans(t, ctx, 0, &out, &len, &spans, &n_spans) == 0) {
+            /* The template's bytes: in order, disjoint, inside the output. */
+            size_t end = 0;
+            for (size_t i = 0; i < n_spans; i++) {
+                if (spans[i].off < end || spans[i].len == 0 || spans[i].off > len ||
+                    spans[i].len > len - spans[i].off)
+                    abort();
+                end = spans[i].off + spans[i].len;
+            }
             free(out);
+            free(spans);
+        }
         chat_template_destroy(&t);
     }
     free(src);

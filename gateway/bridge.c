@@ -80,12 +80,15 @@ void gw_call_release(gw_call_t **pc)
         return;
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    size_t body_bytes = c->body_bytes;
     gw_request_free(&c->req);
     free(c->prompt);
+    free(c->special);
     free(c->text);
     free(c->ids);
     free(c->exit_layers);
     free(c);
+    gw_release_memory(body_bytes);
 }
 
 static int gw_call__grow(void **v, size_t *cap, size_t need, size_t elem)

@@ -63,9 +63,20 @@ static const config_key_t gw_config__keys[] = {
        "name (keys without one are tenants of their own) and, on a tenant's first line, "
        "its own rates (requests_per_minute=N tokens_per_minute=N); requests must send "
        "`Authorization: Bearer KEY`. Empty: no keys asked for, one tenant."),
+    GW("raw_special_keys", CONFIG_STRING, raw_special_keys, 0, 0, "",
+       "File of API keys (SHA-256 hex digests, as api_keys) whose requests are tokenized "
+       "with special-token parsing everywhere, as transformers' apply_chat_template and "
+       "tokenizer do: text in their messages and prompts that spells a special token "
+       "becomes that token. For trusted callers only (an evaluation harness sending "
+       "prompts it rendered itself). Empty: nobody; for every other request the text of "
+       "messages, tools and prompts is plain text whatever it spells."),
     CONFIG_SECTION_KEY("limits", "What one request or everyone may hold."),
     GW("limits.max_body_bytes", CONFIG_INT, max_body_bytes, 1024, 1 << 30, "1048576",
        "Largest request body; a larger one is answered 413."),
+    GW("limits.max_render_bytes", CONFIG_INT, max_render_bytes, 1 << 20, 1 << 30, "67108864",
+       "Most memory one chat-template rendering may take (the values it computes, the "
+       "request's messages and tools among them); a request also gets no more than 64 "
+       "times its body (at least 1 MiB). Over it the request is answered 413."),
     GW("limits.max_concurrent", CONFIG_INT, max_concurrent, 1, 100000, "256",
        "Generation requests in flight at once, all tenants together; one more is answered "
        "429. riverd's limits.max_requests_per_client counts each tenant's apart."),

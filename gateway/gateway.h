@@ -41,6 +41,8 @@ typedef struct gw_config {
     char *server_key;          /* riverd.server_key: riverd's public key */
     config_items_t models;     /* gw_model_cfg_t */
     char *api_keys;            /* api_keys: file of SHA-256 hex digests; "": no keys */
+    char *raw_special_keys;    /* raw_special_keys: keys whose text may hold special tokens */
+    int max_render_bytes;      /* limits.max_render_bytes: bytes one rendering may take */
     int max_body_bytes;        /* limits.max_body_bytes */
     int max_concurrent;        /* limits.max_concurrent: requests in flight */
     int max_connections;       /* limits.max_connections: HTTP connections */
@@ -176,9 +178,21 @@ int gw_models_new(gw_models_t **out, const gw_config_t *cfg);
 void gw_models_destroy(gw_models_t **m);
 /* Whether the model is served. */
 int gw_models_has(const gw_models_t *m, const char *name);
-/* Renders a chat request's prompt (malloc'd). GW error on failure. */
-int gw_models_render(const gw_models_t *m, const gw_request_t *r, char **prompt,
-                     gw_error_t *err);
+/* The rendering memory a request of body_len bytes gets: GW_RENDER_BODY_FACTOR times its
+ * body (at least 1 MiB), at most limits.max_render_bytes. */
+#define GW_RENDER_BODY_FACTOR 64
+size_t gw_models_render_budget(const gw_config_t *cfg, size_t body_len);
+/* Renders a chat request's prompt (malloc'd) within max_memory bytes, and the template's
+ * own bytes of it (*special: malloc'd start, end offset pairs, *n_special pairs), the only
+ * ones where special tokens may be matched. GW error on failure (413 over max_memory). */
+int gw_models_render(const gw_models_t *m, const gw_request_t *r, size_t max_memory,
+                     char **prompt, uint32_t **special, size_t *n_special, gw_error_t *err);
+
+/* After a request of body_bytes ends: a large one (its JSON and its rendering took many
+ * small blocks) has the allocator hand its free memory back to the system, so that one
+ * burst of large requests does not stay in the gateway's RSS. */
+#define GW_TRIM_BODY_BYTES (256u << 10)
+void gw_release_memory(size_t body_bytes);
 
 /* ---- Tenants (gateway/tenants.c) ---- */
 
@@ -253,6 +267,11 @@ typedef struct gw_call {
     gw_tenant_t *tenant;        /* whose it is (borrowed: tenants outlive the calls) */
     gw_request_t req;
     char *prompt;               /* chat: the rendered template */
+    uint32_t *special;          /* chat: the template's own bytes of prompt, as start, end
+                                   offset pairs (n_special pairs) */
+    size_t n_special;
+    int raw_special;            /* a raw_special_keys caller: special tokens anywhere */
+    size_t body_bytes;          /* of the HTTP request (gw_release_memory when it ends) */
     /* What arrived and the HTTP side has not taken yet. */
     char *text;
     size_t n_text, cap_text;
@@ -295,6 +314,7 @@ typedef struct gw_ctx {
     gw_models_t *models;
     gw_apikeys_t *keys;    /* NULL: no API keys */
     gw_tenant_t *anon;     /* the tenant of every request when there are no keys */
+    gw_apikeys_t *raw_keys; /* raw_special_keys, or NULL */
     gw_bridge_t *bridge;
 } gw_ctx_t;
 int gw_http_start(gw_http_t **out, gw_ctx_t *ctx);

@@ -673,9 +673,14 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
 {
     gw_request_t *r = &c->req;
     river_generate_opts_t *o = &c->opts;
+    /* Special tokens come only from the template's own text, unless the caller's key is
+     * one of raw_special_keys: a message or a prompt that spells one is text. */
+    o->special_spans_given = !c->raw_special;
     if (c->prompt) {
         o->prompt = c->prompt;
         o->text_has_special = 1;
+        o->special_spans = c->special;
+        o->n_special_spans = c->n_special;
     } else if (r->prompt) {
         o->prompt = r->prompt;
     } else {
@@ -702,6 +707,8 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
     o->deadline_ms = (uint32_t)cfg->request_timeout_ms;
 }
 
+static int gw_http__key_in(const gw_apikeys_t *keys, struct MHD_Connection *c);
+
 /* Lets go of the request's call. */
 static void gw_http__drop_call(gw_ctx_t *ctx, gw_conn_t *cc)
 {
@@ -725,35 +732,44 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
         return gw_http__error(conn, &err);
     }
     char *prompt = NULL;
+    uint32_t *special = NULL;
+    size_t n_special = 0;
     if (!gw_models_has(ctx->models, req.model)) {
         gw_error_set(&err, GW_ERR_MODEL, "model", "the model '%s' does not exist", req.model);
         gw_request_free(&req);
         return gw_http__error(conn, &err);
     }
-    if (api == GW_API_CHAT && gw_models_render(ctx->models, &req, &prompt, &err)) {
-        gw_request_free(&req);
-        return gw_http__error(conn, &err);
-    }
+    /* A tenant over its rates is refused before anything is spent on it. */
     if (cc->tenant && gw_tenant_admit(cc->tenant, &err)) {
-        free(prompt);
         gw_request_free(&req);
         return gw_http__error(conn, &err);
     }
+    /* The in-flight slot comes before the rendering, so that max_concurrent bounds the
+     * renderings at once too, and with them the memory they take. */
     if (atomic_fetch_add(&gw_http__in_flight, 1) >= ctx->cfg->max_concurrent) {
         atomic_fetch_sub(&gw_http__in_flight, 1);
         gw_error_set(&err, GW_ERR_RATE, NULL,
                      "too many requests in flight (limits.max_concurrent = %d)",
                      ctx->cfg->max_concurrent);
-        free(prompt);
         gw_request_free(&req);
         return gw_http__error(conn, &err);
     }
     gw_metrics_in_flight(1);
+    if (api == GW_API_CHAT &&
+        gw_models_render(ctx->models, &req, gw_models_render_budget(ctx->cfg, cc->n), &prompt,
+                         &special, &n_special, &err)) {
+        atomic_fetch_sub(&gw_http__in_flight, 1);
+        gw_metrics_in_flight(-1);
+        gw_request_free(&req);
+        gw_release_memory(cc->n);
+        return gw_http__error(conn, &err);
+    }
     gw_call_t *call = gw_call_new();
     if (!call) {
         atomic_fetch_sub(&gw_http__in_flight, 1);
         gw_metrics_in_flight(-1);
         free(prompt);
+        free(special);
         gw_request_free(&req);
         return MHD_NO;
     }
@@ -761,6 +777,10 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
     call->prompt = prompt;
     call->tenant = cc->tenant;
     call->on_event = gw_http__on_event;
+    call->special = special;
+    call->n_special = n_special;
+    call->body_bytes = cc->n;
+    call->raw_special = ctx->raw_keys && gw_http__key_in(ctx->raw_keys, conn);
     snprintf(call->id, sizeof call->id, "%s-%08lx%" PRIxFAST64,
              api == GW_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long)(random() & 0xffffffffUL),
              atomic_fetch_add(&gw_http__serial, 1));
@@ -928,19 +948,33 @@ static enum MHD_Result gw_http__metrics_access(void *cls, struct MHD_Connection 
     return gw_http__error(c, &err);
 }
 
-/* The tenant of the request's key (the one tenant, without a key file); NULL when the
- * key is missing or not allowed. */
-static gw_tenant_t *gw_http__tenant(const gw_ctx_t *ctx, struct MHD_Connection *c)
+/* The key of the request's `Authorization: Bearer KEY` header; NULL when it has none. */
+static const char *gw_http__bearer(struct MHD_Connection *c)
 {
-    if (!ctx->keys)
-        return ctx->anon;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7))
         return NULL;
     h += 7;
     while (*h == ' ')
         h++;
-    return *h ? gw_apikeys_find(ctx->keys, h) : NULL;
+    return *h ? h : NULL;
+}
+
+/* Whether the request's key is one of keys. */
+static int gw_http__key_in(const gw_apikeys_t *keys, struct MHD_Connection *c)
+{
+    const char *key = gw_http__bearer(c);
+    return key && gw_apikeys_find(keys, key);
+}
+
+/* The tenant of the request's key (the one tenant, without a key file); NULL when the
+ * key is missing or not allowed. */
+static gw_tenant_t *gw_http__tenant(const gw_ctx_t *ctx, struct MHD_Connection *c)
+{
+    if (!ctx->keys)
+        return ctx->anon;
+    const char *key = gw_http__bearer(c);
+    return key ? gw_apikeys_find(ctx->keys, key) : NULL;
 }
 
 /* The request's headers are complete and none of its body has been read: its route and

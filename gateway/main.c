@@ -55,7 +55,8 @@ static int gw__resolve_all(gw_config_t *cfg, const char *config_path)
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s", config_path);
     const char *dir = dirname(tmp);
-    int rc = gw__resolve(&cfg->api_keys, dir) || gw__resolve(&cfg->secret_key, dir) ||
+    int rc = gw__resolve(&cfg->api_keys, dir) || gw__resolve(&cfg->raw_special_keys, dir) ||
+             gw__resolve(&cfg->secret_key, dir) ||
              gw__resolve(&cfg->server_key, dir);
     gw_model_cfg_t *m = cfg->models.v;
     for (int i = 0; !rc && i < cfg->models.n; i++)
@@ -144,6 +145,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "river-gateway: out of memory\n");
         goto fail_bridge;
     }
+    if (cfg.raw_special_keys[0] &&
+        gw_apikeys_load(&ctx.raw_keys, cfg.raw_special_keys, &cfg)) {
+        fprintf(stderr, "river-gateway: %s: %s\n", config_path, river_err_detail());
+        goto fail_bridge;
+    }
     if (check) {
         printf("%s: ok (%d models, %s)\n", config_path, cfg.models.n,
                ctx.keys ? "API keys required" : "no API keys");
@@ -199,6 +205,7 @@ fail_http:
     gw_bridge_destroy(&ctx.bridge);
 fail_bridge:
     gw_tenant_destroy(&ctx.anon);
+    gw_apikeys_destroy(&ctx.raw_keys);
     gw_apikeys_destroy(&ctx.keys);
 fail_keys:
     gw_models_destroy(&ctx.models);

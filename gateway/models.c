@@ -3,6 +3,7 @@
  * GGUF file's tokenizer.chat_template (`dir` naming the .gguf), or from a template file the
  * configuration names; a chat request renders it into a prompt that
  * carries its special tokens as text, which the worker encodes without adding BOS. */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,10 +200,27 @@ int gw_models_has(const gw_models_t *ms, const char *name)
     return gw_models__find(ms, name) != NULL;
 }
 
-int gw_models_render(const gw_models_t *ms, const gw_request_t *r, char **prompt,
-                     gw_error_t *err)
+void gw_release_memory(size_t body_bytes)
+{
+    if (body_bytes >= GW_TRIM_BODY_BYTES)
+        malloc_trim(0);
+}
+
+size_t gw_models_render_budget(const gw_config_t *cfg, size_t body_len)
+{
+    size_t cap = (size_t)cfg->max_render_bytes;
+    size_t want = body_len > cap / GW_RENDER_BODY_FACTOR ? cap : body_len * GW_RENDER_BODY_FACTOR;
+    if (want < (1u << 20))
+        want = 1u << 20;
+    return want < cap ? want : cap;
+}
+
+int gw_models_render(const gw_models_t *ms, const gw_request_t *r, size_t max_memory,
+                     char **prompt, uint32_t **special, size_t *n_special, gw_error_t *err)
 {
     *prompt = NULL;
+    *special = NULL;
+    *n_special = 0;
     const gw_model_t *m = gw_models__find(ms, r->model);
     if (!m)
         return gw_error_set(err, GW_ERR_MODEL, "model", "the model '%s' does not exist",
@@ -221,19 +239,35 @@ int gw_models_render(const gw_models_t *ms, const gw_request_t *r, char **prompt
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(r->add_generation_prompt));
     json_object_set_new(ctx, "bos_token", json_string(m->bos));
     json_object_set_new(ctx, "eos_token", json_string(m->eos));
-    size_t len;
-    int rc = chat_template_render(m->tmpl, ctx, prompt, &len);
+    size_t len, n;
+    text_span_t *spans;
+    int rc = chat_template_render_spans(m->tmpl, ctx, max_memory, prompt, &len, &spans, &n);
     json_decref(ctx);
     if (rc) {
         *prompt = NULL;
-        return gw_error_set(err, GW_ERR_INVALID, "messages", "chat template: %s",
-                            river_err_detail());
+        return gw_error_set(err, rc == RIVER_EFULL ? GW_ERR_TOO_LARGE : GW_ERR_INVALID,
+                            "messages", "chat template: %s", river_err_detail());
     }
     if (len == 0 || strlen(*prompt) != len) {
         free(*prompt);
+        free(spans);
         *prompt = NULL;
         return gw_error_set(err, GW_ERR_INVALID, "messages",
                             "the chat template rendered an empty prompt or one with a NUL");
     }
+    /* A rendering stays under JINJA_MAX_OUTPUT (16 MiB): its offsets fit 32 bits. */
+    *special = malloc((n ? n : 1) * 2 * sizeof **special);
+    if (!*special) {
+        free(*prompt);
+        free(spans);
+        *prompt = NULL;
+        return gw_error_set(err, GW_ERR_INTERNAL, NULL, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        (*special)[2 * i] = (uint32_t)spans[i].off;
+        (*special)[2 * i + 1] = (uint32_t)(spans[i].off + spans[i].len);
+    }
+    *n_special = n;
+    free(spans);
     return 0;
 }

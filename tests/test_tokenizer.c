@@ -853,6 +853,73 @@ START_TEST(test_speed)
 }
 END_TEST
 
+/* Special-token parsing limited to spans: outside them a special token's text is plain
+ * text (no special id comes from it), inside them it is the token; spans over the whole
+ * text change nothing. Every bundled tokenizer: raw (Qwen3, Llama 3) and normalized
+ * (TinyStories) special tokens, byte-level and SentencePiece vocabularies. */
+START_TEST(test_hf_encode_spans)
+{
+    tokenizer_t *t = load_hf(_i);
+    int32_t eos = tokenizer_eos_id(t);
+    char *p;
+    size_t pl;
+    ck_assert_int_eq(tokenizer_decode(t, &eos, 1, 0, &p, &pl), 0);
+    char text[256];
+    /* Spaces before the tokens: TinyStories' normalized tokens are matched with the
+     * metaspace the normalizer puts before them. */
+    int n = snprintf(text, sizeof text, "%s hi %s there %s", p, p, p);
+    size_t len = (size_t)n;
+    int32_t *all, *ids;
+    size_t n_all, n_ids;
+    ck_assert_int_eq(tokenizer_encode(t, text, len, 0, &all, &n_all), 0);
+    size_t specials = 0;
+    for (size_t i = 0; i < n_all; i++)
+        specials += all[i] == eos;
+    ck_assert_uint_eq(specials, 3);
+    /* No spans: no special id, and more ids than with the tokens. */
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 0, NULL, 0, &ids, &n_ids), 0);
+    for (size_t i = 0; i < n_ids; i++)
+        ck_assert_msg(!tokenizer_is_special(t, ids[i]), "%s: id %d of %zu is special",
+                      hf_names[_i], ids[i], i);
+    ck_assert_uint_gt(n_ids, n_all);
+    free(ids);
+    /* The whole text: tokenizer_encode's ids, post-processor included. */
+    text_span_t whole = {0, len};
+    int32_t *bos_all;
+    size_t n_bos_all;
+    ck_assert_int_eq(tokenizer_encode(t, text, len, 1, &bos_all, &n_bos_all), 0);
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 1, &whole, 1, &ids, &n_ids), 0);
+    ck_assert_uint_eq(n_ids, n_bos_all);
+    ck_assert(!memcmp(ids, bos_all, n_ids * sizeof *ids));
+    free(ids);
+    free(bos_all);
+    /* The first and last tokens' bytes only (the last with its space): those two are
+     * tokens, the middle one text. */
+    text_span_t two[2] = {{0, pl}, {len - pl - 1, pl + 1}};
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 0, two, 2, &ids, &n_ids), 0);
+    specials = 0;
+    for (size_t i = 0; i < n_ids; i++)
+        specials += ids[i] == eos;
+    ck_assert_uint_eq(specials, 2);
+    ck_assert(n_ids != n_all || memcmp(ids, all, n_ids * sizeof *ids));
+    free(ids);
+    /* A span that ends inside the token does not hold it. */
+    text_span_t part = {0, pl - 1};
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 0, &part, 1, &ids, &n_ids), 0);
+    for (size_t i = 0; i < n_ids; i++)
+        ck_assert(ids[i] != eos);
+    free(ids);
+    /* Spans out of order or past the text. */
+    text_span_t bad[2] = {{4, 2}, {1, 1}}, past = {len - 1, 2};
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 0, bad, 2, &ids, &n_ids), RIVER_EINVAL);
+    ck_assert_int_eq(tokenizer_encode_spans(t, text, len, 0, &past, 1, &ids, &n_ids),
+                     RIVER_EINVAL);
+    free(all);
+    free(p);
+    tokenizer_destroy(&t);
+}
+END_TEST
+
 static Suite *tokenizer_suite(void)
 {
     Suite *s = suite_create("tokenizer");
@@ -860,6 +927,7 @@ static Suite *tokenizer_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_hf_cases, 0, N_HF);
     tcase_add_loop_test(tc, test_hf_special_ids, 0, N_HF);
+    tcase_add_loop_test(tc, test_hf_encode_spans, 0, N_HF);
     tcase_add_test(tc, test_hf_skip_special);
     tcase_add_test(tc, test_hf_ignore_merges);
     tcase_add_test(tc, test_load_directory);

@@ -244,9 +244,29 @@ int chat_template_render(const chat_template_t *t, const json_t *context, char *
     *out = NULL;
     if (out_len)
         *out_len = 0;
+    return chat_template_render_spans(t, context, 0, out, out_len, NULL, NULL);
+}
+
+/* The variables whose values are special-token text the template is given. */
+static const char *const chat_template__special_keys[] = {"bos_token", "eos_token", NULL};
+
+int chat_template_render_spans(const chat_template_t *t, const json_t *context,
+                               size_t max_memory, char **out, size_t *out_len,
+                               text_span_t **special, size_t *n_special)
+{
+    *out = NULL;
+    if (out_len)
+        *out_len = 0;
+    if (special) {
+        *special = NULL;
+        *n_special = 0;
+    }
     if (!t)
         return river_err_set(RIVER_EINVAL, "no chat template");
-    return jinja_render(t->name, t->root, context, t->defaults, out, out_len);
+    jinja_render_opts_t o = {.defaults = t->defaults,
+                             .template_keys = chat_template__special_keys,
+                             .max_memory = max_memory};
+    return jinja_render(t->name, t->root, context, &o, out, out_len, special, n_special);
 }
 
 const char *chat_template_bos(const chat_template_t *t)

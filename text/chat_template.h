@@ -11,6 +11,8 @@
 
 #include <jansson.h>
 
+#include "text/span.h"
+
 typedef struct chat_template chat_template_t;
 /* Compiles template source once. name appears in error messages ("<name>:LINE: ..."). */
 int chat_template_new(chat_template_t **out, const char *name, const char *source);
@@ -27,6 +29,16 @@ int chat_template_load_dir(chat_template_t **out, const char *model_dir, const c
  * raise_exception and runtime errors: negative river_err, river_err_set() detail naming the
  * template and line. */
 int chat_template_render(const chat_template_t *t, const json_t *context, char **out, size_t *out_len);
+/* As chat_template_render, and where the rendering's bytes came from: *special (malloc'd,
+ * *n_special ranges in order) covers the bytes that are the template's own text or the
+ * bos_token / eos_token values, the only bytes that may be tokenized as special tokens
+ * (tokenizer_encode_spans); every other byte came from the context (messages, tools,
+ * keyword arguments) and is text whatever it spells. max_memory bounds the bytes of values
+ * the rendering allocates (0: the engine's bound, 256 MiB); over it is RIVER_EFULL. On
+ * failure *out and *special are NULL. */
+int chat_template_render_spans(const chat_template_t *t, const json_t *context,
+                               size_t max_memory, char **out, size_t *out_len,
+                               text_span_t **special, size_t *n_special);
 const char *chat_template_bos(const chat_template_t *t); /* "" when none */
 const char *chat_template_eos(const chat_template_t *t);
 void chat_template_destroy(chat_template_t **t);

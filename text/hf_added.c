@@ -35,10 +35,25 @@ static int mentry_cmp(const void *a, const void *b)
     return x->order < y->order ? -1 : (x->order > y->order);
 }
 
+/* Whether [ms, me) lies wholly inside one of the allowed spans. */
+static int hf_added__allowed(const hf_allow_t *allow, size_t ms, size_t me)
+{
+    size_t lo = 0, hi = allow->n;
+    while (lo < hi) { /* the first span ending after ms */
+        size_t mid = lo + (hi - lo) / 2;
+        if (allow->v[mid].off + allow->v[mid].len <= ms)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < allow->n && allow->v[lo].off <= ms &&
+           me <= allow->v[lo].off + allow->v[lo].len;
+}
+
 /* Splits s at the matches of m: matched added tokens become pieces with their id, as
  * AddedVocabulary::find_matches does (single_word, lstrip and rstrip included). */
 int hf_added_split(const tokenizer_t *t, const hf_matcher_t *m, const char *s, size_t len,
-                   int origin, pieces_t *out)
+                   int origin, const hf_allow_t *allow, pieces_t *out)
 {
     const hf_tok_t *h = t->hf;
     size_t start_offset = 0, pos = 0;
@@ -62,6 +77,10 @@ int hf_added_split(const tokenizer_t *t, const hf_matcher_t *m, const char *s, s
         /* Matching resumes after this match whether or not it is kept. */
         pos = me;
         const hf_added_t *a = &h->added[m->tok[k]];
+        /* A special token outside the allowed spans stays text, as the library's
+         * encode_special_tokens skips the match (its text joins the gap around it). */
+        if (a->special && allow && !hf_added__allowed(allow, ms, me))
+            continue;
         if (a->single_word) {
             int32_t before = hf_cp_before(s, ms), after = hf_cp_at(s, len, me);
             if ((before >= 0 && hf_is_word(before)) || (after >= 0 && hf_is_word(after)))
@@ -162,6 +181,8 @@ int hf_matcher_build(tokenizer_t *t, hf_matcher_t *m, int normalized)
         m->tok[i] = e[i].tok;
     }
     m->n = k;
+    for (size_t i = 0; i < k; i++)
+        m->n_special += h->added[m->tok[i]].special != 0;
     free(e);
     size_t j = 0;
     for (int b = 0; b <= 256; b++) {

@@ -87,7 +87,15 @@ typedef struct hf_matcher {
     size_t *len;
     size_t *tok; /* index into hf_tok.added */
     uint32_t first[257];
+    size_t n_special; /* of the n, those that are special tokens */
 } hf_matcher_t;
+
+/* Where special tokens may match in the text being split: spans in its own offsets, in
+ * order (n 0: nowhere). A NULL hf_allow_t: everywhere. */
+typedef struct hf_allow {
+    const text_span_t *v;
+    size_t n;
+} hf_allow_t;
 
 typedef struct hf_bpe {
     tok_map_t vocab;
@@ -253,7 +261,7 @@ int hf_matcher_build(tokenizer_t *t, hf_matcher_t *m, int normalized);
 void hf_matcher_free(hf_matcher_t *m);
 /* Splits s at the matches of m: matched added tokens become pieces with their id. */
 int hf_added_split(const tokenizer_t *t, const hf_matcher_t *m, const char *s, size_t len,
-                   int origin, pieces_t *out);
+                   int origin, const hf_allow_t *allow, pieces_t *out);
 
 int hf_parse_norm(tokenizer_t *t, const json_t *o, int depth);
 /* Runs the normalizer steps; *res points at w->n1 or w->n2 or, with no steps, at s. */

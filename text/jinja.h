@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "text/span.h"
+
 /* Bounds of one rendering; each one exceeded is an error that says which. */
 #define JINJA_MAX_OUTPUT (16u << 20)  /* bytes of the rendering, and of any captured block */
 #define JINJA_MAX_MEMORY (256u << 20) /* bytes of values one rendering may allocate */
@@ -52,9 +54,26 @@ typedef enum {
     JV_FUNC, /* a global function, a bound method or a macro */
 } jv_type_t;
 
+/* Provenance of a string's bytes: the template's own text (its literals, and the context
+ * values the caller names as such: bos_token, eos_token) or data (everything else the
+ * context holds: messages, tools, keyword arguments). Only template bytes may become
+ * special tokens when the rendering is tokenized (chat_template_render_spans); the same
+ * marks are what a markupsafe-style autoescape would leave alone, escaping the data.
+ * Concatenation, output and captured blocks keep the marks byte for byte; any other
+ * operation makes a string of template text only when every string it was given was
+ * template text (text/jinja_prov.c), so a string nobody marked is data. */
+typedef enum { JPROV_DATA = 0, JPROV_TEMPLATE, JPROV_MIXED } jprov_t;
+
+typedef struct jspan {
+    uint32_t off, len; /* bytes of a string (strings stay under JINJA_MAX_MEMORY) */
+} jspan_t;
+
 typedef struct jstr {
     size_t len;  /* bytes, not counting the NUL after them */
     int ascii;   /* all bytes < 0x80: code point indexing is byte indexing */
+    jprov_t prov;
+    uint32_t nspan;       /* JPROV_MIXED: the template bytes, in order and disjoint */
+    const jspan_t *span;
     char s[];
 } jstr_t;
 
@@ -226,9 +245,43 @@ const jbuiltin_t *jinja_test_find(const char *name);
 const jbuiltin_t *jinja_method_find(jv_type_t t, const char *name);
 const jbuiltin_t *jinja_global_find(const char *name);
 
-/* Renders root with the variables of ctx (a JSON object). *out malloc'd, NUL-terminated. */
-int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const json_t *defaults,
-                 char **out, size_t *out_len);
+/* What one rendering gets besides its template and context. */
+typedef struct jinja_render_opts {
+    const json_t *defaults;           /* variables the context lacks, or NULL */
+    const char *const *template_keys; /* top-level variables whose strings count as template
+                                         text (NULL-terminated), or NULL */
+    size_t max_memory;                /* bytes of values; 0: JINJA_MAX_MEMORY */
+} jinja_render_opts_t;
+
+/* Renders root with the variables of ctx (a JSON object). *out malloc'd, NUL-terminated;
+ * spans (may be NULL) receives the template bytes of the output (malloc'd, *n_spans, in
+ * order, disjoint). On failure nothing is left allocated. */
+int jinja_render(const char *name, const jnode_t *root, const json_t *ctx,
+                 const jinja_render_opts_t *opts, char **out, size_t *out_len,
+                 text_span_t **spans, size_t *n_spans);
+
+/* ---- Provenance (text/jinja_prov.c) ---- */
+
+/* A growing list of template byte ranges, in the rendering's arena. */
+typedef struct jspans {
+    jspan_t *v;
+    size_t n, cap;
+} jspans_t;
+
+/* Adds bytes [off, off + len) (after every range already there; touching ranges merge). */
+int jr_spans_push(jrender_t *r, const jnode_t *at, jspans_t *b, size_t off, size_t len);
+/* Adds the template bytes of s, which sits at base in the text b describes. */
+int jr_spans_add_str(jrender_t *r, const jnode_t *at, jspans_t *b, const jstr_t *s, size_t base);
+/* Marks s with b's ranges (s->len bytes): data, template or mixed. */
+void jr_str_mark(jstr_t *s, const jspans_t *b);
+/* Whether v holds data bytes anywhere (strings, list items, dict keys and values; a value
+ * too large to walk cheaply counts as holding some). */
+int jv_holds_data(jval_t v);
+/* x followed by y, their marks kept. */
+int jr_str_concat(jrender_t *r, const jnode_t *at, const jstr_t *x, const jstr_t *y,
+                  jstr_t **out);
+/* A builtin's result: a string it made of only template text is template text. */
+void jr_prov_result(jval_t self, const jargs_t *args, jval_t *out);
 
 /* ---- What the evaluator offers the builtins (text/jinja_eval.c) ---- */
 
@@ -278,6 +331,10 @@ int jr_tojson(jrender_t *r, const jnode_t *at, jval_t v, const char *indent, siz
               jstr_t **out);
 /* Python's repr() of a float ("1.0", "1e-05", "inf"); buf of at least 32 bytes. */
 void jv_float_repr(double f, char *buf, size_t cap);
+
+/* The elements of range(start, stop, step) (step != 0), computed without overflow: slices
+ * walk their indices by this count, never by adding step until past stop. */
+uint64_t jinja_range_len(int64_t start, int64_t stop, int64_t step);
 
 /* Elements of an iterable (list, tuple, dict keys, string characters; undefined: none). */
 int jr_iterate(jrender_t *r, const jnode_t *at, jval_t v, jlist_t **out);

@@ -26,6 +26,7 @@ typedef struct jscope {
 typedef struct obuf {
     char *p;
     size_t n, cap;
+    jspans_t spans; /* which of the n bytes are template text */
 } obuf_t;
 
 struct jrender {
@@ -37,6 +38,7 @@ struct jrender {
     int depth;    /* nested eval/exec calls now */
     size_t iters; /* loop iterations so far */
     const jval_t *filter_input; /* the body of the filter block being applied */
+    size_t max_memory;          /* bytes the arena hands out */
 };
 
 enum { FLOW_BREAK = 1, FLOW_CONTINUE = 2 };
@@ -56,8 +58,8 @@ void *jr_alloc(jrender_t *r, const jnode_t *at, size_t n)
     void *p = jarena_alloc(r->arena, n);
     if (!p) {
         if (jarena_over_cap(r->arena))
-            jr_fail(r, at, RIVER_EFULL, "the rendering needs more than %u MiB of memory",
-                    JINJA_MAX_MEMORY >> 20);
+            jr_fail(r, at, RIVER_EFULL, "the rendering needs more than %zu KiB of memory",
+                    r->max_memory >> 10);
         else
             jr_fail(r, at, RIVER_ENOMEM, "out of memory");
     }
@@ -126,9 +128,11 @@ static int scope_set(jrender_t *r, const jnode_t *at, jscope_t *s, const char *n
 
 /* ---- Output ---- */
 
-static int emit(jrender_t *r, const jnode_t *at, const char *s, size_t n)
+static int emit(jrender_t *r, const jnode_t *at, const jstr_t *str)
 {
     obuf_t *b = r->out;
+    const char *s = str->s;
+    size_t n = str->len;
     if (n == 0)
         return 0;
     if (n > JINJA_MAX_OUTPUT || b->n + n > JINJA_MAX_OUTPUT)
@@ -145,6 +149,9 @@ static int emit(jrender_t *r, const jnode_t *at, const char *s, size_t n)
         b->p = np;
         b->cap = cap;
     }
+    int err = jr_spans_add_str(r, at, &b->spans, str, b->n);
+    if (err)
+        return err;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     return 0;
@@ -154,7 +161,7 @@ static int emit_value(jrender_t *r, const jnode_t *at, jval_t v)
 {
     jstr_t *s;
     int err = jr_to_str(r, at, v, &s);
-    return err ? err : emit(r, at, s->s, s->len);
+    return err ? err : emit(r, at, s);
 }
 
 static int eval(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out);
@@ -169,7 +176,10 @@ static int capture(jrender_t *r, jscope_t *sc, const jnode_t *body, jval_t *out)
     r->out = saved;
     if (err < 0)
         return err;
-    return jr_strval(r, body, buf.p ? buf.p : "", buf.n, out);
+    if ((err = jr_strval(r, body, buf.p ? buf.p : "", buf.n, out)))
+        return err;
+    jr_str_mark(out->u.s, &buf.spans);
+    return 0;
 }
 
 /* ---- Conversions ---- */
@@ -369,6 +379,17 @@ int jr_getattr(jrender_t *r, const jnode_t *at, jval_t obj, const char *name, jv
     return 0;
 }
 
+uint64_t jinja_range_len(int64_t start, int64_t stop, int64_t step)
+{
+    /* In unsigned arithmetic: stop - start and -step overflow int64_t at the extremes
+     * (a step of INT64_MAX, or INT64_MIN). */
+    if (step > 0 && stop > start)
+        return ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1;
+    if (step < 0 && stop < start)
+        return ((uint64_t)start - (uint64_t)stop - 1) / (0 - (uint64_t)step) + 1;
+    return 0;
+}
+
 /* Python's slice.indices(): start, stop, step over length n. */
 static int slice_indices(jrender_t *r, const jnode_t *at, jval_t *parts, int64_t n, int64_t *start,
                          int64_t *stop, int64_t *step)
@@ -411,6 +432,58 @@ static int slice_indices(jrender_t *r, const jnode_t *at, jval_t *parts, int64_t
     return 0;
 }
 
+/* A slice of a string, by code points. */
+static int slice_str(jrender_t *r, const jnode_t *at, const jstr_t *s, jval_t *parts, jval_t *out)
+{
+    int64_t start, stop, step;
+    int err;
+    if ((err = jr_work(r, at, s->len)))
+        return err;
+    if (s->ascii) {
+        if ((err = slice_indices(r, at, parts, (int64_t)s->len, &start, &stop, &step)))
+            return err;
+        if (step == 1)
+            return jr_strval(r, at, s->s + start, stop > start ? (size_t)(stop - start) : 0,
+                             out);
+        char *tmp = jr_alloc(r, at, s->len + 1);
+        size_t o = 0;
+        if (!tmp)
+            return RIVER_ENOMEM;
+        uint64_t count = jinja_range_len(start, stop, step);
+        for (uint64_t k = 0; k < count; k++)
+            tmp[o++] = s->s[start + (int64_t)k * step];
+        return jr_strval(r, at, tmp, o, out);
+    }
+    /* Code point offsets, then the same walk. */
+    size_t n = ju_len(s->s, s->len);
+    size_t *offs = jr_alloc(r, at, (n + 1) * sizeof *offs);
+    if (!offs)
+        return RIVER_ENOMEM;
+    size_t i = 0, k = 0, adv;
+    while (i < s->len) {
+        offs[k++] = i;
+        ju_decode(s->s + i, s->len - i, &adv);
+        i += adv;
+    }
+    offs[n] = s->len;
+    if ((err = slice_indices(r, at, parts, (int64_t)n, &start, &stop, &step)))
+        return err;
+    if (step == 1)
+        return jr_strval(r, at, s->s + (stop > start ? offs[start] : 0),
+                         stop > start ? offs[stop] - offs[start] : 0, out);
+    char *tmp = jr_alloc(r, at, s->len + 1);
+    size_t o = 0;
+    if (!tmp)
+        return RIVER_ENOMEM;
+    uint64_t count = jinja_range_len(start, stop, step);
+    for (uint64_t e = 0; e < count; e++) {
+        int64_t j = start + (int64_t)e * step;
+        memcpy(tmp + o, s->s + offs[j], offs[j + 1] - offs[j]);
+        o += offs[j + 1] - offs[j];
+    }
+    return jr_strval(r, at, tmp, o, out);
+}
+
 static int do_slice(jrender_t *r, const jnode_t *at, jval_t obj, jval_t *parts, jval_t *out)
 {
     if (obj.t == JV_UNDEF)
@@ -425,57 +498,20 @@ static int do_slice(jrender_t *r, const jnode_t *at, jval_t obj, jval_t *parts, 
         if (!o)
             return RIVER_ENOMEM;
         o->tuple = l->tuple;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-            if ((err = jr_list_push(r, at, o, l->v[i])))
+        uint64_t count = jinja_range_len(start, stop, step);
+        for (uint64_t k = 0; k < count; k++)
+            if ((err = jr_list_push(r, at, o, l->v[start + (int64_t)k * step])))
                 return err;
         out->t = JV_LIST;
         out->u.l = o;
         return 0;
     }
     if (obj.t == JV_STR) {
-        const jstr_t *s = obj.u.s;
-        if ((err = jr_work(r, at, s->len)))
+        if ((err = slice_str(r, at, obj.u.s, parts, out)))
             return err;
-        if (s->ascii) {
-            if ((err = slice_indices(r, at, parts, (int64_t)s->len, &start, &stop, &step)))
-                return err;
-            if (step == 1)
-                return jr_strval(r, at, s->s + start, stop > start ? (size_t)(stop - start) : 0,
-                                 out);
-            char *tmp = jr_alloc(r, at, s->len + 1);
-            size_t o = 0;
-            if (!tmp)
-                return RIVER_ENOMEM;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-                tmp[o++] = s->s[i];
-            return jr_strval(r, at, tmp, o, out);
-        }
-        /* Code point offsets, then the same walk. */
-        size_t n = ju_len(s->s, s->len);
-        size_t *offs = jr_alloc(r, at, (n + 1) * sizeof *offs);
-        if (!offs)
-            return RIVER_ENOMEM;
-        size_t i = 0, k = 0, adv;
-        while (i < s->len) {
-            offs[k++] = i;
-            ju_decode(s->s + i, s->len - i, &adv);
-            i += adv;
-        }
-        offs[n] = s->len;
-        if ((err = slice_indices(r, at, parts, (int64_t)n, &start, &stop, &step)))
-            return err;
-        if (step == 1)
-            return jr_strval(r, at, s->s + (stop > start ? offs[start] : 0),
-                             stop > start ? offs[stop] - offs[start] : 0, out);
-        char *tmp = jr_alloc(r, at, s->len + 1);
-        size_t o = 0;
-        if (!tmp)
-            return RIVER_ENOMEM;
-        for (int64_t j = start; step > 0 ? j < stop : j > stop; j += step) {
-            memcpy(tmp + o, s->s + offs[j], offs[j + 1] - offs[j]);
-            o += offs[j + 1] - offs[j];
-        }
-        return jr_strval(r, at, tmp, o, out);
+        /* A piece of template text is template text; of mixed text, data. */
+        out->u.s->prov = obj.u.s->prov == JPROV_TEMPLATE ? JPROV_TEMPLATE : JPROV_DATA;
+        return 0;
     }
     *out = jv_undef();
     return 0;
@@ -509,11 +545,13 @@ int jr_getitem(jrender_t *r, const jnode_t *at, jval_t obj, jval_t key, jval_t *
             *out = jv_undef();
             return 0;
         }
-        if (s->ascii)
-            return jr_strval(r, at, s->s + i, 1, out);
-        size_t off = ju_offset(s->s, s->len, (size_t)i), adv;
-        ju_decode(s->s + off, s->len - off, &adv);
-        return jr_strval(r, at, s->s + off, adv, out);
+        size_t off = s->ascii ? (size_t)i : ju_offset(s->s, s->len, (size_t)i), adv = 1;
+        if (!s->ascii)
+            ju_decode(s->s + off, s->len - off, &adv);
+        int err = jr_strval(r, at, s->s + off, adv, out);
+        if (!err && s->prov == JPROV_TEMPLATE)
+            out->u.s->prov = JPROV_TEMPLATE;
+        return err;
     }
     if (key.t == JV_STR)
         return jr_getattr(r, at, obj, key.u.s->s, out);
@@ -625,7 +663,10 @@ int jr_call(jrender_t *r, const jnode_t *at, jval_t fn, const jargs_t *args, jva
     if (f->kind == JF_MACRO)
         return call_macro(r, at, f, args, NULL, out);
     jval_t self = f->kind == JF_METHOD ? f->self : (jval_t){.t = JV_ABSENT};
-    return f->entry->fn(r, at, self, args, out);
+    int err = f->entry->fn(r, at, self, args, out);
+    if (!err)
+        jr_prov_result(self, args, out);
+    return err;
 }
 
 int jr_apply_named(jrender_t *r, const jnode_t *at, int test, const char *name, jval_t v,
@@ -634,7 +675,10 @@ int jr_apply_named(jrender_t *r, const jnode_t *at, int test, const char *name, 
     const jbuiltin_t *b = test ? jinja_test_find(name) : jinja_filter_find(name);
     if (!b)
         return jr_fail(r, at, RIVER_EINVAL, "no %s named '%s'", test ? "test" : "filter", name);
-    return b->fn(r, at, v, args, out);
+    int err = b->fn(r, at, v, args, out);
+    if (!err)
+        jr_prov_result(v, args, out);
+    return err;
 }
 
 int jr_now(jrender_t *r, const jnode_t *at, struct tm *tm)
@@ -701,7 +745,8 @@ static int64_t as_i(jval_t v)
 
 static int repeat(jrender_t *r, const jnode_t *at, jval_t seq, int64_t times, jval_t *out)
 {
-    if (times < 0)
+    /* An empty sequence repeated is empty, however many times: no loop of that length. */
+    if (times < 0 || (seq.t == JV_STR ? seq.u.s->len : seq.u.l->n) == 0)
         times = 0;
     if (seq.t == JV_STR) {
         size_t len = seq.u.s->len;
@@ -733,19 +778,10 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
 {
     int err;
     if (op == '~') {
-        jstr_t *x, *y;
+        jstr_t *x, *y, *s;
         if ((err = jr_to_str(r, at, a, &x)) || (err = jr_to_str(r, at, b, &y)) ||
-            (err = jr_work(r, at, x->len + y->len)))
+            (err = jr_str_concat(r, at, x, y, &s)))
             return err;
-        jstr_t *s = jr_alloc(r, at, sizeof *s + x->len + y->len + 1);
-        if (!s)
-            return RIVER_ENOMEM;
-        if (x->len + y->len > JINJA_MAX_OUTPUT)
-            return jr_fail(r, at, RIVER_EFULL, "string too long");
-        memcpy(s->s, x->s, x->len);
-        memcpy(s->s + x->len, y->s, y->len);
-        s->len = x->len + y->len;
-        s->ascii = x->ascii && y->ascii;
         *out = jv_str(s);
         return 0;
     }
@@ -754,17 +790,9 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
     if (b.t == JV_UNDEF)
         return undef_error(r, at, b, " (in arithmetic)");
     if (op == '+' && a.t == JV_STR && b.t == JV_STR) {
-        if (a.u.s->len + b.u.s->len > JINJA_MAX_OUTPUT)
-            return jr_fail(r, at, RIVER_EFULL, "string too long");
-        if ((err = jr_work(r, at, a.u.s->len + b.u.s->len)))
+        jstr_t *s;
+        if ((err = jr_str_concat(r, at, a.u.s, b.u.s, &s)))
             return err;
-        jstr_t *s = jr_alloc(r, at, sizeof *s + a.u.s->len + b.u.s->len + 1);
-        if (!s)
-            return RIVER_ENOMEM;
-        memcpy(s->s, a.u.s->s, a.u.s->len);
-        memcpy(s->s + a.u.s->len, b.u.s->s, b.u.s->len);
-        s->len = a.u.s->len + b.u.s->len;
-        s->ascii = a.u.s->ascii && b.u.s->ascii;
         *out = jv_str(s);
         return 0;
     }
@@ -994,9 +1022,10 @@ static int eval_node(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out)
         } else {
             a = r->filter_input ? *r->filter_input : jv_undef();
         }
-        if ((err = eval_args(r, sc, nd, &args)))
+        if ((err = eval_args(r, sc, nd, &args)) || (err = nd->fn->fn(r, nd, a, &args, out)))
             return err;
-        return nd->fn->fn(r, nd, a, &args, out);
+        jr_prov_result(a, &args, out);
+        return 0;
     }
     case N_TEST: {
         jargs_t args;
@@ -1248,7 +1277,7 @@ static int exec_node(jrender_t *r, jscope_t *sc, const jnode_t *nd)
             if ((err = exec(r, sc, nd->list[i])))
                 return err;
         return 0;
-    case S_DATA: return emit(r, nd, nd->cval.u.s->s, nd->cval.u.s->len);
+    case S_DATA: return emit(r, nd, nd->cval.u.s);
     case S_PRINT:
         if ((err = eval(r, sc, nd->a, &v)))
             return err;
@@ -1307,18 +1336,36 @@ static int exec_node(jrender_t *r, jscope_t *sc, const jnode_t *nd)
     }
 }
 
-int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const json_t *defaults,
-                 char **out, size_t *out_len)
+/* Whether name is one of the caller's template-text variables. */
+static int is_template_key(const char *const *keys, const char *name)
 {
+    for (; keys && *keys; keys++)
+        if (!strcmp(*keys, name))
+            return 1;
+    return 0;
+}
+
+int jinja_render(const char *name, const jnode_t *root, const json_t *ctx,
+                 const jinja_render_opts_t *opts, char **out, size_t *out_len,
+                 text_span_t **spans, size_t *n_spans)
+{
+    static const jinja_render_opts_t none = {0};
+    if (!opts)
+        opts = &none;
     obuf_t buf = {0};
-    jrender_t r = {.name = name, .out = &buf};
+    jrender_t r = {.name = name, .out = &buf,
+                   .max_memory = opts->max_memory ? opts->max_memory : JINJA_MAX_MEMORY};
     int err = 0;
     *out = NULL;
     if (out_len)
         *out_len = 0;
+    if (spans) {
+        *spans = NULL;
+        *n_spans = 0;
+    }
     if (ctx && !json_is_object(ctx))
         return river_err_set(RIVER_EINVAL, "%s: the context must be a JSON object", name);
-    r.arena = jarena_new(JINJA_MAX_MEMORY);
+    r.arena = jarena_new(r.max_memory);
     if (!r.arena)
         return river_err_set(RIVER_ENOMEM, "%s: out of memory", name);
     r.root = scope_new(&r, NULL, NULL);
@@ -1326,7 +1373,7 @@ int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const
         err = RIVER_ENOMEM;
         goto done;
     }
-    const json_t *srcs[2] = {ctx, defaults};
+    const json_t *srcs[2] = {ctx, opts->defaults};
     for (int s = 0; s < 2; s++) {
         const char *k;
         json_t *jv;
@@ -1343,7 +1390,11 @@ int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const
                 goto done;
             }
             memcpy(kc, k, kl + 1);
-            if ((err = from_json(&r, jv, &v, 0)) || (err = scope_set(&r, NULL, r.root, kc, v)))
+            if ((err = from_json(&r, jv, &v, 0)))
+                goto done;
+            if (v.t == JV_STR && is_template_key(opts->template_keys, kc))
+                v.u.s->prov = JPROV_TEMPLATE;
+            if ((err = scope_set(&r, NULL, r.root, kc, v)))
                 goto done;
         }
     }
@@ -1353,6 +1404,10 @@ int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const
     if (err)
         goto done;
     *out = malloc(buf.n + 1);
+    if (spans && !(*spans = malloc((buf.spans.n ? buf.spans.n : 1) * sizeof **spans))) {
+        free(*out);
+        *out = NULL;
+    }
     if (!*out) {
         err = river_err_set(RIVER_ENOMEM, "%s: out of memory", name);
         goto done;
@@ -1362,6 +1417,11 @@ int jinja_render(const char *name, const jnode_t *root, const json_t *ctx, const
     (*out)[buf.n] = 0;
     if (out_len)
         *out_len = buf.n;
+    if (spans) {
+        for (size_t i = 0; i < buf.spans.n; i++)
+            (*spans)[i] = (text_span_t){buf.spans.v[i].off, buf.spans.v[i].len};
+        *n_spans = buf.spans.n;
+    }
 done:
     if (err == RIVER_ENOMEM && jarena_over_cap(r.arena))
         err = RIVER_EFULL; /* the detail already says which bound */

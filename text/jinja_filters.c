@@ -3,6 +3,8 @@
  * jinja_num.c, tojson in jinja_json.c, the string, dict, list and loop methods in jinja_str.c
  * and jinja_seq.c, the tests and globals in jinja_tests.c). Each behaves as its Jinja2 3.1 /
  * Python counterpart on the values templates meet. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,12 +305,18 @@ static int f_format(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
             }
         } else if (strchr("diouxXc", conv)) {
             int64_t iv;
-            if (arg.t == JV_FLOAT && conv != 'c')
+            if (arg.t == JV_FLOAT && conv != 'c') {
+                /* Casting a float outside int64_t's range is undefined behaviour. */
+                if (!(fabs(arg.u.f) < 9.2e18))
+                    return jr_fail(r, at, RIVER_ERANGE, "format: %g does not fit an integer",
+                                   arg.u.f);
                 iv = (int64_t)arg.u.f;
-            else if ((err = jinja__want_int(r, at, arg, "format", &iv)))
+            } else if ((err = jinja__want_int(r, at, arg, "format", &iv)))
                 return err;
             if (conv == 'c') {
-                jinja__tb_cp(&b, (int32_t)(iv & 0x1FFFFF) > 0x10FFFF ? 0xFFFD : (int32_t)iv);
+                if (iv < 0 || iv > 0x10FFFF)
+                    return jr_fail(r, at, RIVER_ERANGE, "format: %%c arg not in range(0x110000)");
+                jinja__tb_cp(&b, (int32_t)iv);
                 continue;
             }
             spec[o++] = 'l';
@@ -911,13 +919,18 @@ static int f_truncate(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *
     if (!end && !(end = jr_str_new(r, at, "...", 3)))
         return RIVER_ENOMEM;
     size_t n = ju_len(s->s, s->len), el = ju_len(end->s, end->len);
-    if ((int64_t)n <= length + leeway) {
+    /* Jinja2's assertions, which also keep the sums below from overflowing. */
+    if (length < (int64_t)el)
+        return jr_fail(r, at, RIVER_EINVAL, "truncate: expected length >= %zu, got %lld", el,
+                       (long long)length);
+    if (leeway < 0)
+        return jr_fail(r, at, RIVER_EINVAL, "truncate: expected leeway >= 0, got %lld",
+                       (long long)leeway);
+    if (length > INT64_MAX - leeway || (int64_t)n <= length + leeway) {
         *out = jv_str(s);
         return 0;
     }
     int64_t keep = length - (int64_t)el;
-    if (keep < 0)
-        keep = 0;
     size_t off = ju_offset(s->s, s->len, (size_t)keep);
     if (!(GIVEN(a[1]) && jv_truthy(a[1]))) {
         /* Drop the last, partial word: rsplit(" ", 1)[0]. */

@@ -251,6 +251,7 @@ static int parse_primary(parser_t *P, jnode_t **out)
         if (!nd)
             return p_oom(P);
         s->ascii = 1;
+        s->prov = JPROV_TEMPLATE;
         while (cur(P)->type == TK_STRING) {
             memcpy(s->s + s->len, cur(P)->s, cur(P)->len);
             s->len += cur(P)->len;
@@ -1174,6 +1175,7 @@ static int parse_body(parser_t *P, const char *const *ends, jnode_t **out, const
             memcpy(s->s, t->s, t->len);
             s->len = t->len;
             s->ascii = 1;
+            s->prov = JPROV_TEMPLATE;
             for (size_t i = 0; i < s->len; i++)
                 if ((unsigned char)s->s[i] >= 0x80)
                     s->ascii = 0;

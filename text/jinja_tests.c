@@ -280,11 +280,7 @@ static int g_range(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t *
     if (v[2] == 0)
         return jr_fail(r, at, RIVER_EINVAL, "range() arg 3 must not be zero");
     /* The element count, without overflow. */
-    uint64_t count = 0;
-    if (v[2] > 0 && v[1] > v[0])
-        count = ((uint64_t)v[1] - (uint64_t)v[0] - 1) / (uint64_t)v[2] + 1;
-    else if (v[2] < 0 && v[1] < v[0])
-        count = ((uint64_t)v[0] - (uint64_t)v[1] - 1) / (uint64_t)(-(v[2] + 1) + 1) + 1;
+    uint64_t count = jinja_range_len(v[0], v[1], v[2]);
     if (count > JINJA_MAX_ITERS)
         return jr_fail(r, at, RIVER_EFULL, "range of %llu items is over the loop bound",
                        (unsigned long long)count);
@@ -294,7 +290,7 @@ static int g_range(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t *
     if (!l)
         return RIVER_ENOMEM;
     for (uint64_t i = 0; i < count; i++)
-        l->v[l->n++] = jv_int(v[0] + (int64_t)i * v[2]);
+        l->v[l->n++] = jv_int((int64_t)((uint64_t)v[0] + i * (uint64_t)v[2])); /* no overflow: it is in range */
     *out = jinja__list_val(l);
     return 0;
 }

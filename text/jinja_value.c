@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <utf8proc.h>
 
@@ -15,23 +16,32 @@
 
 typedef struct jchunk {
     struct jchunk *next;
-    size_t size, used;
+    size_t size, used; /* bytes of data */
+    size_t mapped;     /* bytes of the mapping, this header included */
     _Alignas(16) unsigned char data[];
 } jchunk_t;
 
 struct jarena {
     jchunk_t *head;
     size_t cap, total;
+    size_t chunk; /* data bytes of the next chunk */
     int over;
 };
 
-#define JARENA_CHUNK (64u << 10)
+/* Chunks are mappings of their own, unmapped when the arena is dropped: a large
+ * rendering's memory leaves the process at once rather than staying in the allocator's
+ * free lists (and in the RSS) after it. They grow from 64 KiB to 4 MiB, so a small
+ * rendering maps little and a large one maps few times. */
+#define JARENA_CHUNK_MIN (64u << 10)
+#define JARENA_CHUNK_MAX (4u << 20)
 
 jarena_t *jarena_new(size_t cap)
 {
     jarena_t *a = calloc(1, sizeof *a);
-    if (a)
+    if (a) {
         a->cap = cap;
+        a->chunk = JARENA_CHUNK_MIN;
+    }
     return a;
 }
 
@@ -42,11 +52,24 @@ void jarena_destroy(jarena_t **ap)
     jchunk_t *c = (*ap)->head;
     while (c) {
         jchunk_t *nx = c->next;
-        free(c);
+        munmap(c, c->mapped);
         c = nx;
     }
     free(*ap);
     *ap = NULL;
+}
+
+static jchunk_t *jarena__map(size_t size)
+{
+    size_t page = 4096, mapped = (sizeof(jchunk_t) + size + page - 1) & ~(page - 1);
+    void *m = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    jchunk_t *c = m;
+    c->mapped = mapped;
+    c->size = mapped - sizeof *c;
+    c->used = 0;
+    return c;
 }
 
 void *jarena_alloc(jarena_t *a, size_t n)
@@ -60,15 +83,15 @@ void *jarena_alloc(jarena_t *a, size_t n)
     }
     jchunk_t *c = a->head;
     if (!c || c->size - c->used < n) {
-        size_t size = n > JARENA_CHUNK / 4 ? n : JARENA_CHUNK;
-        jchunk_t *nc = malloc(sizeof *nc + size);
+        int big = n > a->chunk / 4;
+        jchunk_t *nc = jarena__map(big ? n : a->chunk);
         if (!nc) {
             a->over = 0;
             return NULL;
         }
-        nc->size = size;
-        nc->used = 0;
-        if (size == n && c) {
+        if (!big && a->chunk < JARENA_CHUNK_MAX)
+            a->chunk *= 2;
+        if (big && c) {
             /* A big block goes behind the current chunk, which keeps its free space. */
             nc->next = c->next;
             c->next = nc;
@@ -738,7 +761,12 @@ int jr_to_str(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out)
     }
     sbuf_t b = {.r = r, .at = at};
     put_value(&b, v, 0, 0);
-    return sb_done(&b, out);
+    int err = sb_done(&b, out);
+    /* The text of a number, or of a list holding template strings only, is the
+     * template's. */
+    if (!err && !jv_holds_data(v))
+        (*out)->prov = JPROV_TEMPLATE;
+    return err;
 }
 
 int jr_repr(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out)

@@ -459,16 +459,21 @@ void tokenizer_destroy(tokenizer_t **tp)
     *tp = NULL;
 }
 
-int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
-                     int32_t **ids, size_t *n_ids)
+/* spans NULL: special tokens everywhere. */
+static int tokenizer__encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
+                             const text_span_t *spans, size_t n_spans, int32_t **ids,
+                             size_t *n_ids)
 {
     if (!t || !ids || !n_ids || (!text && len))
         return river_err_set(RIVER_EINVAL, "tokenizer_encode: invalid argument");
     *ids = NULL;
     *n_ids = 0;
     tok_ids_t v = {0};
-    int err = t->kind == TOK_KIND_HF ? tok_hf_encode(t, text ? text : "", len, add_special, &v)
-                                     : tok_l2c_encode(t, text ? text : "", len, add_special, &v);
+    /* A llama2.c tokenizer has no added-token matching (run.c merges all text alike), so
+     * spans change nothing there. */
+    int err = t->kind == TOK_KIND_HF
+                  ? tok_hf_encode(t, text ? text : "", len, add_special, spans, n_spans, &v)
+                  : tok_l2c_encode(t, text ? text : "", len, add_special, &v);
     if (err) {
         tok_ids_free(&v);
         return err;
@@ -482,6 +487,31 @@ int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add
     *ids = v.p;
     *n_ids = v.len;
     return 0;
+}
+
+int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
+                     int32_t **ids, size_t *n_ids)
+{
+    return tokenizer__encode(t, text, len, add_special, NULL, 0, ids, n_ids);
+}
+
+int tokenizer_encode_spans(const tokenizer_t *t, const char *text, size_t len, int add_special,
+                           const text_span_t *spans, size_t n_spans, int32_t **ids,
+                           size_t *n_ids)
+{
+    static const text_span_t none[1];
+    if (n_spans && !spans)
+        return river_err_set(RIVER_EINVAL, "tokenizer_encode_spans: invalid argument");
+    size_t end = 0;
+    for (size_t i = 0; i < n_spans; i++) {
+        if (spans[i].off < end || spans[i].off > len || spans[i].len > len - spans[i].off)
+            return river_err_set(RIVER_EINVAL, "special-token span %zu (bytes %zu+%zu) is out "
+                                 "of order or past the text's %zu bytes", i, spans[i].off,
+                                 spans[i].len, len);
+        end = spans[i].off + spans[i].len;
+    }
+    return tokenizer__encode(t, text, len, add_special, n_spans ? spans : none, n_spans, ids,
+                             n_ids);
 }
 
 int tok_decode_window(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,

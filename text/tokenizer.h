@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "text/span.h"
+
 typedef struct tokenizer tokenizer_t;
 
 /* Loads a tokenizer.json, a llama2.c tok*.bin (recognised by content, not by name), or the
@@ -23,6 +25,17 @@ void tokenizer_destroy(tokenizer_t **t);
  * tokenizer declares them). *ids is malloc'd and owned by the caller. */
 int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
                      int32_t **ids, size_t *n_ids);
+
+/* As tokenizer_encode, with special-token parsing limited to spans (n_spans in text
+ * order, disjoint; none: nowhere): a special added token is matched only where its text
+ * lies wholly inside one span, and elsewhere its text is encoded as plain text, as Hugging
+ * Face's encode(..., split_special_tokens=True) encodes it. Added tokens that are not
+ * special match everywhere, as they do there. The text is not cut at the spans' edges: a
+ * text holding no special-token text outside the spans gets tokenizer_encode's ids.
+ * Spans out of order or past len are RIVER_EINVAL. */
+int tokenizer_encode_spans(const tokenizer_t *t, const char *text, size_t len, int add_special,
+                           const text_span_t *spans, size_t n_spans, int32_t **ids,
+                           size_t *n_ids);
 
 /* Decodes ids to UTF-8 text, as the library's decode(ids, skip_special). *text is
  * malloc'd, NUL-terminated, owned by the caller. */

@@ -190,24 +190,96 @@ int hf_parse_step(tokenizer_t *t, const json_t *o, int depth, const char *what,
 
 /* ---- encode ----------------------------------------------------------------------------- */
 
+/* Whether s (n bytes) holds the text of one of the special tokens matched after
+ * normalization. */
+static int hf__has_normalized_special(const tokenizer_t *t, const char *s, size_t n)
+{
+    const hf_tok_t *h = t->hf;
+    for (size_t i = 0; i < h->normd.n; i++) {
+        const hf_added_t *a = &h->added[h->normd.tok[i]];
+        if (a->special && memmem(s, n, a->content, a->len))
+            return 1;
+    }
+    return 0;
+}
+
+/* The allowed spans of a piece at raw offset ro (pl bytes), in the offsets of its
+ * normalized text (nl bytes): each span's ends mapped through the normalizer by
+ * normalizing the piece up to them, which is exact for the normalizers that work
+ * character by character (Prepend, Replace, case and Unicode forms). Only tokenizers with
+ * normalized special tokens come here, and only spans that hold a special token's text
+ * are mapped (a span without one cannot hold a match), so the work is the piece's length
+ * for each special token the template wrote, not for each span. *allow_out is NULL when
+ * the piece lies wholly inside one span (every match allowed). */
+static int hf__normalized_allow(const tokenizer_t *t, const char *piece, size_t ro, size_t pl,
+                                size_t nl, const text_span_t *spans, size_t n_spans,
+                                hf_work_t *w2, text_span_t **buf, size_t *cap,
+                                hf_allow_t *allow, const hf_allow_t **allow_out)
+{
+    allow->v = *buf;
+    allow->n = 0;
+    *allow_out = allow;
+    for (size_t i = 0; i < n_spans; i++) {
+        size_t a = spans[i].off, b = spans[i].off + spans[i].len;
+        if (b <= ro || a >= ro + pl)
+            continue;
+        a = a > ro ? a - ro : 0;
+        b = b < ro + pl ? b - ro : pl;
+        if (a == 0 && b == pl) {
+            *allow_out = NULL;
+            return 0;
+        }
+        if (!hf__has_normalized_special(t, piece + a, b - a))
+            continue;
+        size_t na = 0, nb = nl;
+        const char *ns;
+        int err;
+        if (a > 0) {
+            if ((err = hf_normalize(t, piece, a, w2, &ns, &na)))
+                return err;
+        }
+        if (b < pl) {
+            if ((err = hf_normalize(t, piece, b, w2, &ns, &nb)))
+                return err;
+        }
+        if (allow->n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 16;
+            text_span_t *p = realloc(*buf, nc * sizeof *p);
+            if (!p)
+                return river_err_set(RIVER_ENOMEM, "%s: no memory while encoding", t->path);
+            *buf = p;
+            *cap = nc;
+            allow->v = p;
+        }
+        (*buf)[allow->n++] = (text_span_t){na, nb > na ? nb - na : 0};
+    }
+    return 0;
+}
+
 int tok_hf_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
-                  tok_ids_t *out)
+                  const text_span_t *spans, size_t n_spans, tok_ids_t *out)
 {
     const hf_tok_t *h = t->hf;
     if (!tok_utf8_valid(text, len))
         return river_err_set(RIVER_EINVAL, "%s: input text is not valid UTF-8", t->path);
-    hf_work_t w;
+    hf_work_t w, w2;
     pieces_t a = {0}, b = {0};
     tok_ids_t ids = {0}, tmp = {0};
+    text_span_t *nspans = NULL;
+    size_t ncap = 0;
+    int have_w2 = 0;
     int err = hf_work_init(&w);
     if (err)
         goto nomem;
+    hf_allow_t raw_allow = {spans, n_spans}, nallow;
 
     /* Added tokens in the raw text, then the normalizer and the normalized added tokens on
-     * the rest. */
-    if ((err = hf_added_split(t, &h->raw, text, len, 1, &a)))
+     * the rest. The pieces of the first split cover the text in order, so ro is each one's
+     * offset in it. */
+    if ((err = hf_added_split(t, &h->raw, text, len, 1, spans ? &raw_allow : NULL, &a)))
         goto nomem;
-    for (size_t i = 0; i < a.n; i++) {
+    size_t ro = 0;
+    for (size_t i = 0; i < a.n; ro += a.p[i].len, i++) {
         const piece_t *pc = &a.p[i];
         if (pc->id >= 0) {
             if ((err = hf_pieces_add(&b, a.text.p + pc->off, pc->len, pc->id, pc->origin)))
@@ -218,7 +290,16 @@ int tok_hf_encode(const tokenizer_t *t, const char *text, size_t len, int add_sp
         size_t nl;
         if ((err = hf_normalize(t, a.text.p + pc->off, pc->len, &w, &ns, &nl)))
             goto fail;
-        if ((err = hf_added_split(t, &h->normd, ns, nl, pc->origin, &b)))
+        const hf_allow_t *allow = NULL;
+        if (spans && h->normd.n_special) {
+            if (!have_w2 && (err = hf_work_init(&w2)))
+                goto nomem;
+            have_w2 = 1;
+            if ((err = hf__normalized_allow(t, a.text.p + pc->off, ro, pc->len, nl, spans,
+                                            n_spans, &w2, &nspans, &ncap, &nallow, &allow)))
+                goto fail;
+        }
+        if ((err = hf_added_split(t, &h->normd, ns, nl, pc->origin, allow, &b)))
             goto nomem;
     }
 
@@ -254,6 +335,9 @@ nomem:
 fail:
 done:
     hf_work_free(&w);
+    if (have_w2)
+        hf_work_free(&w2);
+    free(nspans);
     hf_pieces_free(&a);
     hf_pieces_free(&b);
     tok_ids_free(&ids);

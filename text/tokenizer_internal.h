@@ -101,8 +101,9 @@ typedef struct tok_window {
 
 int tok_hf_load(tokenizer_t *t, const char *data, size_t len);
 void tok_hf_free(hf_tok_t *h);
+/* spans NULL: special tokens match everywhere; else only inside them (n_spans may be 0). */
 int tok_hf_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
-                  tok_ids_t *out);
+                  const text_span_t *spans, size_t n_spans, tok_ids_t *out);
 int tok_hf_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
                   tok_window_t *w, tok_buf_t *out);
 int tok_hf_is_special(const tokenizer_t *t, int32_t id);

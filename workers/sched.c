@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "common/clock.h"
@@ -305,6 +306,33 @@ static int sched__mode(const sched_t *s, const River__Client__ExitOverride *x, s
 }
 
 
+/* Tokenizes a text prompt: special tokens matched anywhere, or only inside the byte
+ * ranges the request names (special_spans: the template's own text of a rendered chat
+ * prompt), so that a special token's text a user wrote stays text. */
+static int sched__encode(const sched_t *s, const River__Client__Generate *gen, int32_t **ids,
+                         size_t *n)
+{
+    size_t len = strlen(gen->text);
+    int add_special = gen->text_has_special ? 0 : 1;
+    const River__Client__TextSpans *sp = gen->special_spans;
+    if (!sp)
+        return tokenizer_encode(s->tok, gen->text, len, add_special, ids, n);
+    if (sp->n_bounds % 2)
+        return river_err_set(RIVER_EINVAL, "special_spans has %zu bounds: not start, end pairs",
+                             sp->n_bounds);
+    size_t ns = sp->n_bounds / 2;
+    text_span_t *spans = malloc((ns ? ns : 1) * sizeof *spans);
+    if (!spans)
+        return river_err_set(RIVER_ENOMEM, "%zu special spans", ns);
+    for (size_t i = 0; i < ns; i++) {
+        uint32_t a = sp->bounds[2 * i], b = sp->bounds[2 * i + 1];
+        spans[i] = (text_span_t){a, b >= a ? b - a : SIZE_MAX}; /* backwards: refused below */
+    }
+    int e = tokenizer_encode_spans(s->tok, gen->text, len, add_special, spans, ns, ids, n);
+    free(spans);
+    return e;
+}
+
 /* Fills r from the Submit: prompt ids (tokenizing text), done ids, stop strings, sampling,
  * limits. An error is the request's fault (its detail is the Failed message). */
 static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, int64_t now)
@@ -319,9 +347,7 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
             return river_err_set(RIVER_EINVAL, "this worker has no tokenizer: send token ids");
         /* A text that carries its special tokens (a rendered chat template) gets no BOS
          * from the post-processor: it has one already. */
-        int e = tokenizer_encode(s->tok, gen->text, strlen(gen->text),
-                                 gen->text_has_special ? 0 : 1, &r->prompt,
-                                 &r->n_prompt);
+        int e = sched__encode(s, gen, &r->prompt, &r->n_prompt);
         if (e)
             return e;
         break;
