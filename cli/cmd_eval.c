@@ -205,9 +205,10 @@ static void eval__usage(FILE *f)
             "heads and KV, engine/spec_cost.h; fixed for a given histogram), realized/ideal\n"
             "against it, ideal_speedup_layers L / (E[backbone layers] + r E[river layers])\n"
             "with r the measured river/backbone layer time, and peak RSS.\n"
-            "--repeat N times every decode N times (the backbone's and each setting's, one\n"
-            "after the other) and reports the median tok/s of each; default 3 when one\n"
-            "round takes under 2 s, else 1.\n"
+            "--repeat N times every decode N times (prompt by prompt, the backbone's then the\n"
+            "setting's) and reports the median tok/s of each and the median of the rounds'\n"
+            "speed-ups; default 3 when the backbone's decode of all prompts takes under 2 s,\n"
+            "else 1.\n"
             "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n"
             "--offload-threshold F releases backbone layers reached by fewer than F of the\n"
             "tokens (their mapped pages) and reports resident memory before and after.\n"
@@ -495,70 +496,76 @@ int cmd_eval(int argc, char **argv)
                 goto done;
             sc.offload = off;
         }
-        /* The backbone's rounds next to this setting's, so a sweep on a machine whose load
-         * drifts compares each setting with the backbone of its own time. */
-        forward_set_exit(f, NULL);
-        for (int r = 0; r < n_rep && !e; r++) {
-            double t;
-            e = eval__round(f, kv, m, ps, n_ps, lg, depth, &t);
-            bb_t[r] = (double)bb_tokens / t;
-        }
-        if (e) {
-            offload_destroy(&off);
-            goto done;
-        }
-        double bb_tok_s = cli_median(bb_t, n_rep);
         int64_t rss_before = offload_rss_bytes();
         e = forward_set_exit(f, &sc);
         if (e) {
             offload_destroy(&off);
             goto done;
         }
-        forward_reset_stats(f);
         int64_t *hist = calloc((size_t)L + 1, sizeof *hist);
         if (!hist) {
+            offload_destroy(&off);
             e = river_err_set(RIVER_ENOMEM, "eval: histogram");
             goto done;
         }
-        double dec_s = 0, kl = 0, depth_sum = 0, river_sum = 0;
-        int64_t match = 0, n_tok = 0, n_dec = 0;
+        double kl = 0, depth_sum = 0, river_sum = 0, decide_s = 0, step_s = 0;
+        int64_t match = 0, n_tok = 0, n_dec = bb_tokens;
         {
             /* Untimed warm-up of this setting's weights (the river's pages, too). */
             double ds;
             e = eval__sequence(f, kv, m, ps[0].ids, ps[0].n_ids, ps[0].n_gen, ps[0].gen, NULL,
                                lg, depth, &ds);
-            forward_reset_stats(f);
         }
-        for (int i = 0; i < n_ps && !e; i++) {
-            eval_prompt_t *p = &ps[i];
-            double ds;
-            e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg, depth,
-                               &ds);
-            for (int t = 0; !e && t < p->n_gen; t++) {
-                const float *a = p->logits + (size_t)t * (size_t)vocab;
-                const float *b = lg + (size_t)t * (size_t)vocab;
-                match += sampler_argmax(b, vocab) == p->gen[t];
-                kl += eval__kl(a, b, vocab);
-                int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
-                hist[d]++;
-                if (off) {
-                    offload_record(off, d);
-                    if (t % 16 == 15)
-                        offload_update(off, NULL);
+        /* Rounds of pairs: each prompt on the backbone, then under this setting, so that
+         * the two decodes a ratio compares run seconds apart and a machine whose load
+         * drifts (other processes) moves both alike; the speed-up is the median of the
+         * rounds' ratios. The first round also takes the setting's figures (the same in
+         * every round: teacher-forced). */
+        double ratio[CLI_REPEAT_MAX];
+        for (int r = 0; r < n_rep && !e; r++) {
+            double bs = 0, ss = 0;
+            for (int i = 0; i < n_ps && !e; i++) {
+                eval_prompt_t *p = &ps[i];
+                double ds;
+                e = forward_set_exit(f, NULL);
+                if (!e)
+                    e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
+                                       depth, &ds);
+                bs += ds;
+                if (!e)
+                    e = forward_set_exit(f, &sc);
+                forward_reset_stats(f);
+                if (!e)
+                    e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
+                                       depth, &ds);
+                ss += ds;
+                if (r > 0)
+                    continue;
+                fwd_stats_t fs;
+                forward_get_stats(f, &fs);
+                decide_s += fs.decide_s;
+                step_s += fs.step_s;
+                for (int t = 0; !e && t < p->n_gen; t++) {
+                    const float *pa = p->logits + (size_t)t * (size_t)vocab;
+                    const float *pb = lg + (size_t)t * (size_t)vocab;
+                    match += sampler_argmax(pb, vocab) == p->gen[t];
+                    kl += eval__kl(pa, pb, vocab);
+                    int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
+                    hist[d]++;
+                    if (off) {
+                        offload_record(off, d);
+                        if (t % 16 == 15)
+                            offload_update(off, NULL);
+                    }
+                    depth_sum += d;
+                    if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
+                        river_sum += L - d;
+                    n_tok++;
                 }
-                depth_sum += d;
-                if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
-                    river_sum += L - d;
-                n_tok++;
             }
-            dec_s += ds;
-            n_dec += p->n_gen - 1;
-        }
-        set_t[0] = (double)n_dec / dec_s;
-        for (int r = 1; r < n_rep && !e; r++) {
-            double t;
-            e = eval__round(f, kv, m, ps, n_ps, lg, depth, &t);
-            set_t[r] = (double)n_dec / t;
+            bb_t[r] = (double)bb_tokens / bs;
+            set_t[r] = (double)n_dec / ss;
+            ratio[r] = set_t[r] / bb_t[r];
         }
         int64_t rss_after = offload_rss_bytes();
         int64_t evicted_bytes = off ? offload_evicted_bytes(off) : 0;
@@ -572,8 +579,6 @@ int cmd_eval(int argc, char **argv)
             free(hist);
             goto done;
         }
-        fwd_stats_t st;
-        forward_get_stats(f, &st);
         /* Bytes a token reads on this setting's paths against the plain backbone's. */
         spec_bytes_t pb, sb;
         spec_path_bytes(m, NULL, L, ctx_mean, &pb);
@@ -585,7 +590,8 @@ int cmd_eval(int argc, char **argv)
         double bb_layers = sc.policy.kv == EXIT_KV_POSTHOC || sc.policy.rule == EXIT_RULE_NONE
                                ? L : mean_depth;
         double ideal_layers = (double)L / (bb_layers + r_ratio * mean_river);
-        double speedup = tok_s / bb_tok_s;
+        double bb_tok_s = cli_median(bb_t, n_rep);
+        double speedup = cli_median(ratio, n_rep);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         long long rss = (long long)ru.ru_maxrss * 1024;
@@ -608,7 +614,7 @@ int cmd_eval(int argc, char **argv)
                 (double)match / (double)n_tok, "kl", kl / (double)n_tok, "tok_s", tok_s,
                 "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup_bytes",
                 ideal_bytes, "realized_over_ideal", speedup / ideal_bytes, "r", r_ratio, "decision_fraction",
-                st.step_s > 0 ? st.decide_s / st.step_s : 0.0, "peak_rss_bytes",
+                step_s > 0 ? decide_s / step_s : 0.0, "peak_rss_bytes",
                 (json_int_t)rss, "tokens", (json_int_t)n_tok);
             if (o && offload_threshold > 0) {
                 json_object_set_new(o, "offload_threshold", json_real(offload_threshold));
@@ -644,7 +650,7 @@ int cmd_eval(int argc, char **argv)
                 printf(" %lld", (long long)hist[d]);
             printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f, "
                    "layer-ratio ideal %.3f, medians of %d rounds\n",
-                   st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,
+                   step_s > 0 ? 100.0 * decide_s / step_s : 0.0,
                    (double)rss / 1048576.0, r_ratio, ideal_layers, n_rep);
             printf("         bytes/token %.4f MB (backbone layers %.4f, river layers %.4f, "
                    "heads %.4f, KV %.4f at %.1f positions; plain %.4f)\n", sb.total / 1e6,
