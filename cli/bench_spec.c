@@ -79,7 +79,8 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
                "%3s %11s %11s   predicted speed-up at acceptance\n%3s %11s %11s", ctx, L,
                exit_layer, river_bits, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain,
                bp.total / 1e6, bd.total / 1e6, bd.total / bp.total, bd.backbone_layers / 1e6,
-               bd.river_layers / 1e6, bd.heads / 1e6, bd.kv / 1e6, "k", "verify_ms", "vs_plain", "", "", "");
+               bd.river_layers / 1e6, bd.heads / 1e6, bd.kv / 1e6, "k", "verify_ms", "vs_plain",
+               "", "", "");
         for (size_t a = 0; a < 4; a++)
             printf(" %7.2f", alphas[a]);
         printf("\n");

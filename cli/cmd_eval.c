@@ -520,51 +520,58 @@ int cmd_eval(int argc, char **argv)
          * the two decodes a ratio compares run seconds apart and a machine whose load
          * drifts (other processes) moves both alike; the speed-up is the median of the
          * rounds' ratios. The first round also takes the setting's figures (the same in
-         * every round: teacher-forced). */
-        double ratio[CLI_REPEAT_MAX];
-        for (int r = 0; r < n_rep && !e; r++) {
-            double bs = 0, ss = 0;
-            for (int i = 0; i < n_ps && !e; i++) {
-                eval_prompt_t *p = &ps[i];
-                double ds;
-                e = forward_set_exit(f, NULL);
-                if (!e)
-                    e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
-                                       depth, &ds);
-                bs += ds;
-                if (!e)
-                    e = forward_set_exit(f, &sc);
-                forward_reset_stats(f);
-                if (!e)
-                    e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
-                                       depth, &ds);
-                ss += ds;
-                if (r > 0)
-                    continue;
-                fwd_stats_t fs;
-                forward_get_stats(f, &fs);
-                decide_s += fs.decide_s;
-                step_s += fs.step_s;
-                for (int t = 0; !e && t < p->n_gen; t++) {
-                    const float *pa = p->logits + (size_t)t * (size_t)vocab;
-                    const float *pb = lg + (size_t)t * (size_t)vocab;
-                    match += sampler_argmax(pb, vocab) == p->gen[t];
-                    kl += eval__kl(pa, pb, vocab);
-                    int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
-                    hist[d]++;
-                    if (off) {
-                        offload_record(off, d);
-                        if (t % 16 == 15)
-                            offload_update(off, NULL);
+         * every round: teacher-forced). Offloading times every backbone round first: a
+         * backbone decode between the setting's would fault released layers back in. */
+        double ratio[CLI_REPEAT_MAX], bs[CLI_REPEAT_MAX] = {0}, ss[CLI_REPEAT_MAX] = {0};
+        for (int pass = 0; pass < (off ? 2 : 1) && !e; pass++) {
+            for (int r = 0; r < n_rep && !e; r++) {
+                for (int i = 0; i < n_ps && !e; i++) {
+                    eval_prompt_t *p = &ps[i];
+                    double ds;
+                    if (!off || pass == 0) {
+                        e = forward_set_exit(f, NULL);
+                        if (!e)
+                            e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL,
+                                               lg, depth, &ds);
+                        bs[r] += ds;
                     }
-                    depth_sum += d;
-                    if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
-                        river_sum += L - d;
-                    n_tok++;
+                    if (e || (off && pass == 0))
+                        continue;
+                    e = forward_set_exit(f, &sc);
+                    forward_reset_stats(f);
+                    if (!e)
+                        e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
+                                           depth, &ds);
+                    ss[r] += ds;
+                    if (r > 0)
+                        continue;
+                    fwd_stats_t fs;
+                    forward_get_stats(f, &fs);
+                    decide_s += fs.decide_s;
+                    step_s += fs.step_s;
+                    for (int t = 0; !e && t < p->n_gen; t++) {
+                        const float *pa = p->logits + (size_t)t * (size_t)vocab;
+                        const float *pb = lg + (size_t)t * (size_t)vocab;
+                        match += sampler_argmax(pb, vocab) == p->gen[t];
+                        kl += eval__kl(pa, pb, vocab);
+                        int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
+                        hist[d]++;
+                        if (off) {
+                            offload_record(off, d);
+                            if (t % 16 == 15)
+                                offload_update(off, NULL);
+                        }
+                        depth_sum += d;
+                        if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
+                            river_sum += L - d;
+                        n_tok++;
+                    }
                 }
             }
-            bb_t[r] = (double)bb_tokens / bs;
-            set_t[r] = (double)n_dec / ss;
+        }
+        for (int r = 0; r < n_rep && !e; r++) {
+            bb_t[r] = (double)bb_tokens / bs[r];
+            set_t[r] = (double)n_dec / ss[r];
             ratio[r] = set_t[r] / bb_t[r];
         }
         int64_t rss_after = offload_rss_bytes();
@@ -613,7 +620,8 @@ int cmd_eval(int argc, char **argv)
                 "mean_exit_layer", mean_depth, "exit_histogram", h, "match_rate",
                 (double)match / (double)n_tok, "kl", kl / (double)n_tok, "tok_s", tok_s,
                 "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup_bytes",
-                ideal_bytes, "realized_over_ideal", speedup / ideal_bytes, "r", r_ratio, "decision_fraction",
+                ideal_bytes, "realized_over_ideal", speedup / ideal_bytes, "r", r_ratio,
+                "decision_fraction",
                 step_s > 0 ? decide_s / step_s : 0.0, "peak_rss_bytes",
                 (json_int_t)rss, "tokens", (json_int_t)n_tok);
             if (o && offload_threshold > 0) {
