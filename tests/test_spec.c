@@ -803,7 +803,25 @@ START_TEST(test_ngram_drafts_identical)
         else
             ck_assert_int_lt(st.spec_ngram_draft_tokens, st.spec_draft_tokens);
     }
+    /* Sampling: the lookup's draft goes through the rejection rule as a point mass; the
+     * completion runs to its length. */
     gen_t *g = gen_open(&e, 32, 1);
+    gen_policy(g, &e, EXIT_RULE_COSINE, 0.9f, EXIT_AGG_ROW);
+    ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .source = GEN_DRAFT_NGRAM}), 0);
+    memset(&got[0], 0, sizeof got[0]);
+    gen_request_t r = {.prompt = ps[0].ids, .n_prompt = (size_t)ps[0].n, .max_tokens = 96,
+                       .sampling = {.temperature = 0.7f, .seed = 7}, .ignore_eos = 1,
+                       .on_token = on_token, .user = &got[0], .lossless = 1};
+    int seq;
+    ck_assert_msg(gen_submit(g, &r, &seq) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(gen_run_all(g), 0);
+    gen_stats_t sst;
+    gen_get_stats(g, &sst);
+    ck_assert_int_eq(got[0].n, 96);
+    ck_assert_int_gt(sst.spec_ngram_draft_tokens, 0);
+    ck_assert_int_le(sst.spec_ngram_accepted_tokens, sst.spec_ngram_draft_tokens);
+    gen_destroy(&g);
+    g = gen_open(&e, 32, 1);
     ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .source = 3}), RIVER_EINVAL);
     ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .ngram_min = 2,
                                                    .ngram_max = 1}), RIVER_EINVAL);
