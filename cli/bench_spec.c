@@ -45,8 +45,8 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     /* What the bytes model predicts for the draft step against the plain one: the ratio a
      * memory-bound decode would show. */
     spec_bytes_t bp, bd;
-    spec_path_bytes(m, NULL, L, &bp);
-    spec_path_bytes(m, &xs.cfg, exit_layer, &bd);
+    spec_path_bytes(m, NULL, L, ctx + 1, &bp);
+    spec_path_bytes(m, &xs.cfg, exit_layer, ctx + 1, &bd);
     int river_bits = xs.river ? exitriver_bits(xs.river) : 0;
     const double *t_verify = sc.t_verify;
     static const double alphas[] = {0.8, 0.9, 0.95, 0.98};
@@ -75,11 +75,12 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
                "river)\n"
                "plain decode step %.3f ms, draft step %.3f ms (%.2f of plain)\n"
                "bytes a token reads: plain %.2f MB, draft %.2f MB (%.2f of plain; backbone "
-               "layers %.2f, river layers %.2f, heads %.2f)\n"
+               "layers %.2f, river layers %.2f, heads %.2f, KV %.2f)\n"
                "%3s %11s %11s   predicted speed-up at acceptance\n%3s %11s %11s", ctx, L,
                exit_layer, river_bits, t_plain * 1e3, t_draft * 1e3, t_draft / t_plain,
                bp.total / 1e6, bd.total / 1e6, bd.total / bp.total, bd.backbone_layers / 1e6,
-               bd.river_layers / 1e6, bd.heads / 1e6, "k", "verify_ms", "vs_plain", "", "", "");
+               bd.river_layers / 1e6, bd.heads / 1e6, bd.kv / 1e6, "k", "verify_ms", "vs_plain",
+               "", "", "");
         for (size_t a = 0; a < 4; a++)
             printf(" %7.2f", alphas[a]);
         printf("\n");

@@ -53,6 +53,16 @@ int cli_find_tokenizer(const char *model_path, char *buf, size_t cap);
 /* Strict number parsing for options: fails (returns -1) on junk or out-of-range values. */
 int cli_parse_int(const char *s, long min, long max, long *out);
 int cli_parse_float(const char *s, double *out);
+/* The median of v[0..n-1] (sorts v in place; 0 when n is 0): benchmarks report it, since
+ * on a shared machine a single timing is noisy. */
+double cli_median(double *v, int n);
+/* Timed rounds of a measurement with --repeat `given`: given when positive, else (0: the
+ * default) CLI_REPEAT_DEFAULT when the first round took less than CLI_REPEAT_SHORT_S
+ * seconds and 1 when it took longer. */
+#define CLI_REPEAT_DEFAULT 3
+#define CLI_REPEAT_SHORT_S 2.0
+#define CLI_REPEAT_MAX 64
+int cli_repeats(long given, double first_s);
 /* river bench --prefix-reuse (cli/bench_prefix.c): a chat of `turns` turns whose prompt
  * grows to `history` tokens (answers of gen_len, user messages of user_len), without and
  * with the prefix cache; prints the time to first token of both, whether every generated

@@ -13,18 +13,6 @@
 #include "engine/exitriver.h"
 #include "kernels/cpu/cpu.h"
 
-static int bench__cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double bench__median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, bench__cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The measurements behind the row-split cost model: per-layer time of the backbone (T_B)
  * and the river (T_R) against batch rows, each the mean over the river's layers streamed
  * once per pass as a decode step streams them (forward_time_layers), and for an even
@@ -334,12 +322,12 @@ int cmd_bench(int argc, char **argv)
     forward_get_stats(gen_forward(g), &fb);
     double attn_share = fb.step_s > fa.step_s ? (fb.attn_s - fa.attn_s) / (fb.step_s - fa.step_s)
                                               : 0.0;
-    double prefill_tps = bench__median(pre, (int)runs);
-    double decode_tps = bench__median(dec, (int)runs);
-    double bw = bench__median(bws, (int)runs), bw_widest = bench__median(bws + runs, (int)runs);
+    double prefill_tps = cli_median(pre, (int)runs);
+    double decode_tps = cli_median(dec, (int)runs);
+    double bw = cli_median(bws, (int)runs), bw_widest = cli_median(bws + runs, (int)runs);
     int64_t bpt = model_bytes_per_token(env.model);
-    double frac = bench__median(fracs, (int)runs);
-    double frac_widest = bench__median(fracs + runs, (int)runs);
+    double frac = cli_median(fracs, (int)runs);
+    double frac_widest = cli_median(fracs + runs, (int)runs);
     if (json) {
         json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:f, s:f}",
                               "model", model_path, "dtype", dtype_name(cfg->dtype),

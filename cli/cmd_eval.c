@@ -120,6 +120,22 @@ static int eval__sequence(forward_t *f, kv_pool_t *kv, const model_t *m, const i
     return e;
 }
 
+/* One timed round: every prompt teacher-forced on the backbone's tokens under the
+ * forward's current exit setting; *secs receives the decode seconds added up. */
+static int eval__round(forward_t *f, kv_pool_t *kv, const model_t *m, const eval_prompt_t *ps,
+                       int n_ps, float *lg, int32_t *depth, double *secs)
+{
+    int e = 0;
+    *secs = 0;
+    for (int i = 0; i < n_ps && !e; i++) {
+        double ds;
+        e = eval__sequence(f, kv, m, ps[i].ids, ps[i].n_ids, ps[i].n_gen, ps[i].gen, NULL, lg,
+                           depth, &ds);
+        *secs += ds;
+    }
+    return e;
+}
+
 /* The reference run of --reference: opens the model at path (it must share the vocabulary),
  * decodes every prompt greedily on it and keeps its tokens and logits in ps. */
 static int eval__reference(const char *path, const char *tok_path, int threads,
@@ -178,27 +194,35 @@ static void eval__usage(FILE *f)
             "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE\n"
             "                  [--sweep a,b,c] [--max-tokens N] [--threads N]\n"
             "                  [--offload-threshold F] [--reference MODEL]\n"
-            "                  [--output text|json]\n");
+            "                  [--repeat N] [--output text|json]\n");
     exit_opts_usage(f, 18);
     fprintf(f,
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
             "with the policy fed the backbone's tokens, and prints per setting: mean exit\n"
             "layer, exit histogram, next-token match, KL(backbone || exit), tok/s of both,\n"
-            "speed-up, the ideal speed-up L / (E[backbone layers] + r E[river layers]) with\n"
-            "r the measured river/backbone layer time, realized/ideal and peak RSS.\n"
+            "speed-up, ideal_speedup_bytes (the bytes a backbone token reads over the mean\n"
+            "bytes a token reads on the measured mix of exit paths: layers, river layers,\n"
+            "heads and KV, engine/spec_cost.h; fixed for a given histogram), realized/ideal\n"
+            "against it, ideal_speedup_layers L / (E[backbone layers] + r E[river layers])\n"
+            "with r the measured river/backbone layer time, and peak RSS.\n"
+            "--repeat N times every decode N times (prompt by prompt, the backbone's then the\n"
+            "setting's) and reports the median tok/s of each and the median of the rounds'\n"
+            "speed-ups; default 3 when the backbone's decode of all prompts takes under 2 s,\n"
+            "else 1.\n"
             "--sweep varies tau (cosine), theta (router) or the exit layer (fixed).\n"
             "--offload-threshold F releases backbone layers reached by fewer than F of the\n"
             "tokens (their mapped pages) and reports resident memory before and after.\n"
             "--reference MODEL takes the reference tokens and logits from another\n"
             "checkpoint of the same vocabulary (e.g. the bf16 source of a quantized\n"
             "backbone): every setting, --policy none included, is then measured against it.\n"
-            "Every setting also prints the weight bytes a token reads (backbone layers,\n"
-            "river layers, heads; engine/spec_cost.h) and the bytes-ideal speed-up.\n"
+            "Every setting also prints the bytes a token reads (backbone layers, river\n"
+            "layers, heads, KV).\n"
             "--lossless generates every prompt with the plain backbone and in lossless mode\n"
             "(the exit path drafts, the backbone verifies) and prints per setting whether\n"
             "the ids are identical, acceptance_rate (accepted / drafted), mean_accepted (ids\n"
-            "per verify pass), tok/s of both (the best of 3 alternating rounds), speed-up,\n"
-            "and the draft and verify step times.\n");
+            "per verify pass), per draft source (river, ngram) the same, tok/s of both (the\n"
+            "medians of --repeat alternating rounds), speed-up (the median of the rounds'\n"
+            "ratios), and the draft and verify step times.\n");
 }
 
 int cmd_eval(int argc, char **argv)
@@ -211,12 +235,13 @@ int cmd_eval(int argc, char **argv)
         {"output", required_argument, 0, 'o'},    {"help", no_argument, 0, 'h'},
         {"offload-threshold", required_argument, 0, 'O'},
         {"reference", required_argument, 0, 'R'},
+        {"repeat", required_argument, 0, 'r'},
         {0, 0, 0, 0},
     };
     const char *ref_path = NULL;
     double offload_threshold = 0;
     const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *sweep = NULL;
-    long max_tokens = 32, threads = 0;
+    long max_tokens = 32, threads = 0, repeat = 0;
     int json = 0, c, li = 0;
     exit_opts_t xo;
     exit_opts_init(&xo);
@@ -252,6 +277,10 @@ int cmd_eval(int argc, char **argv)
                 goto bad_value;
             break;
         case 'R': ref_path = optarg; break;
+        case 'r':
+            if (cli_parse_int(optarg, 1, CLI_REPEAT_MAX, &repeat))
+                goto bad_value;
+            break;
         case 'h': eval__usage(stdout); return 0;
         default: eval__usage(stderr); return 2;
         }
@@ -357,7 +386,8 @@ int cmd_eval(int argc, char **argv)
         }
         for (int i = 0; i < n_ps; i++)
             lp[i] = (eval_ll_prompt_t){.ids = ps[i].ids, .n_ids = ps[i].n_ids};
-        e = eval_lossless(&env, &xc, &xo, lp, n_ps, (int)max_tokens, sweep_v, n_sweep, json);
+        e = eval_lossless(&env, &xc, &xo, lp, n_ps, (int)max_tokens, sweep_v, n_sweep,
+                          (int)repeat, json);
         free(lp);
         if (!e)
             rc = 0;
@@ -420,26 +450,36 @@ int cmd_eval(int argc, char **argv)
         bb_s += ds;
         bb_tokens += p->n_gen - 1;
     }
-    /* The backbone's speed is timed the way every setting is (teacher-forced, the same
-     * buffers, after the same warm-up), so the speed-ups compare like with like. */
-    bb_s = 0;
-    bb_tokens = 0;
     if (ref_path) {
         /* The reference came from another model: fault this one's weights in, untimed. */
         double ds;
         e = eval__sequence(f, kv, m, ps[0].ids, ps[0].n_ids, ps[0].n_gen, ps[0].gen, NULL, lg,
                            depth, &ds);
     }
-    for (int i = 0; i < n_ps && !e; i++) {
-        double ds;
-        e = eval__sequence(f, kv, m, ps[i].ids, ps[i].n_ids, ps[i].n_gen, ps[i].gen, NULL, lg,
-                           depth, &ds);
-        bb_s += ds;
-        bb_tokens += ps[i].n_gen - 1;
-    }
     if (e)
         goto done;
-    double bb_tok_s = (double)bb_tokens / bb_s;
+    /* Decoded tokens a round times, and the positions their attention reads on average
+     * (the KV part of the bytes model). */
+    double ctx_sum = 0;
+    bb_tokens = 0;
+    for (int i = 0; i < n_ps; i++) {
+        bb_tokens += ps[i].n_gen - 1;
+        for (int t = 0; t < ps[i].n_gen; t++)
+            ctx_sum += (double)ps[i].n_ids + t;
+    }
+    double ctx_mean = 0;
+    for (int i = 0; i < n_ps; i++)
+        ctx_mean += ps[i].n_gen;
+    ctx_mean = ctx_sum / ctx_mean;
+    /* The backbone's rounds of each setting, timed the way the setting's are (teacher-
+     * forced, the same buffers, after the same warm-up): the first decides how many. */
+    int n_rep = 0;
+    double bb_t[CLI_REPEAT_MAX], set_t[CLI_REPEAT_MAX];
+    forward_set_exit(f, NULL);
+    e = eval__round(f, kv, m, ps, n_ps, lg, depth, &bb_s);
+    if (e)
+        goto done;
+    n_rep = cli_repeats(repeat, bb_s);
     int n_set = n_sweep ? n_sweep : 1;
     if (!json)
         printf("%-8s %-9s %8s %7s %8s %8s %9s %9s %8s %8s %7s\n", "policy", "strategy",
@@ -462,45 +502,77 @@ int cmd_eval(int argc, char **argv)
             offload_destroy(&off);
             goto done;
         }
-        forward_reset_stats(f);
         int64_t *hist = calloc((size_t)L + 1, sizeof *hist);
         if (!hist) {
+            offload_destroy(&off);
             e = river_err_set(RIVER_ENOMEM, "eval: histogram");
             goto done;
         }
-        double dec_s = 0, kl = 0, depth_sum = 0, river_sum = 0;
-        int64_t match = 0, n_tok = 0, n_dec = 0;
+        double kl = 0, depth_sum = 0, river_sum = 0, decide_s = 0, step_s = 0;
+        int64_t match = 0, n_tok = 0, n_dec = bb_tokens;
         {
             /* Untimed warm-up of this setting's weights (the river's pages, too). */
             double ds;
             e = eval__sequence(f, kv, m, ps[0].ids, ps[0].n_ids, ps[0].n_gen, ps[0].gen, NULL,
                                lg, depth, &ds);
-            forward_reset_stats(f);
         }
-        for (int i = 0; i < n_ps && !e; i++) {
-            eval_prompt_t *p = &ps[i];
-            double ds;
-            e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg, depth,
-                               &ds);
-            for (int t = 0; !e && t < p->n_gen; t++) {
-                const float *a = p->logits + (size_t)t * (size_t)vocab;
-                const float *b = lg + (size_t)t * (size_t)vocab;
-                match += sampler_argmax(b, vocab) == p->gen[t];
-                kl += eval__kl(a, b, vocab);
-                int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
-                hist[d]++;
-                if (off) {
-                    offload_record(off, d);
-                    if (t % 16 == 15)
-                        offload_update(off, NULL);
+        /* Rounds of pairs: each prompt on the backbone, then under this setting, so that
+         * the two decodes a ratio compares run seconds apart and a machine whose load
+         * drifts (other processes) moves both alike; the speed-up is the median of the
+         * rounds' ratios. The first round also takes the setting's figures (the same in
+         * every round: teacher-forced). Offloading times every backbone round first: a
+         * backbone decode between the setting's would fault released layers back in. */
+        double ratio[CLI_REPEAT_MAX], bs[CLI_REPEAT_MAX] = {0}, ss[CLI_REPEAT_MAX] = {0};
+        for (int pass = 0; pass < (off ? 2 : 1) && !e; pass++) {
+            for (int r = 0; r < n_rep && !e; r++) {
+                for (int i = 0; i < n_ps && !e; i++) {
+                    eval_prompt_t *p = &ps[i];
+                    double ds;
+                    if (!off || pass == 0) {
+                        e = forward_set_exit(f, NULL);
+                        if (!e)
+                            e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL,
+                                               lg, depth, &ds);
+                        bs[r] += ds;
+                    }
+                    if (e || (off && pass == 0))
+                        continue;
+                    e = forward_set_exit(f, &sc);
+                    forward_reset_stats(f);
+                    if (!e)
+                        e = eval__sequence(f, kv, m, p->ids, p->n_ids, p->n_gen, p->gen, NULL, lg,
+                                           depth, &ds);
+                    ss[r] += ds;
+                    if (r > 0)
+                        continue;
+                    fwd_stats_t fs;
+                    forward_get_stats(f, &fs);
+                    decide_s += fs.decide_s;
+                    step_s += fs.step_s;
+                    for (int t = 0; !e && t < p->n_gen; t++) {
+                        const float *pa = p->logits + (size_t)t * (size_t)vocab;
+                        const float *pb = lg + (size_t)t * (size_t)vocab;
+                        match += sampler_argmax(pb, vocab) == p->gen[t];
+                        kl += eval__kl(pa, pb, vocab);
+                        int d = depth[t] < 0 ? 0 : depth[t] > L ? L : depth[t];
+                        hist[d]++;
+                        if (off) {
+                            offload_record(off, d);
+                            if (t % 16 == 15)
+                                offload_update(off, NULL);
+                        }
+                        depth_sum += d;
+                        if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
+                            river_sum += L - d;
+                        n_tok++;
+                    }
                 }
-                depth_sum += d;
-                if (sc.policy.kv == EXIT_KV_RIVER && sc.policy.rule != EXIT_RULE_NONE)
-                    river_sum += L - d;
-                n_tok++;
             }
-            dec_s += ds;
-            n_dec += p->n_gen - 1;
+        }
+        for (int r = 0; r < n_rep && !e; r++) {
+            bb_t[r] = (double)bb_tokens / bs[r];
+            set_t[r] = (double)n_dec / ss[r];
+            ratio[r] = set_t[r] / bb_t[r];
         }
         int64_t rss_after = offload_rss_bytes();
         int64_t evicted_bytes = off ? offload_evicted_bytes(off) : 0;
@@ -514,19 +586,19 @@ int cmd_eval(int argc, char **argv)
             free(hist);
             goto done;
         }
-        fwd_stats_t st;
-        forward_get_stats(f, &st);
         /* Bytes a token reads on this setting's paths against the plain backbone's. */
         spec_bytes_t pb, sb;
-        spec_path_bytes(m, NULL, L, &pb);
-        spec_path_bytes_mean(m, &sc, hist, &sb);
-        double tok_s = (double)n_dec / dec_s;
+        spec_path_bytes(m, NULL, L, ctx_mean, &pb);
+        spec_path_bytes_mean(m, &sc, hist, ctx_mean, &sb);
+        double tok_s = cli_median(set_t, n_rep);
+        double ideal_bytes = pb.total / sb.total;
         double mean_depth = depth_sum / (double)n_tok;
         double mean_river = river_sum / (double)n_tok;
         double bb_layers = sc.policy.kv == EXIT_KV_POSTHOC || sc.policy.rule == EXIT_RULE_NONE
                                ? L : mean_depth;
-        double ideal = (double)L / (bb_layers + r_ratio * mean_river);
-        double speedup = tok_s / bb_tok_s;
+        double ideal_layers = (double)L / (bb_layers + r_ratio * mean_river);
+        double bb_tok_s = cli_median(bb_t, n_rep);
+        double speedup = cli_median(ratio, n_rep);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         long long rss = (long long)ru.ru_maxrss * 1024;
@@ -547,9 +619,10 @@ int cmd_eval(int argc, char **argv)
                 exit_agg_name(sc.policy.agg), "tau", (double)sc.policy.tau,
                 "mean_exit_layer", mean_depth, "exit_histogram", h, "match_rate",
                 (double)match / (double)n_tok, "kl", kl / (double)n_tok, "tok_s", tok_s,
-                "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup", ideal,
-                "realized_over_ideal", speedup / ideal, "r", r_ratio, "decision_fraction",
-                st.step_s > 0 ? st.decide_s / st.step_s : 0.0, "peak_rss_bytes",
+                "backbone_tok_s", bb_tok_s, "speedup", speedup, "ideal_speedup_bytes",
+                ideal_bytes, "realized_over_ideal", speedup / ideal_bytes, "r", r_ratio,
+                "decision_fraction",
+                step_s > 0 ? decide_s / step_s : 0.0, "peak_rss_bytes",
                 (json_int_t)rss, "tokens", (json_int_t)n_tok);
             if (o && offload_threshold > 0) {
                 json_object_set_new(o, "offload_threshold", json_real(offload_threshold));
@@ -564,8 +637,11 @@ int cmd_eval(int argc, char **argv)
                 json_object_set_new(o, "bytes_backbone_layers", json_real(sb.backbone_layers));
                 json_object_set_new(o, "bytes_river_layers", json_real(sb.river_layers));
                 json_object_set_new(o, "bytes_heads", json_real(sb.heads));
+                json_object_set_new(o, "bytes_kv", json_real(sb.kv));
+                json_object_set_new(o, "mean_context", json_real(ctx_mean));
                 json_object_set_new(o, "plain_bytes_per_token", json_real(pb.total));
-                json_object_set_new(o, "bytes_ideal_speedup", json_real(pb.total / sb.total));
+                json_object_set_new(o, "ideal_speedup_layers", json_real(ideal_layers));
+                json_object_set_new(o, "repeat", json_integer(n_rep));
                 if (ref_path)
                     json_object_set_new(o, "reference", json_string(ref_path));
                 json_object_set_new(o, "value", json_real(value));
@@ -576,17 +652,18 @@ int cmd_eval(int argc, char **argv)
             printf("%-8s %-9s %8.3f %7.2f %7.2f%% %8.4f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
                    exit_rule_name(sc.policy.rule), exit_kv_name(sc.policy.kv), value,
                    mean_depth, 100.0 * (double)match / (double)n_tok, kl / (double)n_tok, tok_s,
-                   bb_tok_s, speedup, ideal, speedup / ideal);
+                   bb_tok_s, speedup, ideal_bytes, speedup / ideal_bytes);
             printf("         exit histogram (layers 0..%d):", L);
             for (int d = 0; d <= L; d++)
                 printf(" %lld", (long long)hist[d]);
-            printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f\n",
-                   st.step_s > 0 ? 100.0 * st.decide_s / st.step_s : 0.0,
-                   (double)rss / 1048576.0, r_ratio);
+            printf("\n         decision %.3f%% of step time, peak RSS %.1f MiB, r = %.3f, "
+                   "layer-ratio ideal %.3f, medians of %d rounds\n",
+                   step_s > 0 ? 100.0 * decide_s / step_s : 0.0,
+                   (double)rss / 1048576.0, r_ratio, ideal_layers, n_rep);
             printf("         bytes/token %.4f MB (backbone layers %.4f, river layers %.4f, "
-                   "heads %.4f; plain %.4f): bytes-ideal speed-up %.3f\n", sb.total / 1e6,
+                   "heads %.4f, KV %.4f at %.1f positions; plain %.4f)\n", sb.total / 1e6,
                    sb.backbone_layers / 1e6, sb.river_layers / 1e6, sb.heads / 1e6,
-                   pb.total / 1e6, pb.total / sb.total);
+                   sb.kv / 1e6, ctx_mean, pb.total / 1e6);
             if (offload_threshold > 0)
                 printf("         offload < %.3f: %d layers released (%.1f MiB), %lld reloads, "
                        "RSS %.1f -> %.1f MiB\n", offload_threshold, n_evicted,

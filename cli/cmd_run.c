@@ -198,10 +198,9 @@ int cmd_run(int argc, char **argv)
     e = gen_new(&g, env.model, env.tok, env.be, &gc);
     if (!e && xo.policy.rule != EXIT_RULE_NONE)
         e = gen_set_exit(g, &xc.cfg);
+    gen_spec_t sp = exit_opts_spec(&xo);
     if (!e && xo.lossless)
-        e = gen_set_spec(g, &(gen_spec_t){.k_max = xo.draft_k ? xo.draft_k : 4,
-                                          .min_conf = (float)xo.draft_conf,
-                                          .no_reuse = xo.no_reuse});
+        e = gen_set_spec(g, &sp);
     if (e)
         goto done;
     gen_request_t req = {
@@ -246,6 +245,9 @@ int cmd_run(int argc, char **argv)
             json_object_set_new(o, "drafted", json_integer(st.spec_draft_tokens));
             json_object_set_new(o, "accepted", json_integer(st.spec_accepted_tokens));
             json_object_set_new(o, "verify_passes", json_integer(st.spec_verify_passes));
+            json_object_set_new(o, "ngram_drafted", json_integer(st.spec_ngram_draft_tokens));
+            json_object_set_new(o, "ngram_accepted",
+                                json_integer(st.spec_ngram_accepted_tokens));
         }
         char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         if (s)
@@ -259,9 +261,10 @@ int cmd_run(int argc, char **argv)
                 "decode %.1f tok/s\n", n_ids, out.n_ids, gen_finish_name(out.finish),
                 prefill_tps, decode_tps);
         if (xo.lossless)
-            fprintf(stderr, "river run: lossless: %lld of %lld draft tokens accepted, %lld "
-                    "verify passes\n", (long long)st.spec_accepted_tokens,
-                    (long long)st.spec_draft_tokens, (long long)st.spec_verify_passes);
+            fprintf(stderr, "river run: lossless: %lld of %lld draft tokens accepted (n-gram "
+                    "%lld of %lld), %lld verify passes\n", (long long)st.spec_accepted_tokens,
+                    (long long)st.spec_draft_tokens, (long long)st.spec_ngram_accepted_tokens,
+                    (long long)st.spec_ngram_draft_tokens, (long long)st.spec_verify_passes);
     }
     rc = out.finish == GEN_FINISH_ERROR ? 1 : 0;
     if (rc)

@@ -16,10 +16,12 @@ typedef struct eval_ll_prompt {
 } eval_ll_prompt_t;
 
 /* Prints one line (json: one object) per value of sweep (or the policy's own value when
- * n_sweep is 0): acceptance_rate, mean_accepted, identical, tok_s, backbone_tok_s, speedup,
- * and the measured draft-step and verify-step times. Returns 0 or a river_err code. */
+ * n_sweep is 0): acceptance_rate, mean_accepted, identical, the same per draft source,
+ * tok_s and backbone_tok_s (medians of `repeat` alternating rounds, cli_repeats), speedup
+ * (the median of the rounds' ratios), the bytes ideal under a fixed exit, and the measured
+ * draft-step and verify-step times. Returns 0 or a river_err code. */
 int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
                   const eval_ll_prompt_t *ps, int n_ps, int max_tokens, const double *sweep,
-                  int n_sweep, int json);
+                  int n_sweep, int repeat, int json);
 
 #endif

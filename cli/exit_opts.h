@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "engine/exit.h"
+#include "engine/generate.h"
 #include "model/model.h"
 
 enum {
@@ -23,6 +24,8 @@ enum {
     EXIT_OPT_DRAFT,
     EXIT_OPT_DRAFT_CONF,
     EXIT_OPT_NO_REUSE,
+    EXIT_OPT_DRAFT_SOURCE,
+    EXIT_OPT_NGRAM_MAX,
 };
 
 #define EXIT_OPTS_LONG                                                          \
@@ -38,7 +41,9 @@ enum {
         {"lossless", no_argument, 0, EXIT_OPT_LOSSLESS},                        \
         {"draft", required_argument, 0, EXIT_OPT_DRAFT},                        \
         {"draft-conf", required_argument, 0, EXIT_OPT_DRAFT_CONF},              \
-        {"no-reuse", no_argument, 0, EXIT_OPT_NO_REUSE}
+        {"no-reuse", no_argument, 0, EXIT_OPT_NO_REUSE},                        \
+        {"draft-source", required_argument, 0, EXIT_OPT_DRAFT_SOURCE},          \
+        {"ngram-max", required_argument, 0, EXIT_OPT_NGRAM_MAX}
 
 typedef struct exit_opts {
     exit_policy_t policy;
@@ -49,6 +54,8 @@ typedef struct exit_opts {
     int draft_k;      /* --draft K: most draft tokens per verify pass (0: default 4) */
     double draft_conf;/* --draft-conf P: end a draft after a token below this probability */
     int no_reuse;     /* --no-reuse: verification runs every layer (gen_spec_t.no_reuse) */
+    int draft_source; /* --draft-source river|ngram|both (gen_draft_source_t) */
+    int ngram_max;    /* --ngram-max N: longest suffix the n-gram lookup matches (0: 3) */
 } exit_opts_t;
 
 /* Defaults: policy none, tau 0.9, theta 0.5, strategy river, aggregation min, the split
@@ -65,5 +72,7 @@ int exit_opts_check_lossless(const exit_opts_t *xo);
 void exit_opts_usage(FILE *f, int indent);
 /* Sets the policy's own parameter: tau (cosine), theta (router) or the exit layer (fixed). */
 void exit_opts_set_value(exit_policy_t *p, double v);
+/* The lossless options as the generator takes them (gen_set_spec; no measured costs). */
+gen_spec_t exit_opts_spec(const exit_opts_t *xo);
 
 #endif

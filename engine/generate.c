@@ -41,6 +41,8 @@ typedef struct gseq {
     int k_cap;             /* most draft tokens per verify pass */
     int n_draft;           /* draft ids so far this round */
     int verifying;         /* the draft is complete: the next batch verifies it */
+    int draft_ngram;       /* this round's draft came from the n-gram lookup: no draft rows
+                              ran, so its verify rows start at layer 0 */
     int32_t draft[GEN_DRAFT_MAX];
     float *q;              /* (k_cap, vocab) the draft's distributions; sampling only */
     /* Draft row j computed the exact backbone up to layer reuse[j] (the least exit layer
@@ -92,6 +94,21 @@ struct gen {
     int k_now;             /* the draft length rounds use now: spec.k_max, or the pick */
     gen_stats_t stats;
 };
+
+static const char *const gen__source_names[] = {"river", "ngram", "both"};
+
+const char *gen_draft_source_name(gen_draft_source_t s)
+{
+    return (unsigned)s <= GEN_DRAFT_BOTH ? gen__source_names[s] : "unknown";
+}
+
+int gen_draft_source_parse(const char *name)
+{
+    for (int i = 0; i <= GEN_DRAFT_BOTH; i++)
+        if (!strcmp(name, gen__source_names[i]))
+            return i;
+    return -1;
+}
 
 const char *gen_finish_name(gen_finish_t f)
 {
@@ -169,7 +186,7 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     g->save_layer = malloc(r * sizeof *g->save_layer);
     g->start_hidden = malloc(r * (size_t)m->cfg.dim * sizeof *g->start_hidden);
     g->saved_hidden = malloc(r * (size_t)m->cfg.dim * sizeof *g->saved_hidden);
-    g->spec = (gen_spec_t){.k_max = 4, .min_conf = 0};
+    g->spec = (gen_spec_t){.k_max = 4, .min_conf = 0, .ngram_min = 1, .ngram_max = 3};
     g->k_now = g->spec.k_max;
     if (!g->seqs || !g->order || !g->tokens || !g->pos || !g->logit_rows || !g->row_seq ||
         !g->tables || !g->group || !g->depth || !g->exit_seqs || !g->row_exit || !g->logits ||
@@ -626,6 +643,7 @@ static void gen__preempt(gen_t *g, gseq_t *s)
     s->mark = g->n_steps; /* it does not start over in the batch that preempted it */
     s->n_draft = 0;       /* the draft is dropped; the round starts over after prefill */
     s->verifying = 0;
+    s->draft_ngram = 0;
     g->stats.preemptions++;
 }
 
@@ -738,6 +756,63 @@ static void gen__draft(gen_t *g, gseq_t *s, const float *lg)
         s->verifying = 1;
 }
 
+/* The cost model's choice between a river draft and an n-gram draft of m ids: the expected
+ * ids per second of each (spec_speedup) at the acceptance each source has had so far (0.9
+ * for the river and 0.5 for the lookup until 16 of its tokens were verified); an n-gram
+ * draft runs no draft step. The step times are the measured costs where the generator has
+ * them, else a draft step at half a verify pass: not the times seen in serving, so that
+ * the same ids make the same choices on a loaded machine. */
+static int gen__ngram_pays(const gen_t *g, int m, int k)
+{
+    const gen_stats_t *st = &g->stats;
+    int64_t nd = st->spec_ngram_draft_tokens, rd = st->spec_draft_tokens - nd;
+    double a_ngram = nd >= 16 ? (double)st->spec_ngram_accepted_tokens / (double)nd : 0.5;
+    double a_river = rd >= 16 ? (double)(st->spec_accepted_tokens -
+                                         st->spec_ngram_accepted_tokens) / (double)rd
+                              : 0.9;
+    double t_draft = 0.5, t_vk = 1, t_vm = 1;
+    if (g->spec.costs) {
+        int kc = k < g->costs.k_max ? k : g->costs.k_max;
+        int mc = m < g->costs.k_max ? m : g->costs.k_max;
+        t_draft = g->costs.t_draft;
+        t_vk = g->costs.t_verify[kc];
+        t_vm = g->costs.t_verify[mc];
+    }
+    return spec_speedup(a_ngram, m, 1, 0, t_vm) >= spec_speedup(a_river, k, 1, t_draft, t_vk);
+}
+
+/* The start of a lossless round: nothing left to draft verifies at once (one backbone
+ * row); an n-gram source looks the sequence's history up and, where it takes the lookup's
+ * draft, goes straight to verifying it. Sampling keeps the draft's distribution, a point
+ * mass on each looked-up id, for the rejection rule. */
+static void gen__round_start(gen_t *g, gseq_t *s)
+{
+    int lim = gen__draft_limit(g, s);
+    if (lim == 0) {
+        s->verifying = 1;
+        return;
+    }
+    if (g->spec.source == GEN_DRAFT_RIVER)
+        return;
+    int m = spec_ngram_draft(s->ids, s->n_ids, g->spec.ngram_min, g->spec.ngram_max, lim,
+                             s->draft);
+    const model_config_t *c = &g->m->cfg;
+    for (int j = 0; j < m && !s->req.ignore_eos; j++)
+        for (int i = 0; i < c->n_eos; i++)
+            if (s->draft[j] == c->eos_ids[i])
+                m = j + 1; /* nothing is drafted past an end of sequence */
+    if (g->spec.source == GEN_DRAFT_BOTH && (m == 0 || !gen__ngram_pays(g, m, lim)))
+        return;
+    s->n_draft = m;
+    s->draft_ngram = 1;
+    s->verifying = 1;
+    for (int j = 0; j < m && s->q; j++) {
+        float *q = s->q + (size_t)j * (size_t)c->vocab_size;
+        memset(q, 0, (size_t)c->vocab_size * sizeof *q);
+        q[s->draft[j]] = 1;
+    }
+}
+
 /* Verifies s's draft against the backbone's logits at its n_draft+1 verify rows (lg, one
  * row after another): accepts a prefix, adds the backbone's next id, and rolls the
  * rejected positions back. Returns the ids it emitted. */
@@ -753,6 +828,10 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
     g->stats.spec_draft_tokens += nd;
     s->drafted += nd;
     s->drafts += nd > 0;
+    int ngram = s->draft_ngram;
+    s->draft_ngram = 0;
+    g->stats.spec_ngram_drafts += ngram && nd > 0;
+    g->stats.spec_ngram_draft_tokens += ngram ? nd : 0;
     for (int j = 0; j <= nd; j++) {
         const float *row = lg + (size_t)j * vocab;
         int32_t tok;
@@ -778,6 +857,7 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
         }
         s->accepted += ok;
         g->stats.spec_accepted_tokens += ok;
+        g->stats.spec_ngram_accepted_tokens += ngram && ok;
         /* The id fed at base+j has its backbone K/V now; the new id goes to base+j+1. */
         s->pos = base + j + 1;
         emitted++;
@@ -813,8 +893,8 @@ int gen_step(gen_t *g)
             continue;
         int kind = ROW_PLAIN, rows = 1;
         if (s->lossless) {
-            if (!s->verifying && s->n_draft == 0 && gen__draft_limit(g, s) == 0)
-                s->verifying = 1; /* nothing to draft: one backbone row */
+            if (!s->verifying && s->n_draft == 0)
+                gen__round_start(g, s);
             kind = s->verifying ? ROW_VERIFY : ROW_DRAFT;
             rows = s->verifying ? s->n_draft + 1 : 1;
             if (rows > budget - n)
@@ -841,7 +921,7 @@ int gen_step(gen_t *g)
             g->save_layer[n] = -1;
             if (kind == ROW_DRAFT) /* keep the stream where this row stops being exact */
                 g->save_layer[n] = s->n_draft == 0 ? L : s->reuse[s->n_draft - 1];
-            if (kind == ROW_VERIFY && j < s->n_draft && !g->spec.no_reuse) {
+            if (kind == ROW_VERIFY && j < s->n_draft && !g->spec.no_reuse && !s->draft_ngram) {
                 g->start_layer[n] = s->reuse[j];
                 memcpy(g->start_hidden + (size_t)n * dim, s->h + (size_t)j * dim,
                        dim * sizeof *s->h);
@@ -1001,7 +1081,18 @@ int gen_set_spec(gen_t *g, const gen_spec_t *spec)
     if (!(spec->min_conf >= 0 && spec->min_conf <= 1))
         return river_err_set(RIVER_EINVAL, "generate: draft confidence %g outside [0, 1]",
                              (double)spec->min_conf);
-    g->spec = *spec;
+    gen_spec_t sp = *spec;
+    if (!sp.ngram_min && !sp.ngram_max) {
+        sp.ngram_min = 1;
+        sp.ngram_max = 3;
+    }
+    if ((unsigned)sp.source > GEN_DRAFT_BOTH || sp.ngram_min < 1 ||
+        sp.ngram_max < sp.ngram_min || sp.ngram_max > SPEC_NGRAM_MAX)
+        return river_err_set(RIVER_EINVAL, "generate: draft source %d, n-gram lengths "
+                             "%d..%d (the source is river, ngram or both; the lengths within "
+                             "1..%d)", (int)sp.source, sp.ngram_min, sp.ngram_max,
+                             SPEC_NGRAM_MAX);
+    g->spec = sp;
     g->k_now = spec->k_max;
     if (spec->costs) {
         if (spec->costs->k_max < 1 || spec->costs->k_max > SPEC_K_MAX)

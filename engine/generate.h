@@ -17,6 +17,7 @@
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/spec_cost.h"
+#include "engine/spec_ngram.h"
 #include "text/tokenizer.h"
 
 typedef enum {
@@ -134,6 +135,19 @@ typedef struct gen_request {
  * back to the pool. */
 #define GEN_DRAFT_MAX SPEC_K_MAX
 
+/* Where a lossless round's draft comes from. */
+typedef enum {
+    GEN_DRAFT_RIVER = 0, /* the exit path, one draft row a token */
+    GEN_DRAFT_NGRAM,     /* prompt lookup (engine/spec_ngram.h), no draft rows; a round
+                            without a match verifies no draft (one backbone row) */
+    GEN_DRAFT_BOTH,      /* per round, the n-gram draft where one matches and the cost
+                            model predicts it faster than the river's, else the river's */
+} gen_draft_source_t;
+
+const char *gen_draft_source_name(gen_draft_source_t s);
+/* GEN_DRAFT_* for "river", "ngram" or "both"; -1 for anything else. */
+int gen_draft_source_parse(const char *name);
+
 typedef struct gen_spec {
     int k_max;      /* draft tokens per verify pass, 1..GEN_DRAFT_MAX (capped at max_rows-1) */
     float min_conf; /* the draft stops after a token whose top probability (softmax of the
@@ -148,6 +162,12 @@ typedef struct gen_spec {
     int no_reuse;   /* 1: verification runs every layer instead of resuming each drafted
                        position where its draft left the exact backbone (for comparison:
                        the output is the same) */
+    gen_draft_source_t source; /* GEN_DRAFT_RIVER unless set */
+    /* N-gram drafts: suffixes of ngram_max down to ngram_min ids are looked up
+     * (1 <= ngram_min <= ngram_max <= SPEC_NGRAM_MAX); both 0: 1 and 3. The ids a lookup
+     * drafts are verified as a river draft's are (greedy: the same ids as plain decoding;
+     * sampling: the draft is a point mass, so the rejection rule keeps the distribution). */
+    int ngram_min, ngram_max;
 } gen_spec_t;
 
 typedef struct gen gen_t;
@@ -203,6 +223,9 @@ typedef struct gen_stats {
     int64_t spec_draft_tokens;    /* draft tokens verified */
     int64_t spec_accepted_tokens; /* of which accepted */
     int64_t spec_verify_passes;   /* verify passes, empty drafts included */
+    /* Of those, the rounds whose draft came from the n-gram lookup (the rest are the
+     * river's): */
+    int64_t spec_ngram_drafts, spec_ngram_draft_tokens, spec_ngram_accepted_tokens;
     int spec_k;                   /* the draft length new rounds use now (gen_spec_t) */
     double draft_s, verify_s;     /* decode-only steps that had draft rows only / any verify
                                      rows, seconds (the measured costs of the two steps) */

@@ -34,7 +34,7 @@ int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
     return k_best;
 }
 
-void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer,
+void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, double ctx,
                      spec_bytes_t *out)
 {
     int L = m->cfg.n_layers;
@@ -43,22 +43,28 @@ void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer,
         exit_layer = L;
     int river = x && x->policy.kv == EXIT_KV_RIVER;
     spec_bytes_t b = {0};
+    int ran = 0;
     for (int l = 0; l < L; l++) {
         const layer_weights_t *rl = river && x->river ? x->river[l] : NULL;
         if (l < exit_layer || (river && !rl))
             b.backbone_layers += (double)model_layer_bytes(&m->layers[l]);
         else if (rl)
             b.river_layers += (double)model_layer_bytes(rl);
+        else
+            continue;
+        ran++;
     }
+    b.kv = (double)ran * ctx * (double)(m->cfg.n_kv_heads * m->cfg.head_dim) *
+           SPEC_KV_ELEM_BYTES;
     const weight_t *head = river && exit_layer < L && x->river_head ? x->river_head : &m->lm_head;
     b.heads = (double)(model_weight_bytes(&m->embed, 1) + model_weight_bytes(&m->final_norm, 1) +
                        model_weight_bytes(head, head->rows));
-    b.total = b.backbone_layers + b.river_layers + b.heads;
+    b.total = b.backbone_layers + b.river_layers + b.heads + b.kv;
     *out = b;
 }
 
 void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
-                          spec_bytes_t *out)
+                          double ctx, spec_bytes_t *out)
 {
     int L = m->cfg.n_layers;
     spec_bytes_t sum = {0};
@@ -67,20 +73,22 @@ void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_
         if (!hist[d])
             continue;
         spec_bytes_t b;
-        spec_path_bytes(m, x, d, &b);
+        spec_path_bytes(m, x, d, ctx, &b);
         double w = (double)hist[d];
         sum.backbone_layers += w * b.backbone_layers;
         sum.river_layers += w * b.river_layers;
         sum.heads += w * b.heads;
+        sum.kv += w * b.kv;
         n += w;
     }
     if (n == 0) {
-        spec_path_bytes(m, NULL, L, out);
+        spec_path_bytes(m, NULL, L, ctx, out);
         return;
     }
     sum.backbone_layers /= n;
     sum.river_layers /= n;
     sum.heads /= n;
-    sum.total = sum.backbone_layers + sum.river_layers + sum.heads;
+    sum.kv /= n;
+    sum.total = sum.backbone_layers + sum.river_layers + sum.heads + sum.kv;
     *out = sum;
 }

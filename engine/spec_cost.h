@@ -17,8 +17,13 @@ typedef struct spec_bytes {
     double river_layers;    /* the river layers it ran after it exited */
     double heads;           /* the embedding row, the final norm and the LM head it used (the
                                river's own head after an exit, where the river has one) */
+    double kv;              /* the K and V its attention read: ctx positions of kv_dim f32
+                               pairs in every layer it ran, backbone or river */
     double total;
 } spec_bytes_t;
+
+/* Bytes of one position's K and V in one layer of the pool (kv_pool.h: f32 pairs). */
+#define SPEC_KV_ELEM_BYTES ((double)(2 * sizeof(float)))
 
 /* The bytes of a token that leaves the backbone after `exit_layer` layers (0..n_layers)
  * under exit configuration x: with the river strategy it runs the river's layers from there
@@ -27,13 +32,17 @@ typedef struct spec_bytes {
  * not counted); x NULL, rule none, post-hoc or exit_layer n_layers: the plain backbone.
  * This one function is the bytes model of `river eval` and of the draft step of `bench
  * --spec-costs`: a river of the backbone's own bits reads as many bytes a layer as the
- * backbone, so only a smaller river head makes its path cheaper. */
-void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer,
+ * backbone, so only a smaller river head makes its path cheaper. ctx is the number of
+ * positions the token's attention reads (its own included; 0 leaves the KV out); under
+ * the river strategy every layer runs, so an exit saves no KV bytes. */
+void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, double ctx,
                      spec_bytes_t *out);
 /* The mean over tokens counted by exit depth, hist[0..n_layers] (hist[d]: tokens that left
- * after d layers); an empty histogram gives the plain backbone's bytes. */
+ * after d layers), each reading ctx positions; an empty histogram gives the plain
+ * backbone's bytes. A function of its arguments only: the same histogram gives the same
+ * bytes. */
 void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
-                          spec_bytes_t *out);
+                          double ctx, spec_bytes_t *out);
 
 /* The longest draft the cost model considers (GEN_DRAFT_MAX). */
 #define SPEC_K_MAX 16

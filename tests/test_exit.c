@@ -446,8 +446,38 @@ START_TEST(test_eval_histogram)
     backend_info_t bi;
     backend_get_info(F.be, &bi);
     ck_assert_str_eq(json_string_value(json_object_get(o, "simd")), bi.variant);
+    /* Short rounds repeat 3 times by default; the bytes ideal is the histogram's alone. */
+    ck_assert_int_eq((int)json_integer_value(json_object_get(o, "repeat")), 3);
+    double ideal = json_real_value(json_object_get(o, "ideal_speedup_bytes"));
+    ck_assert_msg(ideal > 1, "ideal_speedup_bytes %g", ideal);
+    ck_assert(json_real_value(json_object_get(o, "ideal_speedup_layers")) > 0);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(o, "realized_over_ideal")),
+                            json_real_value(json_object_get(o, "speedup")) / ideal, 1e-9);
     json_decref(o);
     free(out);
+    /* --repeat N times N rounds; the same histogram gives the same ideal, to the bit. */
+    char *argv2[32];
+    int n = 0;
+    while (argv[n])
+        argv2[n] = argv[n], n++;
+    argv2[n++] = "--repeat";
+    argv2[n++] = "2";
+    argv2[n] = NULL;
+    ck_assert_int_eq(test_capture(argv2, NULL, 0, &out), 0);
+    o = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+    ck_assert_msg(o, "river eval output: %.300s", out);
+    ck_assert_int_eq((int)json_integer_value(json_object_get(o, "repeat")), 2);
+    ck_assert(json_real_value(json_object_get(o, "ideal_speedup_bytes")) == ideal);
+    json_decref(o);
+    free(out);
+    /* A bad count is a usage error naming the option. */
+    static const char *const bad[] = {"0", "65", "x", "2x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        argv2[n - 1] = (char *)bad[i];
+        ck_assert_int_eq(test_capture(argv2, NULL, 1, &out), 2);
+        ck_assert_msg(strstr(out, "--repeat"), "--repeat %s: %.300s", bad[i], out);
+        free(out);
+    }
 }
 END_TEST
 

@@ -433,11 +433,11 @@ START_TEST(test_bytes_model)
     ck_assert_int_eq(exit_setup_open(&x4, &pol, p4, NULL, q4), 0);
     ck_assert_int_eq(exit_setup_open(&xs, &pol, ps, NULL, src), 0);
     spec_bytes_t plain, b0, b4, bsrc, psrc;
-    spec_path_bytes(q4, NULL, L, &plain);
+    spec_path_bytes(q4, NULL, L, 0, &plain);
     ck_assert(plain.total == (double)model_bytes_per_token(q4));
     ck_assert(plain.river_layers == 0);
-    spec_path_bytes(q4, &x0.cfg, 4, &b0);
-    spec_path_bytes(q4, &x4.cfg, 4, &b4);
+    spec_path_bytes(q4, &x0.cfg, 4, 0, &b0);
+    spec_path_bytes(q4, &x4.cfg, 4, 0, &b4);
     ck_assert(b0.river_layers > 0);
     ck_assert(b0.total == plain.total);
     double head8 = (double)model_weight_bytes(&q4->lm_head, q4->lm_head.rows);
@@ -446,15 +446,15 @@ START_TEST(test_bytes_model)
     double head4 = (double)model_weight_bytes(rh, rh->rows);
     ck_assert(head4 < head8);
     ck_assert(b4.total == plain.total - head8 + head4);
-    spec_path_bytes(src, NULL, L, &psrc);
-    spec_path_bytes(src, &xs.cfg, 4, &bsrc);
+    spec_path_bytes(src, NULL, L, 0, &psrc);
+    spec_path_bytes(src, &xs.cfg, 4, 0, &bsrc);
     ck_assert(bsrc.total < psrc.total / 2);
     /* Half the tokens plain, half exiting at 4. */
     int64_t hist[13] = {0};
     hist[4] = 10;
     hist[L] = 10;
     spec_bytes_t mean;
-    spec_path_bytes_mean(src, &xs.cfg, hist, &mean);
+    spec_path_bytes_mean(src, &xs.cfg, hist, 0, &mean);
     ck_assert(fabs(mean.total - (psrc.total + bsrc.total) / 2) < 1e-6 * psrc.total);
     exit_setup_close(&xs);
     exit_setup_close(&x4);

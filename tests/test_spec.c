@@ -749,6 +749,132 @@ START_TEST(test_cost_model_picks_k)
 }
 END_TEST
 
+/* Prompt lookup by hand: the longest recurring suffix wins, its latest earlier occurrence
+ * drafts the ids that followed it, capped at lim and at the history's end. */
+START_TEST(test_ngram_lookup)
+{
+    int32_t out[8];
+    /* 1 2 3 9 1 2 3 7 | 1 2 3: "1 2 3" last occurred before 7, so the draft is 7 1 2. */
+    static const int32_t a[] = {1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3};
+    ck_assert_int_eq(spec_ngram_draft(a, 11, 1, 3, 3, out), 3);
+    ck_assert(out[0] == 7 && out[1] == 1 && out[2] == 2);
+    /* Capped at lim, and at the ids there are after the match. */
+    ck_assert_int_eq(spec_ngram_draft(a, 11, 1, 3, 1, out), 1);
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(spec_ngram_draft(a, 11, 1, 3, 8, out), 4);
+    ck_assert(out[3] == 3);
+    /* No 2-gram "5 6" before; with n_min 1 the lone 6 matches, with n_min 2 nothing. */
+    static const int32_t b[] = {6, 4, 5, 6};
+    ck_assert_int_eq(spec_ngram_draft(b, 4, 1, 3, 4, out), 3);
+    ck_assert(out[0] == 4 && out[1] == 5 && out[2] == 6);
+    ck_assert_int_eq(spec_ngram_draft(b, 4, 2, 3, 4, out), 0);
+    static const int32_t c[] = {1, 2, 3, 4};
+    ck_assert_int_eq(spec_ngram_draft(c, 4, 1, 3, 4, out), 0);
+    ck_assert_int_eq(spec_ngram_draft(a, 11, 1, 3, 0, out), 0);
+    ck_assert_int_eq(spec_ngram_draft(a, 1, 1, 3, 4, out), 0);
+}
+END_TEST
+
+/* N-gram drafts, alone and beside the river's, give the backbone's greedy ids; the lookup
+ * drafts and the backbone accepts some of them (kjv-12l's greedy text repeats itself), and
+ * the per-source counts add up. */
+START_TEST(test_ngram_drafts_identical)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", "ngram");
+    prompt_t ps[MAX_PROMPTS];
+    out_t want[MAX_PROMPTS], got[MAX_PROMPTS];
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
+    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    static const gen_draft_source_t srcs[] = {GEN_DRAFT_NGRAM, GEN_DRAFT_BOTH};
+    for (size_t i = 0; i < 2; i++) {
+        gen_stats_t st;
+        fwd_stats_t fs;
+        run_lossless(&e, ps, &(gen_spec_t){.k_max = 4, .source = srcs[i]}, got, &st, &fs);
+        for (int p = 0; p < MAX_PROMPTS; p++)
+            assert_same(&want[p], &got[p], gen_draft_source_name(srcs[i]));
+        ck_assert_int_gt(st.spec_ngram_draft_tokens, 0);
+        ck_assert_int_gt(st.spec_ngram_accepted_tokens, 0);
+        ck_assert_int_le(st.spec_ngram_accepted_tokens, st.spec_ngram_draft_tokens);
+        ck_assert_int_le(st.spec_ngram_drafts, st.spec_drafts);
+        if (srcs[i] == GEN_DRAFT_NGRAM) /* no river draft at all */
+            ck_assert_int_eq(st.spec_ngram_draft_tokens, st.spec_draft_tokens);
+        else
+            ck_assert_int_lt(st.spec_ngram_draft_tokens, st.spec_draft_tokens);
+    }
+    /* Sampling: the lookup's draft goes through the rejection rule as a point mass; the
+     * completion runs to its length. */
+    gen_t *g = gen_open(&e, 32, 1);
+    gen_policy(g, &e, EXIT_RULE_COSINE, 0.9f, EXIT_AGG_ROW);
+    ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .source = GEN_DRAFT_NGRAM}), 0);
+    memset(&got[0], 0, sizeof got[0]);
+    gen_request_t r = {.prompt = ps[0].ids, .n_prompt = (size_t)ps[0].n, .max_tokens = 96,
+                       .sampling = {.temperature = 0.7f, .seed = 7}, .ignore_eos = 1,
+                       .on_token = on_token, .user = &got[0], .lossless = 1};
+    int seq;
+    ck_assert_msg(gen_submit(g, &r, &seq) == 0, "%s", river_err_detail());
+    ck_assert_int_eq(gen_run_all(g), 0);
+    gen_stats_t sst;
+    gen_get_stats(g, &sst);
+    ck_assert_int_eq(got[0].n, 96);
+    ck_assert_int_gt(sst.spec_ngram_draft_tokens, 0);
+    ck_assert_int_le(sst.spec_ngram_accepted_tokens, sst.spec_ngram_draft_tokens);
+    gen_destroy(&g);
+    g = gen_open(&e, 32, 1);
+    ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .source = 3}), RIVER_EINVAL);
+    ck_assert_int_eq(gen_set_spec(g, &(gen_spec_t){.k_max = 4, .ngram_min = 2,
+                                                   .ngram_max = 1}), RIVER_EINVAL);
+    gen_destroy(&g);
+    env_close(&e);
+}
+END_TEST
+
+/* The bytes model by hand on kjv-12l (uniform layers): a fixed exit after 4 of 12 under
+ * the river strategy reads 4 backbone layers and 8 river layers, and K/V in all 12 at
+ * ctx positions of kv_dim f32 pairs; under mask only the 4 layers it ran read K/V; a
+ * histogram's mean is the tokens' weighted mean, the same every time it is computed. */
+START_TEST(test_bytes_model_by_hand)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", "bytes");
+    const model_t *m = e.m;
+    int L = m->cfg.n_layers, kvd = m->cfg.n_kv_heads * m->cfg.head_dim;
+    ck_assert_int_eq(L, 12);
+    exit_config_t x = e.xs.cfg;
+    x.policy.rule = EXIT_RULE_FIXED;
+    x.policy.exit_layer = 4;
+    double layer = (double)model_layer_bytes(&m->layers[0]);
+    double rlayer = (double)model_layer_bytes(x.river[4]);
+    spec_bytes_t plain, b4, b12, mean, again;
+    spec_path_bytes(m, NULL, L, 100, &plain);
+    ck_assert(plain.backbone_layers == 12 * layer && plain.river_layers == 0);
+    ck_assert(plain.kv == 12.0 * 100 * kvd * 8);
+    spec_path_bytes(m, &x, 4, 100, &b4);
+    ck_assert(b4.backbone_layers == 4 * layer);
+    ck_assert(b4.river_layers == 8 * rlayer);
+    ck_assert(b4.kv == 12.0 * 100 * kvd * 8);
+    ck_assert(b4.total == b4.backbone_layers + b4.river_layers + b4.heads + b4.kv);
+    ck_assert(b4.total < plain.total);
+    spec_path_bytes(m, &x, 12, 100, &b12);
+    ck_assert(b12.total == plain.total);
+    int64_t hist[13] = {0};
+    hist[4] = 3;
+    hist[12] = 1;
+    spec_path_bytes_mean(m, &x, hist, 100, &mean);
+    double want = (3 * b4.total + b12.total) / 4;
+    ck_assert_msg(fabs(mean.total - want) <= 1e-9 * want, "mean %.3f, by hand %.3f", mean.total,
+                  want);
+    spec_path_bytes_mean(m, &x, hist, 100, &again);
+    ck_assert(memcmp(&mean, &again, sizeof mean) == 0);
+    x.policy.kv = EXIT_KV_MASK;
+    spec_path_bytes(m, &x, 4, 100, &b4);
+    ck_assert(b4.backbone_layers == 4 * layer && b4.river_layers == 0);
+    ck_assert(b4.kv == 4.0 * 100 * kvd * 8);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(test_bad_combinations)
 {
     env_t e;
@@ -796,6 +922,9 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_forward_resume);
     tcase_add_test(tc, test_verify_reuses_draft);
     tcase_add_test(tc, test_cost_model_picks_k);
+    tcase_add_test(tc, test_ngram_lookup);
+    tcase_add_test(tc, test_ngram_drafts_identical);
+    tcase_add_test(tc, test_bytes_model_by_hand);
     suite_add_tcase(s, tc);
     return s;
 }
