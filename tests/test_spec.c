@@ -188,6 +188,16 @@ static void backbone_ids(env_t *e, const prompt_t *ps, int np, out_t *outs)
     }
 }
 
+/* kjv-12l opened as name with the first golden case's prompts in ps and the plain
+ * backbone's ids for them in want. */
+static void kjv_open_golden(env_t *e, const char *name, prompt_t *ps, out_t *want)
+{
+    env_open(e, TEST_DATA "/kjv-12l", name);
+    for (int i = 0; i < MAX_PROMPTS; i++)
+        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
+    backbone_ids(e, ps, MAX_PROMPTS, want);
+}
+
 static void assert_same(const out_t *want, const out_t *got, const char *what)
 {
     ck_assert_msg(got->finished, "%s: not finished", what);
@@ -327,12 +337,9 @@ END_TEST
 START_TEST(test_mixed_batch)
 {
     env_t e;
-    env_open(&e, TEST_DATA "/kjv-12l", "mix");
     prompt_t ps[MAX_PROMPTS];
     out_t want[MAX_PROMPTS];
-    for (int i = 0; i < MAX_PROMPTS; i++)
-        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
-    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    kjv_open_golden(&e, "mix", ps, want);
     gen_t *g = gen_open(&e, 24, 8);
     gen_policy(g, &e, EXIT_RULE_COSINE, 0.9f, EXIT_AGG_ROW);
     /* Six requests: lossless, lossy (exit), plain (exit off) over the three prompts, with
@@ -673,12 +680,9 @@ static void run_lossless(env_t *e, const prompt_t *ps, const gen_spec_t *sp, out
 START_TEST(test_verify_reuses_draft)
 {
     env_t e;
-    env_open(&e, TEST_DATA "/kjv-12l", "reuse");
     prompt_t ps[MAX_PROMPTS];
     out_t want[MAX_PROMPTS], a[MAX_PROMPTS], b[MAX_PROMPTS];
-    for (int i = 0; i < MAX_PROMPTS; i++)
-        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
-    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    kjv_open_golden(&e, "reuse", ps, want);
     gen_stats_t sa, sb;
     fwd_stats_t fa, fb;
     run_lossless(&e, ps, &(gen_spec_t){.k_max = 4}, a, &sa, &fa);
@@ -704,12 +708,9 @@ END_TEST
 START_TEST(test_cost_model_picks_k)
 {
     env_t e;
-    env_open(&e, TEST_DATA "/kjv-12l", "pick");
     prompt_t ps[MAX_PROMPTS];
     out_t want[MAX_PROMPTS], got[MAX_PROMPTS];
-    for (int i = 0; i < MAX_PROMPTS; i++)
-        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
-    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    kjv_open_golden(&e, "pick", ps, want);
     spec_costs_t steep = {.k_max = 8, .t_plain = 1, .t_draft = 0.2}, flat = steep;
     for (int k = 1; k <= 8; k++) {
         steep.t_verify[k] = 1 + 2 * k;
@@ -781,12 +782,9 @@ END_TEST
 START_TEST(test_ngram_drafts_identical)
 {
     env_t e;
-    env_open(&e, TEST_DATA "/kjv-12l", "ngram");
     prompt_t ps[MAX_PROMPTS];
     out_t want[MAX_PROMPTS], got[MAX_PROMPTS];
-    for (int i = 0; i < MAX_PROMPTS; i++)
-        prompt_load(&ps[i], cases[0].golden, cases[0].slugs[i]);
-    backbone_ids(&e, ps, MAX_PROMPTS, want);
+    kjv_open_golden(&e, "ngram", ps, want);
     static const gen_draft_source_t srcs[] = {GEN_DRAFT_NGRAM, GEN_DRAFT_BOTH};
     for (size_t i = 0; i < 2; i++) {
         gen_stats_t st;
