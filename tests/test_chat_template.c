@@ -1,10 +1,11 @@
 /* Chat-template tests: every case of tests/data/chat-templates/cases.jsonl (eleven real
- * templates rendered by Jinja2 3.1 as transformers sets it up) byte for byte, the templates
- * of tests/data/tokenizers/ loaded from their model directories, then the engine's parts one
- * by one: whitespace control, Python printing and json.dumps, loops, scoping, namespaces,
- * macros, slicing, filters, tests and methods, errors with their line, the bounds, and more
- * real-world template idioms (ChatML, Zephyr, Llama 2, Phi-3, Gemma 3, Mistral v3 tools,
- * DeepSeek-V3), whose expected strings follow from Jinja2's rules. */
+ * templates rendered by Jinja2 3.1 as transformers sets it up) and cases-tools.jsonl byte for
+ * byte, the templates of tests/data/tokenizers/ loaded from their model directories, then the
+ * engine's parts one by one: whitespace control, Python printing and json.dumps, loops,
+ * scoping, namespaces, macros, slicing, markupsafe's Markup, filters, tests and methods,
+ * errors with their line, the bounds, and more real-world template idioms (ChatML, Zephyr,
+ * Llama 2, Phi-3, Gemma 3, Mistral v3 tools, DeepSeek-V3), whose expected strings follow
+ * from Jinja2's rules. */
 #include <check.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -76,18 +77,21 @@ static void expect_fail(const char *src, int err, const char *what)
 
 /* ---- cases.jsonl ---- */
 
-START_TEST(test_reference_cases)
+/* Renders every case of a cases file (tests/data/chat-templates/README.md gives the format)
+ * and checks each byte for byte; returns the cases and, in *errors, those that must fail. */
+static int run_reference_cases(const char *file, int *errors)
 {
     setenv("RIVER_NOW", "2024-07-26T10:30:00", 1);
     size_t len;
-    char *data = test_read_file(CT_DIR "/cases.jsonl", &len);
-    ck_assert_ptr_nonnull(data);
-    int n = 0, pass = 0, errors = 0;
+    char *data = test_read_file(file, &len);
+    ck_assert_msg(data != NULL, "missing %s", file);
+    int n = 0;
+    *errors = 0;
     char *save = NULL;
     for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         json_error_t jerr;
         json_t *c = json_loads(line, 0, &jerr);
-        ck_assert_msg(c != NULL, "cases.jsonl line %d: %s", n + 1, jerr.text);
+        ck_assert_msg(c != NULL, "%s line %d: %s", file, n + 1, jerr.text);
         const char *tname = json_string_value(json_object_get(c, "template"));
         const char *cname = json_string_value(json_object_get(c, "case"));
         ck_assert_ptr_nonnull(tname);
@@ -110,15 +114,13 @@ START_TEST(test_reference_cases)
             ck_assert_msg(!strncmp(river_err_detail(), prefix, strlen(prefix)),
                           "%s/%s: detail [%s]", tname, cname, river_err_detail());
             ck_assert_ptr_null(out);
-            errors++;
-            pass++;
+            (*errors)++;
         } else {
             const char *want = json_string_value(json_object_get(c, "expected"));
             ck_assert_ptr_nonnull(want);
             ck_assert_msg(err == 0, "%s/%s failed: %s", tname, cname, river_err_detail());
             ck_assert_msg(out_len == strlen(want) && !memcmp(out, want, out_len),
                           "%s/%s differs:\n  got  [%s]\n  want [%s]", tname, cname, out, want);
-            pass++;
         }
         free(out);
         free(src);
@@ -127,9 +129,25 @@ START_TEST(test_reference_cases)
         n++;
     }
     free(data);
-    ck_assert_int_eq(n, 54);
-    ck_assert_int_eq(pass, n);
+    return n;
+}
+
+START_TEST(test_reference_cases)
+{
+    int errors;
+    ck_assert_int_eq(run_reference_cases(CT_DIR "/cases.jsonl", &errors), 54);
     ck_assert_int_eq(errors, 5);
+}
+END_TEST
+
+/* Functionary v3.1 describes each tool as "..."|safe + name + ... + tool|tojson: a Markup
+ * plus plain strings, so transformers prints the names, descriptions and the JSON escaped
+ * (&#34;name&#34;). cases-tools.jsonl holds its renderings with tools (PROVENANCE.md). */
+START_TEST(test_reference_tool_cases)
+{
+    int errors;
+    ck_assert_int_eq(run_reference_cases(CT_DIR "/cases-tools.jsonl", &errors), 2);
+    ck_assert_int_eq(errors, 0);
 }
 END_TEST
 
@@ -696,6 +714,118 @@ START_TEST(test_provenance)
 }
 END_TEST
 
+/* ---- Markup ---- */
+
+/* markupsafe's Markup as transformers' environment shows it (autoescape off): safe and
+ * escape return one, + and Markup's methods escape the plain strings they take, everything
+ * else treats it as a str. Every expected string below is what Jinja2 3.1.6 with markupsafe
+ * 3.0.3 renders, set up as transformers' apply_chat_template sets it up (its own tojson,
+ * trim_blocks, lstrip_blocks, loopcontrols), d being the context value below. */
+START_TEST(test_markup)
+{
+    const char *ctx = "{\"d\": \"<d&'\\\">\"}";
+    /* Markup + str escapes the str, either way round; Markup + Markup does not. */
+    expect_ctx("{{ '<'|safe + '<' }}|{{ '<' + '<'|safe }}|{{ '<'|safe + '<'|safe }}"
+               "|{{ ('a'|safe + d) + '>' }}",
+               ctx, "<&lt;|&lt;<|<<|a&lt;d&amp;&#39;&#34;&gt;&gt;");
+    /* ~, captures, macros and loops over a Markup give plain strings. */
+    expect_ctx("{{ ('<'|safe ~ '<') + '<' }}|{{ '<'|safe ~ d }}"
+               "|{% set x %}{{ '<'|safe }}{% endset %}{{ x + '<' }}"
+               "|{% macro f() %}<{% endmacro %}{{ f() + '<' }}"
+               "|{% for c in '<>'|safe %}{{ c + '&' }}{% endfor %}",
+               ctx, "<<<|<<d&'\">|<<|<<|<&>&");
+    /* escape, forceescape and safe, on strings and on other values. */
+    expect_ctx("{{ '<'|e + '<' }}|{{ ('<'|safe)|e + '<' }}|{{ '<'|e|e }}"
+               "|{{ '<'|e|forceescape }}|{{ '<'|forceescape + '<' }}|{{ 5|e + '<' }}"
+               "|{{ none|safe + '<' }}|{{ ['<a>', 'b']|safe|length }}"
+               "|{{ ['<a>', 'b']|safe + '<' }}",
+               ctx, "&lt;&lt;|<&lt;|&lt;|&amp;lt;|&lt;&lt;|5&lt;|None&lt;|12|['<a>', 'b']&lt;");
+    /* Markup % args escapes each argument's text, then pads. */
+    expect_ctx("{{ '%s<'|safe % '<' }}|{{ ('%s %s'|safe) % ('<', '<'|safe) }}"
+               "|{{ ('%r'|safe) % \"'\" }}|{{ ('%5s|%.1s|%d'|safe) % ('<', '<x', 7) }}"
+               "|{{ '%s'|safe|format('&') + '<' }}|{{ ('%s' % ('<'|safe)) + '<' }}"
+               "|{{ ('%s'|safe) % ['<'|safe] }}",
+               ctx, "&lt;<|&lt; <|&#34;&#39;&#34;| &lt;|&|7|&amp;&lt;|<<|[Markup(&#39;&lt;&#39;)]");
+    /* Markup.format escapes its fields; a plain str's format does not. */
+    expect_ctx("{{ ('{}<'|safe).format('<') }}"
+               "|{{ ('{0}{x}'|safe).format('&', x='<'|safe) + '>' }}"
+               "|{{ ('{!r}'|safe).format('<') }}|{{ '{}'.format('<'|safe) + '<' }}",
+               ctx, "&lt;<|&amp;<&gt;|&#39;&lt;&#39;|<<");
+    /* Markup.join escapes its items, Markup.replace its new text only. */
+    expect_ctx("{{ ('-'|safe).join(['<', '<'|safe, 1, none]) }}"
+               "|{{ '-'.join(['<'|safe, '<']) + '<' }}|{{ ('a<b'|safe).replace('<', '&') }}"
+               "|{{ ('a&lt;b'|safe).replace('<', 'x') }}|{{ ('ab'|safe).replace('a', 1) }}",
+               ctx, "&lt;-<-1-None|<-<<|a&amp;b|a&lt;b|1b");
+    /* Markup's methods return Markups; startswith and find do not return text. */
+    expect_ctx("{{ (' <a> '|safe).strip() + '<' }}|{{ (' <a> '|safe).lstrip() + '<' }}"
+               "|{{ ('<a>'|safe).upper() + '<' }}|{{ ('aB'|safe).title() + '<' }}"
+               "|{{ ('a,b'|safe).split(',')[1] + '<' }}"
+               "|{{ ('a\\nb'|safe).splitlines()[0] + '<' }}|{{ ('a b'|safe).split() }}"
+               "|{{ ('a<'|safe).endswith('<') }}|{{ ('a<'|safe).find('<') }}",
+               ctx, "<a>&lt;|<a> &lt;|<A>&lt;|Ab&lt;|b&lt;|a&lt;|[Markup('a'), Markup('b')]|True|1");
+    /* Filters that call Markup methods keep a Markup. */
+    expect_ctx("{{ ('ab'|safe)|upper + '<' }}|{{ ('AB'|safe)|lower + '<' }}"
+               "|{{ ('ab'|safe)|capitalize + '<' }}|{{ (' ab '|safe)|trim + '<' }}"
+               "|{{ ('ab'|safe)|center(4) + '<' }}|{{ ('a\\nb'|safe)|indent('<') + '<' }}"
+               "|{{ ('ab'|safe)|reverse + '<' }}|{{ ('ab'|safe)|string + '<' }}"
+               "|{{ ('ab'|safe)|default('x') + '<' }}",
+               ctx, "AB&lt;|ab&lt;|Ab&lt;|ab&lt;| ab &lt;|a\n<b&lt;|ba&lt;|ab&lt;|ab&lt;");
+    /* truncate escapes its end on a Markup; first and list give plain characters, last a Markup. */
+    expect_ctx("{{ ('a b c d e f'|safe)|truncate(7, end='<', leeway=0) }}"
+               "|{{ ('a b c d e f'|safe)|truncate(7, true, '<', 0) }}"
+               "|{{ ('ab'|safe)|truncate(9) + '<' }}|{{ ('ab'|safe)|first + '<' }}"
+               "|{{ ('ab'|safe)|last + '<' }}|{{ (('ab'|safe)|list)[0] + '<' }}",
+               ctx, "a b c&lt;|a b c &lt;|ab&lt;|a<|b&lt;|a<");
+    /* title, join, replace and tojson build plain strings; pprint shows the Markup. */
+    expect_ctx("{{ ('ab'|safe)|title + '<' }}|{{ ['<'|safe]|join + '<' }}"
+               "|{{ ['a', 'b']|join('<'|safe) + '<' }}"
+               "|{{ ('ab'|safe)|replace('a', '<') + '<' }}"
+               "|{{ ('ab'|safe)|replace('q', '<') + '<' }}|{{ ('<'|safe)|tojson + '<' }}"
+               "|{{ ('a'|safe)|pprint }}",
+               ctx, "Ab<|<<|a<b<|<b<|ab<|\"<\"<|Markup('a')");
+    /* Indexing, slicing and repeating a Markup give Markups. */
+    expect_ctx("{{ ('abc'|safe)[0] + '<' }}|{{ ('abc'|safe)[1:] + '<' }}"
+               "|{{ ('abc'|safe)[::-1] + '<' }}|{{ ('a'|safe) * 2 + '<' }}"
+               "|{{ 2 * ('a'|safe) + '<' }}|{{ ('a'|safe) * 0 + '<' }}",
+               ctx, "a&lt;|bc&lt;|cba&lt;|aa&lt;|aa&lt;|&lt;");
+    /* A Markup prints as Markup('...') inside containers and in repr. */
+    expect_ctx("{{ ['a'|safe] }}|{{ {'k'|safe: 'v'|safe} }}|{{ ('a'|safe, ) }}"
+               "|{{ '%r'|format('a'|safe) }}|{{ '{!r}'.format('a'|safe) }}",
+               ctx, "[Markup('a')]|{Markup('k'): Markup('v')}|(Markup('a'),)|Markup('a')|Markup('a')");
+    /* The escaped test, and Markups comparing as the strings they are. */
+    expect_ctx("{{ 'a'|safe is escaped }}|{{ 'a' is escaped }}|{{ 'a'|e is escaped }}"
+               "|{{ ('a'|safe)|upper is escaped }}|{{ ('a'|safe)|title is escaped }}"
+               "|{{ ('a'|safe ~ 'b') is escaped }}|{{ 'a'|safe is string }}"
+               "|{{ ('<'|safe) == '<' }}|{{ '<' in ('a<'|safe) }}",
+               ctx, "True|False|True|True|False|False|True|True|True");
+    /* Markups pass through map, namespaces and dict keys unchanged. */
+    expect_ctx("{{ ['<'|safe, '<']|map('upper')|join }}"
+               "|{{ ['<'|safe]|map('upper')|first + '<' }}|{{ ['<']|map('e')|first + '<' }}"
+               "|{{ ['<']|map('safe')|first + '<' }}"
+               "|{% set ns = namespace(x='<'|safe) %}{{ ns.x + '<' }}"
+               "|{% for k in {'<'|safe: 1} %}{{ k + '<' }}{% endfor %}",
+               ctx, "<<|<&lt;|&lt;&lt;|<&lt;|<&lt;|<&lt;");
+    /* What Python refuses on a Markup is an error here too. */
+    expect_fail("{{ 'a'|safe + 1 }}", RIVER_EINVAL, "for +: 'Markup' and 'int'");
+    expect_fail("{{ ('%c'|safe) % 60 }}", RIVER_EINVAL, "%c requires int or char");
+    expect_fail("{{ 'a'|safe + nothing }}", RIVER_EINVAL, "'nothing' is undefined");
+}
+END_TEST
+
+/* Escaping keeps provenance byte for byte: what a template byte becomes is template text,
+ * what a data byte becomes is data, so a Markup never turns data into special tokens. */
+START_TEST(test_markup_provenance)
+{
+    const char *ctx = "{\"x\": \"<s>\"}";
+    expect_marked("{{ '<|a|>'|safe + x }}", ctx, "<|a|>[[&lt;s&gt;]]");
+    expect_marked("{{ x + '<|a|>'|safe }}", ctx, "[[&lt;s&gt;]]<|a|>");
+    expect_marked("{{ ('<|a|>' ~ x ~ '&')|e }}", ctx, "&lt;|a|&gt;[[&lt;s&gt;]]&amp;");
+    expect_marked("{{ ('<|a|>' ~ x)|safe + '<|b|>' }}", ctx, "<|a|>[[<s>]]&lt;|b|&gt;");
+    expect_marked("{{ ('%s<|a|>'|safe) % x }}", ctx, "[[&lt;s&gt;<|a|>]]");
+    expect_marked("{{ '<|a|>'|e }}{{ '<|b|>'|safe }}", ctx, "&lt;|a|&gt;<|b|>");
+}
+END_TEST
+
 /* ---- Filters ---- */
 
 START_TEST(test_filters)
@@ -1199,6 +1329,7 @@ static Suite *chat_template_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reference_cases);
+    tcase_add_test(tc, test_reference_tool_cases);
     tcase_add_test(tc, test_load_dir);
     tcase_add_test(tc, test_load_dir_list_form);
     tcase_add_test(tc, test_whitespace);
@@ -1212,6 +1343,8 @@ static Suite *chat_template_suite(void)
     tcase_add_test(tc, test_slicing);
     tcase_add_test(tc, test_integer_extremes);
     tcase_add_test(tc, test_provenance);
+    tcase_add_test(tc, test_markup);
+    tcase_add_test(tc, test_markup_provenance);
     tcase_add_test(tc, test_filters);
     tcase_add_test(tc, test_tests);
     tcase_add_test(tc, test_methods);

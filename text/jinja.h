@@ -71,6 +71,8 @@ typedef struct jspan {
 typedef struct jstr {
     size_t len;  /* bytes, not counting the NUL after them */
     int ascii;   /* all bytes < 0x80: code point indexing is byte indexing */
+    int markup;  /* a markupsafe.Markup (text/jinja_markup.c); a string is never marked in
+                    place once others may hold it: marking makes a copy */
     jprov_t prov;
     uint32_t nspan;       /* JPROV_MIXED: the template bytes, in order and disjoint */
     const jspan_t *span;
@@ -282,6 +284,34 @@ int jr_str_concat(jrender_t *r, const jnode_t *at, const jstr_t *x, const jstr_t
                   jstr_t **out);
 /* A builtin's result: a string it made of only template text is template text. */
 void jr_prov_result(jval_t self, const jargs_t *args, jval_t *out);
+
+/* ---- Markup (text/jinja_markup.c) ----
+ *
+ * transformers renders with autoescape off, yet markupsafe's Markup still shows through:
+ * the safe and escape filters return one, and Markup + str escapes the plain str (& < > " '
+ * become &amp; &lt; &gt; &#34; &#39;), as do Markup's methods with their arguments. A
+ * template that builds text from "..."|safe + data therefore prints that data escaped, and
+ * a chat API must do the same. Everything else (~, join, the replace filter, output)
+ * treats a Markup as the plain string it is. Escaping keeps provenance byte for byte:
+ * what a template byte becomes is template text, what a data byte becomes is data. */
+
+/* markupsafe.escape(s): s itself when it is markup, else its text escaped, marked markup. */
+int jr_escape(jrender_t *r, const jnode_t *at, jstr_t *s, jstr_t **out);
+/* s's text escaped and marked markup even when s is markup already (forceescape). */
+int jr_escape_force(jrender_t *r, const jnode_t *at, const jstr_t *s, jstr_t **out);
+/* markupsafe.escape(v) of any value: str(v) escaped, a markup string left as it is. */
+int jr_escape_value(jrender_t *r, const jnode_t *at, jval_t v, jstr_t **out);
+/* Markup(s): s's text marked markup, its provenance kept (s itself when it is markup). */
+int jr_markup(jrender_t *r, const jnode_t *at, jstr_t *s, jstr_t **out);
+/* Marks a result markup: a string, or each string of a list (Markup.split gives Markups). */
+int jr_markup_value(jrender_t *r, const jnode_t *at, jval_t *v);
+/* After filter or method b ran on self: when self is a markup string and b is one that
+ * keeps markup (Markup.upper(), and the filters that call such methods through soft_str),
+ * marks *out. Tests never come here. */
+int jr_markup_result(jrender_t *r, const jnode_t *at, const jbuiltin_t *b, jval_t self,
+                     jval_t *out);
+/* x + y where x or y is markup: Markup.__add__ / __radd__ escape the plain one. */
+int jr_markup_add(jrender_t *r, const jnode_t *at, jstr_t *x, jstr_t *y, jstr_t **out);
 
 /* ---- What the evaluator offers the builtins (text/jinja_eval.c) ---- */
 

@@ -9,6 +9,7 @@
  *   jinja_str.c     Python's string methods
  *   jinja_seq.c     Python's dict and list methods and the loop object's
  *   jinja_tests.c   Jinja2's tests and the globals transformers provides
+ *   jinja_markup.c  markupsafe's escaping, and which filters and methods keep a Markup
  *
  * Nothing here is part of text/jinja.h. */
 #ifndef RIVER_TEXT_JINJA_BUILTINS_H

@@ -509,8 +509,10 @@ static int do_slice(jrender_t *r, const jnode_t *at, jval_t obj, jval_t *parts, 
     if (obj.t == JV_STR) {
         if ((err = slice_str(r, at, obj.u.s, parts, out)))
             return err;
-        /* A piece of template text is template text; of mixed text, data. */
+        /* A piece of template text is template text; of mixed text, data. A piece of a
+         * Markup is a Markup (its __getitem__). slice_str made the string: ours to mark. */
         out->u.s->prov = obj.u.s->prov == JPROV_TEMPLATE ? JPROV_TEMPLATE : JPROV_DATA;
+        out->u.s->markup = obj.u.s->markup;
         return 0;
     }
     *out = jv_undef();
@@ -551,6 +553,8 @@ int jr_getitem(jrender_t *r, const jnode_t *at, jval_t obj, jval_t key, jval_t *
         int err = jr_strval(r, at, s->s + off, adv, out);
         if (!err && s->prov == JPROV_TEMPLATE)
             out->u.s->prov = JPROV_TEMPLATE;
+        if (!err)
+            out->u.s->markup = s->markup;
         return err;
     }
     if (key.t == JV_STR)
@@ -664,7 +668,7 @@ int jr_call(jrender_t *r, const jnode_t *at, jval_t fn, const jargs_t *args, jva
         return call_macro(r, at, f, args, NULL, out);
     jval_t self = f->kind == JF_METHOD ? f->self : (jval_t){.t = JV_ABSENT};
     int err = f->entry->fn(r, at, self, args, out);
-    if (!err)
+    if (!err && !(err = jr_markup_result(r, at, f->entry, self, out)))
         jr_prov_result(self, args, out);
     return err;
 }
@@ -676,7 +680,7 @@ int jr_apply_named(jrender_t *r, const jnode_t *at, int test, const char *name, 
     if (!b)
         return jr_fail(r, at, RIVER_EINVAL, "no %s named '%s'", test ? "test" : "filter", name);
     int err = b->fn(r, at, v, args, out);
-    if (!err)
+    if (!err && !(err = jr_markup_result(r, at, b, v, out)))
         jr_prov_result(v, args, out);
     return err;
 }
@@ -757,7 +761,10 @@ static int repeat(jrender_t *r, const jnode_t *at, jval_t seq, int64_t times, jv
             return RIVER_ENOMEM;
         for (int64_t i = 0; i < times; i++)
             memcpy(p + (size_t)i * len, seq.u.s->s, len);
-        return jr_strval(r, at, p, len * (size_t)times, out);
+        int err = jr_strval(r, at, p, len * (size_t)times, out);
+        if (!err)
+            out->u.s->markup = seq.u.s->markup; /* Markup * n is a Markup */
+        return err;
     }
     size_t n = seq.u.l->n;
     if (n && (uint64_t)times > JINJA_MAX_ITERS / n)
@@ -791,7 +798,10 @@ static int binop(jrender_t *r, const jnode_t *at, int op, jval_t a, jval_t b, jv
         return undef_error(r, at, b, " (in arithmetic)");
     if (op == '+' && a.t == JV_STR && b.t == JV_STR) {
         jstr_t *s;
-        if ((err = jr_str_concat(r, at, a.u.s, b.u.s, &s)))
+        /* Markup + str escapes the str, as markupsafe's __add__ and __radd__ do ("~" does
+         * not: Jinja2 compiles it to str_join when autoescape is off). */
+        if ((err = a.u.s->markup || b.u.s->markup ? jr_markup_add(r, at, a.u.s, b.u.s, &s)
+                                                   : jr_str_concat(r, at, a.u.s, b.u.s, &s)))
             return err;
         *out = jv_str(s);
         return 0;
@@ -1022,7 +1032,8 @@ static int eval_node(jrender_t *r, jscope_t *sc, const jnode_t *nd, jval_t *out)
         } else {
             a = r->filter_input ? *r->filter_input : jv_undef();
         }
-        if ((err = eval_args(r, sc, nd, &args)) || (err = nd->fn->fn(r, nd, a, &args, out)))
+        if ((err = eval_args(r, sc, nd, &args)) || (err = nd->fn->fn(r, nd, a, &args, out)) ||
+            (err = jr_markup_result(r, nd, nd->fn, a, out)))
             return err;
         jr_prov_result(a, &args, out);
         return 0;

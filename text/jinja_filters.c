@@ -165,36 +165,27 @@ static int f_default(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *a
     return 0;
 }
 
+/* markupsafe.escape: a Markup as it is, anything else its text escaped, as a Markup. */
 static int f_escape(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
 {
     NO_ARGS("escape");
     jstr_t *s;
+    int err = jr_escape_value(r, at, v, &s);
+    if (!err)
+        *out = jv_str(s);
+    return err;
+}
+
+/* Escapes even a Markup's text again (Jinja2's do_forceescape: escape(str(value))). */
+static int f_forceescape(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args,
+                         jval_t *out)
+{
+    NO_ARGS("forceescape");
+    jstr_t *s;
     int err = jinja__text_of(r, at, v, &s);
-    if (err)
-        return err;
-    tb_t b = {.r = r, .at = at};
-    for (size_t i = 0; i < s->len; i++) {
-        switch (s->s[i]) {
-        case '&':
-            jinja__tb_put(&b, "&amp;", 5);
-            break;
-        case '<':
-            jinja__tb_put(&b, "&lt;", 4);
-            break;
-        case '>':
-            jinja__tb_put(&b, "&gt;", 4);
-            break;
-        case '"':
-            jinja__tb_put(&b, "&#34;", 5);
-            break;
-        case '\'':
-            jinja__tb_put(&b, "&#39;", 5);
-            break;
-        default:
-            jinja__tb_put(&b, s->s + i, 1);
-        }
-    }
-    return jinja__tb_done(&b, out);
+    if (!err && !(err = jr_escape_force(r, at, s, &s)))
+        *out = jv_str(s);
+    return err;
 }
 
 static int f_first(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
@@ -290,6 +281,10 @@ static int f_format(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
             jstr_t *t;
             if ((err = conv == 's' ? jinja__text_of(r, at, arg, &t) : jr_repr(r, at, arg, &t)))
                 return err;
+            /* Markup % args escapes each argument's text (a Markup's is left as it is)
+             * before width and precision apply, as markupsafe's _MarkupEscapeHelper does. */
+            if (s->markup && (err = jr_escape(r, at, t, &t)))
+                return err;
             if (o == 1) {
                 jinja__tb_put(&b, t->s, t->len);
             } else {
@@ -305,6 +300,10 @@ static int f_format(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *ar
             }
         } else if (strchr("diouxXc", conv)) {
             int64_t iv;
+            /* Markup % args wraps every argument in a helper that is neither an int nor a
+             * one-character str, so Python refuses %c there. */
+            if (conv == 'c' && s->markup)
+                return jr_fail(r, at, RIVER_EINVAL, "format: %%c requires int or char");
             if (arg.t == JV_FLOAT && conv != 'c') {
                 /* Casting a float outside int64_t's range is undefined behaviour. */
                 if (!(fabs(arg.u.f) < 9.2e18))
@@ -620,8 +619,9 @@ static int select_common(jrender_t *r, const jnode_t *at, jval_t v, const jargs_
             return jr_fail(r, at, RIVER_EINVAL, "no test named '%s'", test);
         p++;
     }
+    /* A call without arguments has no argument array: NULL + 0 is undefined behaviour. */
     jargs_t ta = {.npos = args->npos - p,
-                  .pos = args->pos + p,
+                  .pos = args->npos > p ? args->pos + p : NULL,
                   .nkw = args->nkw,
                   .kwn = args->kwn,
                   .kwv = args->kwv};
@@ -701,11 +701,15 @@ static int f_reverse(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *a
     return 0;
 }
 
+/* Markup(value): the value's text (a list's too, as str() prints it), marked markup. */
 static int f_safe(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
 {
     NO_ARGS("safe");
-    *out = v;
-    return 0;
+    jstr_t *s;
+    int err = jinja__text_of(r, at, v, &s);
+    if (!err && !(err = jr_markup(r, at, s, &s)))
+        *out = jv_str(s);
+    return err;
 }
 
 static int f_string(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *args, jval_t *out)
@@ -930,6 +934,10 @@ static int f_truncate(jrender_t *r, const jnode_t *at, jval_t v, const jargs_t *
         *out = jv_str(s);
         return 0;
     }
+    /* A Markup's piece + end escapes end, after its unescaped length counted (Jinja2's
+     * do_truncate); jr_markup_result marks the result. */
+    if (s->markup && (err = jr_escape(r, at, end, &end)))
+        return err;
     int64_t keep = length - (int64_t)el;
     size_t off = ju_offset(s->s, s->len, (size_t)keep);
     if (!(GIVEN(a[1]) && jv_truthy(a[1]))) {
@@ -1014,7 +1022,7 @@ static const jbuiltin_t filters[] = {
     {"e", f_escape, JV_ABSENT},
     {"escape", f_escape, JV_ABSENT},
     {"first", f_first, JV_ABSENT},
-    {"forceescape", f_escape, JV_ABSENT},
+    {"forceescape", f_forceescape, JV_ABSENT},
     {"format", f_format, JV_ABSENT},
     {"indent", f_indent, JV_ABSENT},
     {"items", f_items, JV_ABSENT},

@@ -384,8 +384,11 @@ static int m_replace(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t
     jstr_t *o, *n;
     int64_t count = -1;
     int err;
+    /* Markup.replace escapes new (any value: escape() takes one), not old (markupsafe 3;
+     * 2.x escaped both). */
     if ((err = jinja__want_str(r, at, a[0], "replace", &o)) ||
-        (err = jinja__want_str(r, at, a[1], "replace", &n)))
+        (err = self.u.s->markup ? jr_escape_value(r, at, a[1], &n)
+                                : jinja__want_str(r, at, a[1], "replace", &n)))
         return err;
     if (GIVEN(a[2]) && (err = jinja__want_int(r, at, a[2], "replace", &count)))
         return err;
@@ -528,11 +531,17 @@ static int m_sjoin(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t *
     tb_t b = {.r = r, .at = at};
     for (size_t i = 0; i < items->n && !b.err; i++) {
         jstr_t *s;
-        if (items->v[i].t != JV_STR)
+        /* Markup.join escapes its items, and escape() takes any value (1, None). */
+        if (self.u.s->markup) {
+            if ((err = jr_escape_value(r, at, items->v[i], &s)))
+                return err;
+        } else if (items->v[i].t != JV_STR) {
             return jr_fail(r, at, RIVER_EINVAL,
                            "sequence item %zu: expected str instance, %s found", i,
                            jv_type_name(items->v[i]));
-        s = items->v[i].u.s;
+        } else {
+            s = items->v[i].u.s;
+        }
         if (i)
             jinja__tb_put(&b, self.u.s->s, self.u.s->len);
         jinja__tb_put(&b, s->s, s->len);
@@ -650,6 +659,10 @@ static int m_format(jrender_t *r, const jnode_t *at, jval_t self, const jargs_t 
         int err = ne < fe && s->s[ne] == '!' && ne + 1 < fe && s->s[ne + 1] == 'r'
                       ? jr_repr(r, at, v, &t)
                       : jinja__text_of(r, at, v, &t);
+        /* Markup.format escapes each field's text, a Markup's excepted (markupsafe's
+         * EscapeFormatter); the receiver's own text stays as it is. */
+        if (!err && s->markup)
+            err = jr_escape(r, at, t, &t);
         if (err)
             return err;
         jinja__tb_put(&b, t->s, t->len);

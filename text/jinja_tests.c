@@ -37,7 +37,8 @@ TEST_FN(t_iterable,
         v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF || v.t == JV_LOOP)
 TEST_FN(t_sequence, v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF)
 TEST_FN(t_callable, v.t == JV_FUNC || v.t == JV_UNDEF)
-TEST_FN(t_escaped, 0)
+/* hasattr(value, "__html__"): only a Markup has one here. */
+TEST_FN(t_escaped, v.t == JV_STR && v.u.s->markup)
 TEST_FN(t_lower, v.t == JV_STR && jinja__str_class(v.u.s, 'l'))
 TEST_FN(t_upper, v.t == JV_STR && jinja__str_class(v.u.s, 'u'))
 

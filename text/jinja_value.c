@@ -374,7 +374,7 @@ const char *jv_type_name(jval_t v)
     case JV_BOOL: return "bool";
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
-    case JV_STR: return "str";
+    case JV_STR: return v.u.s->markup ? "Markup" : "str";
     case JV_LIST: return v.u.l->tuple ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
@@ -626,9 +626,11 @@ void jv_float_repr(double f, char *buf, size_t cap)
     snprintf(buf, cap, "%s", out);
 }
 
-/* Python's repr() of a string. */
-static void repr_str(sbuf_t *b, const char *s, size_t n)
+/* Python's repr() of a str (markup 0) or of a Markup, which prints as Markup('...'). */
+static void repr_str(sbuf_t *b, const char *s, size_t n, int markup)
 {
+    if (markup)
+        sb_puts(b, "Markup(");
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
     sb_put(b, &q, 1);
@@ -672,6 +674,8 @@ static void repr_str(sbuf_t *b, const char *s, size_t n)
         i += adv;
     }
     sb_put(b, &q, 1);
+    if (markup)
+        sb_puts(b, ")");
 }
 
 static void put_value(sbuf_t *b, jval_t v, int repr, int depth);
@@ -696,7 +700,7 @@ static void put_dict(sbuf_t *b, const jdict_t *d, int depth)
     for (size_t i = 0; i < d->n && !b->err; i++) {
         if (i)
             sb_puts(b, ", ");
-        repr_str(b, d->k[i]->s, d->k[i]->len);
+        repr_str(b, d->k[i]->s, d->k[i]->len, d->k[i]->markup);
         sb_puts(b, ": ");
         put_value(b, d->v[i], 1, depth + 1);
     }
@@ -727,7 +731,7 @@ static void put_value(sbuf_t *b, jval_t v, int repr, int depth)
         break;
     case JV_STR:
         if (repr)
-            repr_str(b, v.u.s->s, v.u.s->len);
+            repr_str(b, v.u.s->s, v.u.s->len, v.u.s->markup);
         else
             sb_put(b, v.u.s->s, v.u.s->len);
         break;
