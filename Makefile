@@ -389,6 +389,7 @@ GATEWAY_KEYS_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/apikeys.o $(BUILD)/gate
                     $(BUILD)/gateway/errors.o)
 $(BUILD)/tests/test_gateway: $(GATEWAY_KEYS_OBJ)
 $(BUILD)/tests/test_config: $(SCHEMA_OBJ)
+$(BUILD)/tests/test_toolcall: $(filter $(BUILD)/gateway/toolcall%,$(GATEWAY_OBJ))
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_ALL     := $(shell sed -n 's/^    {"\([a-z0-9_]*\)", fuzz_[a-z0-9_]*},$$/\1/p' fuzz/targets.c)
 FUZZ         ?= $(FUZZ_ALL)
