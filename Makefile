@@ -148,7 +148,7 @@ build-bench-gateway: build-all
 
 TEST_SRC    := $(wildcard tests/test_*.c)
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+TEST_COMMON := $(filter-out $(TEST_SRC) tests/bench_%.c,$(wildcard tests/*.c))
 TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/%.o)
 
 # CUDA backend (kernels/cuda/): built when nvcc is found ($(CUDA_HOME)/bin/nvcc, else on
@@ -475,6 +475,18 @@ bench-kernels: deps-check
 	$(Q)$(MAKE) --no-print-directory build-bench-kernels
 build-bench-kernels: build-all
 	$(Q)$(RIVER_BIN) bench --kernels --threads $(THREADS) $(KERNEL_ARGS)
+
+# The grammar engine's token masks (text/grammar.h) over the Llama 3 vocabulary, one core:
+# matcher build time, then median/p90/p99/max of grammar_state_mask per token for several
+# JSON Schemas (tests/bench_grammar.c).
+.PHONY: bench-grammar build-bench-grammar
+bench-grammar: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-grammar
+build-bench-grammar: $(BUILD)/tests/bench_grammar
+	$(Q)$(BUILD)/tests/bench_grammar
+$(BUILD)/tests/bench_grammar: $(BUILD)/tests/bench_grammar.o $(TEXT_LIB) $(COMMON_LIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEXT_LIB) $(COMMON_LIB) $(LDLIBS)
 
 # Every SIMD level this processor has, forced with RIVER_SIMD: the op tests (which loop
 # over the levels themselves), then the golden and exit suites once per level.

@@ -363,6 +363,10 @@ int river_client_submit(river_client_t *c, const river_generate_opts_t *o,
     }
     g.deadline_ms = o->deadline_ms;
     g.ignore_eos = o->ignore_eos != 0;
+    g.logprobs = o->logprobs != 0;
+    g.top_logprobs = o->top_logprobs;
+    if (o->grammar)
+        g.grammar = (char *)o->grammar;
     if (o->tenant)
         g.tenant = (char *)o->tenant;
     if (o->cache_salt)
@@ -428,6 +432,33 @@ static void client__end(river_client_t *c, int i, river_event_t *ev)
         r.cb(r.user, &e);
 }
 
+/* A chunk's log-probabilities in the library's types (malloc'd, NULL when the chunk has
+ * none, or not one per id, or no memory): they point into the chunk. */
+static river_token_logprob_t *client__logprobs(const River__Client__TokenChunk *ch)
+{
+    if (!ch->n_logprobs || ch->n_logprobs != ch->n_ids)
+        return NULL;
+    river_token_logprob_t *out = calloc(ch->n_logprobs, sizeof *out);
+    for (size_t i = 0; out && i < ch->n_logprobs; i++) {
+        const River__Client__TokenLogprob *lp = ch->logprobs[i];
+        river_token_logprob_t *o = &out[i];
+        o->id = ch->ids[i];
+        o->logprob = lp->logprob;
+        o->token = (const char *)lp->token.data;
+        o->token_len = lp->token.len;
+        size_t n = lp->n_top_ids;
+        if (n != lp->n_top_logprobs || n != lp->n_top_tokens)
+            n = 0; /* a malformed list is left out, not half read */
+        o->n_top = n < RIVER_TOP_LOGPROBS_MAX ? n : RIVER_TOP_LOGPROBS_MAX;
+        for (size_t j = 0; j < o->n_top; j++)
+            o->top[j] = (river_top_logprob_t){.id = lp->top_ids[j],
+                                              .logprob = lp->top_logprobs[j],
+                                              .token = (const char *)lp->top_tokens[j].data,
+                                              .token_len = lp->top_tokens[j].len};
+    }
+    return out;
+}
+
 static void client__on_reply(river_client_t *c, const River__Client__ClientReply *m)
 {
     river_event_t ev;
@@ -463,8 +494,12 @@ static void client__on_reply(river_client_t *c, const River__Client__ClientReply
         ev.n_ids = m->chunk->n_ids;
         ev.exit_layers = m->chunk->exit_layers;
         ev.n_exit_layers = m->chunk->n_exit_layers;
+        river_token_logprob_t *lps = client__logprobs(m->chunk);
+        ev.logprobs = lps;
+        ev.n_logprobs = lps ? m->chunk->n_logprobs : 0;
         if (r->cb)
             r->cb(r->user, &ev);
+        free(lps);
         break;
     case RIVER__CLIENT__CLIENT_REPLY__KIND_FINAL:
         ev.kind = RIVER_EVENT_FINAL;

@@ -114,6 +114,13 @@ typedef struct river_generate_opts {
      * 1 asks for it, -1 for the lossy mode, 0 keeps the worker's exit.mode. */
     int lossless;
     uint32_t draft_tokens;       /* lossless: most draft tokens per verify pass; 0: worker's */
+    /* Log-probabilities of each token in its chunk (river_event_t.logprobs), with the
+     * top_logprobs (0..RIVER_TOP_LOGPROBS_MAX) most likely tokens beside. */
+    int logprobs;
+    uint32_t top_logprobs;
+    /* A grammar the completion must follow (text/grammar.h's text, root rule "root");
+     * NULL: none. A grammar the worker cannot compile is INVALID_ARGUMENT. */
+    const char *grammar;
 } river_generate_opts_t;
 
 #define RIVER_GENERATE_OPTS_INIT {.top_p = 1.0f}
@@ -123,6 +130,30 @@ typedef enum {
     RIVER_EVENT_FINAL,
     RIVER_EVENT_ERROR,
 } river_event_kind_t;
+
+/* Most top_logprobs a request may ask for. */
+#define RIVER_TOP_LOGPROBS_MAX 20
+
+/* One of the most likely tokens at a position. token: its bytes (not NUL-terminated; a
+ * token may hold part of a UTF-8 character). */
+typedef struct river_top_logprob {
+    int32_t id;
+    float logprob;
+    const char *token;
+    size_t token_len;
+} river_top_logprob_t;
+
+/* The log-probabilities at one generated position (river_generate_opts_t.logprobs): of
+ * the token generated, under the grammar's mask and before temperature and top-p, and the
+ * n_top most likely tokens there, most likely first. */
+typedef struct river_token_logprob {
+    int32_t id;
+    float logprob;
+    const char *token;
+    size_t token_len;
+    size_t n_top;
+    river_top_logprob_t top[RIVER_TOP_LOGPROBS_MAX];
+} river_token_logprob_t;
 
 /* What a callback gets; pointers are valid during the call only. */
 typedef struct river_event {
@@ -136,6 +167,8 @@ typedef struct river_event {
     size_t n_ids;
     const int32_t *exit_layers;  /* n_exit_layers (n_ids, or 0 when not reported) */
     size_t n_exit_layers;
+    const river_token_logprob_t *logprobs; /* n_logprobs (n_ids when asked, else 0) */
+    size_t n_logprobs;
     /* FINAL */
     river_finish_t finish;
     uint32_t prompt_tokens, completion_tokens;

@@ -976,6 +976,10 @@ void dispatch_on_tokens(riverd_t *rd, worker_t *w, const River__Worker__Tokens *
         c.n_exit_layers = n;
         c.exit_layers = t->exit_layers + skip;
     }
+    if (t->n_logprobs == t->n_ids) {
+        c.n_logprobs = n;
+        c.logprobs = t->logprobs + skip;
+    }
     River__Client__ClientReply r;
     river__client__client_reply__init(&r);
     r.kind_case = RIVER__CLIENT__CLIENT_REPLY__KIND_CHUNK;

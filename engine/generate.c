@@ -52,6 +52,11 @@ typedef struct gseq {
     int32_t reuse[GEN_DRAFT_MAX];
     int drafted, accepted; /* draft tokens verified and accepted, whole completion */
     int drafts;            /* verify passes with at least one draft token */
+    /* Constrained decoding: the grammar's state after every accepted id, and in lossless
+     * mode its state after the current round's draft too (NULL: no grammar). */
+    grammar_state_t *gram;
+    grammar_state_t *gram_draft;
+    logits_logprob_t lp;   /* the log-probabilities of the id being accepted, when asked */
 } gseq_t;
 
 /* What a batch row does for its sequence. */
@@ -93,6 +98,10 @@ struct gen {
     spec_costs_t costs;    /* spec.costs copied (spec.costs points here) */
     int k_now;             /* the draft length rounds use now: spec.k_max, or the pick */
     gen_stats_t stats;
+    /* Constrained decoding, made at the first request with a grammar: the tokenizer's
+     * vocabulary as the grammar sees it, and one mask's scratch. */
+    grammar_vocab_t *gvocab;
+    uint32_t *allowed;     /* ((vocab + 31) / 32) words */
 };
 
 static const char *const gen__source_names[] = {"river", "ngram", "both"};
@@ -245,6 +254,8 @@ static void gen__release(gen_t *g, gseq_t *s)
     exit_seq_free(&s->exit);
     sampler_destroy(&s->sampler);
     tok_stream_destroy(&s->stream);
+    grammar_state_destroy(&s->gram);
+    grammar_state_destroy(&s->gram_draft);
     free(s->ids);
     free(s->pending);
     free(s->q);
@@ -280,6 +291,8 @@ void gen_destroy(gen_t **gp)
     free(g->save_layer);
     free(g->start_hidden);
     free(g->saved_hidden);
+    grammar_vocab_destroy(&g->gvocab);
+    free(g->allowed);
     prefix_cache_destroy(&g->pc);
     if (g->owns_kv)
         kv_pool_destroy(&g->kv);
@@ -324,6 +337,59 @@ static int gen__prime_text(gseq_t *s, const int32_t *done, size_t n_done)
     return 0;
 }
 
+int gen_grammar_vocab(gen_t *g, const grammar_vocab_t **out)
+{
+    if (!g->gvocab) {
+        int e = logits_vocab_new(&g->gvocab, g->tok, &g->m->cfg);
+        if (e)
+            return e;
+    }
+    *out = g->gvocab;
+    return 0;
+}
+
+static int gen__is_eos(const gen_t *g, int32_t id)
+{
+    for (int i = 0; i < g->m->cfg.n_eos; i++)
+        if (id == g->m->cfg.eos_ids[i])
+            return 1;
+    return 0;
+}
+
+/* The grammar states of a new sequence, with the ids a continued completion already has
+ * run through them. */
+static int gen__grammar_start(gen_t *g, gseq_t *s, const gen_request_t *r)
+{
+    int e = grammar_state_new(&s->gram, r->grammar);
+    if (!e && s->lossless)
+        e = grammar_state_new(&s->gram_draft, r->grammar);
+    for (size_t i = 0; !e && i < r->n_done; i++)
+        if (!gen__is_eos(g, r->done[i]) && grammar_state_accept(s->gram, r->done[i]))
+            e = river_err_set(RIVER_EINVAL, "generate: done id %d (the %zu-th) breaks the "
+                              "request's grammar", r->done[i], i + 1);
+    return e;
+}
+
+/* Masks a row that s samples from with a grammar state (NULL: none). A grammar that allows
+ * no token at all is the sequence's error. */
+static int gen__constrain(gen_t *g, grammar_state_t *st, float *row)
+{
+    if (!st)
+        return 0;
+    int left = logits_mask(st, g->m->cfg.vocab_size, g->allowed, row);
+    if (left == 0)
+        return river_err_set(RIVER_EINVAL, "generate: the grammar allows no token of the "
+                             "model's vocabulary here");
+    return left < 0 ? left : 0;
+}
+
+/* Keeps the log-probabilities of id in row for the event that reports it, when asked. */
+static void gen__logprob(const gen_t *g, gseq_t *s, const float *row, int32_t id)
+{
+    if (s->req.logprobs)
+        logits_logprob(row, g->m->cfg.vocab_size, id, s->req.top_logprobs, &s->lp);
+}
+
 int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
 {
     if (r->n_prompt == 0)
@@ -349,6 +415,14 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     }
     if (r->n_stop > 0 && !g->tok)
         return river_err_set(RIVER_EINVAL, "generate: stop strings need a tokenizer");
+    if (r->top_logprobs < 0 || r->top_logprobs > LOGITS_TOP_MAX)
+        return river_err_set(RIVER_EINVAL, "generate: top_logprobs %d outside 0..%d",
+                             r->top_logprobs, LOGITS_TOP_MAX);
+    if (r->grammar && !g->allowed) {
+        size_t words = ((size_t)g->m->cfg.vocab_size + 31) / 32;
+        if (!(g->allowed = malloc(words * sizeof *g->allowed)))
+            return river_err_set(RIVER_ENOMEM, "generate: grammar mask");
+    }
     int k_cap = 0;
     if (r->lossless) {
         if (!g->has_exit)
@@ -396,6 +470,8 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
     }
     if (g->tok && (e = tok_stream_new(&s->stream, g->tok, 1)))
         goto fail;
+    if (r->grammar && (e = gen__grammar_start(g, s, r)))
+        goto fail;
     s->cap_ids = n_all + 64;
     s->ids = malloc(s->cap_ids * sizeof *s->ids);
     if (!s->ids) {
@@ -436,6 +512,8 @@ int gen_submit(gen_t *g, const gen_request_t *r, int *seq)
 
 fail:
     tok_stream_destroy(&s->stream);
+    grammar_state_destroy(&s->gram);
+    grammar_state_destroy(&s->gram_draft);
     sampler_destroy(&s->sampler);
     free(s->ids);
     free(s->pending);
@@ -502,7 +580,8 @@ static void gen__finish(gen_t *g, gseq_t *s, int32_t id, int depth, gen_finish_t
                       .index = id >= 0 ? s->n_generated - 1 : s->n_generated,
                       .err = why == GEN_FINISH_ERROR ? (s->err ? s->err : RIVER_EIO) : 0,
                       .cached_tokens = s->cached_tokens,
-                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts};
+                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts,
+                      .logprob = id >= 0 && s->req.logprobs ? &s->lp : NULL};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     gen__release(g, s);
@@ -529,12 +608,15 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
         gen__finish(g, s, id, depth, GEN_FINISH_ERROR);
         return;
     }
-    if (!s->req.ignore_eos)
-        for (int i = 0; i < c->n_eos; i++)
-            if (id == c->eos_ids[i]) {
-                gen__finish(g, s, id, depth, GEN_FINISH_EOS);
-                return;
-            }
+    if (!s->req.ignore_eos && gen__is_eos(g, id)) {
+        gen__finish(g, s, id, depth, GEN_FINISH_EOS);
+        return;
+    }
+    /* The mask let only ids through that the grammar takes. */
+    if (s->gram && !gen__is_eos(g, id) && (s->err = grammar_state_accept(s->gram, id))) {
+        gen__finish(g, s, id, depth, GEN_FINISH_ERROR);
+        return;
+    }
     if (s->stream) {
         const char *piece;
         size_t len;
@@ -565,7 +647,8 @@ static void gen__accept(gen_t *g, gseq_t *s, int32_t id, int depth)
     gen_event_t ev = {.seq = s->id, .id = id, .text = s->pending ? s->pending : "",
                       .len = emit, .finish = GEN_RUNNING, .depth = depth,
                       .index = s->n_generated - 1, .cached_tokens = s->cached_tokens,
-                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts};
+                      .drafted = s->drafted, .accepted = s->accepted, .drafts = s->drafts,
+                      .logprob = s->req.logprobs ? &s->lp : NULL};
     if (s->req.on_token)
         s->req.on_token(s->req.user, &ev);
     if (hold) /* without a tokenizer pending is NULL, and memmove must not see it */
@@ -730,11 +813,17 @@ static int gen__draft_limit(const gen_t *g, const gseq_t *s)
 /* Takes one draft id from the draft row's logits: the argmax (greedy) or a draw from the
  * sampler's distribution, which is kept for the rejection rule. The draft ends at its
  * limit, at an end-of-sequence id, or after a token the draft is not confident of. */
-static void gen__draft(gen_t *g, gseq_t *s, const float *lg)
+static void gen__draft(gen_t *g, gseq_t *s, float *lg)
 {
     const model_config_t *c = &g->m->cfg;
     int32_t id;
     float conf;
+    /* The draft follows the grammar as the verified ids will: a draft id the mask of the
+     * backbone would refuse could never be accepted. A stuck grammar ends the draft. */
+    if (gen__constrain(g, s->gram_draft, lg)) {
+        s->verifying = 1;
+        return;
+    }
     if (s->q) {
         float *q = s->q + (size_t)s->n_draft * (size_t)c->vocab_size;
         sampler_probs(s->sampler, lg, q);
@@ -752,6 +841,8 @@ static void gen__draft(gen_t *g, gseq_t *s, const float *lg)
     int stop = s->n_draft >= gen__draft_limit(g, s) || conf < g->spec.min_conf;
     for (int i = 0; i < c->n_eos && !s->req.ignore_eos; i++)
         stop |= id == c->eos_ids[i];
+    if (s->gram_draft && !gen__is_eos(g, id))
+        stop |= grammar_state_accept(s->gram_draft, id) != 0;
     if (stop)
         s->verifying = 1;
 }
@@ -788,7 +879,9 @@ static int gen__ngram_pays(const gen_t *g, int m, int k)
 static void gen__round_start(gen_t *g, gseq_t *s)
 {
     int lim = gen__draft_limit(g, s);
-    if (lim == 0) {
+    /* Without a copy of the grammar's state to draft under there is no draft: the round
+     * verifies at once. */
+    if (lim == 0 || (s->gram_draft && grammar_state_copy(s->gram_draft, s->gram))) {
         s->verifying = 1;
         return;
     }
@@ -801,8 +894,16 @@ static void gen__round_start(gen_t *g, gseq_t *s)
         for (int i = 0; i < c->n_eos; i++)
             if (s->draft[j] == c->eos_ids[i])
                 m = j + 1; /* nothing is drafted past an end of sequence */
-    if (g->spec.source == GEN_DRAFT_BOTH && (m == 0 || !gen__ngram_pays(g, m, lim)))
+    /* A looked-up id the grammar refuses ends the draft there: it could not be accepted. */
+    for (int j = 0; j < m && s->gram_draft; j++)
+        if (gen__is_eos(g, s->draft[j]) ? !grammar_state_can_end(s->gram_draft)
+                                        : grammar_state_accept(s->gram_draft, s->draft[j]) != 0)
+            m = j;
+    if (g->spec.source == GEN_DRAFT_BOTH && (m == 0 || !gen__ngram_pays(g, m, lim))) {
+        if (s->gram_draft && grammar_state_copy(s->gram_draft, s->gram))
+            s->verifying = 1; /* the river's draft needs the state back */
         return;
+    }
     s->n_draft = m;
     s->draft_ngram = 1;
     s->verifying = 1;
@@ -816,7 +917,7 @@ static void gen__round_start(gen_t *g, gseq_t *s)
 /* Verifies s's draft against the backbone's logits at its n_draft+1 verify rows (lg, one
  * row after another): accepts a prefix, adds the backbone's next id, and rolls the
  * rejected positions back. Returns the ids it emitted. */
-static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
+static int gen__verify(gen_t *g, gseq_t *s, float *lg)
 {
     const model_config_t *c = &g->m->cfg;
     size_t vocab = (size_t)c->vocab_size;
@@ -833,9 +934,15 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
     g->stats.spec_ngram_drafts += ngram && nd > 0;
     g->stats.spec_ngram_draft_tokens += ngram ? nd : 0;
     for (int j = 0; j <= nd; j++) {
-        const float *row = lg + (size_t)j * vocab;
+        float *row = lg + (size_t)j * vocab;
         int32_t tok;
         int ok = 0;
+        /* The backbone's distribution under the grammar's mask at this position: the one
+         * the constrained output must follow. */
+        if ((s->err = gen__constrain(g, s->gram, row))) {
+            gen__finish(g, s, -1, c->n_layers, GEN_FINISH_ERROR);
+            return emitted;
+        }
         if (!s->q) {
             tok = sampler_argmax(row, c->vocab_size);
             ok = j < nd && s->draft[j] == tok;
@@ -861,6 +968,7 @@ static int gen__verify(gen_t *g, gseq_t *s, const float *lg)
         /* The id fed at base+j has its backbone K/V now; the new id goes to base+j+1. */
         s->pos = base + j + 1;
         emitted++;
+        gen__logprob(g, s, row, tok);
         gen__accept(g, s, tok, c->n_layers);
         if (!s->used || s->id != id)
             return emitted; /* finished */
@@ -1048,7 +1156,7 @@ int gen_step(gen_t *g)
         gseq_t *s = &g->seqs[g->row_seq[r]];
         if (g->row_logit[r] < 0 || !s->used)
             continue;
-        const float *lg = g->logits + (size_t)g->row_logit[r] * vocab;
+        float *lg = g->logits + (size_t)g->row_logit[r] * vocab;
         if (g->row_kind[r] == ROW_DRAFT) {
             int j = s->n_draft;
             int at = g->depth[r] < g->save_layer[r] ? g->depth[r] : g->save_layer[r];
@@ -1062,7 +1170,13 @@ int gen_step(gen_t *g)
             emitted += gen__verify(g, s, lg);
             r += rows - 1;
         } else {
-            gen__accept(g, s, sampler_sample(s->sampler, lg), g->depth[r]);
+            if ((s->err = gen__constrain(g, s->gram, lg))) {
+                gen__finish(g, s, -1, g->depth[r], GEN_FINISH_ERROR);
+                continue;
+            }
+            int32_t id = sampler_sample(s->sampler, lg);
+            gen__logprob(g, s, lg, id);
+            gen__accept(g, s, id, g->depth[r]);
             emitted++;
         }
     }

@@ -13,6 +13,7 @@
 
 #include "engine/forward.h"
 #include "engine/kv_pool.h"
+#include "engine/logits.h"
 #include "model/model.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
@@ -86,6 +87,9 @@ typedef struct gen_event {
     int drafted;     /* lossless: draft tokens verified so far in this completion */
     int accepted;    /* lossless: of which the backbone accepted */
     int drafts;      /* lossless: verify passes that checked at least one draft token */
+    /* The token's log-probabilities when its request asked (gen_request_t.logprobs), else
+     * NULL; valid during the callback only. */
+    const logits_logprob_t *logprob;
 } gen_event_t;
 
 typedef void (*gen_token_cb)(void *user, const gen_event_t *ev);
@@ -121,6 +125,16 @@ typedef struct gen_request {
      * only with sequences of the same salt. Copied at submit; NULL/0: the empty salt. */
     const void *prefix_salt;
     size_t n_prefix_salt;
+    /* Log-probabilities of every generated token in its event (engine/logits.h): logprobs
+     * 1 asks for them, top_logprobs (0..LOGITS_TOP_MAX) for the most likely ids beside. */
+    int logprobs;
+    int top_logprobs;
+    /* The grammar the completion follows (NULL: none), bound to the vocabulary of the
+     * generator's tokenizer (gen_grammar_vocab's, or another made the same way:
+     * grammar_matcher_new) and borrowed until the sequence ends. Every row the
+     * sequence samples from is masked by it, drafts included, and done ids are run through
+     * it at submit (RIVER_EINVAL when they break it). */
+    const grammar_matcher_t *grammar;
 } gen_request_t;
 
 /* Speculative decoding with the exit path as the draft model (lossless mode). Each step a
@@ -183,6 +197,11 @@ int gen_set_exit(gen_t *g, const exit_config_t *cfg);
 /* Lossless-mode defaults for requests without their own draft_k: k_max 4, min_conf 0
  * until set. RIVER_EINVAL for values outside the ranges. */
 int gen_set_spec(gen_t *g, const gen_spec_t *spec);
+
+/* The generator's tokenizer as a grammar sees it (engine/logits.h), made on the first call
+ * (about a second for a 128k vocabulary) and owned by the generator: the vocabulary a
+ * request's grammar is bound to. RIVER_EINVAL without a tokenizer. */
+int gen_grammar_vocab(gen_t *g, const grammar_vocab_t **out);
 
 /* Queues a request; *seq receives its id. RIVER_EFULL when max_seqs are running,
  * RIVER_EINVAL for an empty prompt, one longer than the context (done ids included), done

@@ -38,6 +38,7 @@
 #include "engine/exitriver.h"
 #include "engine/router.h"
 #include "model/safetensors.h"
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 #include "gateway/gateway.h"
 #include "kernels/cpu/cpu.h"
@@ -1177,11 +1178,29 @@ static void fuzz_openai_request(const uint8_t *d, size_t n)
         return;
     }
     static const int32_t ids[] = {1, 2, 3};
-    gw_piece_t p = {"text \xc3\xa9", 7, ids, ids, 3, 3};
+    /* Log-probabilities of a whole token and of one that holds half a character. */
+    river_token_logprob_t lp = {.id = 1, .logprob = -0.5f, .token = "\xc3", .token_len = 1,
+                                .n_top = 1};
+    lp.top[0] = (river_top_logprob_t){.id = 2, .logprob = -0.25f, .token = "te",
+                                      .token_len = 2};
+    json_t *lps = json_pack("[o,o,o]", gw_logprob_json(&lp), gw_logprob_json(&lp),
+                            gw_logprob_json(&lp));
+    gw_piece_t p = {"text \xc3\xa9", 7, ids, ids, 3, 3, lps, NULL};
     gw_usage_t u = {5, 3, 1.5f, 2};
+    size_t offset = 0;
+    /* The request's grammar in the format of the input's choice: a grammar built from a
+     * schema the compiler took must compile. */
+    toolcall_format_t tf = (toolcall_format_t)(d[0] >> 1) % TOOLCALL_N_FORMATS;
+    gw_error_t cerr;
+    if (gw_constrain(&r, tf, &cerr) == 0 && r.grammar) {
+        grammar_t *g = NULL;
+        if (grammar_parse(&g, r.grammar, strlen(r.grammar)))
+            fuzz_fail("openai_request: the request's grammar does not compile");
+        grammar_destroy(&g);
+    }
     json_t *o[4] = {
-        gw_chunk_json(&r, "cmpl-1", 1, &p, NULL, 0),
-        gw_chunk_json(&r, "cmpl-1", 1, NULL, "stop", api == GW_API_CHAT),
+        gw_chunk_json(&r, "cmpl-1", 1, &p, NULL, 0, &offset),
+        gw_chunk_json(&r, "cmpl-1", 1, NULL, "stop", api == GW_API_CHAT, &offset),
         gw_usage_chunk_json(&r, "cmpl-1", 1, &u),
         gw_response_json(&r, "cmpl-1", 1, &p, "length", &u, "<s>prompt"),
     };
@@ -1192,7 +1211,184 @@ static void fuzz_openai_request(const uint8_t *d, size_t n)
         free(text);
         json_decref(o[i]);
     }
+    json_decref(lps);
     gw_request_free(&r);
+}
+
+/* ---- Grammars ----
+ * A vocabulary of a few hundred short byte strings: every single byte, JSON's punctuation
+ * and words, multi-byte characters and their halves, and one stop token. */
+static grammar_vocab_t *fuzz_gvocab;
+#define FUZZ_GVOCAB_STOP 0
+
+static const grammar_vocab_t *fuzz_grammar_vocab(void)
+{
+    if (fuzz_gvocab)
+        return fuzz_gvocab;
+    static const char *const words[] = {
+        "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "true", "false", "null", "{\"", "\":",
+        "\",\"", "\"}", "\":\"", "0", "1", "12", "-", ".", "e", "name", "arguments", "\\",
+        "\\u", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f", "abc", "a", "b"};
+    enum { NW = sizeof words / sizeof words[0] };
+    static char bytes[256];
+    const char *v[1 + 256 + NW];
+    size_t len[1 + 256 + NW];
+    v[0] = NULL;
+    len[0] = 0;
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        v[1 + i] = &bytes[i];
+        len[1 + i] = 1;
+    }
+    for (int i = 0; i < NW; i++) {
+        v[1 + 256 + i] = words[i];
+        len[1 + 256 + i] = strlen(words[i]);
+    }
+    int32_t stop = FUZZ_GVOCAB_STOP;
+    if (grammar_vocab_new(&fuzz_gvocab, v, len, 1 + 256 + NW, &stop, 1))
+        fuzz_fail("grammar: the vocabulary");
+    return fuzz_gvocab;
+}
+
+/* Walks a grammar: each byte of steps picks one of the allowed tokens, which must be
+ * accepted; a token the mask refuses must be refused by accept as well. */
+static void fuzz_grammar_walk(const grammar_t *g, const uint8_t *steps, size_t n)
+{
+    const grammar_vocab_t *v = fuzz_grammar_vocab();
+    grammar_matcher_t *m = NULL;
+    grammar_state_t *st = NULL;
+    int nv = grammar_vocab_size(v);
+    uint32_t *allowed = calloc(((size_t)nv + 31) / 32, sizeof *allowed);
+    if (!allowed || grammar_matcher_new(&m, g, v) || grammar_state_new(&st, m))
+        goto done;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (grammar_state_mask(st, allowed))
+            break;
+        int n_ok = 0;
+        for (int t = 0; t < nv; t++)
+            n_ok += allowed[t / 32] >> (t % 32) & 1;
+        if (n_ok == 0)
+            break;
+        int pick = steps[i] % n_ok, t = 0;
+        for (;; t++)
+            if ((allowed[t / 32] >> (t % 32) & 1) && pick-- == 0)
+                break;
+        int refused = (steps[i] * 7 + 3) % nv;
+        if (!(allowed[refused / 32] >> (refused % 32) & 1) &&
+            grammar_state_accept(st, refused) == 0)
+            fuzz_fail("grammar: accept took a token the mask refused");
+        if (grammar_state_accept(st, t))
+            fuzz_fail("grammar: accept refused a token the mask allowed");
+        if (t == FUZZ_GVOCAB_STOP)
+            break;
+    }
+done:
+    grammar_state_destroy(&st);
+    grammar_matcher_destroy(&m);
+    free(allowed);
+}
+
+/* GBNF text: the input up to its first NUL; what follows the NUL steers a walk. */
+static void fuzz_grammar(const uint8_t *d, size_t n)
+{
+    const uint8_t *nul = memchr(d, 0, n);
+    size_t len = nul ? (size_t)(nul - d) : n;
+    grammar_t *g = NULL;
+    if (grammar_parse(&g, (const char *)d, len) == 0)
+        fuzz_grammar_walk(g, nul ? nul + 1 : d, nul ? n - len - 1 : 0);
+    grammar_destroy(&g);
+}
+
+/* A JSON Schema: compiled, and its GBNF form compiles too. */
+static void fuzz_json_schema(const uint8_t *d, size_t n)
+{
+    const uint8_t *nul = memchr(d, 0, n);
+    size_t len = nul ? (size_t)(nul - d) : n;
+    grammar_t *g = NULL;
+    char *text = NULL;
+    int e1 = grammar_from_json_schema(&g, (const char *)d, len);
+    int e2 = grammar_json_schema_to_gbnf((const char *)d, len, "s", &text);
+    if ((e1 == 0) != (e2 == 0) && e1 != RIVER_ENOMEM && e2 != RIVER_ENOMEM)
+        fuzz_fail("json_schema: compiled one way and not the other");
+    if (e1 == 0)
+        fuzz_grammar_walk(g, nul ? nul + 1 : d, nul ? n - len - 1 : 0);
+    grammar_destroy(&g);
+    if (e2 == 0) {
+        size_t tl = strlen(text);
+        char *full = malloc(tl + 16);
+        if (full) {
+            memcpy(full, text, tl);
+            memcpy(full + tl, "\nroot ::= s\n", 13);
+            if (grammar_parse(&g, full, tl + 12))
+                fuzz_fail("json_schema: its GBNF form does not compile");
+            grammar_destroy(&g);
+            free(full);
+        }
+    }
+    free(text);
+}
+
+/* ---- Tool calls: the first byte picks the format, the second the split of the text;
+ * the stream, fed in pieces, must give what the whole-text parse gives. ---- */
+
+static void fuzz_toolcall(const uint8_t *d, size_t n)
+{
+    if (n < 2)
+        return;
+    toolcall_format_t f = (toolcall_format_t)(d[0] % TOOLCALL_N_FORMATS);
+    size_t step = 1 + d[1] % 16;
+    const char *text = (const char *)d + 2;
+    size_t len = n - 2;
+    toolcall_result_t whole;
+    if (toolcall_parse(f, text, len, NULL, 0, &whole))
+        return;
+    toolcall_stream_t *s = NULL;
+    if (toolcall_stream_new(&s, f, NULL, 0)) {
+        toolcall_result_free(&whole);
+        return;
+    }
+    char *content = malloc(len + 1), *args = malloc(len + 1);
+    size_t nc = 0, na = 0, calls = 0;
+    int bad = !content || !args;
+    for (size_t off = 0; !bad && off <= len; off += step) {
+        toolcall_event_t *ev;
+        size_t nev;
+        size_t piece = len - off < step ? len - off : step;
+        int last = off + piece >= len;
+        if (toolcall_stream_push(s, text + off, piece, &ev, &nev))
+            bad = 1;
+        for (int round = 0; !bad && round < 1 + last; round++) {
+            if (round && toolcall_stream_finish(s, &ev, &nev)) {
+                bad = 1;
+                break;
+            }
+            for (size_t i = 0; i < nev; i++) {
+                if (ev[i].kind == TOOLCALL_EV_CONTENT && nc + ev[i].len <= len) {
+                    memcpy(content + nc, ev[i].text, ev[i].len);
+                    nc += ev[i].len;
+                } else if (ev[i].kind == TOOLCALL_EV_CALL_START) {
+                    calls++;
+                } else if (ev[i].kind == TOOLCALL_EV_ARGS && na + ev[i].len <= len) {
+                    memcpy(args + na, ev[i].text, ev[i].len);
+                    na += ev[i].len;
+                }
+            }
+        }
+        if (last)
+            break;
+    }
+    if (!bad) {
+        size_t want_args = 0;
+        for (size_t i = 0; i < whole.n_calls; i++)
+            want_args += whole.calls[i].arguments_len;
+        if (calls != whole.n_calls || nc != whole.content_len ||
+            memcmp(content, whole.content, nc) || na != want_args)
+            fuzz_fail("toolcall: the stream and the whole text disagree");
+    }
+    free(content);
+    free(args);
+    toolcall_stream_destroy(&s);
+    toolcall_result_free(&whole);
 }
 
 /* ---- river-gateway's HTTP front door ----
@@ -1294,6 +1490,9 @@ const fuzz_target_t fuzz_targets[] = {
     {"admin_reply", fuzz_admin_reply},
     {"pair", fuzz_pair},
     {"openai_request", fuzz_openai_request},
+    {"grammar", fuzz_grammar},
+    {"json_schema", fuzz_json_schema},
+    {"toolcall", fuzz_toolcall},
     {"http_request", fuzz_http_request},
 };
 const size_t fuzz_n_targets = sizeof fuzz_targets / sizeof fuzz_targets[0];

@@ -87,6 +87,7 @@ void gw_call_release(gw_call_t **pc)
     free(c->text);
     free(c->ids);
     free(c->exit_layers);
+    json_decref(c->logprobs);
     free(c);
     gw_release_memory(body_bytes);
 }
@@ -155,6 +156,10 @@ static void gw_bridge__event(void *user, const river_event_t *ev)
         memcpy(c->exit_layers + c->n_exit_layers, ev->exit_layers,
                ev->n_exit_layers * sizeof(int32_t));
         c->n_exit_layers += ev->n_exit_layers;
+        if (ev->n_logprobs && !c->logprobs)
+            c->logprobs = json_array();
+        for (size_t i = 0; c->logprobs && i < ev->n_logprobs; i++)
+            json_array_append_new(c->logprobs, gw_logprob_json(&ev->logprobs[i]));
         if (!c->started && ev->n_ids) {
             c->started = 1;
             c->t_first = now;

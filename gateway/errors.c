@@ -48,7 +48,7 @@ int gw_error_status(gw_err_kind_t kind)
 static int gw_errors__path_char(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '/' || c == '.' || c == '_' || c == '-' || c == '+' || c == '~';
+           c == '/' || c == '.' || c == '_' || c == '-' || c == '+' || c == '~' || c == '#';
 }
 
 void gw_error_scrub_paths(char *msg)

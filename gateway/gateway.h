@@ -21,6 +21,7 @@
 
 #include "client/river_client.h"
 #include "common/config.h"
+#include "gateway/toolcall.h"
 
 /* ---- Configuration (gateway/config.c) ---- */
 
@@ -101,6 +102,15 @@ gw_err_kind_t gw_error_from_river(river_code_t code);
 
 typedef enum { GW_API_CHAT = 0, GW_API_COMPLETIONS } gw_api_t;
 
+/* tool_choice: whether the model may call (auto), must not (none), must call one of the
+ * tools (required) or the one named. */
+typedef enum {
+    GW_TOOL_CHOICE_AUTO = 0,
+    GW_TOOL_CHOICE_NONE,
+    GW_TOOL_CHOICE_REQUIRED,
+    GW_TOOL_CHOICE_NAMED,
+} gw_tool_choice_t;
+
 /* A validated request. Pointers into `root` stay valid while it lives. */
 typedef struct gw_request {
     gw_api_t api;
@@ -130,10 +140,22 @@ typedef struct gw_request {
     int want_exit_layers, want_token_ids; /* report them per chunk / choice */
     int want_prompt;           /* chat: the response carries the rendered prompt */
     int ignore_eos;            /* keep going past EOS (benchmarks) */
+    /* Log-probabilities: chat's logprobs and top_logprobs, completions' logprobs N (top N). */
+    int logprobs, top_logprobs;
+    /* Constrained output: response_format (json_object or json_schema) or a tool call that
+     * tool_choice forces, as the grammar text the worker masks with (text/grammar.h);
+     * owned, NULL: unconstrained. */
+    char *grammar;
+    int json_mode;             /* response_format json_object or json_schema */
+    json_t *response_schema;   /* response_format's json_schema.schema, borrowed; NULL: any
+                                  JSON object */
+    gw_tool_choice_t tool_choice;
+    const char *tool_name;     /* GW_TOOL_CHOICE_NAMED: the function, borrowed from root */
 } gw_request_t;
 
 /* Parses and validates a body. Fields OpenAI defines that River cannot honour (n > 1,
- * logprobs) are refused naming the field; unknown fields are ignored. */
+ * best_of, echo) are refused naming the field; unknown fields are ignored. A
+ * response_format schema is compiled here, so a bad one is a 400 naming its path. */
 int gw_request_parse(gw_request_t *r, gw_api_t api, const char *body, size_t len,
                      double default_temperature, gw_error_t *err);
 void gw_request_free(gw_request_t *r);
@@ -144,7 +166,14 @@ typedef struct gw_piece {
     size_t text_len;
     const int32_t *ids, *exit_layers;
     size_t n_ids, n_exit_layers;
+    json_t *logprobs;   /* gw_logprob_json entries of its tokens, borrowed; NULL: none */
+    json_t *tool_calls; /* chat: OpenAI tool_calls (whole) or delta.tool_calls (a chunk),
+                           borrowed; NULL: none */
 } gw_piece_t;
+
+/* One token's log-probabilities as chat's logprobs.content entry: token (its text, or
+ * "bytes:\xNN..." when its bytes are not whole UTF-8), logprob, bytes, top_logprobs. */
+json_t *gw_logprob_json(const river_token_logprob_t *lp);
 
 typedef struct gw_usage {
     uint32_t prompt_tokens, completion_tokens;
@@ -157,9 +186,11 @@ typedef struct gw_usage {
 /* "stop" or "length" for a finish reason. */
 const char *gw_finish_reason(river_finish_t f);
 /* A streamed chunk (chat.completion.chunk or text_completion); finish NULL while it runs;
- * role_only: chat's first chunk, the assistant role with empty content. */
+ * role_only: chat's first chunk, the assistant role with empty content. offset: the
+ * completion's bytes streamed so far (completions' logprobs.text_offset), moved past the
+ * chunk's tokens. */
 json_t *gw_chunk_json(const gw_request_t *r, const char *id, int64_t created,
-                      const gw_piece_t *p, const char *finish, int role_only);
+                      const gw_piece_t *p, const char *finish, int role_only, size_t *offset);
 /* The last chunk of stream_options.include_usage: empty choices and usage. */
 json_t *gw_usage_chunk_json(const gw_request_t *r, const char *id, int64_t created,
                             const gw_usage_t *u);
@@ -193,6 +224,38 @@ int gw_models_render(const gw_models_t *m, const gw_request_t *r, size_t max_mem
  * burst of large requests does not stay in the gateway's RSS. */
 #define GW_TRIM_BODY_BYTES (256u << 10)
 void gw_release_memory(size_t body_bytes);
+
+/* The model's tool-call format, from its chat template (TOOLCALL_NONE: it has none, or
+ * the model is not served). */
+toolcall_format_t gw_models_tool_format(const gw_models_t *m, const char *name);
+
+/* ---- Tool calls in responses (gateway/tools.c) ---- */
+
+/* Whether a request's completion is split into content and tool calls: a chat request
+ * with tools whose tool_choice is not none, on a model with a tool-call format f. */
+int gw_tools_apply(const gw_request_t *r, toolcall_format_t f);
+/* A whole completion: *content (malloc'd, content_len bytes) and *tool_calls, OpenAI's
+ * message.tool_calls (NULL when the text calls nothing). Failure leaves both NULL. */
+int gw_tools_split(const gw_request_t *r, toolcall_format_t f, const char *text, size_t len,
+                   char **content, size_t *content_len, json_t **tool_calls);
+/* A streamed completion, piece by piece: each push gives the content that is certain now
+ * (owned by the stream until the next push) and *tool_calls, the delta.tool_calls entries
+ * for the chunk (a new reference, NULL when none); finish 1 on the last push. */
+typedef struct gw_tools_stream gw_tools_stream_t;
+int gw_tools_stream_new(gw_tools_stream_t **out, const gw_request_t *r, toolcall_format_t f);
+void gw_tools_stream_destroy(gw_tools_stream_t **s);
+int gw_tools_stream_push(gw_tools_stream_t *s, const char *text, size_t len, int finish,
+                         const char **content, size_t *content_len, json_t **tool_calls);
+/* Whether the stream has started a call (finish_reason "tool_calls"). */
+int gw_tools_stream_called(const gw_tools_stream_t *s);
+
+/* ---- Constrained output (gateway/constrain.c) ---- */
+
+/* Fills r->grammar from response_format, tools and tool_choice for a model whose calls
+ * are in format f: required or a named function force a call of the tools' schemas; a
+ * JSON response_format forces JSON (of its schema), or with tool_choice auto a call or
+ * that JSON. A schema that cannot be compiled is a 400 naming its path. */
+int gw_constrain(gw_request_t *r, toolcall_format_t f, gw_error_t *err);
 
 /* ---- Tenants (gateway/tenants.c) ---- */
 
@@ -272,11 +335,13 @@ typedef struct gw_call {
     size_t n_special;
     int raw_special;            /* a raw_special_keys caller: special tokens anywhere */
     size_t body_bytes;          /* of the HTTP request (gw_release_memory when it ends) */
+    toolcall_format_t tool_format; /* the model's, for splitting the completion */
     /* What arrived and the HTTP side has not taken yet. */
     char *text;
     size_t n_text, cap_text;
     int32_t *ids, *exit_layers;
     size_t n_ids, n_exit_layers, cap_ids, cap_exit_layers;
+    json_t *logprobs;           /* gw_logprob_json entries of those ids; NULL: not asked */
     int started;                /* a chunk (or the end) arrived */
     int done, ok;
     river_finish_t finish;

@@ -488,6 +488,8 @@ typedef struct gw_stream {
     char *out;            /* SSE bytes not yet handed to MHD */
     size_t n_out, off_out, cap_out;
     int role_sent, ended;
+    size_t offset;        /* completion bytes streamed (completions' text_offset) */
+    gw_tools_stream_t *tools; /* splits content and tool calls; NULL: all is content */
 } gw_stream_t;
 
 static int gw_stream__add(gw_stream_t *s, const char *text, size_t len)
@@ -562,20 +564,37 @@ static int gw_http__gone(const gw_sock_t *sock)
     return gone;
 }
 
+/* One chunk of what the call has (call locked): its text as content, or through the
+ * tool-call stream as content and delta.tool_calls; last: the completion ended. */
+static int gw_stream__piece(gw_stream_t *s, int last)
+{
+    gw_call_t *c = s->call;
+    gw_piece_t p = {c->text, c->n_text, c->ids, c->exit_layers, c->n_ids, c->n_exit_layers,
+                    c->logprobs, NULL};
+    if (s->tools && gw_tools_stream_push(s->tools, c->text, c->n_text, last, &p.text,
+                                         &p.text_len, &p.tool_calls))
+        return -1;
+    int rc = 0;
+    if (p.text_len || p.n_ids || p.tool_calls)
+        rc = gw_stream__event(s, gw_chunk_json(&c->req, c->id, s->created, &p, NULL, 0,
+                                               &s->offset));
+    json_decref(p.tool_calls);
+    c->n_text = c->n_ids = c->n_exit_layers = 0;
+    json_array_clear(c->logprobs);
+    return rc;
+}
+
 /* Formats what the call has into SSE events (call locked). */
 static int gw_stream__fill(gw_stream_t *s)
 {
     gw_call_t *c = s->call;
     const gw_request_t *r = &c->req;
-    if (c->n_text || c->n_ids) {
-        gw_piece_t p = {c->text, c->n_text, c->ids, c->exit_layers, c->n_ids,
-                        c->n_exit_layers};
-        if (gw_stream__event(s, gw_chunk_json(r, c->id, s->created, &p, NULL, 0)))
-            return -1;
-        c->n_text = c->n_ids = c->n_exit_layers = 0;
-    }
+    if ((c->n_text || c->n_ids) && gw_stream__piece(s, 0))
+        return -1;
     if (!c->done)
         return 0;
+    if (c->ok && s->tools && gw_stream__piece(s, 1))
+        return -1;
     s->ended = 1;
     if (!c->ok) {
         gw_error_t e;
@@ -585,8 +604,10 @@ static int gw_stream__fill(gw_stream_t *s)
         log_warn("stream %s ended with %s", c->id, e.message);
         return gw_stream__event(s, gw_error_json(&e));
     }
-    if (gw_stream__event(s, gw_chunk_json(r, c->id, s->created, NULL,
-                                          gw_finish_reason(c->finish), 0)))
+    const char *finish = gw_finish_reason(c->finish);
+    if (s->tools && gw_tools_stream_called(s->tools) && !strcmp(finish, "stop"))
+        finish = "tool_calls";
+    if (gw_stream__event(s, gw_chunk_json(r, c->id, s->created, NULL, finish, 0, &s->offset)))
         return -1;
     if (r->include_usage && gw_stream__event(s, gw_usage_chunk_json(r, c->id, s->created,
                                                                      &c->usage)))
@@ -608,7 +629,7 @@ static ssize_t gw_stream__read(void *cls, uint64_t pos, char *buf, size_t max)
         if (s->call->req.api == GW_API_CHAT && !s->role_sent) {
             s->role_sent = 1;
             rc = gw_stream__event(s, gw_chunk_json(&s->call->req, s->call->id, s->created,
-                                                   NULL, NULL, 1));
+                                                   NULL, NULL, 1, &s->offset));
         } else {
             pthread_mutex_lock(&s->call->mu);
             rc = gw_stream__fill(s);
@@ -662,6 +683,7 @@ static void gw_stream__free(void *cls)
 {
     gw_stream_t *s = cls;
     gw_http__let_go(s->ctx, s->call, 1);
+    gw_tools_stream_destroy(&s->tools);
     free(s->out);
     free(s);
 }
@@ -705,6 +727,9 @@ static void gw_http__opts(gw_call_t *c, const gw_config_t *cfg)
     o->draft_tokens = (uint32_t)r->draft_tokens;
     o->ignore_eos = r->ignore_eos;
     o->deadline_ms = (uint32_t)cfg->request_timeout_ms;
+    o->logprobs = r->logprobs;
+    o->top_logprobs = (uint32_t)r->top_logprobs;
+    o->grammar = r->grammar;
 }
 
 static int gw_http__key_in(const gw_apikeys_t *keys, struct MHD_Connection *c);
@@ -736,6 +761,11 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
     size_t n_special = 0;
     if (!gw_models_has(ctx->models, req.model)) {
         gw_error_set(&err, GW_ERR_MODEL, "model", "the model '%s' does not exist", req.model);
+        gw_request_free(&req);
+        return gw_http__error(conn, &err);
+    }
+    toolcall_format_t tool_format = gw_models_tool_format(ctx->models, req.model);
+    if (gw_constrain(&req, tool_format, &err)) {
         gw_request_free(&req);
         return gw_http__error(conn, &err);
     }
@@ -774,6 +804,7 @@ static enum MHD_Result gw_http__generate(gw_ctx_t *ctx, struct MHD_Connection *c
         return MHD_NO;
     }
     call->req = req;
+    call->tool_format = tool_format;
     call->prompt = prompt;
     call->tenant = cc->tenant;
     call->on_event = gw_http__on_event;
@@ -824,10 +855,26 @@ static enum MHD_Result gw_http__answer(gw_ctx_t *ctx, struct MHD_Connection *con
     }
     if (!call->req.stream) {
         gw_piece_t p = {call->text, call->n_text, call->ids, call->exit_layers, call->n_ids,
-                        call->n_exit_layers};
-        json_t *o = gw_response_json(&call->req, call->id, cc->created, &p,
-                                     gw_finish_reason(call->finish), &call->usage,
-                                     call->prompt);
+                        call->n_exit_layers, call->logprobs, NULL};
+        const char *finish = gw_finish_reason(call->finish);
+        char *content = NULL;
+        if (gw_tools_apply(&call->req, call->tool_format)) {
+            if (gw_tools_split(&call->req, call->tool_format, call->text, call->n_text,
+                               &content, &p.text_len, &p.tool_calls)) {
+                pthread_mutex_unlock(&call->mu);
+                gw_error_set(&err, GW_ERR_INTERNAL, NULL, "tool calls: %s",
+                             river_err_detail());
+                gw_http__drop_call(ctx, cc);
+                return gw_http__error(conn, &err);
+            }
+            p.text = content;
+            if (p.tool_calls && !strcmp(finish, "stop"))
+                finish = "tool_calls";
+        }
+        json_t *o = gw_response_json(&call->req, call->id, cc->created, &p, finish,
+                                     &call->usage, call->prompt);
+        json_decref(p.tool_calls);
+        free(content);
         pthread_mutex_unlock(&call->mu);
         gw_http__account(call);
         gw_http__drop_call(ctx, cc);
@@ -842,12 +889,19 @@ static enum MHD_Result gw_http__answer(gw_ctx_t *ctx, struct MHD_Connection *con
     s->ctx = ctx;
     s->call = call;
     s->sock = cc->sock;
+    if (gw_tools_apply(&call->req, call->tool_format) &&
+        gw_tools_stream_new(&s->tools, &call->req, call->tool_format)) {
+        free(s);
+        gw_http__drop_call(ctx, cc);
+        return MHD_NO;
+    }
     s->created = cc->created;
     s->keepalive_at = clock_now_s() + GW_HTTP_KEEPALIVE_MS / 1000.0;
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
                                                                gw_stream__read, s,
                                                                gw_stream__free);
     if (!r) {
+        gw_tools_stream_destroy(&s->tools);
         free(s);
         gw_http__drop_call(ctx, cc);
         return MHD_NO;

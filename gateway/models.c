@@ -20,6 +20,7 @@ typedef struct gw_model {
     const char *name;
     chat_template_t *tmpl; /* NULL: the model has no chat template */
     char *bos, *eos;       /* special tokens the template is given */
+    toolcall_format_t tool_format; /* how its template renders tool calls */
 } gw_model_t;
 
 struct gw_models {
@@ -161,6 +162,12 @@ int gw_models_new(gw_models_t **out, const gw_config_t *cfg)
             }
         ms->n++;
         int rc = gw_models__load(&ms->v[i], &mc[i]);
+        if (!rc && ms->v[i].tmpl) {
+            const char *src = chat_template_source(ms->v[i].tmpl);
+            ms->v[i].tool_format = toolcall_format_detect(src, strlen(src));
+            log_info("model %s: tool calls in the %s format", mc[i].name,
+                     toolcall_format_name(ms->v[i].tool_format));
+        }
         if (rc) {
             char why[600];
             snprintf(why, sizeof why, "%s", river_err_detail());
@@ -198,6 +205,12 @@ static const gw_model_t *gw_models__find(const gw_models_t *ms, const char *name
 int gw_models_has(const gw_models_t *ms, const char *name)
 {
     return gw_models__find(ms, name) != NULL;
+}
+
+toolcall_format_t gw_models_tool_format(const gw_models_t *ms, const char *name)
+{
+    const gw_model_t *m = gw_models__find(ms, name);
+    return m ? m->tool_format : TOOLCALL_NONE;
 }
 
 void gw_release_memory(size_t body_bytes)

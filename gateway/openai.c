@@ -270,6 +270,175 @@ static int oa__river(gw_request_t *r, gw_error_t *err)
     return 0;
 }
 
+/* Log-probabilities: chat takes logprobs (a boolean) and top_logprobs (0..20, with
+ * logprobs true); completions take logprobs N (0..20), the sampled token and the N most
+ * likely ones. */
+static int oa__logprobs(gw_request_t *r, gw_error_t *err)
+{
+    json_int_t top = 0;
+    int has_top = 0;
+    if (r->api == GW_API_CHAT) {
+        if (oa__bool(r->root, "logprobs", &r->logprobs, err) ||
+            oa__int(r->root, "top_logprobs", "top_logprobs", 0, RIVER_TOP_LOGPROBS_MAX,
+                    &has_top, &top, err))
+            return -1;
+        if (has_top && !r->logprobs)
+            return gw_error_set(err, GW_ERR_INVALID, "top_logprobs",
+                                "'top_logprobs' needs 'logprobs' true");
+    } else {
+        if (oa__int(r->root, "logprobs", "logprobs", 0, RIVER_TOP_LOGPROBS_MAX, &has_top, &top,
+                    err))
+            return -1;
+        r->logprobs = has_top;
+    }
+    r->top_logprobs = (int)top;
+    return 0;
+}
+
+/* tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name"}}
+ * naming one of the tools; the default is auto with tools and none without. */
+static int oa__tool_choice(gw_request_t *r, gw_error_t *err)
+{
+    json_t *tc = json_object_get(r->root, "tool_choice");
+    r->tool_choice = r->tools && json_array_size(r->tools) ? GW_TOOL_CHOICE_AUTO
+                                                          : GW_TOOL_CHOICE_NONE;
+    if (!tc || json_is_null(tc))
+        return 0;
+    static const char *const names[] = {"auto", "none", "required"};
+    const char *s = json_string_value(tc);
+    if (json_is_string(tc)) {
+        size_t i = 0;
+        while (i < 3 && strcmp(s, names[i]))
+            i++;
+        if (i == 3)
+            return gw_error_set(err, GW_ERR_INVALID, "tool_choice",
+                                "'tool_choice' must be none, auto, required or a function");
+        r->tool_choice = (gw_tool_choice_t)i;
+    } else {
+        json_t *f = json_object_get(tc, "function");
+        const char *type = json_string_value(json_object_get(tc, "type"));
+        r->tool_name = json_string_value(json_object_get(f, "name"));
+        if (!json_is_object(tc) || !type || strcmp(type, "function") || !r->tool_name)
+            return gw_error_set(err, GW_ERR_INVALID, "tool_choice",
+                                "'tool_choice' as an object must be {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}");
+        r->tool_choice = GW_TOOL_CHOICE_NAMED;
+    }
+    if (r->tool_choice == GW_TOOL_CHOICE_NONE || r->tool_choice == GW_TOOL_CHOICE_AUTO)
+        return 0;
+    if (!r->tools || json_array_size(r->tools) == 0)
+        return gw_error_set(err, GW_ERR_INVALID, "tool_choice",
+                            "'tool_choice' %s needs 'tools'", r->tool_name ? "naming a function"
+                                                                           : "required");
+    size_t i;
+    json_t *t;
+    json_array_foreach(r->tools, i, t) {
+        const char *name = json_string_value(json_object_get(json_object_get(t, "function"),
+                                                             "name"));
+        if (!r->tool_name || (name && !strcmp(name, r->tool_name)))
+            return 0;
+    }
+    return gw_error_set(err, GW_ERR_INVALID, "tool_choice",
+                        "'tool_choice' names the function '%s', which is not in 'tools'",
+                        r->tool_name);
+}
+
+/* tools: an array of {"type": "function", "function": {"name", "description"?,
+ * "parameters"?}}, names unique. */
+static int oa__tools(gw_request_t *r, gw_error_t *err)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(r->tools, i, t) {
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        json_t *f = json_object_get(t, "function");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(f, "name"));
+        json_t *params = json_object_get(f, "parameters");
+        if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(f) ||
+            !name || !name[0])
+            return gw_error_set(err, GW_ERR_INVALID, param,
+                                "'%s' must be {\"type\": \"function\", \"function\": "
+                                "{\"name\": ...}}", param);
+        if (params && !json_is_null(params) && !json_is_object(params))
+            return gw_error_set(err, GW_ERR_INVALID, param,
+                                "'%s.function.parameters' must be a JSON Schema object", param);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(name, json_string_value(json_object_get(
+                                  json_object_get(json_array_get(r->tools, j), "function"),
+                                  "name"))))
+                return gw_error_set(err, GW_ERR_INVALID, param,
+                                    "'%s' repeats the function name '%s'", param, name);
+    }
+    return 0;
+}
+
+/* Assistant messages' tool_calls carry their arguments as a JSON string (OpenAI's form);
+ * templates read them as a mapping (transformers' form), so a string that parses to an
+ * object is handed over parsed. */
+static int oa__tool_call_args(gw_request_t *r, gw_error_t *err)
+{
+    size_t i, j;
+    json_t *msg, *tc;
+    json_array_foreach(r->messages, i, msg) {
+        json_t *calls = json_object_get(msg, "tool_calls");
+        if (!calls || json_is_null(calls))
+            continue;
+        if (!json_is_array(calls))
+            return gw_error_set(err, GW_ERR_INVALID, "messages",
+                                "'messages[%zu].tool_calls' must be an array", i);
+        json_array_foreach(calls, j, tc) {
+            json_t *f = json_object_get(tc, "function");
+            json_t *a = json_object_get(f, "arguments");
+            if (!json_is_object(f) || !json_is_string(json_object_get(f, "name")))
+                return gw_error_set(err, GW_ERR_INVALID, "messages",
+                                    "'messages[%zu].tool_calls[%zu].function' must have a "
+                                    "name", i, j);
+            if (!json_is_string(a))
+                continue;
+            json_t *v = json_loadb(json_string_value(a), json_string_length(a),
+                                   JSON_DECODE_ANY, NULL);
+            if (json_is_object(v))
+                json_object_set_new(f, "arguments", v);
+            else
+                json_decref(v);
+        }
+    }
+    return 0;
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+ * "json_schema": {"name", "schema", "strict"}}. The schema is compiled when the request's
+ * grammar is built (gateway/constrain.c). */
+static int oa__response_format(gw_request_t *r, gw_error_t *err)
+{
+    json_t *rf = json_object_get(r->root, "response_format");
+    if (!rf || json_is_null(rf))
+        return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type)
+        return gw_error_set(err, GW_ERR_INVALID, "response_format",
+                            "'response_format' must be an object with a 'type'");
+    if (!strcmp(type, "text"))
+        return 0;
+    r->json_mode = 1;
+    if (!strcmp(type, "json_object"))
+        return 0;
+    if (strcmp(type, "json_schema"))
+        return gw_error_set(err, GW_ERR_INVALID, "response_format.type",
+                            "'response_format.type' must be text, json_object or json_schema");
+    json_t *js = json_object_get(rf, "json_schema");
+    json_t *sc = json_object_get(js, "schema");
+    if (!json_is_object(js) || (sc && !json_is_null(sc) && !json_is_object(sc) &&
+                                !json_is_boolean(sc)))
+        return gw_error_set(err, GW_ERR_INVALID, "response_format.json_schema",
+                            "'response_format.json_schema' must be an object whose 'schema' "
+                            "is a JSON Schema");
+    r->response_schema = sc && !json_is_null(sc) ? sc : NULL;
+    return 0;
+}
+
 /* Fields River does not implement are refused rather than silently ignored, because a
  * client relying on them would get something else than it asked for. */
 static int oa__refused(gw_request_t *r, gw_error_t *err)
@@ -280,14 +449,6 @@ static int oa__refused(gw_request_t *r, gw_error_t *err)
     if (n != 1)
         return gw_error_set(err, GW_ERR_INVALID, "n",
                             "'n' must be 1: River returns one choice per request");
-    json_t *lp = json_object_get(r->root, "logprobs");
-    int asked = lp && !json_is_null(lp) && !json_is_false(lp) &&
-                !(json_is_integer(lp) && json_integer_value(lp) == 0);
-    json_t *tlp = json_object_get(r->root, "top_logprobs");
-    if (asked || (tlp && !json_is_null(tlp) && !(json_is_integer(tlp) &&
-                                                 json_integer_value(tlp) == 0)))
-        return gw_error_set(err, GW_ERR_INVALID, asked ? "logprobs" : "top_logprobs",
-                            "'%s' is not supported by River", asked ? "logprobs" : "top_logprobs");
     json_t *bo = json_object_get(r->root, "best_of");
     if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
         return gw_error_set(err, GW_ERR_INVALID, "best_of", "'best_of' must be 1");
@@ -319,7 +480,11 @@ int gw_request_parse(gw_request_t *r, gw_api_t api, const char *body, size_t len
         return gw_error_set(err, GW_ERR_INVALID, "model", "'model' must be a non-empty string");
     r->model = json_string_value(model);
     if ((api == GW_API_CHAT ? oa__messages(r, err) : oa__prompt(r, err)) ||
-        oa__refused(r, err) || oa__stop(r, err) || oa__river(r, err))
+        oa__refused(r, err) || oa__stop(r, err) || oa__river(r, err) ||
+        oa__logprobs(r, err) || oa__response_format(r, err))
+        return -1;
+    if (api == GW_API_CHAT && ((r->tools && oa__tools(r, err)) || oa__tool_choice(r, err) ||
+                               oa__tool_call_args(r, err)))
         return -1;
     if (oa__bool(r->root, "stream", &r->stream, err))
         return -1;
@@ -356,6 +521,7 @@ int gw_request_parse(gw_request_t *r, gw_api_t api, const char *body, size_t len
 
 void gw_request_free(gw_request_t *r)
 {
+    free(r->grammar);
     free(r->prompt_ids);
     free(r->stop);
     json_decref(r->root);
@@ -385,6 +551,87 @@ static json_t *oa__text(const char *s, size_t n)
     return t ? t : json_string("\xef\xbf\xbd");
 }
 
+/* OpenAI's stand-in for the log-probability of a token that cannot be chosen (JSON has no
+ * infinity). */
+#define OA_LOGPROB_FLOOR -9999.0
+
+static json_t *oa__logprob_real(float lp)
+{
+    return json_real(isfinite(lp) ? (double)lp : OA_LOGPROB_FLOOR);
+}
+
+/* A token's text as OpenAI writes it: its bytes when they are whole UTF-8, else
+ * "bytes:\xNN..." (a token that holds part of a character). */
+static json_t *oa__token_text(const char *t, size_t n)
+{
+    json_t *s = json_stringn(t ? t : "", t ? n : 0);
+    if (s)
+        return s;
+    char *buf = malloc(6 + 4 * n + 1);
+    if (!buf)
+        return json_string("");
+    size_t k = (size_t)sprintf(buf, "bytes:");
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)sprintf(buf + k, "\\x%02x", (unsigned char)t[i]);
+    s = json_stringn(buf, k);
+    free(buf);
+    return s;
+}
+
+static json_t *oa__bytes(const char *t, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)t[i]));
+    return a;
+}
+
+json_t *gw_logprob_json(const river_token_logprob_t *lp)
+{
+    json_t *top = json_array();
+    for (size_t i = 0; top && i < lp->n_top; i++)
+        json_array_append_new(top, json_pack("{s:o,s:o,s:o}", "token",
+                                             oa__token_text(lp->top[i].token,
+                                                            lp->top[i].token_len),
+                                             "logprob", oa__logprob_real(lp->top[i].logprob),
+                                             "bytes", oa__bytes(lp->top[i].token,
+                                                                lp->top[i].token_len)));
+    return json_pack("{s:o,s:o,s:o,s:o}", "token", oa__token_text(lp->token, lp->token_len),
+                     "logprob", oa__logprob_real(lp->logprob), "bytes",
+                     oa__bytes(lp->token, lp->token_len), "top_logprobs",
+                     top ? top : json_array());
+}
+
+/* A choice's logprobs: chat's {"content": [...], "refusal": null}, or the completions
+ * form {"tokens", "token_logprobs", "top_logprobs", "text_offset"} (offsets in bytes of
+ * the completion, counted from *offset, which moves past these tokens). */
+static json_t *oa__logprobs_json(const gw_request_t *r, json_t *entries, size_t *offset)
+{
+    if (!r->logprobs)
+        return json_null();
+    if (r->api == GW_API_CHAT)
+        return json_pack("{s:O,s:n}", "content", entries ? entries : json_array(), "refusal");
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(entries, i, e) {
+        json_t *tok = json_object_get(e, "token");
+        json_array_append(toks, tok);
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_t *m = json_object(), *t;
+        size_t j;
+        json_array_foreach(json_object_get(e, "top_logprobs"), j, t)
+            json_object_set(m, json_string_value(json_object_get(t, "token")),
+                            json_object_get(t, "logprob"));
+        json_array_append_new(tops, m);
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += json_array_size(json_object_get(e, "bytes"));
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", toks, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
 /* The River extension of one choice: exit layers and token ids when asked. */
 static void oa__choice_river(const gw_request_t *r, json_t *choice, const gw_piece_t *p)
 {
@@ -406,11 +653,13 @@ static json_t *oa__envelope(const gw_request_t *r, const char *id, int64_t creat
 }
 
 json_t *gw_chunk_json(const gw_request_t *r, const char *id, int64_t created,
-                      const gw_piece_t *p, const char *finish, int role_only)
+                      const gw_piece_t *p, const char *finish, int role_only, size_t *offset)
 {
     int chat = r->api == GW_API_CHAT;
     json_t *o = oa__envelope(r, id, created, chat ? "chat.completion.chunk" : "text_completion");
-    json_t *choice = json_pack("{s:i,s:n}", "index", 0, "logprobs");
+    json_t *choice = json_pack("{s:i,s:o}", "index", 0, "logprobs",
+                               p && p->logprobs ? oa__logprobs_json(r, p->logprobs, offset)
+                                                : json_null());
     if (chat) {
         json_t *delta = json_object();
         if (role_only) {
@@ -419,6 +668,8 @@ json_t *gw_chunk_json(const gw_request_t *r, const char *id, int64_t created,
         } else if (p && p->text_len) {
             json_object_set_new(delta, "content", oa__text(p->text, p->text_len));
         }
+        if (p && p->tool_calls)
+            json_object_set(delta, "tool_calls", p->tool_calls);
         json_object_set_new(choice, "delta", delta);
     } else {
         json_object_set_new(choice, "text", oa__text(p ? p->text : "", p ? p->text_len : 0));
@@ -457,12 +708,19 @@ json_t *gw_response_json(const gw_request_t *r, const char *id, int64_t created,
 {
     int chat = r->api == GW_API_CHAT;
     json_t *o = oa__envelope(r, id, created, chat ? "chat.completion" : "text_completion");
-    json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason", finish);
-    if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s,s:o}", "role", "assistant", "content",
-                                      oa__text(p->text, p->text_len)));
-    else
+    size_t offset = 0;
+    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", 0, "logprobs",
+                               oa__logprobs_json(r, p->logprobs, &offset), "finish_reason",
+                               finish);
+    if (chat) {
+        /* With tool calls and no other text, content is null (as OpenAI sends it). */
+        json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content",
+                                p->tool_calls && !p->text_len ? json_null()
+                                                              : oa__text(p->text, p->text_len));
+        if (p->tool_calls)
+            json_object_set(msg, "tool_calls", p->tool_calls);
+        json_object_set_new(choice, "message", msg);
+    } else
         json_object_set_new(choice, "text", oa__text(p->text, p->text_len));
     oa__choice_river(r, choice, p);
     json_object_set_new(o, "choices", json_pack("[o]", choice));

@@ -221,7 +221,26 @@ START_TEST(test_errors)
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
                                     "\"n\": 2}", 400, "n"},
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
-                                    "\"logprobs\": 3}", 400, "logprobs"},
+                                    "\"logprobs\": 21}", 400, "logprobs"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [{\"role\": "
+                                         "\"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}",
+         400, "top_logprobs"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [{\"role\": "
+                                         "\"user\", \"content\": \"hi\"}], \"tool_choice\": "
+                                         "\"required\"}", 400, "tool_choice"},
+        {"/v1/chat/completions", GT_KEY, "{\"model\": \"stories\", \"messages\": [{\"role\": "
+                                         "\"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
+                                         "\"function\", \"function\": {\"name\": \"f\"}}], "
+                                         "\"tool_choice\": {\"type\": \"function\", \"function\": "
+                                         "{\"name\": \"g\"}}}", 400, "tool_choice"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"response_format\": {\"type\": \"xml\"}}", 400,
+         "response_format.type"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"response_format\": {\"type\": \"json_schema\", "
+                                    "\"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": "
+                                    "\"object\", \"properties\": {\"a\": {\"type\": \"integr\"}}}}}}",
+         400, "response_format.json_schema.schema"},
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": 5}", 400, "prompt"},
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
                                     "\"stream\": \"yes\"}", 400, "stream"},

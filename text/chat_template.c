@@ -21,6 +21,7 @@ struct chat_template {
     jnode_t *root;
     char *bos, *eos;   /* "" when none */
     json_t *defaults;  /* bos_token / eos_token from tokenizer_config.json, or NULL */
+    const char *source; /* the template's text as compiled (in the arena) */
 };
 
 static char *dup_str(const char *s)
@@ -75,6 +76,7 @@ int chat_template_new(chat_template_t **out, const char *name, const char *sourc
     if (n && src[n - 1] == '\n')
         n--;
     src[n] = 0;
+    t->source = src;
     jtok_t *toks;
     size_t ntoks;
     if ((err = jinja_lex(t->arena, t->name, src, n, &toks, &ntoks)) ||
@@ -267,6 +269,11 @@ int chat_template_render_spans(const chat_template_t *t, const json_t *context,
                              .template_keys = chat_template__special_keys,
                              .max_memory = max_memory};
     return jinja_render(t->name, t->root, context, &o, out, out_len, special, n_special);
+}
+
+const char *chat_template_source(const chat_template_t *t)
+{
+    return t && t->source ? t->source : "";
 }
 
 const char *chat_template_bos(const chat_template_t *t)

@@ -40,6 +40,8 @@ int chat_template_render_spans(const chat_template_t *t, const json_t *context,
                                size_t max_memory, char **out, size_t *out_len,
                                text_span_t **special, size_t *n_special);
 const char *chat_template_bos(const chat_template_t *t); /* "" when none */
+/* The template's text as compiled (line ends normalized), to tell what it renders. */
+const char *chat_template_source(const chat_template_t *t);
 const char *chat_template_eos(const chat_template_t *t);
 void chat_template_destroy(chat_template_t **t);
 

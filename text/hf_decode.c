@@ -66,13 +66,13 @@ int hf_byte_token(const char *s, size_t n)
     return hexval(s[3]) * 16 + hexval(s[4]);
 }
 
-static int byte_group_flush(dtoks_t *out, tok_buf_t *bytes)
+static int byte_group_flush(dtoks_t *out, tok_buf_t *bytes, int raw)
 {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
     if (bytes->len == 0)
         return 0;
     int err = 0;
-    if (tok_utf8_valid(bytes->p, bytes->len))
+    if (raw || tok_utf8_valid(bytes->p, bytes->len))
         err = dtoks_add(out, bytes->p, bytes->len);
     else
         for (size_t i = 0; i < bytes->len && !err; i++)
@@ -134,12 +134,12 @@ static int dec_bytefallback(const tokenizer_t *t, const hf_dec_t *d, const dtoks
             err = tok_buf_putc(tmp, byte);
             continue;
         }
-        err = byte_group_flush(out, tmp);
+        err = byte_group_flush(out, tmp, run->win->raw_bytes);
         if (!err)
             err = dtoks_add(out, s, in->len[i]);
     }
     if (!err)
-        err = byte_group_flush(out, tmp);
+        err = byte_group_flush(out, tmp, run->win->raw_bytes);
     return err;
 }
 
@@ -203,6 +203,8 @@ static int dec_bytelevel(const tokenizer_t *t, const hf_dec_t *d, const dtoks_t 
     if (err)
         return err;
     run->fused = 1;
+    if (run->win->raw_bytes)
+        return dtoks_add(out, tmp->p ? tmp->p : "", tmp->len);
     tok_buf_t lossy = {0};
     err = tok_utf8_lossy(&lossy, tmp->p ? tmp->p : "", tmp->len, &run->incomplete);
     if (!err)

@@ -547,6 +547,27 @@ int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int ski
     return 0;
 }
 
+int tokenizer_token_bytes(const tokenizer_t *t, int32_t id, char *buf, size_t cap, size_t *len)
+{
+    *len = 0;
+    if (!t || !buf || id < 0 || id >= t->vocab_size)
+        return river_err_set(RIVER_ERANGE, "tokenizer_token_bytes: id %d outside the "
+                             "vocabulary of %d", (int)id, t ? t->vocab_size : 0);
+    /* Mid-text and open-ended, so that no start or end rule of the decoder touches it. */
+    tok_window_t w = {.cont = 1, .open_end = 1, .prev_id = -1, .raw_bytes = 1};
+    tok_buf_t out = {0};
+    int err = tok_decode_window(t, &id, 1, 0, &w, &out);
+    if (!err && out.len > cap)
+        err = river_err_set(RIVER_ERANGE, "%s: token %d has %zu bytes, over %zu", t->path,
+                            (int)id, out.len, cap);
+    if (!err) {
+        memcpy(buf, out.p ? out.p : "", out.len);
+        *len = out.len;
+    }
+    tok_buf_free(&out);
+    return err;
+}
+
 int tokenizer_vocab_size(const tokenizer_t *t)
 {
     return t ? t->vocab_size : 0;

@@ -42,6 +42,12 @@ int tokenizer_encode_spans(const tokenizer_t *t, const char *text, size_t len, i
 int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
                      char **text, size_t *len);
 
+/* The bytes id stands for in the middle of a generated text (cap bytes of buf; *len gets
+ * their number): a byte-level or byte-fallback token's own bytes, which may be part of a
+ * UTF-8 character, a SentencePiece piece with its leading space, an added token's text.
+ * RIVER_ERANGE for an id outside the vocabulary or more than cap bytes. */
+int tokenizer_token_bytes(const tokenizer_t *t, int32_t id, char *buf, size_t cap, size_t *len);
+
 int tokenizer_vocab_size(const tokenizer_t *t);
 /* Special ids; -1 when the tokenizer has none. */
 int tokenizer_bos_id(const tokenizer_t *t);

@@ -97,6 +97,9 @@ typedef struct tok_window {
     int open_end;
     int32_t prev_id;
     size_t hold;
+    /* 1: byte-level and byte-fallback bytes come out as they are, not made valid UTF-8
+     * (tokenizer_token_bytes: one token's own bytes, perhaps part of a character). */
+    int raw_bytes;
 } tok_window_t;
 
 int tok_hf_load(tokenizer_t *t, const char *data, size_t len);

@@ -392,7 +392,8 @@ int tok_l2c_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_
     /* Byte pieces may form invalid UTF-8; the text handed out is always valid, with U+FFFD
      * for what is not, and an unfinished character at an open end is held back. */
     int incomplete = 0;
-    int err = tok_utf8_lossy(out, raw.p ? raw.p : "", raw.len, &incomplete);
+    int err = w->raw_bytes ? tok_buf_put(out, raw.p ? raw.p : "", raw.len)
+                           : tok_utf8_lossy(out, raw.p ? raw.p : "", raw.len, &incomplete);
     tok_buf_free(&raw);
     if (err)
         return river_err_set(RIVER_ENOMEM, "%s: no memory while decoding", t->path);

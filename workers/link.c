@@ -121,7 +121,7 @@ int link_send_heartbeat(link_t *l)
 
 int link_send_tokens(link_t *l, uint64_t request_id, uint64_t seq, uint32_t index,
                      const int32_t *ids, const int32_t *exit_layers, size_t n,
-                     const char *text)
+                     const char *text, River__Client__TokenLogprob **logprobs)
 {
     River__Worker__Tokens t = RIVER__WORKER__TOKENS__INIT;
     t.request_id = request_id;
@@ -132,6 +132,10 @@ int link_send_tokens(link_t *l, uint64_t request_id, uint64_t seq, uint32_t inde
     t.n_exit_layers = n;
     t.exit_layers = (int32_t *)exit_layers;
     t.text = (char *)(text ? text : "");
+    if (logprobs) {
+        t.n_logprobs = n;
+        t.logprobs = logprobs;
+    }
     River__Worker__WorkerMessage env = RIVER__WORKER__WORKER_MESSAGE__INIT;
     env.kind_case = RIVER__WORKER__WORKER_MESSAGE__KIND_TOKENS;
     env.tokens = &t;

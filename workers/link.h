@@ -94,9 +94,10 @@ bool link_welcomed(const link_t *l);
 
 /* The worker's messages. A frame that cannot be sent is logged and dropped: the stream's
  * sequence numbers let riverd see the gap, and a link that stays broken is reset. */
+/* logprobs: NULL, or one per id (a request that asked for them). */
 int link_send_tokens(link_t *l, uint64_t request_id, uint64_t seq, uint32_t index,
                      const int32_t *ids, const int32_t *exit_layers, size_t n,
-                     const char *text);
+                     const char *text, River__Client__TokenLogprob **logprobs);
 int link_send_done(link_t *l, uint64_t request_id, River__Client__Final *final);
 /* request_id 0 answers a frame too broken to name a request. */
 int link_send_failed(link_t *l, uint64_t request_id, River__Client__Error__Code code,

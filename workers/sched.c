@@ -23,6 +23,25 @@ typedef struct sreq sreq_t;
 
 /* Longest Submit.prefix_salt taken (riverd's is a key and a tenant, under 200 bytes). */
 #define SCHED_SALT_MAX 512
+/* Longest Generate.grammar taken: a JSON Schema of a few hundred properties compiles to
+ * far less; text/grammar.h bounds what a grammar may cost beyond its size. */
+#define SCHED_GRAMMAR_MAX (256 * 1024)
+/* Longest token text a log-probability carries. */
+#define SCHED_TOKEN_MAX 1024
+/* Compiled grammars kept for requests that send the same text again (an agent's tools,
+ * a structured-output schema): binding one to a 128k vocabulary can take a few hundred
+ * ms, which would otherwise stall every running sequence once per request. */
+#define SCHED_GRAMMARS 16
+
+/* One grammar text, compiled and bound to the engine's vocabulary. */
+typedef struct sched_grammar {
+    char *text;               /* NULL: a free slot */
+    size_t len;
+    grammar_t *g;
+    grammar_matcher_t *m;
+    int refs;                 /* requests using it */
+    uint64_t used;            /* when it was last asked for (the scheduler's counter) */
+} sched_grammar_t;
 
 struct sreq {
     sreq_t *prev, *next;   /* the scheduler's list, in arrival order */
@@ -47,6 +66,8 @@ struct sreq {
     int draft_k;           /* lossless: most draft tokens per pass, 0: the worker's */
     uint32_t drafted, accepted; /* lossless: this dispatch's draft tokens, accepted ones */
     uint32_t drafts;       /* lossless: this dispatch's verify passes with a draft */
+    sched_grammar_t *grammar; /* Generate.grammar compiled (a reference), NULL: none */
+    int logprobs, top_logprobs; /* Generate.logprobs, top_logprobs */
     int64_t deadline_ms;   /* absolute; 0: none */
     /* A cancel that is really a failure (deadline, drain, shutdown) says so here, so the
      * engine's cancel event becomes Failed instead of Done(CANCELLED). */
@@ -75,7 +96,65 @@ struct sched {
     size_t cap_text;
     uint64_t seed_state;       /* rng_next state: seeds for requests that come without one
                                   (riverd normally picks it) */
+    /* One token's log-probabilities as a message: the token's and the top ids' bytes. */
+    char *lp_bytes;            /* (1 + LOGITS_TOP_MAX, SCHED_TOKEN_MAX) */
+    sched_grammar_t grammars[SCHED_GRAMMARS];
+    uint64_t grammar_clock;
 };
+
+/* ---- Grammars ---- */
+
+static void sched__grammar_clear(sched_grammar_t *c)
+{
+    grammar_matcher_destroy(&c->m);
+    grammar_destroy(&c->g);
+    free(c->text);
+    memset(c, 0, sizeof *c);
+}
+
+/* The compiled grammar of text with a reference for the caller: a cached one, else one
+ * compiled into a free slot or the least recently used unreferenced one. Every slot in
+ * use by running requests is RIVER_EFULL. */
+static int sched__grammar_get(sched_t *s, const char *text, size_t len, sched_grammar_t **out)
+{
+    sched_grammar_t *slot = NULL;
+    for (int i = 0; i < SCHED_GRAMMARS; i++) {
+        sched_grammar_t *c = &s->grammars[i];
+        if (c->text && c->len == len && !memcmp(c->text, text, len)) {
+            c->refs++;
+            c->used = ++s->grammar_clock;
+            *out = c;
+            return 0;
+        }
+        if (!c->refs && (!slot || (slot->text && (!c->text || c->used < slot->used))))
+            slot = c;
+    }
+    if (!slot)
+        return river_err_set(RIVER_EFULL, "%d different grammars in use at once", SCHED_GRAMMARS);
+    sched__grammar_clear(slot);
+    const grammar_vocab_t *v;
+    char detail[512];
+    int e = gen_grammar_vocab(s->g, &v);
+    if (!e && (e = grammar_parse(&slot->g, text, len))) {
+        snprintf(detail, sizeof detail, "%s", river_err_detail());
+        e = river_err_set(e == RIVER_ENOMEM ? e : RIVER_EINVAL, "grammar: %s", detail);
+    }
+    if (!e)
+        e = grammar_matcher_new(&slot->m, slot->g, v);
+    if (!e && !(slot->text = malloc(len + 1)))
+        e = river_err_set(RIVER_ENOMEM, "grammar text");
+    if (e) {
+        sched__grammar_clear(slot);
+        return e;
+    }
+    memcpy(slot->text, text, len);
+    slot->text[len] = '\0';
+    slot->len = len;
+    slot->refs = 1;
+    slot->used = ++s->grammar_clock;
+    *out = slot;
+    return 0;
+}
 
 /* ---- Requests ---- */
 
@@ -105,6 +184,8 @@ static void sched__free(sched_t *s, sreq_t *r)
     free(r->done);
     free(r->salt);
     free(r->hist);
+    if (r->grammar)
+        r->grammar->refs--;
     free(r);
 }
 
@@ -179,6 +260,34 @@ static int sched__text_copy(sched_t *s, const char *text, size_t len)
     return 0;
 }
 
+/* The bytes of id into slot i of the scheduler's scratch. */
+static ProtobufCBinaryData sched__token_bytes(sched_t *s, int i, int32_t id)
+{
+    char *buf = s->lp_bytes + (size_t)i * SCHED_TOKEN_MAX;
+    size_t len = 0;
+    if (!s->tok || tokenizer_token_bytes(s->tok, id, buf, SCHED_TOKEN_MAX, &len))
+        len = 0;
+    return (ProtobufCBinaryData){.len = len, .data = (uint8_t *)buf};
+}
+
+/* The message of one token's log-probabilities; it points into lp and the scheduler's
+ * scratch, so it lives until the next call. */
+static River__Client__TokenLogprob *sched__logprob(sched_t *s, const logits_logprob_t *lp,
+                                                   River__Client__TokenLogprob *m,
+                                                   ProtobufCBinaryData *tops)
+{
+    river__client__token_logprob__init(m);
+    m->logprob = lp->logprob;
+    m->token = sched__token_bytes(s, 0, lp->id);
+    m->n_top_ids = m->n_top_logprobs = m->n_top_tokens = (size_t)lp->n_top;
+    m->top_ids = (int32_t *)lp->top_ids;
+    m->top_logprobs = (float *)lp->top_logprobs;
+    for (int i = 0; i < lp->n_top; i++)
+        tops[i] = sched__token_bytes(s, 1 + i, lp->top_ids[i]);
+    m->top_tokens = tops;
+    return m;
+}
+
 /* Every engine event of a running request: a Tokens message for a token (or for text
  * without one, which the end of a sequence may flush), then the request's end. */
 static void sched__on_event(void *user, const gen_event_t *ev)
@@ -197,9 +306,13 @@ static void sched__on_event(void *user, const gen_event_t *ev)
     r->accepted = (uint32_t)ev->accepted;
     r->drafts = (uint32_t)ev->drafts;
     if (!s->quiet && (ev->id >= 0 || ev->len > 0)) {
+        River__Client__TokenLogprob lpm, *lpp = NULL;
+        ProtobufCBinaryData tops[LOGITS_TOP_MAX];
+        if (ev->id >= 0 && ev->logprob)
+            lpp = sched__logprob(s, ev->logprob, &lpm, tops);
         if (sched__text_copy(s, ev->text, ev->len) == 0)
             link_send_tokens(s->link, r->id, r->n_msgs++, (uint32_t)ev->index, &ev->id,
-                             &depth, ev->id >= 0 ? 1 : 0, s->text);
+                             &depth, ev->id >= 0 ? 1 : 0, s->text, lpp ? &lpp : NULL);
         else
             log_error("request %llu: %s", (unsigned long long)r->id,
                       river_err_detail());
@@ -432,6 +545,23 @@ static int sched__parse(sched_t *s, sreq_t *r, const River__Worker__Submit *m, i
     }
     r->ignore_eos = gen->ignore_eos;
     r->deadline_ms = gen->deadline_ms ? now + gen->deadline_ms : 0;
+    if (gen->top_logprobs > LOGITS_TOP_MAX)
+        return river_err_set(RIVER_EINVAL, "top_logprobs %u, at most %d", gen->top_logprobs,
+                             LOGITS_TOP_MAX);
+    r->logprobs = gen->logprobs || gen->top_logprobs;
+    r->top_logprobs = (int)gen->top_logprobs;
+    if (gen->grammar && gen->grammar[0]) {
+        size_t len = strlen(gen->grammar);
+        if (len > SCHED_GRAMMAR_MAX)
+            return river_err_set(RIVER_EINVAL, "grammar of %zu bytes, at most %d", len,
+                                 SCHED_GRAMMAR_MAX);
+        if (!s->tok)
+            return river_err_set(RIVER_EINVAL, "a grammar needs a tokenizer, and this worker "
+                                 "has none");
+        int e = sched__grammar_get(s, gen->grammar, len, &r->grammar);
+        if (e)
+            return e;
+    }
     bool other_rule;
     int e = sched__override(s, gen->exit, &r->exit, &r->has_exit, &other_rule);
     if (e)
@@ -604,6 +734,8 @@ static void sched__admit(sched_t *s)
             .done = r->done, .n_done = r->n_done,
             .lossless = r->lossless, .draft_k = r->draft_k,
             .prefix_salt = r->salt, .n_prefix_salt = r->n_salt,
+            .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
+            .grammar = r->grammar ? r->grammar->m : NULL,
         };
         int seq;
         int e = gen_submit(s->g, &req, &seq);
@@ -668,8 +800,13 @@ int sched_new(sched_t **out, gen_t *g, const model_t *m, const tokenizer_t *tok,
               const sched_config_t *cfg)
 {
     sched_t *s = calloc(1, sizeof *s);
-    if (!s)
+    char *lp = malloc((1 + LOGITS_TOP_MAX) * (size_t)SCHED_TOKEN_MAX);
+    if (!s || !lp) {
+        free(s);
+        free(lp);
         return river_err_set(RIVER_ENOMEM, "scheduler");
+    }
+    s->lp_bytes = lp;
     s->g = g;
     s->m = m;
     s->tok = tok;
@@ -688,6 +825,9 @@ void sched_destroy(sched_t **sp)
     s->quiet = true;
     sched_fail_all(s, RIVER__CLIENT__ERROR__CODE__CANCELLED, "worker stopping");
     free(s->text);
+    free(s->lp_bytes);
+    for (int i = 0; i < SCHED_GRAMMARS; i++)
+        sched__grammar_clear(&s->grammars[i]);
     free(s);
     *sp = NULL;
 }
