@@ -6,30 +6,10 @@
 //
 // Prints one line per check and then a summary in the form Check's runner prints, which
 // scripts/run-tests.sh counts.
-import { createRequire } from 'node:module';
+import { OpenAI, require, baseURL, apiKey, check, expect, finish } from './harness.mjs';
 
-const require = createRequire(process.env.RIVER_NPM_DIR + '/');
-const OpenAI = require('openai');
-const baseURL = process.env.RIVER_GATEWAY_URL;
-const apiKey = process.env.RIVER_API_KEY;
 const model = process.env.RIVER_MODEL || 'stories';
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
-
-let checks = 0;
-let failures = 0;
-async function check(name, fn) {
-    checks++;
-    try {
-        await fn();
-        console.log(`ok - ${name}`);
-    } catch (e) {
-        failures++;
-        console.log(`not ok - ${name}: ${e && e.stack ? e.stack : e}`);
-    }
-}
-function expect(cond, what) {
-    if (!cond) throw new Error(`expected ${what}`);
-}
 
 const messages = [
     { role: 'system', content: 'You tell stories.' },
@@ -120,6 +100,4 @@ await check('unknown model raises NotFoundError', async () => {
     throw new Error('no error');
 });
 
-const pct = checks ? Math.floor((100 * (checks - failures)) / checks) : 100;
-console.log(`${pct}%: Checks: ${checks}, Failures: ${failures}, Errors: 0`);
-process.exit(failures ? 1 : 0);
+finish();

@@ -8,33 +8,13 @@
 // A random model closes only values a grammar bounds: the schemas use enums, booleans,
 // bounded arrays, nested objects, anyOf and $ref. Temperature 1 over 128k tokens makes
 // every seed a different walk through the grammar.
-import { createRequire } from 'node:module';
+import { OpenAI, require, baseURL, apiKey, check, expect, finish } from './harness.mjs';
 
-const require = createRequire(process.env.RIVER_NPM_DIR + '/');
-const OpenAI = require('openai');
 const Ajv2020 = require('ajv/dist/2020');
-const baseURL = process.env.RIVER_GATEWAY_URL;
-const apiKey = process.env.RIVER_API_KEY;
 const model = process.env.RIVER_MODEL || 'tiny';
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
 const ajv = new Ajv2020({ strict: false });
 const SEEDS = Number(process.env.RIVER_TOOL_SEEDS || 100);
-
-let checks = 0;
-let failures = 0;
-async function check(name, fn) {
-    checks++;
-    try {
-        await fn();
-        console.log(`ok - ${name}`);
-    } catch (e) {
-        failures++;
-        console.log(`not ok - ${name}: ${e && e.stack ? e.stack : e}`);
-    }
-}
-function expect(cond, what) {
-    if (!cond) throw new Error(`expected ${what}`);
-}
 // Runs f(seed) for seeds 0..n-1, eight at a time (the worker's max_seqs).
 async function seeds(n, f) {
     const out = [];
@@ -316,6 +296,4 @@ await check('lossless greedy output equals the constrained backbone\'s', async (
            `tokens left the backbone: ${JSON.stringify(exited.choices[0].river)}`);
 });
 
-const pct = checks ? Math.floor((100 * (checks - failures)) / checks) : 100;
-console.log(`${pct}%: Checks: ${checks}, Failures: ${failures}, Errors: 0`);
-process.exit(failures ? 1 : 0);
+finish();
