@@ -175,6 +175,20 @@ int gw_constrain(gw_request_t *r, toolcall_format_t f, gw_error_t *err)
                                            r->tool_choice == GW_TOOL_CHOICE_NAMED);
     int calls = forced || (r->api == GW_API_CHAT && r->json_mode &&
                            r->tool_choice == GW_TOOL_CHOICE_AUTO);
+    if (r->river_grammar) {
+        if (forced || r->json_mode)
+            return gw_error_set(err, GW_ERR_INVALID, "river.grammar",
+                                "'river.grammar' cannot be combined with a JSON "
+                                "response_format or a tool_choice that forces a call");
+        grammar_t *g = NULL;
+        if (grammar_parse(&g, r->river_grammar, strlen(r->river_grammar)))
+            return gw_error_set(err, GW_ERR_INVALID, "river.grammar", "'river.grammar': %s",
+                                river_err_detail());
+        grammar_destroy(&g);
+        if (!(r->grammar = strdup(r->river_grammar)))
+            return gw_error_set(err, GW_ERR_INTERNAL, NULL, "out of memory");
+        return 0;
+    }
     if (!forced && !r->json_mode)
         return 0;
     if (calls && f == TOOLCALL_NONE) {

@@ -150,7 +150,8 @@ typedef struct gw_request {
     json_t *response_schema;   /* response_format's json_schema.schema, borrowed; NULL: any
                                   JSON object */
     gw_tool_choice_t tool_choice;
-    const char *tool_name;     /* GW_TOOL_CHOICE_NAMED: the function, borrowed from root */
+    const char *tool_name;
+    const char *river_grammar; /* river.grammar: the client's own GBNF text, borrowed */     /* GW_TOOL_CHOICE_NAMED: the function, borrowed from root */
 } gw_request_t;
 
 /* Parses and validates a body. Fields OpenAI defines that River cannot honour (n > 1,

@@ -251,6 +251,14 @@ static int oa__river(gw_request_t *r, gw_error_t *err)
     if (oa__int(x, "draft_tokens", "river.draft_tokens", 1, 16, &has_draft, &draft, err))
         return -1;
     r->draft_tokens = (int)draft;
+    json_t *gr = json_object_get(x, "grammar");
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr) || json_string_length(gr) == 0 ||
+            strlen(json_string_value(gr)) != json_string_length(gr))
+            return gw_error_set(err, GW_ERR_INVALID, "river.grammar",
+                                "'river.grammar' must be grammar text (GBNF, root rule root)");
+        r->river_grammar = json_string_value(gr);
+    }
     static const struct {
         const char *key, *param;
         size_t offset;

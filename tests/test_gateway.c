@@ -237,6 +237,9 @@ START_TEST(test_errors)
                                     "\"response_format\": {\"type\": \"xml\"}}", 400,
          "response_format.type"},
         {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
+                                    "\"river\": {\"grammar\": \"root ::= (\"}}", 400,
+         "river.grammar"},
+        {"/v1/completions", GT_KEY, "{\"model\": \"stories\", \"prompt\": \"Once\", "
                                     "\"response_format\": {\"type\": \"json_schema\", "
                                     "\"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": "
                                     "\"object\", \"properties\": {\"a\": {\"type\": \"integr\"}}}}}}",

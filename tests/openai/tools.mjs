@@ -206,6 +206,26 @@ await check('a bad schema is a 400 naming its path', async () => {
     throw new Error('no error');
 });
 
+await check('river.grammar constrains a completion; a bad one is a 400 naming its line', async () => {
+    const grammar = 'root ::= "answer: " ("yes" | "no") "."';
+    await seeds(8, async (seed) => {
+        const r = await client.completions.create({
+            model, prompt: 'Q:', temperature: 1, seed, max_tokens: 32, river: { grammar },
+        });
+        expect(/^answer: (yes|no)\.$/.test(r.choices[0].text) && r.choices[0].finish_reason === 'stop',
+               `seed ${seed}: ${JSON.stringify(r.choices[0])}`);
+    });
+    try {
+        await client.completions.create({ model, prompt: 'Q:', max_tokens: 4,
+                                          river: { grammar: 'root ::= "a" (' } });
+    } catch (e) {
+        expect(e instanceof OpenAI.BadRequestError && e.param === 'river.grammar', `${e}`);
+        expect(/line 1/.test(e.message), `the line in ${e.message}`);
+        return;
+    }
+    throw new Error('no error');
+});
+
 await check('chat logprobs: greedy takes the top one, sampled tokens are listed consistently', async () => {
     const greedy = await client.chat.completions.create({
         model, messages, temperature: 0, max_tokens: 16, logprobs: true, top_logprobs: 5,
