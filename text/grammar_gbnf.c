@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "text/grammar.h"
 #include "text/grammar_internal.h"
+#include "text/hex.h"
 
 /* ---- growable string -------------------------------------------------------------------- */
 
@@ -406,17 +407,6 @@ static void skip_space(parser_t *p, int newline_ok)
     }
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes one UTF-8 character of the text; -1 when invalid. */
 static int32_t utf8_at(const parser_t *p, size_t *pos)
 {
@@ -486,7 +476,7 @@ static int parse_char(parser_t *p, uint32_t *cp)
     }
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
-        int h = p->pos < p->len ? hexval((unsigned char)p->s[p->pos]) : -1;
+        int h = p->pos < p->len ? text_hex_digit((unsigned char)p->s[p->pos]) : -1;
         if (h < 0)
             return fail_at(p, at, RIVER_EFORMAT, "'\\%c' needs %d hex digits", e, digits);
         v = (v << 4) | (uint32_t)h;

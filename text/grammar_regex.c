@@ -17,6 +17,7 @@
 #include "common/err.h"
 #include "text/grammar.h"
 #include "text/grammar_internal.h"
+#include "text/hex.h"
 
 typedef struct rx {
     const char *s;
@@ -158,17 +159,6 @@ static int emit_set(rx_t *r, rset_t *s)
     return oom ? RIVER_ENOMEM : 0;
 }
 
-static int hexv(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes one UTF-8 character of the pattern; -1 when invalid. */
 static int32_t rx_utf8(rx_t *r)
 {
@@ -222,7 +212,7 @@ static int rx_escape(rx_t *r, rset_t *s, uint32_t *cp, int in_class)
         int digits = e == 'x' ? 2 : 4;
         uint32_t v = 0;
         for (int i = 0; i < digits; i++) {
-            int h = r->pos < r->len ? hexv((unsigned char)r->s[r->pos]) : -1;
+            int h = r->pos < r->len ? text_hex_digit((unsigned char)r->s[r->pos]) : -1;
             if (h < 0)
                 return rx_fail(r, "bad hex escape");
             v = v << 4 | (uint32_t)h;

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "text/hf_internal.h"
+#include "text/hex.h"
 
 typedef struct dtoks {
     tok_buf_t text;
@@ -43,27 +44,16 @@ static void dtoks_free(dtoks_t *d)
     free(d->len);
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* "<0xNN>" as the ByteFallback decoder reads it (u8::from_str_radix, which takes a '+'). */
 int hf_byte_token(const char *s, size_t n)
 {
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
         return -1;
     if (s[3] == '+')
-        return hexval(s[4]);
-    if (hexval(s[3]) < 0 || hexval(s[4]) < 0)
+        return text_hex_digit(s[4]);
+    if (text_hex_digit(s[3]) < 0 || text_hex_digit(s[4]) < 0)
         return -1;
-    return hexval(s[3]) * 16 + hexval(s[4]);
+    return text_hex_digit(s[3]) * 16 + text_hex_digit(s[4]);
 }
 
 static int byte_group_flush(dtoks_t *out, tok_buf_t *bytes, int raw)

@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "text/jinja.h"
+#include "text/hex.h"
 
 typedef struct lexer {
     jarena_t *a;
@@ -150,17 +151,6 @@ static size_t after_end(const lexer_t *L, size_t pos, char sign)
     return pos;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* A string literal at L->pos (its quote): Python's unicode-escape decoding of its body. */
 static int lex_string(lexer_t *L)
 {
@@ -206,7 +196,7 @@ static int lex_string(lexer_t *L)
             int nd = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             cp = 0;
             for (int k = 0; k < nd; k++) {
-                int h = p < end ? hexval(L->src[p]) : -1;
+                int h = p < end ? text_hex_digit(L->src[p]) : -1;
                 if (h < 0)
                     return lex_fail(L, line, "truncated \\x, \\u or \\U escape in a string");
                 cp = cp * 16 + h;

@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "text/tokenizer_internal.h"
+#include "text/hex.h"
 
 struct l2c_tok {
     int n;
@@ -340,17 +341,6 @@ fail:
 
 /* ---- decoding ---------------------------------------------------------------------------- */
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int tok_l2c_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_special,
                    tok_window_t *w, tok_buf_t *out)
 {
@@ -379,8 +369,8 @@ int tok_l2c_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_
         }
         char byte;
         if (plen == 6 && p[0] == '<' && p[1] == '0' && p[2] == 'x' && p[5] == '>' &&
-            hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
-            byte = (char)(hexval(p[3]) * 16 + hexval(p[4]));
+            text_hex_digit(p[3]) >= 0 && text_hex_digit(p[4]) >= 0) {
+            byte = (char)(text_hex_digit(p[3]) * 16 + text_hex_digit(p[4]));
             p = &byte;
             plen = 1;
         }
