@@ -8,6 +8,8 @@
 
 #include "common/err.h"
 #include "gateway/toolcall_int.h"
+#include "text/hex.h"
+#include "text/utf8.h"
 
 enum {
     J_VALUE,     /* a value is expected (whitespace first) */
@@ -87,20 +89,8 @@ static void tc__out_cp(tc_json_t *j, uint32_t cp)
             b[n++] = hex[cp >> 4];
             b[n++] = hex[cp & 15];
         }
-    } else if (cp < 0x80) {
-        b[n++] = (char)cp;
-    } else if (cp < 0x800) {
-        b[n++] = (char)(0xC0 | (cp >> 6));
-        b[n++] = (char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        b[n++] = (char)(0xE0 | (cp >> 12));
-        b[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[n++] = (char)(0x80 | (cp & 0x3F));
     } else {
-        b[n++] = (char)(0xF0 | (cp >> 18));
-        b[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        b[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[n++] = (char)(0x80 | (cp & 0x3F));
+        n += text_utf8_encode(cp, b + n);
     }
     tc__out(j, b, n);
 }
@@ -236,40 +226,17 @@ static int tc__string(tc_json_t *j, uint8_t c)
     }
     /* The first byte of a sequence bounds the second (no overlong forms, no surrogates,
      * nothing past U+10FFFF); the sequence goes out whole. */
-    j->lo = 0x80;
-    j->up = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-        j->need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        j->need = 2;
-        if (c == 0xE0)
-            j->lo = 0xA0;
-        else if (c == 0xED)
-            j->up = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        j->need = 3;
-        if (c == 0xF0)
-            j->lo = 0x90;
-        else if (c == 0xF4)
-            j->up = 0x8F;
-    } else {
+    unsigned lo, hi;
+    int n = text_utf8_lead(c, &lo, &hi);
+    if (n < 2)
         return TC_J_ERR;
-    }
+    j->need = n - 1;
+    j->lo = (uint8_t)lo;
+    j->up = (uint8_t)hi;
     j->ub[0] = c;
     j->ubn = 1;
     j->st = J_STR_UTF;
     return TC_J_MORE;
-}
-
-static int tc__hex(uint8_t c)
-{
-    if (tc__digit(c))
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 static int tc__escape(tc_json_t *j, uint8_t c)
@@ -292,7 +259,7 @@ static int tc__escape(tc_json_t *j, uint8_t c)
 
 static int tc__unicode(tc_json_t *j, uint8_t c)
 {
-    int h = tc__hex(c);
+    int h = text_hex_digit(c);
     if (h < 0)
         return TC_J_ERR;
     j->u = j->u * 16 + (uint32_t)h;

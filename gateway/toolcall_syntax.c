@@ -9,6 +9,7 @@
 
 #include "common/rng.h"
 #include "gateway/toolcall_int.h"
+#include "text/utf8.h"
 
 /* ---- Names and ids ---- */
 
@@ -484,22 +485,15 @@ void tc_code_byte(toolcall_stream_t *s, uint8_t c)
     } else if (c < 0x80) {
         tc_emit(s, TOOLCALL_EV_ARGS, (const char *)&c, 1);
     } else {
-        s->clo = 0x80;
-        s->cup = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) {
-            s->cneed = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            s->cneed = 2;
-            s->clo = c == 0xE0 ? 0xA0 : 0x80;
-            s->cup = c == 0xED ? 0x9F : 0xBF;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            s->cneed = 3;
-            s->clo = c == 0xF0 ? 0x90 : 0x80;
-            s->cup = c == 0xF4 ? 0x8F : 0xBF;
-        } else {
+        unsigned lo, hi;
+        int n = text_utf8_lead(c, &lo, &hi);
+        if (n < 2) {
             tc_emit(s, TOOLCALL_EV_ARGS, fffd, 3);
             return;
         }
+        s->cneed = n - 1;
+        s->clo = (uint8_t)lo;
+        s->cup = (uint8_t)hi;
         s->cu[0] = c;
         s->cun = 1;
     }

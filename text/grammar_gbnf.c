@@ -14,6 +14,7 @@
 #include "text/grammar.h"
 #include "text/grammar_internal.h"
 #include "text/hex.h"
+#include "text/utf8.h"
 
 /* ---- growable string -------------------------------------------------------------------- */
 
@@ -407,38 +408,15 @@ static void skip_space(parser_t *p, int newline_ok)
     }
 }
 
-/* Decodes one UTF-8 character of the text; -1 when invalid. */
+/* Decodes one UTF-8 character of the text; -1 when invalid, *pos then unchanged (the
+ * error names where the character starts). */
 static int32_t utf8_at(const parser_t *p, size_t *pos)
 {
-    const unsigned char *s = (const unsigned char *)p->s;
-    size_t i = *pos;
-    unsigned c = s[i];
-    if (c < 0x80) {
-        *pos = i + 1;
-        return (int32_t)c;
-    }
-    int n;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2, cp = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3, cp = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4, cp = c & 0x07, min = 0x10000;
-    } else {
-        return -1;
-    }
-    if (i + (size_t)n > p->len)
-        return -1;
-    for (int k = 1; k < n; k++) {
-        if ((s[i + k] & 0xC0) != 0x80)
-            return -1;
-        cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return -1;
-    *pos = i + (size_t)n;
-    return (int32_t)cp;
+    size_t at = *pos;
+    int32_t c = text_utf8_next(p->s, p->len, &at);
+    if (c >= 0)
+        *pos = at;
+    return c;
 }
 
 /* One character of a literal or class, escapes decoded. */

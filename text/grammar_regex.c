@@ -18,6 +18,7 @@
 #include "text/grammar.h"
 #include "text/grammar_internal.h"
 #include "text/hex.h"
+#include "text/utf8.h"
 
 typedef struct rx {
     const char *s;
@@ -159,30 +160,15 @@ static int emit_set(rx_t *r, rset_t *s)
     return oom ? RIVER_ENOMEM : 0;
 }
 
-/* Decodes one UTF-8 character of the pattern; -1 when invalid. */
+/* Decodes one UTF-8 character of the pattern; -1 when invalid, the position then
+ * unchanged (the error names where the character starts). */
 static int32_t rx_utf8(rx_t *r)
 {
-    const unsigned char *s = (const unsigned char *)r->s;
-    size_t i = r->pos;
-    unsigned c = s[i];
-    if (c < 0x80) {
-        r->pos++;
-        return (int32_t)c;
-    }
-    int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
-    if (n == 0 || c > 0xF4 || i + (size_t)n > r->len)
-        return -1;
-    uint32_t cp = c & (0x7Fu >> n);
-    for (int k = 1; k < n; k++) {
-        if ((s[i + k] & 0xC0) != 0x80)
-            return -1;
-        cp = cp << 6 | (s[i + k] & 0x3F);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return -1;
-    r->pos = i + (size_t)n;
-    return (int32_t)cp;
+    size_t at = r->pos;
+    int32_t c = text_utf8_next(r->s, r->len, &at);
+    if (c >= 0)
+        r->pos = at;
+    return c;
 }
 
 /* An escape after '\' (at r->pos): a class into s (returns 1), or one character into *cp

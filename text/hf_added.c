@@ -102,7 +102,7 @@ int hf_added_split(const tokenizer_t *t, const hf_matcher_t *m, const char *s, s
         if (a->rstrip) {
             while (stop < len) {
                 size_t p = stop;
-                if (!hf_is_white(tok_utf8_next(s, len, &p)))
+                if (!hf_is_white(text_utf8_next(s, len, &p)))
                     break;
                 stop = p;
             }
@@ -215,7 +215,7 @@ int hf_parse_added(tokenizer_t *t, const json_t *arr, int32_t *max_id)
         if (id < 0 || id >= (1 << 26))
             return river_err_set(RIVER_EFORMAT, "%s: added_tokens[%zu] has id %lld out of range",
                                  t->path, i, (long long)id);
-        if (!tok_utf8_valid(c, len))
+        if (!text_utf8_valid(c, len))
             return river_err_set(RIVER_EFORMAT, "%s: added_tokens[%zu] is not valid UTF-8", t->path,
                                  i);
         if (len == 0)

@@ -176,7 +176,7 @@ int hf_bpe_word(const tokenizer_t *t, const char *s, size_t len, tok_ids_t *out,
     tok_buf_t *key = &w->key;
     for (size_t i = 0; i < len;) {
         size_t j = i;
-        (void)tok_utf8_next(s, len, &j);
+        (void)text_utf8_next(s, len, &j);
         key->len = 0;
         if ((i > 0 && tok_buf_put(key, b->prefix, b->prefix_len)) ||
             tok_buf_put(key, s + i, j - i) ||

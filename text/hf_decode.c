@@ -62,7 +62,7 @@ static int byte_group_flush(dtoks_t *out, tok_buf_t *bytes, int raw)
     if (bytes->len == 0)
         return 0;
     int err = 0;
-    if (raw || tok_utf8_valid(bytes->p, bytes->len))
+    if (raw || text_utf8_valid(bytes->p, bytes->len))
         err = dtoks_add(out, bytes->p, bytes->len);
     else
         for (size_t i = 0; i < bytes->len && !err; i++)
@@ -178,7 +178,7 @@ static int dec_bytelevel(const tokenizer_t *t, const hf_dec_t *d, const dtoks_t 
         size_t n = in->len[i], mark = tmp->len;
         int mapped = 1;
         for (size_t p = 0; p < n && mapped;) {
-            int32_t c = tok_utf8_next(s, n, &p);
+            int32_t c = text_utf8_next(s, n, &p);
             if (c < 0 || c >= 324 || h->bl_dec[c] < 0)
                 mapped = 0;
             else

@@ -46,9 +46,9 @@ static int norm_lower(const tokenizer_t *t, const hf_norm_t *n, const char *s, s
 {
     (void)t, (void)n, (void)md;
     for (size_t i = 0; i < len;) {
-        int32_t c = tok_utf8_next(s, len, &i);
+        int32_t c = text_utf8_next(s, len, &i);
         char u[4];
-        if (tok_buf_put(out, u, tok_utf8_encode((uint32_t)utf8proc_tolower(c), u)))
+        if (tok_buf_put(out, u, text_utf8_encode((uint32_t)utf8proc_tolower(c), u)))
             return RIVER_ENOMEM;
     }
     return 0;
@@ -78,7 +78,7 @@ static int norm_strip(const tokenizer_t *t, const hf_norm_t *n, const char *s, s
     size_t a = 0, b = len;
     while (n->left && a < b) {
         size_t p = a;
-        if (!hf_is_white(tok_utf8_next(s, len, &p)))
+        if (!hf_is_white(text_utf8_next(s, len, &p)))
             break;
         a = p;
     }

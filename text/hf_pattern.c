@@ -126,7 +126,7 @@ int32_t hf_cp_before(const char *s, size_t end)
     while (b > 0 && ((unsigned char)s[b] & 0xC0) == 0x80)
         b--;
     size_t p = b;
-    return tok_utf8_next(s, end, &p);
+    return text_utf8_next(s, end, &p);
 }
 
 int32_t hf_cp_at(const char *s, size_t len, size_t at)
@@ -134,7 +134,7 @@ int32_t hf_cp_at(const char *s, size_t len, size_t at)
     if (at >= len)
         return -1;
     size_t p = at;
-    return tok_utf8_next(s, len, &p);
+    return text_utf8_next(s, len, &p);
 }
 
 int hf_pieces_add(pieces_t *ps, const char *s, size_t len, int32_t id, int origin)
@@ -228,7 +228,7 @@ int hf_replace_all(const tokenizer_t *t, const hf_pat_t *pat, const char *s, siz
             if (me >= len)
                 break;
             start = me;
-            (void)tok_utf8_next(s, len, &start);
+            (void)text_utf8_next(s, len, &start);
             if (tok_buf_put(out, s + me, start - me))
                 return RIVER_ENOMEM;
             copied = start;
@@ -264,7 +264,7 @@ int hf_split(const tokenizer_t *t, const hf_pat_t *pat, int behavior, int invert
             if (me >= len)
                 break;
             start = me;
-            (void)tok_utf8_next(s, len, &start);
+            (void)text_utf8_next(s, len, &start);
         }
         if (start >= len)
             break;

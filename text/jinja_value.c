@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "text/jinja.h"
+#include "text/utf8.h"
 
 /* ---- Arena ---- */
 
@@ -158,25 +159,7 @@ int32_t ju_decode(const char *s, size_t n, size_t *adv)
 
 size_t ju_encode(int32_t cp, char *buf)
 {
-    unsigned char *b = (unsigned char *)buf;
-    if (cp < 0x80) {
-        b[0] = (unsigned char)cp;
-        return 1;
-    } else if (cp < 0x800) {
-        b[0] = (unsigned char)(0xC0 | (cp >> 6));
-        b[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    } else if (cp < 0x10000) {
-        b[0] = (unsigned char)(0xE0 | (cp >> 12));
-        b[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        b[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    b[0] = (unsigned char)(0xF0 | (cp >> 18));
-    b[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    b[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    b[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
+    return text_utf8_encode((uint32_t)cp, buf);
 }
 
 size_t ju_len(const char *s, size_t n)

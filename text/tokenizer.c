@@ -213,97 +213,6 @@ void tok_map_free(tok_map_t *m)
 
 /* ---- UTF-8 ------------------------------------------------------------------------------ */
 
-int32_t tok_utf8_next(const char *str, size_t len, size_t *pos)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = *pos;
-    unsigned c = s[i];
-    if (c < 0x80) {
-        *pos = i + 1;
-        return (int32_t)c;
-    }
-    int n;
-    unsigned lo = 0x80, hi = 0xBF;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        cp = c & 0x0F;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        cp = c & 0x07;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        *pos = i + 1;
-        return -1;
-    }
-    /* The second byte has a narrower range for some lead bytes; the rest are 80..BF. A
-     * failing byte ends the invalid subpart before it. */
-    for (int k = 1; k < n; k++) {
-        if (i + k >= len) {
-            *pos = i + k;
-            return -1;
-        }
-        unsigned b = s[i + k];
-        if (b < lo || b > hi) {
-            *pos = i + k;
-            return -1;
-        }
-        lo = 0x80;
-        hi = 0xBF;
-        cp = (cp << 6) | (b & 0x3F);
-    }
-    *pos = i + n;
-    return (int32_t)cp;
-}
-
-int tok_utf8_valid(const char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        if ((unsigned char)s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        if (tok_utf8_next(s, len, &i) < 0)
-            return 0;
-    }
-    return 1;
-}
-
-size_t tok_utf8_encode(uint32_t cp, char out[4])
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 int tok_utf8_lossy(tok_buf_t *out, const char *s, size_t len, int *incomplete)
 {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
@@ -318,7 +227,7 @@ int tok_utf8_lossy(tok_buf_t *out, const char *s, size_t len, int *incomplete)
             i++;
             continue;
         }
-        if (tok_utf8_next(s, len, &i) >= 0)
+        if (text_utf8_next(s, len, &i) >= 0)
             continue;
         /* Copy the valid run before the invalid subpart, then one replacement character. */
         if (tok_buf_put(out, s + run, at - run) || tok_buf_put(out, fffd, 3))

@@ -261,7 +261,7 @@ int tok_gguf_load(tokenizer_t *t, int vocab_size_hint)
         int type = types ? (int)gguf_arr_int(types, i) : TT_NORMAL;
         if ((int)i == unk)
             type = TT_UNKNOWN;
-        if (!tok_utf8_valid(s, len)) {
+        if (!text_utf8_valid(s, len)) {
             err = river_err_set(RIVER_EFORMAT, "%s: key 'tokenizer.ggml.tokens': token %llu is "
                                 "not UTF-8", t->path, (unsigned long long)i);
             goto out;

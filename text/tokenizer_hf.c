@@ -135,7 +135,7 @@ int hf_one_char(const tokenizer_t *t, const char *what, const char *s, size_t n,
                 size_t *out_len)
 {
     size_t p = 0;
-    if (!s || n == 0 || !tok_utf8_valid(s, n) || (tok_utf8_next(s, n, &p), p != n))
+    if (!s || n == 0 || !text_utf8_valid(s, n) || (text_utf8_next(s, n, &p), p != n))
         return river_err_set(RIVER_EFORMAT, "%s: %s must be a single character", t->path, what);
     memcpy(out, s, n);
     *out_len = n;
@@ -260,7 +260,7 @@ int tok_hf_encode(const tokenizer_t *t, const char *text, size_t len, int add_sp
                   const text_span_t *spans, size_t n_spans, tok_ids_t *out)
 {
     const hf_tok_t *h = t->hf;
-    if (!tok_utf8_valid(text, len))
+    if (!text_utf8_valid(text, len))
         return river_err_set(RIVER_EINVAL, "%s: input text is not valid UTF-8", t->path);
     hf_work_t w, w2;
     pieces_t a = {0}, b = {0};
@@ -412,7 +412,7 @@ static void bytelevel_tables(hf_tok_t *h)
             (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         uint32_t cp = keep ? (uint32_t)b : (uint32_t)(256 + n++);
         char u[4];
-        size_t l = tok_utf8_encode(cp, u);
+        size_t l = text_utf8_encode(cp, u);
         memcpy(h->bl_enc[b], u, l);
         h->bl_enc_len[b] = (uint8_t)l;
         h->bl_dec[cp] = (int16_t)b;

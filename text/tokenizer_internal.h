@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 
 /* A growable byte buffer. Zero-initialised is empty and valid. */
 typedef struct tok_buf {
@@ -62,13 +63,7 @@ void tok_map_free(tok_map_t *m);
 
 uint64_t tok_hash(const void *p, size_t n);
 
-/* UTF-8. tok_utf8_next decodes the character at s[*pos] (len bytes in all): returns its code
- * point and advances *pos, or returns -1 and advances by the length of the maximal invalid
- * subpart (Unicode's "substitution of maximal subparts", as Rust's from_utf8_lossy). */
-int32_t tok_utf8_next(const char *s, size_t len, size_t *pos);
-int tok_utf8_valid(const char *s, size_t len);
-size_t tok_utf8_encode(uint32_t cp, char out[4]);
-/* Appends s to out with every maximal invalid subpart replaced by U+FFFD. *incomplete
+/* UTF-8 itself is text/utf8.h. Appends s to out with every maximal invalid subpart replaced by U+FFFD. *incomplete
  * (optional) is set when s ends inside a character that more bytes could complete. */
 int tok_utf8_lossy(tok_buf_t *out, const char *s, size_t len, int *incomplete);
 
