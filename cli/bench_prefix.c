@@ -99,6 +99,7 @@ int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int 
         goto done;
     int chunk = 256;
     gen_config_t gc = {.max_rows = chunk, .prefill_chunk = chunk, .page_size = 16,
+                       .kv_dtype = cli_env_kv_dtype(),
                        .max_seqs = 1};
     if ((e = gen_new(&cold, env->model, NULL, env->be, &gc)))
         goto done;

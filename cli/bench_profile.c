@@ -65,6 +65,7 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
     }
     int chunk = prompt_len < 256 ? prompt_len : 256;
     gen_config_t gc = {.max_rows = chunk, .prefill_chunk = chunk, .page_size = 16,
+                       .kv_dtype = cli_env_kv_dtype(),
                        .max_seqs = 1};
     if (!e)
         e = gen_new(&g, m, NULL, env->be, &gc);

@@ -38,15 +38,17 @@ int bench_spec_costs(cli_env_t *env, const char *river_path, int exit_layer, int
     e = forward_new(&f, m, env->be, rows);
     int pages = (ctx + k_max + 1 + 15) / 16 + 1;
     if (!e)
-        e = kv_pool_new(&kv, env->be, L, c->n_kv_heads * c->head_dim, 16, pages);
+        e = kv_pool_new(&kv, env->be, L, c->n_kv_heads * c->head_dim,
+                        gen_kv_dtype(m, cli_env_kv_dtype()), 16, pages);
     if (!e)
         e = spec_costs_measure(f, m, kv, &xs.cfg, k_max, ctx, runs, &sc);
     double t_plain = sc.t_plain, t_draft = sc.t_draft;
     /* What the bytes model predicts for the draft step against the plain one: the ratio a
      * memory-bound decode would show. */
     spec_bytes_t bp, bd;
-    spec_path_bytes(m, NULL, L, ctx + 1, &bp);
-    spec_path_bytes(m, &xs.cfg, exit_layer, ctx + 1, &bd);
+    dtype_t kv_dt = gen_kv_dtype(m, cli_env_kv_dtype());
+    spec_path_bytes(m, NULL, L, ctx + 1, kv_dt, &bp);
+    spec_path_bytes(m, &xs.cfg, exit_layer, ctx + 1, kv_dt, &bd);
     int river_bits = xs.river ? exitriver_bits(xs.river) : 0;
     const double *t_verify = sc.t_verify;
     static const double alphas[] = {0.8, 0.9, 0.95, 0.98};

@@ -38,6 +38,12 @@ int cli_env_set_device(const char *name);
  * of 2 MiB or more into huge pages) or "mapped" (read in the mapped checkpoint, which
  * backbone offloading needs). RIVER_EINVAL naming anything else. */
 int cli_env_set_weights(const char *mode);
+/* kv.dtype of the engines later commands make (--kv-dtype): a name of gen_kv_dtype_names
+ * ("auto", the default, "f32", "f16", "bf16", "q8"); RIVER_EINVAL naming kv.dtype for
+ * anything else. cli_env_kv_dtype gives the gen_kv_dtype_t for gen_config_t.kv_dtype and
+ * gen_kv_dtype. */
+int cli_env_set_kv_dtype(const char *name);
+int cli_env_kv_dtype(void);
 /* Whether env->be keeps its buffers in host memory (the CPU backend). */
 int cli_env_is_cpu(const cli_env_t *env);
 /* The SIMD level of a CPU backend ("avx2"...), or "none" for another backend. */

@@ -9,12 +9,14 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "engine/generate.h"
 #include "common/err.h"
 #include "kernels/backend.h"
 
 /* Set once from a command's options before cli_env_open; commands run one per process. */
 static char cli_device[32] = "cpu";
 static backend_weights_t cli_weights = BACKEND_WEIGHTS_COPY;
+static int cli_kv_dtype = GEN_KV_AUTO;
 
 int cli_env_set_device(const char *name)
 {
@@ -26,6 +28,13 @@ int cli_env_set_device(const char *name)
     snprintf(cli_device, sizeof cli_device, "%s", name);
     return 0;
 }
+
+int cli_env_set_kv_dtype(const char *name)
+{
+    return gen_kv_dtype_parse(name, &cli_kv_dtype);
+}
+
+int cli_env_kv_dtype(void) { return cli_kv_dtype; }
 
 int cli_env_set_weights(const char *mode)
 {

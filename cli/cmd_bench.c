@@ -29,7 +29,8 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     if (!e)
         e = forward_new(&f, m, env->be, 64);
     if (!e)
-        e = kv_pool_new(&kv, env->be, L, m->cfg.n_kv_heads * m->cfg.head_dim, 16, 8);
+        e = kv_pool_new(&kv, env->be, L, m->cfg.n_kv_heads * m->cfg.head_dim,
+                        gen_kv_dtype(m, cli_env_kv_dtype()), 16, 8);
     if (!e && !(rl = calloc((size_t)L, sizeof *rl)))
         e = river_err_set(RIVER_ENOMEM, "bench: river layer table");
     for (int l = first; !e && l < L; l++)
@@ -75,6 +76,7 @@ static void bench__usage(FILE *f)
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
                "                   [--runs R] [--bandwidth-mib M] [--output text|json]\n"
                "                   [--device cpu|cuda] [--weights copy|mapped]\n"
+               "                   [--kv-dtype auto|f32|f16|bf16|q8]\n"
                "Prints the median prefill and decode tokens/s over R runs, the median read\n"
                "bandwidth of a SIMD sweep over M MiB (default 2048) with the same threads and\n"
                "the loads of the SIMD level decode runs at, taken after each run, and\n"
@@ -129,6 +131,7 @@ int cmd_bench(int argc, char **argv)
         {"user-len", required_argument, 0, 1004},
         {"profile", no_argument, 0, 1006},
         {"river", required_argument, 0, 1007},
+        {"kv-dtype", required_argument, 0, 1100},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *split_river = NULL, *spec_river = NULL;
@@ -178,6 +181,12 @@ int cmd_bench(int argc, char **argv)
             int we = cli_env_set_weights(optarg);
             if (we)
                 return cli_fail("bench", we);
+            continue;
+        }
+        case 1100: {
+            int ke = cli_env_set_kv_dtype(optarg);
+            if (ke)
+                return cli_fail("bench", ke);
             continue;
         }
         case 'h': bench__usage(stdout); return 0;
@@ -257,6 +266,7 @@ int cmd_bench(int argc, char **argv)
     }
     int chunk = prompt_len < 256 ? (int)prompt_len : 256;
     gen_config_t gc = {.max_rows = chunk, .prefill_chunk = chunk, .page_size = 16,
+                       .kv_dtype = cli_env_kv_dtype(),
                        .max_seqs = 1};
     e = gen_new(&g, env.model, NULL, env.be, &gc);
     if (e)

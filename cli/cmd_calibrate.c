@@ -24,9 +24,10 @@ static void cal__usage(FILE *f)
             "usage: river calibrate --model PATH [--tokenizer PATH] --text FILE [--interval N]\n"
             "                       [--label-tau T|auto] [--epochs N] [--batch N]\n"
             "                       [--pos-weight W|balanced] [--max-tokens N] [--window N]\n"
-            "                       [--seed S] [--threads N] [--out FILE]\n"
+            "                       [--seed S] [--threads N] [--out FILE] [--kv-dtype D]\n"
             "       river calibrate --model PATH [--tokenizer PATH] --generate N --out FILE\n"
             "                       [--gen-tokens N] [--temperature T] [--seed S] [--threads N]\n"
+            "                       [--kv-dtype auto|f32|f16|bf16|q8]\n"
             "\n"
             "Runs the model over the text (paragraphs separated by blank lines are documents;\n"
             "windows of up to --window positions, each starting with BOS), labels a token\n"
@@ -170,6 +171,7 @@ static int cal__generate(cli_env_t *env, int n, int gen_tokens, float temperatur
     }
     int max_seqs = 8;
     gen_config_t gc = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16,
+                       .kv_dtype = cli_env_kv_dtype(),
                        .max_seqs = max_seqs};
     if ((e = gen_new(&g, m, env->tok, env->be, &gc)))
         goto done;
@@ -325,6 +327,7 @@ int cmd_calibrate(int argc, char **argv)
         {"seed", required_argument, 0, 's'},       {"threads", required_argument, 0, 'j'},
         {"out", required_argument, 0, 'o'},        {"generate", required_argument, 0, 'g'},
         {"gen-tokens", required_argument, 0, 'G'}, {"temperature", required_argument, 0, 't'},
+        {"kv-dtype", required_argument, 0, 1100},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_path = NULL;
@@ -391,6 +394,12 @@ int cmd_calibrate(int argc, char **argv)
             if (cli_parse_float(optarg, &temperature) || temperature < 0)
                 goto bad_value;
             break;
+        case 1100: {
+            int ke = cli_env_set_kv_dtype(optarg);
+            if (ke)
+                return cli_fail("calibrate", ke);
+            break;
+        }
         case 'h': cal__usage(stdout); return 0;
         default: cal__usage(stderr); return 2;
         }
@@ -428,6 +437,7 @@ int cmd_calibrate(int argc, char **argv)
         goto done;
     double t0 = clock_now_s();
     router_calib_opts_t co = {.interval = (int)interval, .max_tokens = max_tokens,
+                              .kv_dtype = cli_env_kv_dtype(),
                               .window = (int)window};
     if ((e = router_calib_collect(&cal, env.model, env.tok, env.be, text, len, &co)))
         goto done;

@@ -159,7 +159,8 @@ static int eval__reference(const char *path, const char *tok_path, int threads,
         goto out;
     }
     if ((e = forward_new(&f, renv.model, renv.be, 64)) ||
-        (e = kv_pool_new(&kv, renv.be, cfg->n_layers, cfg->n_kv_heads * cfg->head_dim, 16,
+        (e = kv_pool_new(&kv, renv.be, cfg->n_layers, cfg->n_kv_heads * cfg->head_dim,
+                         gen_kv_dtype(renv.model, cli_env_kv_dtype()), 16,
                          (cfg->max_seq_len + 15) / 16 + 2)))
         goto out;
     for (int i = 0; i < n_ps && !e; i++) {
@@ -194,7 +195,8 @@ static void eval__usage(FILE *f)
             "usage: river eval --model PATH [--tokenizer PATH] --prompts FILE\n"
             "                  [--sweep a,b,c] [--max-tokens N] [--threads N]\n"
             "                  [--offload-threshold F] [--reference MODEL]\n"
-            "                  [--repeat N] [--output text|json]\n");
+            "                  [--repeat N] [--output text|json]\n"
+            "                  [--kv-dtype auto|f32|f16|bf16|q8]\n");
     exit_opts_usage(f, 18);
     fprintf(f,
             "Decodes every prompt (one a line) greedily with the full backbone, then again\n"
@@ -236,6 +238,7 @@ int cmd_eval(int argc, char **argv)
         {"offload-threshold", required_argument, 0, 'O'},
         {"reference", required_argument, 0, 'R'},
         {"repeat", required_argument, 0, 'r'},
+        {"kv-dtype", required_argument, 0, 1100},
         {0, 0, 0, 0},
     };
     const char *ref_path = NULL;
@@ -281,6 +284,12 @@ int cmd_eval(int argc, char **argv)
             if (cli_parse_int(optarg, 1, CLI_REPEAT_MAX, &repeat))
                 goto bad_value;
             break;
+        case 1100: {
+            int ke = cli_env_set_kv_dtype(optarg);
+            if (ke)
+                return cli_fail("eval", ke);
+            break;
+        }
         case 'h': eval__usage(stdout); return 0;
         default: eval__usage(stderr); return 2;
         }
@@ -404,7 +413,8 @@ int cmd_eval(int argc, char **argv)
     }
     e = forward_new(&f, m, env.be, max_rows);
     if (!e)
-        e = kv_pool_new(&kv, env.be, L, cfg->n_kv_heads * cfg->head_dim, 16,
+        e = kv_pool_new(&kv, env.be, L, cfg->n_kv_heads * cfg->head_dim,
+                        gen_kv_dtype(m, cli_env_kv_dtype()), 16,
                         (cfg->max_seq_len + 15) / 16 + 2);
     lg = malloc(sizeof *lg * (size_t)max_tokens * (size_t)vocab);
     depth = malloc(sizeof *depth * (size_t)max_tokens);
@@ -588,8 +598,9 @@ int cmd_eval(int argc, char **argv)
         }
         /* Bytes a token reads on this setting's paths against the plain backbone's. */
         spec_bytes_t pb, sb;
-        spec_path_bytes(m, NULL, L, ctx_mean, &pb);
-        spec_path_bytes_mean(m, &sc, hist, ctx_mean, &sb);
+        dtype_t kv_dt = gen_kv_dtype(m, cli_env_kv_dtype());
+        spec_path_bytes(m, NULL, L, ctx_mean, kv_dt, &pb);
+        spec_path_bytes_mean(m, &sc, hist, ctx_mean, kv_dt, &sb);
         double tok_s = cli_median(set_t, n_rep);
         double ideal_bytes = pb.total / sb.total;
         double mean_depth = depth_sum / (double)n_tok;

@@ -75,7 +75,8 @@ static void run__usage(FILE *f)
             "usage: river run --model PATH [--tokenizer PATH] --prompt TEXT [--max-tokens N]\n"
             "                 [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                 [--stop TEXT]... [--ignore-eos] [--threads N] [--device cpu|cuda]\n"
-            "                 [--output text|json] [--no-special]\n");
+            "                 [--output text|json] [--no-special]\n"
+            "                 [--kv-dtype auto|f32|f16|bf16|q8]\n");
     exit_opts_usage(f, 17);
     fprintf(f,
             "Greedy decoding unless --temperature > 0. Text mode streams the completion;\n"
@@ -96,6 +97,7 @@ int cmd_run(int argc, char **argv)
         {"stop", required_argument, 0, 'S'},      {"ignore-eos", no_argument, 0, 'E'},
         {"threads", required_argument, 0, 'j'},   {"output", required_argument, 0, 'o'},
         {"device", required_argument, 0, 1000},   {"no-special", no_argument, 0, 1001},
+        {"kv-dtype", required_argument, 0, 1100},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL;
@@ -163,6 +165,12 @@ int cmd_run(int argc, char **argv)
             break;
         }
         case 1001: add_special = 0; break;
+        case 1100: {
+            int ke = cli_env_set_kv_dtype(optarg);
+            if (ke)
+                return cli_fail("run", ke);
+            break;
+        }
         case 'h': run__usage(stdout); return 0;
         default: run__usage(stderr); return 2;
         }
@@ -194,7 +202,8 @@ int cmd_run(int argc, char **argv)
     e = tokenizer_encode(env.tok, prompt, strlen(prompt), add_special, &ids, &n_ids);
     if (e)
         goto done;
-    gen_config_t gc = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};
+    gen_config_t gc = {.max_rows = 64, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1,
+                       .kv_dtype = cli_env_kv_dtype()};
     e = gen_new(&g, env.model, env.tok, env.be, &gc);
     if (!e && xo.policy.rule != EXIT_RULE_NONE)
         e = gen_set_exit(g, &xc.cfg);

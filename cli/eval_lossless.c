@@ -52,7 +52,8 @@ static int ll__run(cli_env_t *env, const exit_config_t *ex, const gen_spec_t *sp
 {
     memset(sum, 0, sizeof *sum);
     for (int i = 0; i < n_ps; i++) {
-        gen_config_t gc = {.max_rows = 32, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1};
+        gen_config_t gc = {.max_rows = 32, .prefill_chunk = 64, .page_size = 16, .max_seqs = 1,
+                           .kv_dtype = cli_env_kv_dtype()};
         gen_t *g;
         int e = gen_new(&g, env->model, NULL, env->be, &gc);
         if (e)
@@ -189,8 +190,9 @@ int eval_lossless(cli_env_t *env, const exit_setup_t *xc, const exit_opts_t *xo,
         double ideal_bytes = 0;
         if (sc.policy.rule == EXIT_RULE_FIXED) {
             spec_bytes_t pb, db;
-            spec_path_bytes(m, NULL, L, ctx, &pb);
-            spec_path_bytes(m, &sc, sc.policy.exit_layer, ctx, &db);
+            dtype_t kv_dt = gen_kv_dtype(m, cli_env_kv_dtype());
+            spec_path_bytes(m, NULL, L, ctx, kv_dt, &pb);
+            spec_path_bytes(m, &sc, sc.policy.exit_layer, ctx, kv_dt, &db);
             double read = (double)rv_d * db.total +
                           (double)st.spec_verify_passes * (pb.total - pb.kv) +
                           (double)(st.spec_draft_tokens + st.spec_verify_passes) * pb.kv;

@@ -126,6 +126,31 @@ const char *gen_finish_name(gen_finish_t f)
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
 }
 
+const char *const gen_kv_dtype_names[] = {"auto", "f32", "f16", "bf16", "q8", NULL};
+
+dtype_t gen_kv_dtype(const model_t *m, int choice)
+{
+    /* In the order of gen_kv_dtype_t. */
+    static const dtype_t chosen[GEN_KV_COUNT] = {DTYPE_COUNT, DTYPE_F32, DTYPE_F16,
+                                                 DTYPE_BF16, DTYPE_Q8};
+    if (choice > GEN_KV_AUTO && choice < GEN_KV_COUNT)
+        return chosen[choice];
+    /* The first layer's query matrix stands for the backbone: a model is quantized or
+     * 16-bit as a whole (a dequantised copy is f32 throughout). */
+    return m->cfg.n_layers > 0 && m->layers[0].wq.dtype == DTYPE_F32 ? DTYPE_F32 : DTYPE_F16;
+}
+
+int gen_kv_dtype_parse(const char *name, int *choice)
+{
+    for (int i = 0; gen_kv_dtype_names[i]; i++)
+        if (strcmp(name, gen_kv_dtype_names[i]) == 0) {
+            *choice = i;
+            return 0;
+        }
+    return river_err_set(RIVER_EINVAL, "kv.dtype %s: expected auto, f32, f16, bf16 or q8",
+                         name);
+}
+
 int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be,
             const gen_config_t *cfg)
 {
@@ -134,6 +159,19 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
         return river_err_set(RIVER_EINVAL, "generate: bad config (rows %d, seqs %d, page %d, "
                              "chunk %d)", c.max_rows, c.max_seqs, c.page_size, c.prefill_chunk);
     int kvd = m->cfg.n_kv_heads * m->cfg.head_dim;
+    if (c.kv_dtype < GEN_KV_AUTO || c.kv_dtype >= GEN_KV_COUNT)
+        return river_err_set(RIVER_EINVAL, "generate: kv.dtype choice %d", c.kv_dtype);
+    dtype_t kv_dt = gen_kv_dtype(m, c.kv_dtype);
+    if (c.kv_pool) {
+        dtype_t have = kv_pool_dtype(c.kv_pool);
+        if (c.kv_dtype != GEN_KV_AUTO && have != kv_dt)
+            return river_err_set(RIVER_EINVAL, "generate: kv.dtype %s, but the KV pool given "
+                                 "holds %s", dtype_name(kv_dt), dtype_name(have));
+        kv_dt = have;
+    }
+    int e = kv_dtype_check(kv_dt, m->cfg.head_dim);
+    if (e)
+        return e;
     if (c.kv_pool) {
         const kv_view_t *v = kv_pool_view(c.kv_pool);
         if (kv_pool_n_layers(c.kv_pool) != m->cfg.n_layers || v->kv_dim != kvd ||
@@ -148,7 +186,6 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     }
     if (c.n_pages <= 0)
         c.n_pages = c.max_seqs * ((m->cfg.max_seq_len + c.page_size - 1) / c.page_size);
-    int e;
     gen_t *g = calloc(1, sizeof *g);
     if (!g)
         return river_err_set(RIVER_ENOMEM, "generate: state");
@@ -162,7 +199,7 @@ int gen_new(gen_t **out, const model_t *m, const tokenizer_t *tok, backend_t *be
     if (c.kv_pool) {
         g->kv = c.kv_pool;
     } else {
-        e = kv_pool_new(&g->kv, be, m->cfg.n_layers, kvd, c.page_size, c.n_pages);
+        e = kv_pool_new(&g->kv, be, m->cfg.n_layers, kvd, kv_dt, c.page_size, c.n_pages);
         if (e)
             goto fail_kv;
         g->owns_kv = 1;

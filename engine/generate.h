@@ -33,11 +33,35 @@ typedef enum {
 
 const char *gen_finish_name(gen_finish_t f);
 
+/* kv.dtype as configured (a worker's file, `river --kv-dtype`), in the order of
+ * gen_kv_dtype_names. */
+typedef enum {
+    GEN_KV_AUTO = 0, /* f32 for a backbone of f32 weights, else f16 (as llama.cpp's default) */
+    GEN_KV_F32,
+    GEN_KV_F16,
+    GEN_KV_BF16,
+    GEN_KV_Q8, /* symmetric int8, one scale per 32 values (kernels/ops.h kv_view_t) */
+    GEN_KV_COUNT
+} gen_kv_dtype_t;
+
+/* "auto", "f32", "f16", "bf16", "q8", then NULL. */
+extern const char *const gen_kv_dtype_names[];
+/* The KV element type a choice gives for model m: the one rule every backend and every
+ * command follows. auto is f32 where the backbone's matrices are f32 (the llama2.c goldens
+ * stay token-exact against run.c) and f16 where they are 16-bit or quantized. */
+dtype_t gen_kv_dtype(const model_t *m, int choice);
+/* The choice named `name` (gen_kv_dtype_names), or RIVER_EINVAL naming kv.dtype. */
+int gen_kv_dtype_parse(const char *name, int *choice);
+
 typedef struct gen_config {
     int max_rows;      /* rows per forward batch */
     int prefill_chunk; /* prompt rows one sequence may put into one batch */
     int page_size;     /* KV positions per page */
     int n_pages;       /* KV pages in the pool (0: enough for max_seqs full contexts) */
+    /* Element type of the pool's K and V, a gen_kv_dtype_t: GEN_KV_AUTO (0, the default)
+     * picks it from the backbone (gen_kv_dtype). With kv_pool given, auto takes that
+     * pool's type and any other choice must be it. */
+    int kv_dtype;
     int max_seqs;      /* sequences running at once */
     /* What a sequence does when the pool has no page for its next position. 0: it ends
      * with GEN_FINISH_ERROR. 1: preemption: the youngest sequence that has no rows in the

@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
+#include "kernels/kv_row.h"
 
 struct kv_pool {
     backend_t *be;
@@ -30,29 +31,89 @@ struct kv_pool {
     int attached;
 };
 
-int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
-                int n_pages)
+/* Bytes of one array (K or V) of a pool: its elements, then for Q8 its scales; 0 when
+ * the geometry is bad or does not fit a size_t. A page's bytes are whole 4-byte words
+ * (page_stride even for the 16-bit types, a multiple of KV_Q8_BLOCK for Q8), because the
+ * backends copy buffers in floats (ops->to_host, from_host). */
+static size_t kv_pool__array_bytes(int n_layers, int kv_dim, dtype_t dtype, int page_size,
+                                   int n_pages)
 {
-    if (n_layers <= 0 || kv_dim <= 0 || page_size <= 0 || n_pages <= 0)
+    if (n_layers <= 0 || kv_dim <= 0 || page_size <= 0 || n_pages <= 0 ||
+        !kv_dtype_ok(dtype) || (dtype == DTYPE_Q8 && kv_dim % KV_Q8_BLOCK != 0))
+        return 0;
+    size_t n = 1;
+    const int dims[] = {n_layers, kv_dim, page_size, n_pages};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        if (n > SIZE_MAX / 8 / (size_t)dims[i])
+            return 0;
+        n *= (size_t)dims[i];
+    }
+    size_t page = kv_dtype_bytes(dtype, (int64_t)n / n_pages) +
+                  kv_dtype_scale_bytes(dtype, (int64_t)n / n_pages);
+    if (page % sizeof(float) != 0)
+        return 0;
+    return kv_dtype_bytes(dtype, (int64_t)n) + kv_dtype_scale_bytes(dtype, (int64_t)n);
+}
+
+/* The geometry every pool has, checked; K and V are set by the caller. */
+static int kv_pool__geometry(kv_pool_t *p, int n_layers, int kv_dim, dtype_t dtype,
+                             int page_size, int n_pages, size_t *array_bytes)
+{
+    if (!kv_dtype_ok(dtype) || (dtype == DTYPE_Q8 && kv_dim % KV_Q8_BLOCK != 0))
+        return river_err_set(RIVER_EINVAL, "kv pool: kv.dtype %s cannot hold rows of kv_dim "
+                             "%d (q8 needs a multiple of %d)", dtype_name(dtype), kv_dim,
+                             KV_Q8_BLOCK);
+    *array_bytes = kv_pool__array_bytes(n_layers, kv_dim, dtype, page_size, n_pages);
+    if (!*array_bytes)
         return river_err_set(RIVER_EINVAL, "kv pool: bad geometry (%d layers, kv_dim %d, "
-                             "page %d, %d pages)", n_layers, kv_dim, page_size, n_pages);
-    kv_pool_t *p = calloc(1, sizeof *p);
-    if (!p)
-        goto fail_alloc;
-    p->be = be;
+                             "page %d, %d pages, kv.dtype %s)", n_layers, kv_dim, page_size,
+                             n_pages, dtype_name(dtype));
     p->n_layers = n_layers;
+    p->view.dtype = dtype;
     p->view.page_size = page_size;
     p->view.kv_dim = kv_dim;
     p->view.n_pages = n_pages;
     p->view.layer_stride = (int64_t)page_size * kv_dim;
     p->view.page_stride = p->view.layer_stride * n_layers;
-    size_t n = (size_t)p->view.page_stride * (size_t)n_pages;
-    p->view.k = be->ops->buf_alloc(be->ctx, n);
-    if (!p->view.k)
+    return 0;
+}
+
+/* Points the view at K and V arrays of array_bytes each; Q8 scales follow each array's
+ * codes. Pointer arithmetic only: the memory may be the device's. */
+static void kv_pool__set_arrays(kv_pool_t *p, void *k, void *v)
+{
+    p->view.k = k;
+    p->view.v = v;
+    if (p->view.dtype == DTYPE_Q8) {
+        size_t codes = kv_dtype_bytes(DTYPE_Q8, p->view.page_stride * p->view.n_pages);
+        p->view.k_scale = (float *)((char *)k + codes);
+        p->view.v_scale = (float *)((char *)v + codes);
+    }
+}
+
+int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, dtype_t dtype,
+                int page_size, int n_pages)
+{
+    size_t bytes;
+    kv_pool_t *p = calloc(1, sizeof *p);
+    if (!p)
+        goto fail_alloc;
+    int e = kv_pool__geometry(p, n_layers, kv_dim, dtype, page_size, n_pages, &bytes);
+    if (e) {
+        free(p);
+        return e;
+    }
+    p->be = be;
+    /* Buffers are allocated in floats (the backends' activation type). */
+    void *k = be->ops->buf_alloc(be->ctx, bytes / sizeof(float));
+    if (!k)
         goto fail_k;
-    p->view.v = be->ops->buf_alloc(be->ctx, n);
-    if (!p->view.v)
-        goto fail_v;
+    void *v = be->ops->buf_alloc(be->ctx, bytes / sizeof(float));
+    if (!v) {
+        be->ops->buf_free(be->ctx, k);
+        goto fail_k;
+    }
+    kv_pool__set_arrays(p, k, v);
     p->free_list = malloc(sizeof *p->free_list * (size_t)n_pages);
     p->is_free = malloc((size_t)n_pages);
     if (!p->free_list || !p->is_free)
@@ -69,7 +130,6 @@ fail_list:
     free(p->free_list);
     free(p->is_free);
     be->ops->buf_free(be->ctx, p->view.v);
-fail_v:
     be->ops->buf_free(be->ctx, p->view.k);
 fail_k:
     free(p);
@@ -78,42 +138,32 @@ fail_alloc:
                          n_pages, page_size);
 }
 
-size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages)
+size_t kv_pool_shared_bytes(int n_layers, int kv_dim, dtype_t dtype, int page_size,
+                            int n_pages)
 {
-    if (n_layers <= 0 || kv_dim <= 0 || page_size <= 0 || n_pages <= 0)
-        return 0;
-    size_t n = 2 * sizeof(float);
-    const int dims[] = {n_layers, kv_dim, page_size, n_pages};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        if (n > SIZE_MAX / (size_t)dims[i])
-            return 0;
-        n *= (size_t)dims[i];
-    }
-    return n;
+    size_t a = kv_pool__array_bytes(n_layers, kv_dim, dtype, page_size, n_pages);
+    return a && a <= SIZE_MAX / 2 ? 2 * a : 0;
 }
 
 /* The parts every shared pool has: geometry, K at the start of the shared buffer, V after
  * it. Where the buffer lives is the backend's (ops->shared_alloc / shared_map): a memfd for
  * host memory, a CUDA IPC handle for device memory. */
 static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim,
-                           int page_size, int n_pages, size_t *bytes)
+                           dtype_t dtype, int page_size, int n_pages, size_t *bytes)
 {
-    *bytes = kv_pool_shared_bytes(n_layers, kv_dim, page_size, n_pages);
-    if (!*bytes)
-        return river_err_set(RIVER_EINVAL, "kv pool: bad geometry (%d layers, kv_dim %d, "
-                             "page %d, %d pages)", n_layers, kv_dim, page_size, n_pages);
     kv_pool_t *p = calloc(1, sizeof *p);
     if (!p)
         return river_err_set(RIVER_ENOMEM, "kv pool: state");
+    size_t array;
+    int e = kv_pool__geometry(p, n_layers, kv_dim, dtype, page_size, n_pages, &array);
+    if (e) {
+        free(p);
+        return e;
+    }
+    *bytes = 2 * array;
     p->be = be;
     p->shared = 1;
     p->handle.fd = -1;
-    p->n_layers = n_layers;
-    p->view.page_size = page_size;
-    p->view.kv_dim = kv_dim;
-    p->view.n_pages = n_pages;
-    p->view.layer_stride = (int64_t)page_size * kv_dim;
-    p->view.page_stride = p->view.layer_stride * n_layers;
     *out = p;
     return 0;
 }
@@ -121,17 +171,15 @@ static int kv_pool__shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_
 static void kv_pool__set_buffer(kv_pool_t *p, void *buf, size_t bytes)
 {
     p->map = buf;
-    p->view.k = buf;
-    /* Pointer arithmetic only: the buffer may be device memory. */
-    p->view.v = (float *)buf + bytes / (2 * sizeof(float));
+    kv_pool__set_arrays(p, buf, (char *)buf + bytes / 2);
 }
 
-int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
-                       int n_pages, int *fd_out)
+int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, dtype_t dtype,
+                       int page_size, int n_pages, int *fd_out)
 {
     size_t bytes;
     kv_pool_t *p;
-    int e = kv_pool__shared(&p, be, n_layers, kv_dim, page_size, n_pages, &bytes);
+    int e = kv_pool__shared(&p, be, n_layers, kv_dim, dtype, page_size, n_pages, &bytes);
     if (e)
         return e;
     void *buf = be->ops->shared_alloc(be->ctx, bytes, &p->handle);
@@ -169,18 +217,19 @@ const shared_handle_t *kv_pool_shared_handle(const kv_pool_t *p)
 }
 
 int kv_pool_attach_handle(kv_pool_t **out, backend_t *be, const shared_handle_t *h,
-                          int n_layers, int kv_dim, int page_size, int n_pages)
+                          int n_layers, int kv_dim, dtype_t dtype, int page_size, int n_pages)
 {
     size_t bytes;
     kv_pool_t *p;
-    int e = kv_pool__shared(&p, be, n_layers, kv_dim, page_size, n_pages, &bytes);
+    int e = kv_pool__shared(&p, be, n_layers, kv_dim, dtype, page_size, n_pages, &bytes);
     if (e)
         return e;
     p->attached = 1;
     if (h->bytes != bytes) {
         e = river_err_set(RIVER_EINVAL, "kv pool: the shared memory has %zu bytes, the "
-                          "geometry (%d layers, kv_dim %d, page %d, %d pages) needs %zu",
-                          h->bytes, n_layers, kv_dim, page_size, n_pages, bytes);
+                          "geometry (%d layers, kv_dim %d, page %d, %d pages, kv.dtype %s) "
+                          "needs %zu", h->bytes, n_layers, kv_dim, page_size, n_pages,
+                          dtype_name(dtype), bytes);
         goto fail;
     }
     void *buf = be->ops->shared_map(be->ctx, h);
@@ -202,11 +251,12 @@ fail:
 }
 
 int kv_pool_attach(kv_pool_t **out, backend_t *be, int fd, int n_layers, int kv_dim,
-                   int page_size, int n_pages)
+                   dtype_t dtype, int page_size, int n_pages)
 {
     shared_handle_t h = {.kind = SHARED_MEMFD, .fd = fd,
-                         .bytes = kv_pool_shared_bytes(n_layers, kv_dim, page_size, n_pages)};
-    return kv_pool_attach_handle(out, be, &h, n_layers, kv_dim, page_size, n_pages);
+                         .bytes = kv_pool_shared_bytes(n_layers, kv_dim, dtype, page_size,
+                                                       n_pages)};
+    return kv_pool_attach_handle(out, be, &h, n_layers, kv_dim, dtype, page_size, n_pages);
 }
 
 int kv_pool_is_attached(const kv_pool_t *p) { return p->attached; }
@@ -268,22 +318,83 @@ int kv_pool_total_pages(const kv_pool_t *p) { return p->view.n_pages; }
 int kv_pool_page_size(const kv_pool_t *p) { return p->view.page_size; }
 const kv_view_t *kv_pool_view(const kv_pool_t *p) { return &p->view; }
 
+dtype_t kv_pool_dtype(const kv_pool_t *p) { return p->view.dtype; }
+
+/* The byte ranges of page `page` in one array (K or V): its elements, and for Q8 its
+ * scales. In floats, the unit of ops->to_host and from_host, which copy any bytes. */
+static void kv_pool__page_span(const kv_pool_t *p, int32_t page, size_t off[2], size_t n[2])
+{
+    const kv_view_t *v = &p->view;
+    size_t data = kv_dtype_bytes(v->dtype, v->page_stride) / sizeof(float);
+    size_t sc = kv_dtype_scale_bytes(v->dtype, v->page_stride) / sizeof(float);
+    off[0] = data * (size_t)page;
+    n[0] = data;
+    off[1] = kv_dtype_bytes(v->dtype, v->page_stride * v->n_pages) / sizeof(float) +
+             sc * (size_t)page;
+    n[1] = sc;
+}
+
 int kv_pool_fill(kv_pool_t *p, float value)
 {
-    size_t n = (size_t)p->view.page_stride * (size_t)p->view.n_pages;
-    const size_t chunk = 4096;
-    float buf[4096];
-    for (size_t i = 0; i < chunk; i++)
-        buf[i] = value;
-    for (size_t off = 0; off < n; off += chunk) {
-        size_t m = n - off < chunk ? n - off : chunk;
-        int e = p->be->ops->from_host(p->be->ctx, p->view.k, off, buf, m);
-        if (e == 0)
-            e = p->be->ops->from_host(p->be->ctx, p->view.v, off, buf, m);
-        if (e)
-            return e;
+    /* One page's image, converted as kv_write would convert a row of `value`. */
+    const kv_view_t *v = &p->view;
+    size_t off[2], n[2];
+    kv_pool__page_span(p, 0, off, n);
+    float *img = malloc((n[0] + n[1]) * sizeof(float));
+    float *row = malloc((size_t)v->kv_dim * sizeof(float));
+    int e = 0;
+    if (!img || !row) {
+        e = river_err_set(RIVER_ENOMEM, "kv pool: fill buffer of %zu floats", n[0] + n[1]);
+        goto out;
     }
-    return 0;
+    for (int j = 0; j < v->kv_dim; j++)
+        row[j] = value;
+    /* The image's scales start right after its elements, so one page of the pool reads as
+     * element index t at img, scale index t / KV_Q8_BLOCK at img + n[0]. */
+    for (int64_t t = 0; t < v->page_stride; t += v->kv_dim)
+        kv_row_from_f32(v->dtype, img, img + n[0], t, row, v->kv_dim);
+    for (int32_t page = 0; page < v->n_pages && !e; page++) {
+        kv_pool__page_span(p, page, off, n);
+        for (int a = 0; a < 2 && !e; a++) {
+            void *base = a ? v->v : v->k;
+            e = p->be->ops->from_host(p->be->ctx, base, off[0], img, n[0]);
+            if (!e && n[1])
+                e = p->be->ops->from_host(p->be->ctx, base, off[1], img + n[0], n[1]);
+        }
+    }
+out:
+    free(img);
+    free(row);
+    return e;
+}
+
+int kv_pool_copy_page(kv_pool_t *p, int32_t src, int32_t dst, float *buf)
+{
+    if (src < 0 || src >= p->view.n_pages || dst < 0 || dst >= p->view.n_pages)
+        return river_err_set(RIVER_ERANGE, "kv pool: copy of page %d to %d, pool of %d",
+                             (int)src, (int)dst, p->view.n_pages);
+    size_t so[2], sn[2], d_off[2], dn[2];
+    kv_pool__page_span(p, src, so, sn);
+    kv_pool__page_span(p, dst, d_off, dn);
+    int e = 0;
+    for (int a = 0; a < 2 && !e; a++) {
+        void *base = a ? p->view.v : p->view.k;
+        for (int part = 0; part < 2 && !e; part++) {
+            if (!sn[part])
+                continue;
+            e = p->be->ops->to_host(p->be->ctx, buf, base, so[part], sn[part]);
+            if (!e)
+                e = p->be->ops->from_host(p->be->ctx, base, d_off[part], buf, sn[part]);
+        }
+    }
+    return e;
+}
+
+size_t kv_pool_page_floats(const kv_pool_t *p)
+{
+    size_t off[2], n[2];
+    kv_pool__page_span(p, 0, off, n);
+    return n[0] > n[1] ? n[0] : n[1];
 }
 
 void kv_seq_init(kv_seq_t *s)

@@ -13,9 +13,12 @@
 
 typedef struct kv_pool kv_pool_t;
 
-/* n_pages pages of page_size positions, n_layers layers, kv_dim K and V values each. */
-int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
-                int n_pages);
+/* n_pages pages of page_size positions, n_layers layers, kv_dim K and V values each, stored
+ * as dtype (kv_view_t: F32, F16, BF16, or Q8 with its scales after each array's codes).
+ * RIVER_EINVAL names kv.dtype for a type the pool cannot hold (Q8 with a kv_dim that is
+ * not a multiple of KV_Q8_BLOCK). */
+int kv_pool_new(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, dtype_t dtype,
+                int page_size, int n_pages);
 void kv_pool_destroy(kv_pool_t **p);
 
 /* The pool of a split pair (workers/pair.h), in memory two processes map: one shared buffer
@@ -25,23 +28,26 @@ void kv_pool_destroy(kv_pool_t **p);
  * device memory exported as an IPC handle (*fd_out -1). kv_pool_shared_handle says which,
  * for the pairing handshake. The free list stays private to this process: only the owner
  * hands out pages. RIVER_ESYS when the backend cannot make the buffer. */
-int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, int page_size,
-                       int n_pages, int *fd_out);
+int kv_pool_new_shared(kv_pool_t **out, backend_t *be, int n_layers, int kv_dim, dtype_t dtype,
+                       int page_size, int n_pages, int *fd_out);
 /* What a shared pool exports (NULL for a private pool). */
 const shared_handle_t *kv_pool_shared_handle(const kv_pool_t *p);
 /* Maps another process's shared pool from its handle through this backend (for a memfd,
  * h->fd is a descriptor of this process); otherwise as kv_pool_attach. */
 int kv_pool_attach_handle(kv_pool_t **out, backend_t *be, const shared_handle_t *h,
-                          int n_layers, int kv_dim, int page_size, int n_pages);
+                          int n_layers, int kv_dim, dtype_t dtype, int page_size, int n_pages);
 /* Maps the memory of another process's shared pool from fd, which must be a memfd of
  * exactly kv_pool_shared_bytes of the geometry given (RIVER_EINVAL names what differs).
  * The mapping does not need fd afterwards; the caller closes it. An attached pool reads
  * and writes K/V slots like its owner, but hands out no pages: kv_pool_alloc_page and
  * kv_seq_reserve fail with RIVER_ESTATE, kv_pool_free_page does nothing. */
 int kv_pool_attach(kv_pool_t **out, backend_t *be, int fd, int n_layers, int kv_dim,
-                   int page_size, int n_pages);
-/* Bytes a shared pool of that geometry maps (K and V), 0 when it does not fit a size_t. */
-size_t kv_pool_shared_bytes(int n_layers, int kv_dim, int page_size, int n_pages);
+                   dtype_t dtype, int page_size, int n_pages);
+/* Bytes a shared pool of that geometry maps (K and V, Q8 scales included), 0 when it does
+ * not fit a size_t or the geometry is bad. The same count as a private pool's two buffers:
+ * the worker sizes kv.pages 0 by it. */
+size_t kv_pool_shared_bytes(int n_layers, int kv_dim, dtype_t dtype, int page_size,
+                            int n_pages);
 /* 1 for a pool made by kv_pool_attach. */
 int kv_pool_is_attached(const kv_pool_t *p);
 int kv_pool_n_layers(const kv_pool_t *p);
@@ -58,8 +64,15 @@ int kv_pool_free_pages(const kv_pool_t *p);
 int kv_pool_total_pages(const kv_pool_t *p);
 int kv_pool_page_size(const kv_pool_t *p);
 const kv_view_t *kv_pool_view(const kv_pool_t *p);
-/* Sets every K and V value of the pool to `value` (tests fill it with NaN). */
+/* The pool's element type (kv_view_t.dtype). */
+dtype_t kv_pool_dtype(const kv_pool_t *p);
+/* Sets every K and V value of the pool to `value` as kv_write would store it (tests fill it
+ * with NaN, which reads back as NaN in every dtype). */
 int kv_pool_fill(kv_pool_t *p, float value);
+/* Copies page src's K and V (Q8 scales included) over page dst through host memory: buf
+ * holds kv_pool_page_floats(p) floats. */
+int kv_pool_copy_page(kv_pool_t *p, int32_t src, int32_t dst, float *buf);
+size_t kv_pool_page_floats(const kv_pool_t *p);
 
 /* The pages of one sequence. Embedded in its owner: kv_seq_init / kv_seq_free. */
 typedef struct kv_seq {

@@ -40,7 +40,7 @@ struct prefix_cache {
     int32_t *buckets;  /* (n_buckets) first entry, -1: none */
     uint64_t mask;     /* n_buckets - 1 */
     int32_t lru_head, lru_tail; /* head: least recently used */
-    float *copy;       /* (page_stride) host buffer for copying a page */
+    float *copy;       /* (copy_n) host buffer for copying a page (kv_pool_copy_page) */
     size_t copy_n;
 };
 
@@ -72,8 +72,7 @@ int prefix_cache_new(prefix_cache_t **out, kv_pool_t *kv, const prefix_cache_con
     while (nb < 2 * (size_t)pc->n_pages)
         nb *= 2;
     pc->mask = nb - 1;
-    const kv_view_t *v = kv_pool_view(kv);
-    pc->copy_n = (size_t)v->page_stride;
+    pc->copy_n = kv_pool_page_floats(kv);
     pc->e = calloc((size_t)pc->n_pages, sizeof *pc->e);
     pc->tokens = malloc((size_t)pc->n_pages * (size_t)pc->page_size * sizeof *pc->tokens);
     pc->buckets = malloc(nb * sizeof *pc->buckets);
@@ -298,20 +297,10 @@ int prefix_seq_mark_lossy(prefix_seq_t *ps, const prefix_cache_t *pc, int pos)
     return 0;
 }
 
-/* Copies every slot of page src into page dst (all layers, K and V). */
+/* Copies every slot of page src into page dst (all layers, K and V, in the pool's dtype). */
 static int pc__copy_page(prefix_cache_t *pc, int32_t src, int32_t dst)
 {
-    const kv_view_t *v = kv_pool_view(pc->kv);
-    backend_t *be = kv_pool_backend(pc->kv);
-    size_t so = (size_t)src * (size_t)v->page_stride, d = (size_t)dst * (size_t)v->page_stride;
-    int e = be->ops->to_host(be->ctx, pc->copy, v->k, so, pc->copy_n);
-    if (!e)
-        e = be->ops->from_host(be->ctx, v->k, d, pc->copy, pc->copy_n);
-    if (!e)
-        e = be->ops->to_host(be->ctx, pc->copy, v->v, so, pc->copy_n);
-    if (!e)
-        e = be->ops->from_host(be->ctx, v->v, d, pc->copy, pc->copy_n);
-    return e;
+    return kv_pool_copy_page(pc->kv, src, dst, pc->copy);
 }
 
 /* Looks for a cached page after `parent` whose leading ids match ids (at most n of them),

@@ -34,8 +34,15 @@ int spec_pick_k(double alpha, int k_max, double t_plain, double t_draft,
     return k_best;
 }
 
+double spec_kv_elem_bytes(dtype_t kv_dtype)
+{
+    size_t block = kv_dtype_bytes(kv_dtype, KV_Q8_BLOCK) +
+                   kv_dtype_scale_bytes(kv_dtype, KV_Q8_BLOCK);
+    return 2.0 * (double)block / KV_Q8_BLOCK;
+}
+
 void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, double ctx,
-                     spec_bytes_t *out)
+                     dtype_t kv_dtype, spec_bytes_t *out)
 {
     int L = m->cfg.n_layers;
     if (!x || x->policy.rule == EXIT_RULE_NONE || x->policy.kv == EXIT_KV_POSTHOC ||
@@ -55,7 +62,7 @@ void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, d
         ran++;
     }
     b.kv = (double)ran * ctx * (double)(m->cfg.n_kv_heads * m->cfg.head_dim) *
-           SPEC_KV_ELEM_BYTES;
+           spec_kv_elem_bytes(kv_dtype);
     const weight_t *head = river && exit_layer < L && x->river_head ? x->river_head : &m->lm_head;
     b.heads = (double)(model_weight_bytes(&m->embed, 1) + model_weight_bytes(&m->final_norm, 1) +
                        model_weight_bytes(head, head->rows));
@@ -64,7 +71,7 @@ void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, d
 }
 
 void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
-                          double ctx, spec_bytes_t *out)
+                          double ctx, dtype_t kv_dtype, spec_bytes_t *out)
 {
     int L = m->cfg.n_layers;
     spec_bytes_t sum = {0};
@@ -73,7 +80,7 @@ void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_
         if (!hist[d])
             continue;
         spec_bytes_t b;
-        spec_path_bytes(m, x, d, ctx, &b);
+        spec_path_bytes(m, x, d, ctx, kv_dtype, &b);
         double w = (double)hist[d];
         sum.backbone_layers += w * b.backbone_layers;
         sum.river_layers += w * b.river_layers;
@@ -82,7 +89,7 @@ void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_
         n += w;
     }
     if (n == 0) {
-        spec_path_bytes(m, NULL, L, ctx, out);
+        spec_path_bytes(m, NULL, L, ctx, kv_dtype, out);
         return;
     }
     sum.backbone_layers /= n;

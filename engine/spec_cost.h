@@ -22,8 +22,9 @@ typedef struct spec_bytes {
     double total;
 } spec_bytes_t;
 
-/* Bytes of one position's K and V in one layer of the pool (kv_pool.h: f32 pairs). */
-#define SPEC_KV_ELEM_BYTES ((double)(2 * sizeof(float)))
+/* Bytes of one K and one V value of a pool of element type kv_dtype (kernels/ops.h
+ * kv_view_t), Q8's scales spread over the values they scale. */
+double spec_kv_elem_bytes(dtype_t kv_dtype);
 
 /* The bytes of a token that leaves the backbone after `exit_layer` layers (0..n_layers)
  * under exit configuration x: with the river strategy it runs the river's layers from there
@@ -33,16 +34,17 @@ typedef struct spec_bytes {
  * This one function is the bytes model of `river eval` and of the draft step of `bench
  * --spec-costs`: a river of the backbone's own bits reads as many bytes a layer as the
  * backbone, so only a smaller river head makes its path cheaper. ctx is the number of
- * positions the token's attention reads (its own included; 0 leaves the KV out); under
+ * positions the token's attention reads (its own included; 0 leaves the KV out), each of
+ * kv_dtype (spec_kv_elem_bytes: the pool's kv.dtype, gen_kv_dtype); under
  * the river strategy every layer runs, so an exit saves no KV bytes. */
 void spec_path_bytes(const model_t *m, const exit_config_t *x, int exit_layer, double ctx,
-                     spec_bytes_t *out);
+                     dtype_t kv_dtype, spec_bytes_t *out);
 /* The mean over tokens counted by exit depth, hist[0..n_layers] (hist[d]: tokens that left
  * after d layers), each reading ctx positions; an empty histogram gives the plain
  * backbone's bytes. A function of its arguments only: the same histogram gives the same
  * bytes. */
 void spec_path_bytes_mean(const model_t *m, const exit_config_t *x, const int64_t *hist,
-                          double ctx, spec_bytes_t *out);
+                          double ctx, dtype_t kv_dtype, spec_bytes_t *out);
 
 /* The longest draft the cost model considers (GEN_DRAFT_MAX). */
 #define SPEC_K_MAX 16

@@ -254,7 +254,8 @@ static void seeds_pair(const model_t *m)
     char fp[MODEL_FINGERPRINT_LEN];
     const model_config_t *c = &m->cfg;
     if (cpu_backend_new(&be, 1, CPU_SIMD_COUNT) < 0 || model_fingerprint(m, fp) < 0 ||
-        kv_pool_new_shared(&kv, be, c->n_layers, c->n_kv_heads * c->head_dim, FUZZ_PAIR_PAGE,
+        kv_pool_new_shared(&kv, be, c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                           FUZZ_PAIR_PAGE,
                            FUZZ_PAIR_PAGES, &memfd) < 0) {
         fprintf(stderr, "seeds: pair: %s\n", river_err_detail());
         exit(1);

@@ -832,7 +832,8 @@ uint8_t *fuzz_pair_hello(const model_t *m, int memfd, const char *fingerprint,
     kv.page_size = FUZZ_PAIR_PAGE;
     kv.n_pages = FUZZ_PAIR_PAGES;
     kv.dtype = "f32";
-    kv.bytes = kv_pool_shared_bytes(c->n_layers, c->n_kv_heads * c->head_dim, FUZZ_PAIR_PAGE,
+    kv.bytes = kv_pool_shared_bytes(c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                                    FUZZ_PAIR_PAGE,
                                     FUZZ_PAIR_PAGES);
     River__Pair__PairHello h = RIVER__PAIR__PAIR_HELLO__INIT;
     h.protocol = PAIR_PROTOCOL;
@@ -929,6 +930,7 @@ static void fuzz_pair_setup(void)
     if (cpu_backend_new(&fz_pair.be, 1, CPU_SIMD_COUNT) < 0 ||
         model_fingerprint(fz_pair.m, fz_pair.fingerprint) < 0 ||
         kv_pool_new_shared(&fz_pair.kv, fz_pair.be, c->n_layers, c->n_kv_heads * c->head_dim,
+                           DTYPE_F32,
                            FUZZ_PAIR_PAGE, FUZZ_PAIR_PAGES, &fz_pair.memfd) < 0)
         fuzz_fail("pair: engine");
     snprintf(fz_pair.backend, sizeof fz_pair.backend, "%s", pair_backend_name(fz_pair.be));

@@ -1,6 +1,8 @@
 /* Element sizes and names of the weight dtypes in kernels/ops.h. */
 #include "kernels/ops.h"
 
+#include "common/err.h"
+
 size_t dtype_size(dtype_t dt)
 {
     switch (dt) {
@@ -118,4 +120,36 @@ dtype_t dtype_quant_of_bits(int bits)
     static const dtype_t by_bits[9] = {DTYPE_COUNT, DTYPE_COUNT, DTYPE_Q2,    DTYPE_Q3,   DTYPE_Q4,
                                        DTYPE_COUNT, DTYPE_COUNT, DTYPE_COUNT, DTYPE_Q8};
     return bits >= 0 && bits <= 8 ? by_bits[bits] : DTYPE_COUNT;
+}
+
+int kv_dtype_ok(dtype_t dt)
+{
+    return dt == DTYPE_F32 || dt == DTYPE_F16 || dt == DTYPE_BF16 || dt == DTYPE_Q8;
+}
+
+size_t kv_dtype_bytes(dtype_t dt, int64_t n)
+{
+    if (!kv_dtype_ok(dt) || n <= 0)
+        return 0;
+    return (size_t)n * (dt == DTYPE_Q8 ? 1 : dtype_size(dt));
+}
+
+size_t kv_dtype_scale_bytes(dtype_t dt, int64_t n)
+{
+    if (dt != DTYPE_Q8 || n <= 0)
+        return 0;
+    return (size_t)(n / KV_Q8_BLOCK) * sizeof(float);
+}
+
+int kv_dtype_check(dtype_t dt, int head_dim)
+{
+    if (!kv_dtype_ok(dt))
+        return river_err_set(RIVER_EINVAL, "kv.dtype %s is not a KV cache type (f32, f16, "
+                             "bf16 or q8)", dtype_name(dt));
+    if (head_dim <= 0 || (dt == DTYPE_Q8 && head_dim % KV_Q8_BLOCK != 0))
+        return river_err_set(RIVER_EINVAL, "kv.dtype %s needs a head_dim that is a multiple "
+                             "of %d (one scale per block of %d values of a head); this "
+                             "model's head_dim is %d", dtype_name(dt), KV_Q8_BLOCK,
+                             KV_Q8_BLOCK, head_dim);
+    return 0;
 }

@@ -87,16 +87,48 @@ typedef struct rope {
 
 /* Where the paged KV cache of one layer lives, in the backend's memory. A page holds
  * `page_size` consecutive positions of one sequence; element (page, pos_in_page, j) of
- * layer l is at base + page*page_stride + l*layer_stride + pos_in_page*kv_dim + j. */
+ * layer l has the element index page*page_stride + l*layer_stride + pos_in_page*kv_dim + j
+ * in the K (and V) array. Strides count elements of `dtype`, never bytes.
+ *
+ * Element types (`dtype`, kv.dtype in a worker's file):
+ * - DTYPE_F32: the index addresses a float at k.
+ * - DTYPE_F16, DTYPE_BF16: a 16-bit float at k (IEEE half, bfloat16); kv_write rounds to
+ *   nearest, ties to even (kernels/half.h).
+ * - DTYPE_Q8: symmetric int8, NOT the affine Q8 of weights: the index addresses an int8_t
+ *   code at k, and every block of KV_Q8_BLOCK consecutive elements of a position's row (a
+ *   head_dim must be a multiple of it, so a block never straddles two heads or positions)
+ *   has one f32 scale, k_scale[index / KV_Q8_BLOCK]; value = code * scale, scale =
+ *   max|x| / 127 over the block (0 for a block of zeros), code = round-to-nearest-even of
+ *   x / scale. The same for V with v_scale.
+ * kv_write narrows each value one way (kernels/kv_row.h on the CPU; CUDA rounds f16 and
+ * bf16 to nearest even too, and refuses Q8 with RIVER_EUNSUPPORTED) and attention widens
+ * exactly, so a position's values do not depend on the batch it was written or read in. */
+#define KV_Q8_BLOCK 32
 typedef struct kv_view {
-    void *k;                /* K base, backend KV type (f32 on the CPU) */
+    void *k;                /* K base: (n_pages * page_stride) elements of dtype */
     void *v;                /* V base */
+    float *k_scale;         /* DTYPE_Q8: (n_pages * page_stride / KV_Q8_BLOCK) scales of K;
+                               NULL for the float types */
+    float *v_scale;         /* DTYPE_Q8: the same for V */
+    dtype_t dtype;          /* DTYPE_F32 (0, the zero-initialised view), F16, BF16 or Q8 */
     int64_t page_stride;    /* elements between pages */
     int64_t layer_stride;   /* elements between layers of one page */
     int page_size;          /* positions per page */
     int kv_dim;             /* n_kv_heads * head_dim */
     int n_pages;            /* pages in the pool; a page id must be below it */
 } kv_view_t;
+
+/* Whether dt is an element type of the KV cache (F32, F16, BF16, Q8). */
+int kv_dtype_ok(dtype_t dt);
+/* Bytes of n elements of the KV type dt (Q8: codes only; its scales are
+ * kv_dtype_scale_bytes); 0 for a type that is not one. */
+size_t kv_dtype_bytes(dtype_t dt, int64_t n);
+/* Bytes of the scales of n elements (Q8: n / KV_Q8_BLOCK floats; 0 for the float types). */
+size_t kv_dtype_scale_bytes(dtype_t dt, int64_t n);
+/* RIVER_EINVAL naming kv.dtype and head_dim when the cache cannot hold heads of head_dim
+ * elements in dt (Q8: head_dim not a multiple of KV_Q8_BLOCK; a type that is not a KV
+ * type); 0 otherwise. */
+int kv_dtype_check(dtype_t dt, int head_dim);
 
 /* The rows of one batch as attention sees them: row i is position pos[i] of a sequence
  * whose page table is page_table[i] (page_table[i][p / page_size] holds position p). A
@@ -236,7 +268,8 @@ typedef struct ops {
      * (they may be two halves of one fused gate_up row), out has row stride d. */
     int (*swiglu)(ops_ctx_t *ctx, void *out, const void *gate, const void *up, int n, int d,
                   int stride);
-    /* Writes k and v (n, kv_dim) into the slots (layer, pos[i]) of each row's pages. */
+    /* Writes k and v (n, kv_dim, f32) into the slots (layer, pos[i]) of each row's pages,
+     * narrowed to kv->dtype (kv_view_t). */
     int (*kv_write)(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
                     const void *k, const void *v);
     /* Causal grouped-query attention of q (n, n_heads*head_dim) over the pages of each

@@ -32,12 +32,19 @@ static double prof__weight_bytes(const weight_t *w)
     return b;
 }
 
-/* Adds one call of op (weight w or NULL, n rows) that started at t to its group. */
-static void prof__add(ops_ctx_t *p, const char *op, const weight_t *w, int n, double t)
+/* Bytes of the K and V values of `positions` positions of a pool (Q8 scales included). */
+static double prof__kv_bytes(const kv_view_t *kv, int64_t positions)
+{
+    int64_t n = positions * kv->kv_dim;
+    return 2.0 * (double)(kv_dtype_bytes(kv->dtype, n) + kv_dtype_scale_bytes(kv->dtype, n));
+}
+
+/* Adds one call of op (reading data of type dt_w, shape rows x cols, n rows, `bytes` bytes)
+ * that started at t to its group. */
+static void prof__add_row(ops_ctx_t *p, const char *op, dtype_t dt_w, int64_t rows,
+                          int64_t cols, int n, double bytes, double t)
 {
     double dt = clock_now_s() - t;
-    dtype_t dt_w = w ? w->dtype : DTYPE_COUNT;
-    int64_t rows = w ? w->rows : 0, cols = w ? w->cols : 0;
     profile_row_t *r = NULL;
     for (int i = 0; i < p->n_rows && !r; i++) {
         profile_row_t *c = &p->rows[i];
@@ -56,8 +63,15 @@ static void prof__add(ops_ctx_t *p, const char *op, const weight_t *w, int n, do
     }
     r->calls++;
     r->seconds += dt;
-    if (w && strcmp(op, "matmul") == 0)
-        r->bytes += prof__weight_bytes(w);
+    r->bytes += bytes;
+}
+
+/* Adds one call of op (weight w or NULL, n rows) that started at t to its group. */
+static void prof__add(ops_ctx_t *p, const char *op, const weight_t *w, int n, double t)
+{
+    double bytes = w && strcmp(op, "matmul") == 0 ? prof__weight_bytes(w) : 0;
+    prof__add_row(p, op, w ? w->dtype : DTYPE_COUNT, w ? w->rows : 0, w ? w->cols : 0, n,
+                  bytes, t);
 }
 
 #define IN (ctx->inner.ops)
@@ -125,18 +139,42 @@ static int prof_swiglu(ops_ctx_t *ctx, void *out, const void *gate, const void *
     PROF_TIMED("swiglu", NULL, n, IN->swiglu(INCTX, out, gate, up, n, d, stride));
 }
 
+/* The same for the KV ops, filed under the pool's element type with `bytes` KV bytes. */
+#define PROF_TIMED_KV(op, kv, n, bytes, CALL)                                                \
+    do {                                                                                    \
+        double t_ = clock_now_s();                                                          \
+        int e_ = (CALL);                                                                    \
+        if (!e_)                                                                            \
+            e_ = IN->sync(INCTX);                                                           \
+        prof__add_row(ctx, (op), (kv)->dtype, 0, 0, (n), (bytes), t_);                      \
+        return e_;                                                                          \
+    } while (0)
+
+/* kv_write's bytes are the rows it writes. */
 static int prof_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
                          const void *k, const void *v)
 {
-    PROF_TIMED("kv_write", NULL, b->n, IN->kv_write(INCTX, kv, layer, b, k, v));
+    if (!kv || !b)
+        return IN->kv_write(INCTX, kv, layer, b, k, v);
+    PROF_TIMED_KV("kv_write", kv, b->n, prof__kv_bytes(kv, b->n),
+                  IN->kv_write(INCTX, kv, layer, b, k, v));
 }
 
+/* attention's bytes are every row's context, K and V (a decode step's reads; the rows of a
+ * prefill tile share theirs, so there it is a bound). */
 static int prof_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
                           int layer, const attn_batch_t *b, int n_heads, int n_kv_heads,
                           int head_dim, float scale)
 {
-    PROF_TIMED("attention", NULL, b->n,
-               IN->attention(INCTX, out, q, kv, layer, b, n_heads, n_kv_heads, head_dim, scale));
+    if (!kv || !b || (b->n > 0 && !b->pos))
+        return IN->attention(INCTX, out, q, kv, layer, b, n_heads, n_kv_heads, head_dim,
+                             scale);
+    int64_t positions = 0;
+    for (int i = 0; i < b->n; i++)
+        positions += b->pos[i] >= 0 ? (int64_t)b->pos[i] + 1 : 0;
+    PROF_TIMED_KV("attention", kv, b->n, prof__kv_bytes(kv, positions),
+                  IN->attention(INCTX, out, q, kv, layer, b, n_heads, n_kv_heads, head_dim,
+                                scale));
 }
 
 static int prof_cosine(ops_ctx_t *ctx, float *out, const void *a, const void *b, int n, int d)

@@ -12,7 +12,9 @@
  * (matmul, embed, rmsnorm, add_bias, router_prob) its dtype and shape, with the rows of x
  * of the call. Groups are kept in the order they first ran, so one decode step's groups read
  * as a layer's data flow. A matmul's bytes are its weight's (codes, scales and zeros): the
- * memory a decode step must stream, which makes bytes / time its achieved bandwidth. */
+ * memory a decode step must stream, which makes bytes / time its achieved bandwidth; the
+ * KV ops are grouped by the pool's element type (kv.dtype), their bytes the K and V values
+ * they write or read in it. */
 #ifndef RIVER_KERNELS_PROFILE_H
 #define RIVER_KERNELS_PROFILE_H
 
@@ -23,13 +25,15 @@
 /* One group of timed calls. */
 typedef struct profile_row {
     const char *op;  /* the ops_t member's name: "matmul", "attention", ... */
-    dtype_t dtype;   /* of the weight read; DTYPE_COUNT for ops without one */
+    dtype_t dtype;   /* of the weight read, the KV pool's for kv_write and attention;
+                        DTYPE_COUNT for ops without one */
     int64_t rows;    /* weight shape (rows, cols); 0 without one */
     int64_t cols;
     int n;           /* rows of x (or sequences, positions) the calls ran on */
     int64_t calls;
     double seconds;  /* all calls together */
-    double bytes;    /* weight bytes all calls read */
+    double bytes;    /* weight bytes all matmul calls read; K and V bytes (the pool's
+                        dtype) kv_write wrote and attention read */
 } profile_row_t;
 
 /* Most groups kept; calls past them are summed into one row of op "other". */

@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "engine/forward.h"
+#include "engine/generate.h"
 #include "engine/kv_pool.h"
 #include "engine/router.h"
 
@@ -243,7 +244,8 @@ int router_calib_collect(router_calib_t **out, const model_t *m, const tokenizer
     int page = 16;
     if ((e = forward_new(&f, m, be, window < 128 ? window : 128)))
         goto done;
-    if ((e = kv_pool_new(&kv, be, mc->n_layers, mc->n_kv_heads * mc->head_dim, page,
+    if ((e = kv_pool_new(&kv, be, mc->n_layers, mc->n_kv_heads * mc->head_dim,
+                         gen_kv_dtype(m, o->kv_dtype), page,
                          (window + page - 1) / page)))
         goto done;
     calib_hook_t hk = {.c = c, .slot = slot, .last_layer = mc->n_layers - 1};

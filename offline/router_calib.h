@@ -31,6 +31,7 @@ typedef struct router_calib_opts {
     int interval;       /* checkpoint interval (>= 1) */
     int64_t max_tokens; /* stop after this many samples (0: no limit) */
     int window;         /* positions per window including BOS (0: min(context, 1024)) */
+    int kv_dtype;       /* kv.dtype of the KV pool, a gen_kv_dtype_t (0: auto) */
 } router_calib_opts_t;
 
 /* Tokenises `text` (documents separated by blank lines, each encoded on its own), runs the

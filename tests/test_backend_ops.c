@@ -523,6 +523,27 @@ static void run_swiglu(bpair_t *p, const op_case_t *c)
  * kv_write of every position; then one batched call: a prompt chunk of A's last 37
  * positions, B's last 3 and decode rows of both (42 rows, not a multiple of 8); then 5
  * decode rows with out aliasing q; then a kv_valid mask. */
+/* The K and V bytes of two pools, which must be the same bits: kv_write rounds each value
+ * one way on every backend (kernels/kv_row.h; CUDA's rounding to nearest even), and a
+ * 16-bit or 8-bit pool read as floats would not compare by value. */
+static void check_kv_bits(bpair_t *p, const twin_t *t, dtype_t dt, const char *what)
+{
+    if (dt == DTYPE_F32) {
+        check_twin(p, t, 0, what);
+        return;
+    }
+    uint32_t *a = malloc(t->n * sizeof *a), *b = malloc(t->n * sizeof *b);
+    ck_assert_int_eq(p->ref->ops->to_host(p->ref->ctx, (float *)a, t->r, 0, t->n), 0);
+    ck_assert_int_eq(p->x->ops->to_host(p->x->ctx, (float *)b, t->x, 0, t->n), 0);
+    for (size_t i = 0; i < t->n; i++)
+        ck_assert_msg(a[i] == b[i], "%s on %s: word %zu is %08x, the CPU's %08x", what,
+                      p->name, i, b[i], a[i]);
+    free(a);
+    free(b);
+}
+
+/* attention and kv_write: a head_dim, b KV heads, c query heads per KV head, d positions of
+ * sequence A; the case's dt is the pool's element type (kv_view_t.dtype). */
 static void run_attention(bpair_t *p, const op_case_t *c)
 {
     enum { PS = 16, LAYERS = 2, LEN_B = 40, CHUNK = 37 };
@@ -530,15 +551,24 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     int pages_a = (len_a + PS - 1) / PS, pages_b = (LEN_B + PS - 1) / PS;
     int n_pages = pages_a + pages_b + 3;
     kv_view_t vr = {.page_size = PS, .kv_dim = kv_dim, .n_pages = n_pages,
-                    .layer_stride = (int64_t)PS * kv_dim};
+                    .layer_stride = (int64_t)PS * kv_dim, .dtype = c->dt};
     vr.page_stride = LAYERS * vr.layer_stride;
     size_t kv_elems = (size_t)n_pages * (size_t)vr.page_stride;
-    twin_t K = twin_new(p, NULL, kv_elems), V = twin_new(p, NULL, kv_elems);
+    size_t codes = kv_dtype_bytes(c->dt, (int64_t)kv_elems);
+    size_t kv_floats = (codes + kv_dtype_scale_bytes(c->dt, (int64_t)kv_elems)) / sizeof(float);
+    twin_t K = twin_new(p, NULL, kv_floats), V = twin_new(p, NULL, kv_floats);
     kv_view_t vx = vr;
     vr.k = K.r;
     vr.v = V.r;
     vx.k = K.x;
     vx.v = V.x;
+    if (c->dt == DTYPE_Q8) {
+        /* The scales follow the codes, as in a pool (engine/kv_pool.c). */
+        vr.k_scale = (float *)((char *)K.r + codes);
+        vr.v_scale = (float *)((char *)V.r + codes);
+        vx.k_scale = (float *)((char *)K.x + codes);
+        vx.v_scale = (float *)((char *)V.x + codes);
+    }
     /* Pages handed out in a shuffled order, as a pool does after some churn. */
     int32_t *perm = malloc(sizeof *perm * (size_t)n_pages);
     for (int i = 0; i < n_pages; i++)
@@ -562,13 +592,26 @@ static void run_attention(bpair_t *p, const op_case_t *c)
     attn_batch_t b = {.n = n, .pos = pos, .page_table = pts};
     twin_t k = twin_rand(p, (size_t)n * kv_dim, -1, 1);
     twin_t v = twin_rand(p, (size_t)n * kv_dim, -1, 1);
+    char what[96];
+    if (c->dt == DTYPE_Q8 && strcmp(p->name, "cuda") == 0) {
+        /* Q8 pools are the CPU's only: CUDA refuses them by name. */
+        ck_assert_int_eq(p->x->ops->kv_write(p->x->ctx, &vx, layer, &b, k.x, v.x),
+                         RIVER_EUNSUPPORTED);
+        ck_assert_msg(strstr(river_err_detail(), "kv.dtype q8"), "%s", river_err_detail());
+        free(pos);
+        free(pts);
+        free(perm);
+        twin_t *all[] = {&K, &V, &k, &v};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            twin_free(p, all[i]);
+        return;
+    }
     BOTH(p, p->ref->ops->kv_write(p->ref->ctx, &vr, layer, &b, k.r, v.r),
          p->x->ops->kv_write(p->x->ctx, &vx, layer, &b, k.x, v.x));
-    char what[96];
     snprintf(what, sizeof what, "%s kv_write K", c->name);
-    check_twin(p, &K, 0, what);
+    check_kv_bits(p, &K, c->dt, what);
     snprintf(what, sizeof what, "%s kv_write V", c->name);
-    check_twin(p, &V, 0, what);
+    check_kv_bits(p, &V, c->dt, what);
 
     /* The batched call: A's prompt chunk, B's last three, both of their last positions. */
     int nb = CHUNK + 3 + 2;
@@ -1802,6 +1845,16 @@ static const op_case_t cases[] = {
     CASE("attention hd 128 gqa 1 ctx 200", run_attention, DTYPE_F32, 128, 2, 1, 200, 1e-4),
     /* Llama 3.2 1B: 32 heads of 64 over 8 KV heads. */
     GPU_CASE("attention hd 64 gqa 4 ctx 1500", run_attention, DTYPE_F32, 64, 8, 4, 1500, 1e-4),
+    /* The pool's other element types (kv.dtype): both sides read the same rounded values,
+     * so the tolerances are f32's; the long contexts take the chunked decode path. */
+    CASE("attention kv f16 hd 64 gqa 4 ctx 300", run_attention, DTYPE_F16, 64, 2, 4, 300, 1e-4),
+    CASE("attention kv f16 hd 96 gqa 1 ctx 1030", run_attention, DTYPE_F16, 96, 3, 1, 1030,
+         1e-4),
+    CASE("attention kv bf16 hd 128 gqa 1 ctx 200", run_attention, DTYPE_BF16, 128, 2, 1, 200,
+         1e-4),
+    CASE("attention kv bf16 hd 8 gqa 2 ctx 90", run_attention, DTYPE_BF16, 8, 4, 2, 90, 1e-4),
+    CASE("attention kv q8 hd 64 gqa 8 ctx 1100", run_attention, DTYPE_Q8, 64, 2, 8, 1100, 1e-4),
+    CASE("attention kv q8 hd 32 gqa 2 ctx 150", run_attention, DTYPE_Q8, 32, 3, 2, 150, 1e-4),
     /* cosine, gather, scatter */
     CASE("rows 13x2048", run_rows, DTYPE_F32, 13, 2048, 0, 0, 0),
     CASE("rows 6x96", run_rows, DTYPE_F32, 6, 96, 0, 0, 0),

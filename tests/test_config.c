@@ -7,6 +7,7 @@
 #include "common/err.h"
 #include "daemon/config.h"
 #include "engine/exit.h"
+#include "engine/generate.h"
 #include "workers/config.h"
 #include "workers/pair_transport.h"
 #include "tests/testutil.h"
@@ -420,6 +421,38 @@ START_TEST(test_weights)
 }
 END_TEST
 
+/* kv.dtype: auto by default, each name to its gen_kv_dtype_t, anything else an error that
+ * names the key and the choices. */
+START_TEST(test_kv_dtype)
+{
+    const config_schema_t *wk = &config_schema_worker;
+    any_config_t c;
+    ck_assert_int_eq(load(wk, "model: m\n", &c), 0);
+    ck_assert_int_eq(c.w.kv_dtype, GEN_KV_AUTO);
+    config_free(wk, &c);
+    static const struct {
+        const char *name;
+        int want;
+    } cases[] = {{"auto", GEN_KV_AUTO}, {"f32", GEN_KV_F32}, {"f16", GEN_KV_F16},
+                 {"bf16", GEN_KV_BF16}, {"q8", GEN_KV_Q8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "model: m\nkv:\n  dtype: %s\n", cases[i].name);
+        ck_assert_msg(load(wk, text, &c) == 0, "%s: %s", text, river_err_detail());
+        ck_assert_int_eq(c.w.kv_dtype, cases[i].want);
+        config_free(wk, &c);
+    }
+    expect_error(wk, "model: m\nkv:\n  dtype: f8\n", "cfg.yaml:3:", "kv.dtype",
+                 "expected auto, f32, f16, bf16 or q8, got 'f8'");
+    /* The command line's parser takes the same names. */
+    int choice = -1;
+    ck_assert_int_eq(gen_kv_dtype_parse("bf16", &choice), 0);
+    ck_assert_int_eq(choice, GEN_KV_BF16);
+    ck_assert_int_eq(gen_kv_dtype_parse("fp16", &choice), RIVER_EINVAL);
+    ck_assert_ptr_nonnull(strstr(river_err_detail(), "kv.dtype fp16"));
+}
+END_TEST
+
 START_TEST(test_duplicate_key)
 {
     const config_schema_t *rd = &config_schema_riverd;
@@ -600,6 +633,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_duplicate_key);
     tcase_add_test(tc, test_split_transport);
     tcase_add_test(tc, test_weights);
+    tcase_add_test(tc, test_kv_dtype);
     tcase_add_test(tc, test_malformed_yaml);
     tcase_add_test(tc, test_required);
     tcase_add_test(tc, test_files);

@@ -221,7 +221,8 @@ START_TEST(test_golden_stories260k)
     ck_assert_msg(e == 0, "upload: %s", river_err_detail());
     const model_config_t *c = &m->cfg;
     ck_assert_int_eq(forward_new(&fwd, m, be, 64), 0);
-    ck_assert_int_eq(kv_pool_new(&kv, be, c->n_layers, c->n_kv_heads * c->head_dim, 16, 8), 0);
+    ck_assert_int_eq(kv_pool_new(&kv, be, c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                                 16, 8), 0);
     /* Unwritten slots hold NaN, so reading one anywhere poisons the logits. */
     ck_assert_int_eq(kv_pool_fill(kv, NAN), 0);
     kv_seq_t seq;

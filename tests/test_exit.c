@@ -98,7 +98,8 @@ static void run_policy(const exit_config_t *ex, const int32_t *feed, run_t *out)
     forward_t *f;
     kv_pool_t *kv;
     ck_assert_int_eq(forward_new(&f, F.m, &F.counted, 64), 0);
-    ck_assert_int_eq(kv_pool_new(&kv, F.be, c->n_layers, c->n_kv_heads * c->head_dim, 8, 16), 0);
+    ck_assert_int_eq(kv_pool_new(&kv, F.be, c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                                 8, 16), 0);
     ck_assert_int_eq(kv_pool_fill(kv, NAN), 0);
     ck_assert_msg(forward_set_exit(f, ex) == 0, "%s", river_err_detail());
     kv_seq_t s;

@@ -93,7 +93,7 @@ static void fixture_open_simd(fixture_t *fx, const golden_case_t *gc, int thread
     test_backend_open(&fx->be, threads, simd, fx->m);
     ck_assert_int_eq(forward_new(&fx->fwd, fx->m, fx->be, 64), 0);
     ck_assert_int_eq(kv_pool_new(&fx->kv, fx->be, fx->m->cfg.n_layers,
-                                 fx->m->cfg.n_kv_heads * fx->m->cfg.head_dim, 16, 8), 0);
+                                 fx->m->cfg.n_kv_heads * fx->m->cfg.head_dim, DTYPE_F32, 16, 8), 0);
     /* Unwritten slots hold NaN, so reading one anywhere poisons the logits. */
     ck_assert_int_eq(kv_pool_fill(fx->kv, NAN), 0);
     kv_seq_init(&fx->seq);

@@ -480,7 +480,7 @@ START_TEST(test_collision_is_a_miss)
     kv_pool_t *kv;
     prefix_cache_t *pc;
     ck_assert_int_eq(cpu_backend_new(&be, 1, CPU_SIMD_COUNT), 0);
-    ck_assert_int_eq(kv_pool_new(&kv, be, 1, 4, 4, 16), 0);
+    ck_assert_int_eq(kv_pool_new(&kv, be, 1, 4, DTYPE_F32, 4, 16), 0);
     prefix_cache_config_t cfg = {.seed = 42, .key = {7, 9}, .name_page = colliding_name};
     ck_assert_int_eq(prefix_cache_new(&pc, kv, &cfg), 0);
     const int32_t a[9] = {1, 10, 11, 12, 20, 21, 22, 23, 5};

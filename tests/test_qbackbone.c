@@ -230,7 +230,8 @@ static void lm_open(lm_t *x, const char *path)
     test_backend_open(&x->be, 1, CPU_SIMD_COUNT, x->m);
     const model_config_t *c = &x->m->cfg;
     ck_assert_int_eq(forward_new(&x->f, x->m, x->be, c->max_seq_len), 0);
-    ck_assert_int_eq(kv_pool_new(&x->kv, x->be, c->n_layers, c->n_kv_heads * c->head_dim, 16,
+    ck_assert_int_eq(kv_pool_new(&x->kv, x->be, c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                                 16,
                                  (c->max_seq_len + 15) / 16 + 1), 0);
 }
 
@@ -433,11 +434,11 @@ START_TEST(test_bytes_model)
     ck_assert_int_eq(exit_setup_open(&x4, &pol, p4, NULL, q4), 0);
     ck_assert_int_eq(exit_setup_open(&xs, &pol, ps, NULL, src), 0);
     spec_bytes_t plain, b0, b4, bsrc, psrc;
-    spec_path_bytes(q4, NULL, L, 0, &plain);
+    spec_path_bytes(q4, NULL, L, 0, DTYPE_F32, &plain);
     ck_assert(plain.total == (double)model_bytes_per_token(q4));
     ck_assert(plain.river_layers == 0);
-    spec_path_bytes(q4, &x0.cfg, 4, 0, &b0);
-    spec_path_bytes(q4, &x4.cfg, 4, 0, &b4);
+    spec_path_bytes(q4, &x0.cfg, 4, 0, DTYPE_F32, &b0);
+    spec_path_bytes(q4, &x4.cfg, 4, 0, DTYPE_F32, &b4);
     ck_assert(b0.river_layers > 0);
     ck_assert(b0.total == plain.total);
     double head8 = (double)model_weight_bytes(&q4->lm_head, q4->lm_head.rows);
@@ -446,15 +447,15 @@ START_TEST(test_bytes_model)
     double head4 = (double)model_weight_bytes(rh, rh->rows);
     ck_assert(head4 < head8);
     ck_assert(b4.total == plain.total - head8 + head4);
-    spec_path_bytes(src, NULL, L, 0, &psrc);
-    spec_path_bytes(src, &xs.cfg, 4, 0, &bsrc);
+    spec_path_bytes(src, NULL, L, 0, DTYPE_F32, &psrc);
+    spec_path_bytes(src, &xs.cfg, 4, 0, DTYPE_F32, &bsrc);
     ck_assert(bsrc.total < psrc.total / 2);
     /* Half the tokens plain, half exiting at 4. */
     int64_t hist[13] = {0};
     hist[4] = 10;
     hist[L] = 10;
     spec_bytes_t mean;
-    spec_path_bytes_mean(src, &xs.cfg, hist, 0, &mean);
+    spec_path_bytes_mean(src, &xs.cfg, hist, 0, DTYPE_F32, &mean);
     ck_assert(fabs(mean.total - (psrc.total + bsrc.total) / 2) < 1e-6 * psrc.total);
     exit_setup_close(&xs);
     exit_setup_close(&x4);
@@ -537,7 +538,8 @@ START_TEST(test_offload_quantized)
     lm_t x = {.m = m, .be = be};
     const model_config_t *c = &m->cfg;
     ck_assert_int_eq(forward_new(&x.f, m, be, 64), 0);
-    ck_assert_int_eq(kv_pool_new(&x.kv, be, c->n_layers, c->n_kv_heads * c->head_dim, 16, 8), 0);
+    ck_assert_int_eq(kv_pool_new(&x.kv, be, c->n_layers, c->n_kv_heads * c->head_dim, DTYPE_F32,
+                                 16, 8), 0);
     int32_t ids[64];
     int n = golden_prompt("blessed_are_the", ids, 64);
     int V = c->vocab_size;

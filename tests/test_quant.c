@@ -1038,8 +1038,8 @@ START_TEST(test_river_lowbit)
                             .river = layers, .river_start = exitriver_start_layer(r),
                             .river_head = exitriver_head(r)};
         spec_bytes_t draft, plain;
-        spec_path_bytes(m, &ex, 4, 0, &draft);
-        spec_path_bytes(m, NULL, m->cfg.n_layers, 0, &plain);
+        spec_path_bytes(m, &ex, 4, 0, DTYPE_F32, &draft);
+        spec_path_bytes(m, NULL, m->cfg.n_layers, 0, DTYPE_F32, &plain);
         ck_assert_double_eq(draft.river_layers, (double)want_river);
         ck_assert_double_eq(draft.total, (double)want_draft);
         ck_assert_double_eq(plain.total, (double)model_bytes_per_token(m));

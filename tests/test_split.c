@@ -231,6 +231,7 @@ typedef struct fake_river {
 typedef struct hello_opts {
     uint32_t protocol, boundary, threads, kv_dim, n_pages, heartbeat_ms, liveness;
     const char *fingerprint;
+    const char *kv_dtype; /* the pool's element type the hello claims */
 } hello_opts_t;
 
 static hello_opts_t hello_default(const fake_river_t *r)
@@ -238,7 +239,8 @@ static hello_opts_t hello_default(const fake_river_t *r)
     return (hello_opts_t){.protocol = 1, .boundary = BOUNDARY, .threads = 1,
                           .kv_dim = (uint32_t)kv_pool_view(r->kv)->kv_dim,
                           .n_pages = (uint32_t)kv_pool_total_pages(r->kv),
-                          .heartbeat_ms = 1000, .liveness = 3, .fingerprint = r->fingerprint};
+                          .heartbeat_ms = 1000, .liveness = 3, .fingerprint = r->fingerprint,
+                          .kv_dtype = dtype_name(kv_pool_dtype(r->kv))};
 }
 
 static void *fr_socket(fake_river_t *r, const char *endpoint)
@@ -286,8 +288,9 @@ static void fr_hello(fake_river_t *r, void *sock, const hello_opts_t *o)
     kv.kv_dim = o->kv_dim;
     kv.page_size = (uint32_t)v->page_size;
     kv.n_pages = o->n_pages;
-    kv.dtype = "f32";
-    kv.bytes = kv_pool_shared_bytes(12, (int)o->kv_dim, v->page_size, (int)o->n_pages);
+    kv.dtype = (char *)o->kv_dtype;
+    kv.bytes = kv_pool_shared_bytes(12, (int)o->kv_dim, kv_pool_dtype(r->kv), v->page_size,
+                                    (int)o->n_pages);
     River__Pair__PairHello h = RIVER__PAIR__PAIR_HELLO__INIT;
     h.protocol = o->protocol;
     h.river_id = "test";
@@ -384,8 +387,10 @@ static void fr_open(fake_river_t *r, int n_pages)
     ck_assert_int_eq(model_fingerprint(r->m, r->fingerprint), 0);
     backend_describe(r->be, r->backend, sizeof r->backend);
     const model_config_t *c = &r->m->cfg;
+    /* Of kv.dtype auto, as the backbone worker's default. */
     ck_assert_msg(kv_pool_new_shared(&r->kv, r->be, c->n_layers, c->n_kv_heads * c->head_dim,
-                                     16, n_pages, &r->memfd) == 0, "%s", river_err_detail());
+                                     gen_kv_dtype(r->m, GEN_KV_AUTO), 16, n_pages,
+                                     &r->memfd) == 0, "%s", river_err_detail());
     r->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(r->ctx);
 }
@@ -486,8 +491,11 @@ START_TEST(test_engine_seam)
 
     /* The shared pool and its second mapping. */
     kv_pool_t *shared, *attached;
-    ck_assert_int_eq(kv_pool_new_shared(&shared, be, 12, kvd, 16, 16, &fd), 0);
-    ck_assert_int_eq(kv_pool_attach(&attached, be, fd, 12, kvd, 16, 16), 0);
+    /* Of the element type the plain engine picks (kv.dtype auto: f16 for the quantized
+     * backbones), so that both read the same K/V values. */
+    dtype_t kvt = gen_kv_dtype(m, GEN_KV_AUTO);
+    ck_assert_int_eq(kv_pool_new_shared(&shared, be, 12, kvd, kvt, 16, 16, &fd), 0);
+    ck_assert_int_eq(kv_pool_attach(&attached, be, fd, 12, kvd, kvt, 16, 16), 0);
     ck_assert_int_eq(kv_pool_is_attached(attached), 1);
     int32_t page;
     ck_assert_int_eq(kv_pool_alloc_page(attached, &page), RIVER_ESTATE);
@@ -499,14 +507,14 @@ START_TEST(test_engine_seam)
     float val = 42.0f, seen = 0;
     ck_assert_int_eq(be->ops->from_host(be->ctx, kv_pool_view(shared)->v, 5, &val, 1), 0);
     ck_assert_int_eq(be->ops->to_host(be->ctx, &seen, kv_pool_view(attached)->v, 5, 1), 0);
-    ck_assert(seen == 42.0f);
+    ck_assert(memcmp(&seen, &val, sizeof val) == 0);
     kv_pool_free_page(shared, page);
     /* Another geometry than the memory's, or a descriptor that is no shared memory. */
     kv_pool_t *bad = NULL;
-    ck_assert_int_eq(kv_pool_attach(&bad, be, fd, 12, kvd, 16, 32), RIVER_EINVAL);
+    ck_assert_int_eq(kv_pool_attach(&bad, be, fd, 12, kvd, kvt, 16, 32), RIVER_EINVAL);
     int null_fd = open("/dev/null", O_RDWR);
     ck_assert_int_ge(null_fd, 0);
-    ck_assert_int_eq(kv_pool_attach(&bad, be, null_fd, 12, kvd, 16, 16), RIVER_EINVAL);
+    ck_assert_int_eq(kv_pool_attach(&bad, be, null_fd, 12, kvd, kvt, 16, 16), RIVER_EINVAL);
     close(null_fd);
     ck_assert_ptr_null(bad);
     /* A pool that does not fit the model, or one that is attached, is not the engine's. */
@@ -613,6 +621,12 @@ START_TEST(test_backbone_protocol)
     o.kv_dim = 64;
     fr_hello(&r, s, &o);
     expect_error(s, "KV geometry");
+    /* The backbone's kv.dtype is auto, as the fake river's pool: a pool of another type
+     * is refused by name, before its bytes are looked at. */
+    o = hello_default(&r);
+    o.kv_dtype = strcmp(o.kv_dtype, "f32") == 0 ? "f16" : "f32";
+    fr_hello(&r, s, &o);
+    expect_error(s, "this backbone's kv.dtype is");
     o = hello_default(&r);
     o.boundary = 5;
     fr_hello(&r, s, &o);
@@ -651,7 +665,7 @@ START_TEST(test_backbone_protocol)
      * against this process on a private pool. */
     kv_pool_t *local;
     const kv_view_t *sv = kv_pool_view(r.kv);
-    ck_assert_int_eq(kv_pool_new(&local, r.be, 12, sv->kv_dim, 16, 8), 0);
+    ck_assert_int_eq(kv_pool_new(&local, r.be, 12, sv->kv_dim, DTYPE_F32, 16, 8), 0);
     forward_t *f;
     ck_assert_int_eq(forward_new(&f, r.m, r.be, 64), 0);
     const int32_t *tables[64];

@@ -570,7 +570,7 @@ static void longctx_model(char *dir, size_t cap, const char *name, long position
 /* kv.pages 0 on a model whose full contexts outgrow the host (tinystories-656k told it has
  * 2^21 positions: 2 GiB of KV a sequence, 32 GiB for 16): the worker starts, its pool holds
  * at least one full context and at most half the physical memory beyond that, and it
- * serves. Uncapped, the pool is refused at start-up on any host of less than 64 GiB. */
+ * serves; with kv.dtype f16 the same memory holds twice the pages. Uncapped, the pool is refused at start-up on any host of less than 64 GiB. */
 START_TEST(test_kv_pages_default_fits)
 {
     char dir[512];
@@ -590,6 +590,23 @@ START_TEST(test_kv_pages_default_fits)
     streams_collect(&w, &st, 1, 20000);
     ck_assert_int_eq(st.ended, 1);
     ck_assert_uint_eq(st.n, 8);
+    wk_stop(&w);
+
+    /* kv.dtype f16 halves a page's bytes, so the capped pool holds twice the pages (within
+     * what the free memory moved meanwhile), and it serves the same way. */
+    wk_start(&w, dir, 16, "kv: {dtype: f16}\n", 50, 200);
+    double half = (double)w.caps.kv_pages_total;
+    if (total < 16 * per_seq && half < 16 * per_seq)
+        ck_assert_msg(half >= 1.6 * total && half <= 2.4 * total, "%.0f f16 pages against "
+                      "%.0f of f32", half, total);
+    else
+        ck_assert_msg(half >= total, "%.0f f16 pages against %.0f of f32", half, total);
+    req_t q2 = {.id = 4, .text = "Once upon a time", .max_tokens = 8, .ignore_eos = 1};
+    wk_submit(&w, &q2);
+    stream_t st2 = {.id = 4};
+    streams_collect(&w, &st2, 1, 20000);
+    ck_assert_int_eq(st2.ended, 1);
+    ck_assert_uint_eq(st2.n, 8);
     wk_stop(&w);
 }
 END_TEST

@@ -37,6 +37,7 @@ typedef struct config_worker {
     int prefill_chunk;
     int kv_page_size;          /* kv.page_size */
     int kv_pages;              /* kv.pages, 0: enough for max_seqs full contexts */
+    int kv_dtype;              /* kv.dtype, a gen_kv_dtype_t (engine/generate.h) */
     bool prefix_cache_enabled; /* prefix_cache.enabled */
     int prefix_cache_pages;    /* prefix_cache.pages, 0: the pool */
     int exit_rule;             /* exit.rule: exit_rule_t (engine/exit.h) */

@@ -8,6 +8,7 @@
 #include "common/err.h"
 #include "common/exit_names.h"
 #include "engine/exit.h"
+#include "engine/generate.h"
 #include "kernels/backend.h"
 
 static const char *const config__roles[] = {"full", "river", "backbone", NULL};
@@ -71,6 +72,12 @@ static const config_key_t config__worker_keys[] = {
     WK("kv.pages", CONFIG_INT, kv_pages, 0, 1 << 24, "0",
        "Pages in the pool; 0: enough for max_seqs full contexts, at most half the "
        "memory available once the weights are placed (at least one full context)."),
+    CONFIG_ENUM_KEY(config_worker_t, "kv.dtype", kv_dtype, gen_kv_dtype_names, "auto",
+                    "Element type of the cached K and V. auto: f32 for a backbone of f32 "
+                    "weights, f16 for a 16-bit or quantized one (llama.cpp's default); f16 "
+                    "and bf16 halve the bytes of f32 (twice the pages for kv.pages 0), q8 "
+                    "(symmetric int8, one f32 scale per 32 values; head_dim a multiple of "
+                    "32) takes about a quarter. Both workers of a split pair must agree."),
     CONFIG_SECTION_KEY("prefix_cache", "Full KV pages kept after their request ends and reused "
                                     "by requests that start with the same token ids (a "
                                     "chat's earlier turns, a shared system prompt). Greedy "

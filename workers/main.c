@@ -220,7 +220,8 @@ static int worker__kv_pages(const worker_t *w, const config_worker_t *c, int *ou
         want = 1 << 24;
     int host = backend_is_host(w->env.be);
     int64_t mem_free = backend_mem_free(w->env.be);
-    size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
+    dtype_t dt = gen_kv_dtype(w->env.model, c->kv_dtype);
+    size_t page_bytes = kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim, dt,
                                              c->kv_page_size, 1);
     *out = (int)want;
     if (mem_free <= 0 || page_bytes == 0)
@@ -233,16 +234,18 @@ static int worker__kv_pages(const worker_t *w, const config_worker_t *c, int *ou
      * a less helpful message. */
     if ((double)per_seq * (double)page_bytes > (double)mem_free)
         return river_err_set(RIVER_ENOMEM, "kv.pages 0: one full context of %d positions "
-                             "takes %.1f GiB of KV, more than the %.1f GiB the %s has free; "
-                             "set kv.pages to the pages to reserve (of %d positions, %.1f MiB "
-                             "each), and requests longer than the pool wait or fail",
-                             mc->max_seq_len, (double)per_seq * (double)page_bytes / 1073741824.0,
+                             "takes %.1f GiB of KV (kv.dtype %s), more than the %.1f GiB the "
+                             "%s has free; set kv.pages to the pages to reserve (of %d "
+                             "positions, %.1f MiB each), and requests longer than the pool "
+                             "wait or fail", mc->max_seq_len,
+                             (double)per_seq * (double)page_bytes / 1073741824.0, dtype_name(dt),
                              (double)mem_free / 1073741824.0, host ? "host" : "device",
                              c->kv_page_size, (double)page_bytes / 1048576.0);
     int64_t pages = fit > per_seq ? fit : per_seq; /* fit < want here, and per_seq <= want */
-    log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB), half the %s memory available; "
-             "%d full contexts of %d would take %lld (set kv.pages to choose)",
-             (long long)pages, c->kv_page_size, (double)pages * (double)page_bytes / 1073741824.0,
+    log_info("kv.pages 0: %lld pages of %d positions (%.1f GiB, kv.dtype %s), half the %s "
+             "memory available; %d full contexts of %d would take %lld (set kv.pages to "
+             "choose)", (long long)pages, c->kv_page_size,
+             (double)pages * (double)page_bytes / 1073741824.0, dtype_name(dt),
              host ? "host's" : "device's", c->max_seqs, mc->max_seq_len, (long long)want);
     *out = (int)pages;
     return 0;
@@ -368,6 +371,7 @@ static int worker__open_engine(worker_t *w)
      * momentarily full. */
     gen_config_t gc = {.max_rows = c->max_batch_rows, .prefill_chunk = c->prefill_chunk,
                        .page_size = c->kv_page_size, .n_pages = kv_pages,
+                       .kv_dtype = c->kv_dtype,
                        .max_seqs = c->max_seqs, .preempt = 1,
                        .prefix_cache = c->prefix_cache_enabled && !river,
                        .prefix_cache_pages = c->prefix_cache_pages};
@@ -390,8 +394,12 @@ static int worker__open_engine(worker_t *w)
     if (river) {
         /* The pool the backbone peer maps too. */
         const model_config_t *mc = &w->env.model->cfg;
+        if ((e = kv_dtype_check(gen_kv_dtype(w->env.model, c->kv_dtype), mc->head_dim)))
+            return e;
         if ((e = kv_pool_new_shared(&w->kv, w->env.be, mc->n_layers,
-                                    mc->n_kv_heads * mc->head_dim, c->kv_page_size, kv_pages,
+                                    mc->n_kv_heads * mc->head_dim,
+                                    gen_kv_dtype(w->env.model, c->kv_dtype), c->kv_page_size,
+                                    kv_pages,
                                     &w->memfd)))
             return e;
         gc.kv_pool = w->kv;
@@ -484,10 +492,14 @@ static int worker__open(worker_t *w)
     }
     char be_name[96];
     log_info("serving %s on %s (%d threads): %d layers, context %d, %d sequences, %d "
-             "rows, %d KV pages of %d, exit policy %s%s", lc.caps.model,
+             "rows, %d KV pages of %d (kv.dtype %s, %.1f MiB), exit policy %s%s", lc.caps.model,
              backend_describe(w->env.be, be_name, sizeof be_name), backend_threads(w->env.be),
              mc->n_layers, mc->max_seq_len, w->cfg.max_seqs, w->cfg.max_batch_rows,
-             kv_pool_total_pages(kv), kv_pool_page_size(kv), exit_rule_name(w->xc.cfg.policy.rule),
+             kv_pool_total_pages(kv), kv_pool_page_size(kv), dtype_name(kv_pool_dtype(kv)),
+             (double)kv_pool_shared_bytes(mc->n_layers, mc->n_kv_heads * mc->head_dim,
+                                          kv_pool_dtype(kv), kv_pool_page_size(kv),
+                                          kv_pool_total_pages(kv)) / 1048576.0,
+             exit_rule_name(w->xc.cfg.policy.rule),
              w->xc.river ? " with the Exit River" : "");
     return 0;
 }
@@ -678,6 +690,7 @@ static int worker__open_backbone(worker_t *w)
         .threads = backend_threads(w->env.be),
         .transport = pair_transport_resolve((pair_transport_kind_t)c->split_transport,
                                             w->env.be),
+        .kv_dtype = gen_kv_dtype(m, c->kv_dtype),
     };
     if ((e = pair_backbone_new(&w->bb, w->zctx, &pc, m, w->env.be)))
         return e;

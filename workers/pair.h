@@ -145,6 +145,8 @@ typedef struct pair_backbone_config {
     int threads;               /* the backend's threads */
     int transport;             /* pair_transport_kind_t a hello must ask for; auto: what the
                                   backend asks for */
+    dtype_t kv_dtype;          /* the KV pool's element type a hello must offer: this
+                                  worker's kv.dtype (gen_kv_dtype) */
 } pair_backbone_config_t;
 
 /* Binds the endpoint. m and be must outlive the pair. */

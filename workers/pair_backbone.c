@@ -205,14 +205,19 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
     if (!g)
         return river_err_set(RIVER_EINVAL, "hello without the KV pool's geometry");
     if (g->n_layers != (uint32_t)c->n_layers || g->kv_dim != (uint32_t)kvd ||
-        strcmp(g->dtype, "f32") != 0 || g->page_size == 0 || g->page_size > 65536 ||
-        g->n_pages == 0 || g->n_pages > (1u << 24))
+        g->page_size == 0 || g->page_size > 65536 || g->n_pages == 0 ||
+        g->n_pages > (1u << 24))
         return river_err_set(RIVER_EINVAL, "KV geometry of %u layers, kv_dim %u, %u pages of "
-                             "%u, dtype %s does not fit this model (%d layers, kv_dim %d, "
-                             "f32)", g->n_layers, g->kv_dim, g->n_pages, g->page_size,
-                             pair_wire_printable(g->dtype, a, sizeof a), c->n_layers, kvd);
-    size_t bytes = kv_pool_shared_bytes((int)g->n_layers, (int)g->kv_dim, (int)g->page_size,
-                                        (int)g->n_pages);
+                             "%u does not fit this model (%d layers, kv_dim %d)", g->n_layers,
+                             g->kv_dim, g->n_pages, g->page_size, c->n_layers, kvd);
+    /* Both sides read the one pool: its bytes mean one element type to both. */
+    if (strcmp(g->dtype, dtype_name(p->cfg.kv_dtype)) != 0)
+        return river_err_set(RIVER_EINVAL, "the river's KV pool holds kv.dtype %s, this "
+                             "backbone's kv.dtype is %s (configure the same kv.dtype on both)",
+                             pair_wire_printable(g->dtype, a, sizeof a),
+                             dtype_name(p->cfg.kv_dtype));
+    size_t bytes = kv_pool_shared_bytes((int)g->n_layers, (int)g->kv_dim, p->cfg.kv_dtype,
+                                        (int)g->page_size, (int)g->n_pages);
     if (!bytes || g->bytes != bytes)
         return river_err_set(RIVER_EINVAL, "KV geometry says %" PRIu64 " bytes, %u pages of "
                              "%u positions take %zu", g->bytes, g->n_pages, g->page_size,
@@ -262,7 +267,7 @@ static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello 
                                  strerror(errno));
     }
     int e = kv_pool_attach_handle(&p->kv, p->be, &sh, (int)g->n_layers, (int)g->kv_dim,
-                                  (int)g->page_size, (int)g->n_pages);
+                                  p->cfg.kv_dtype, (int)g->page_size, (int)g->n_pages);
     if (sh.fd >= 0)
         close(sh.fd);
     if (e)

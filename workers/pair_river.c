@@ -139,8 +139,9 @@ static int pair__river_hello(pair_river_t *p, int64_t now)
     kv.kv_dim = (uint32_t)v->kv_dim;
     kv.page_size = (uint32_t)v->page_size;
     kv.n_pages = (uint32_t)v->n_pages;
-    kv.dtype = "f32";
-    kv.bytes = kv_pool_shared_bytes((int)kv.n_layers, v->kv_dim, v->page_size, v->n_pages);
+    kv.dtype = (char *)dtype_name(v->dtype);
+    kv.bytes = kv_pool_shared_bytes((int)kv.n_layers, v->kv_dim, v->dtype, v->page_size,
+                                    v->n_pages);
     River__Pair__PairHello h = RIVER__PAIR__PAIR_HELLO__INIT;
     h.protocol = PAIR_PROTOCOL;
     h.river_id = p->river_id;

@@ -17,7 +17,13 @@
  * rescaled when the maximum grows) and adds the block's V slice, while both slices are in
  * L1. Each K/V row is then read once per tile instead of once per row. The scalar level
  * keeps the one-row path (it reproduces llama2.c's arithmetic exactly), and so do rows with
- * validity maps. */
+ * validity maps.
+ *
+ * Pools of F16, BF16 or Q8 (kv_view_t.dtype) are read a block of ATTN_BLOCK positions at a
+ * time: the level's kv_to_f32 widens the block's K (then V) rows into the thread's scratch,
+ * once for every head and every row of a tile, and the f32 kernels read those rows. The
+ * widening is exact and per position, so the rule above holds in every dtype; an F32 pool
+ * is read in place, as before. */
 #include <math.h>
 #include <string.h>
 
@@ -33,6 +39,60 @@
 #define ATTN_BLOCK 64
 /* Query rows of one sequence that share each K/V block (prefill). */
 #define ATTN_TILE 16
+
+/* A thread's view of the K and V rows of one block of positions (attn_block_rows). */
+typedef struct attn_rows {
+    int64_t *off;       /* (positions of the task) element offset of each position's row in
+                           the layer, -1 for a slot never written (masked early exit) */
+    const float **krow; /* (ATTN_BLOCK) the block's K rows as f32, NULL where off is -1 */
+    const float **vrow; /* (ATTN_BLOCK) the same for V */
+    float *kbuf;        /* (ATTN_BLOCK * kv_dim) widened K rows, non-F32 pools only */
+    float *vbuf;
+} attn_rows_t;
+
+/* Floats of scratch attn_rows_carve takes for n positions. */
+static size_t attn_rows_floats(const kv_view_t *kv, int64_t n)
+{
+    size_t conv = kv->dtype == DTYPE_F32 ? 0 : 2 * (size_t)ATTN_BLOCK * (size_t)kv->kv_dim;
+    size_t ptr = sizeof(const float *);
+    return 2 * (size_t)n + 2 * ATTN_BLOCK * ptr / sizeof(float) + conv;
+}
+
+/* Lays r out at the start of a thread's scratch (64-byte aligned), returns what follows. */
+static float *attn_rows_carve(float *p, const kv_view_t *kv, int64_t n, attn_rows_t *r)
+{
+    r->off = (int64_t *)p;
+    r->krow = (const float **)(r->off + n);
+    r->vrow = r->krow + ATTN_BLOCK;
+    float *f = (float *)(r->vrow + ATTN_BLOCK);
+    r->kbuf = r->vbuf = NULL;
+    if (kv->dtype != DTYPE_F32) {
+        r->kbuf = f;
+        r->vbuf = f + (size_t)ATTN_BLOCK * kv->kv_dim;
+        f = r->vbuf + (size_t)ATTN_BLOCK * kv->kv_dim;
+    }
+    return f;
+}
+
+/* rows[t] = the row of position b0 + t of K (v 0) or V (v 1) for t < n (n <= ATTN_BLOCK):
+ * the pool's own row for F32, else the row widened into buf. */
+static void attn_block_rows(const cpu_kernels_t *k, const kv_view_t *kv, int v,
+                            const int64_t *off, int64_t n, float *buf, const float **rows)
+{
+    const void *base = v ? kv->v : kv->k;
+    const float *sc = v ? kv->v_scale : kv->k_scale;
+    for (int64_t t = 0; t < n; t++) {
+        if (off[t] < 0) {
+            rows[t] = NULL;
+        } else if (kv->dtype == DTYPE_F32) {
+            rows[t] = (const float *)base + off[t];
+        } else {
+            float *r = buf + t * kv->kv_dim;
+            k->kv_to_f32(r, kv->dtype, base, sc, off[t], kv->kv_dim);
+            rows[t] = r;
+        }
+    }
+}
 
 typedef struct attn_job {
     ops_ctx_t *ctx;
@@ -59,28 +119,27 @@ static void attn_tile_task(void *arg, int task, int thread)
     int G = j->G, hd = j->hd, H = j->n_heads;
     int64_t len = (int64_t)j->b->pos[r1 - 1] + 1; /* positions the last row attends to */
     int64_t p0 = j->b->pos[r0];
-    /* Scratch: K and V row pointers of every position, the tile's outputs (m rows of
+    /* Scratch: the rows of every position (attn_rows_t), the tile's outputs (m rows of
      * H * hd), running maxima and sums (m * H each), and G * ATTN_BLOCK scores. */
-    const float **krows = (const float **)j->ctx->thread_scratch[thread].s.p;
-    const float **vrows = krows + j->chunk_len;
-    float *o = (float *)(vrows + j->chunk_len);
+    attn_rows_t r;
+    float *o = attn_rows_carve(j->ctx->thread_scratch[thread].s.p, kv, j->chunk_len, &r);
     float *mx = o + (int64_t)ATTN_TILE * H * hd;
     float *sum = mx + ATTN_TILE * H;
     float *s = sum + ATTN_TILE * H;
     const int32_t *pt = j->b->page_table[r0];
     int64_t layer_off = (int64_t)j->layer * kv->layer_stride;
-    for (int64_t t = 0; t < len; t++) {
-        int64_t off = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
-                      (t % kv->page_size) * kv->kv_dim;
-        krows[t] = (const float *)kv->k + off;
-        vrows[t] = (const float *)kv->v + off;
-    }
+    for (int64_t t = 0; t < len; t++)
+        r.off[t] = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
+                   (t % kv->page_size) * kv->kv_dim;
     memset(o, 0, (size_t)m * H * hd * sizeof(float));
     for (int i = 0; i < m * H; i++) {
         mx[i] = -INFINITY;
         sum[i] = 0.0f;
     }
     for (int64_t b0 = 0; b0 < len; b0 += ATTN_BLOCK) {
+        int64_t blk = len - b0 < ATTN_BLOCK ? len - b0 : ATTN_BLOCK;
+        attn_block_rows(k, kv, 0, r.off + b0, blk, r.kbuf, r.krow);
+        attn_block_rows(k, kv, 1, r.off + b0, blk, r.vbuf, r.vrow);
         for (int h = 0; h < j->n_kv; h++) {
             for (int i = 0; i < m; i++) {
                 /* Row i attends to positions 0..p0 + i. */
@@ -91,7 +150,7 @@ static void attn_tile_task(void *arg, int task, int thread)
                     bn = ATTN_BLOCK;
                 const float *q = j->q + ((int64_t)(r0 + i) * H + (int64_t)h * G) * hd;
                 float *oi = o + ((int64_t)i * H + (int64_t)h * G) * hd;
-                k->attn_scores(s, bn, q, G, hd, krows + b0, (int64_t)h * hd, bn, j->scale);
+                k->attn_scores(s, bn, q, G, hd, r.krow, (int64_t)h * hd, bn, j->scale);
                 for (int g = 0; g < G; g++) {
                     float *mg = &mx[i * H + h * G + g], *lg = &sum[i * H + h * G + g];
                     float bm = k->max(s + g * bn, bn);
@@ -106,7 +165,7 @@ static void attn_tile_task(void *arg, int task, int thread)
                     *mg = nm;
                     *lg += k->exp_sum(s + g * bn, bn, nm);
                 }
-                k->attn_values(oi, s, bn, G, hd, vrows + b0, (int64_t)h * hd, bn);
+                k->attn_values(oi, s, bn, G, hd, r.vrow, (int64_t)h * hd, bn);
             }
         }
     }
@@ -144,33 +203,30 @@ static void attn_task(void *arg, int task, int thread)
     }
     int64_t T = t1 > t0 ? t1 - t0 : 0;
 
-    /* The thread's scratch: the K and V row pointers of the chunk (each row holds all KV
+    /* The thread's scratch: the rows of the chunk (attn_rows_t; each row holds all KV
      * heads of a position), then a row of T scores per query head. */
-    const float **krows = (const float **)j->ctx->thread_scratch[thread].s.p;
-    const float **vrows = krows + j->chunk_len;
-    float *s = (float *)(vrows + j->chunk_len);
+    attn_rows_t r;
+    float *s = attn_rows_carve(j->ctx->thread_scratch[thread].s.p, kv, j->chunk_len, &r);
     const int32_t *pt = j->b->page_table[i];
     int64_t layer_off = (int64_t)j->layer * kv->layer_stride;
-    const float *K = kv->k, *V = kv->v;
     int64_t n_valid = 0;
     for (int64_t t = t0; t < t1; t++) {
-        /* Slots never written (masked early exit) get NULL: no weight, and never read. */
+        /* Slots never written (masked early exit) get NULL rows: no weight, never read. */
         if (vmap && !vmap[t]) {
-            krows[t - t0] = vrows[t - t0] = NULL;
+            r.off[t - t0] = -1;
             continue;
         }
-        int64_t off = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
-                      (t % kv->page_size) * kv->kv_dim;
-        krows[t - t0] = K + off;
-        vrows[t - t0] = V + off;
+        r.off[t - t0] = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
+                        (t % kv->page_size) * kv->kv_dim;
         n_valid++;
     }
     if (n_valid > 0)
         for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
             int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
+            attn_block_rows(k, kv, 0, r.off + b0, bn, r.kbuf, r.krow);
             for (int h = 0; h < j->n_kv; h++)
                 k->attn_scores(s + (int64_t)h * G * T + b0, T, q + (int64_t)h * G * hd, G, hd,
-                               krows + b0, (int64_t)h * hd, bn, j->scale);
+                               r.krow, (int64_t)h * hd, bn, j->scale);
         }
     /* Cleared only now that q has been read: out may be the q buffer itself, and this task
      * is the only reader of the q row it overwrites. */
@@ -200,9 +256,10 @@ static void attn_task(void *arg, int task, int thread)
     }
     for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
         int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
+        attn_block_rows(k, kv, 1, r.off + b0, bn, r.vbuf, r.vrow);
         for (int h = 0; h < j->n_kv; h++)
             k->attn_values(o + (int64_t)h * G * hd, s + (int64_t)h * G * T + b0, T, G, hd,
-                           vrows + b0, (int64_t)h * hd, bn);
+                           r.vrow, (int64_t)h * hd, bn);
     }
 }
 
@@ -253,6 +310,10 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         return 0;
     if (!out || !q || !b->pos || !b->page_table || !kv->k || !kv->v)
         return river_err_set(RIVER_EINVAL, "cpu attention: NULL buffer");
+    if (!kv_dtype_ok(kv->dtype) ||
+        (kv->dtype == DTYPE_Q8 && (kv->kv_dim % KV_Q8_BLOCK || !kv->k_scale || !kv->v_scale)))
+        return river_err_set(RIVER_EINVAL, "cpu attention: kv.dtype %s with kv_dim %d",
+                             dtype_name(kv->dtype), kv->kv_dim);
     int64_t max_len = 0, total_len = 0;
     for (int i = 0; i < b->n; i++) {
         if (b->pos[i] < 0 || !b->page_table[i])
@@ -304,9 +365,9 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         {
             j.tile_row = tile_row;
             j.chunk_len = (int)max_len;
-            size_t ptrs = (size_t)max_len * sizeof(float *) / sizeof(float) + 1;
-            e = cpu_thread_scratch_reserve(ctx, 2 * ptrs + (size_t)ATTN_TILE * n_heads *
-                                                               (head_dim + 2) +
+            e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, max_len) +
+                                                    (size_t)ATTN_TILE * n_heads *
+                                                        (head_dim + 2) +
                                                     (size_t)(n_heads / n_kv_heads) * ATTN_BLOCK);
             if (e)
                 return e;
@@ -320,9 +381,9 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         }
     }
     j.chunk_len = (int)((max_len + j.n_chunks - 1) / j.n_chunks);
-    /* Per thread: two arrays of chunk_len pointers and n_heads rows of chunk_len scores. */
-    size_t ptr_floats = (size_t)j.chunk_len * sizeof(float *) / sizeof(float);
-    int e = cpu_thread_scratch_reserve(ctx, 2 * ptr_floats + (size_t)n_heads * j.chunk_len);
+    /* Per thread: the chunk's rows and n_heads rows of chunk_len scores. */
+    int e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, j.chunk_len) +
+                                                (size_t)n_heads * j.chunk_len);
     if (e)
         return e;
     if (j.n_chunks > 1) {

@@ -20,6 +20,7 @@
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/x8_pick.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 #include "kernels/shm.h"
 
 /* Element-wise ops on fewer elements than this run on the calling thread: below it the
@@ -442,19 +443,24 @@ static int cpu_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const at
     if (!kv || !b || layer < 0 || kv->page_size <= 0 || kv->kv_dim <= 0 || b->n < 0 ||
         (b->n > 0 && (!k || !v || !b->pos || !b->page_table || !kv->k || !kv->v)))
         return river_err_set(RIVER_EINVAL, "cpu kv_write: bad arguments");
+    if (!kv_dtype_ok(kv->dtype) ||
+        (kv->dtype == DTYPE_Q8 && (kv->kv_dim % KV_Q8_BLOCK || !kv->k_scale || !kv->v_scale)))
+        return river_err_set(RIVER_EINVAL, "cpu kv_write: kv.dtype %s with kv_dim %d",
+                             dtype_name(kv->dtype), kv->kv_dim);
     for (int i = 0; i < b->n; i++) {
         int64_t off;
         int e = kv_slot(kv, b, i, &off);
         if (e)
             return e;
     }
-    size_t bytes = (size_t)kv->kv_dim * sizeof(float);
     for (int i = 0; i < b->n; i++) {
         int64_t off;
         (void)kv_slot(kv, b, i, &off);
         off += (int64_t)layer * kv->layer_stride;
-        memcpy((float *)kv->k + off, (const float *)k + (int64_t)i * kv->kv_dim, bytes);
-        memcpy((float *)kv->v + off, (const float *)v + (int64_t)i * kv->kv_dim, bytes);
+        kv_row_from_f32(kv->dtype, kv->k, kv->k_scale, off,
+                        (const float *)k + (int64_t)i * kv->kv_dim, kv->kv_dim);
+        kv_row_from_f32(kv->dtype, kv->v, kv->v_scale, off,
+                        (const float *)v + (int64_t)i * kv->kv_dim, kv->kv_dim);
     }
     return 0;
 }

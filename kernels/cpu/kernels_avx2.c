@@ -9,6 +9,7 @@
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -934,6 +935,33 @@ static void avx2_attn_values(float *o, const float *p, int64_t pstride, int G, i
     }
 }
 
+/* Eight elements at a time; widening is exact, so the floats are kv_row_to_f32's. */
+static void avx2_kv_to_f32(float *dst, dtype_t dt, const void *base, const float *scales,
+                           int64_t off, int64_t n)
+{
+    int64_t j = 0;
+    if (dt == DTYPE_F16) {
+        const uint16_t *h = (const uint16_t *)base + off;
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    } else if (dt == DTYPE_BF16) {
+        const uint16_t *h = (const uint16_t *)base + off;
+        for (; j + 8 <= n; j += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + j)));
+            _mm256_storeu_ps(dst + j, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+    } else if (dt == DTYPE_Q8) {
+        const int8_t *c = (const int8_t *)base + off;
+        for (; j + 8 <= n; j += 8) {
+            __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + j)));
+            __m256 sc = _mm256_set1_ps(scales[(off + j) / KV_Q8_BLOCK]);
+            _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtepi32_ps(w), sc));
+        }
+    }
+    if (j < n)
+        kv_row_to_f32(dt, base, scales, off + j, dst + j, n - j);
+}
+
 static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 {
     const __m256i *p = buf;
@@ -971,6 +999,7 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .swiglu = avx2_swiglu,
     .attn_scores = avx2_attn_scores,
     .attn_values = avx2_attn_values,
+    .kv_to_f32 = avx2_kv_to_f32,
     .exp_sum = avx2_exp_sum,
     .max = avx2_max,
     .read_sum = avx2_read_sum,

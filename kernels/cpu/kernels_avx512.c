@@ -11,6 +11,7 @@
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -1035,6 +1036,34 @@ static uint64_t avx512_read_sum(const void *buf, size_t bytes)
     return (uint64_t)_mm512_reduce_add_epi64(s);
 }
 
+/* Sixteen elements at a time; widening is exact, so the floats are kv_row_to_f32's. */
+static void avx512_kv_to_f32(float *dst, dtype_t dt, const void *base, const float *scales,
+                             int64_t off, int64_t n)
+{
+    int64_t j = 0;
+    if (dt == DTYPE_F16) {
+        const uint16_t *h = (const uint16_t *)base + off;
+        for (; j + 16 <= n; j += 16)
+            _mm512_storeu_ps(dst + j,
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + j))));
+    } else if (dt == DTYPE_BF16) {
+        const uint16_t *h = (const uint16_t *)base + off;
+        for (; j + 16 <= n; j += 16) {
+            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(h + j)));
+            _mm512_storeu_ps(dst + j, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        }
+    } else if (dt == DTYPE_Q8) {
+        const int8_t *c = (const int8_t *)base + off;
+        for (; j + 16 <= n; j += 16) {
+            __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + j)));
+            __m512 sc = _mm512_set1_ps(scales[(off + j) / KV_Q8_BLOCK]);
+            _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_cvtepi32_ps(w), sc));
+        }
+    }
+    if (j < n)
+        kv_row_to_f32(dt, base, scales, off + j, dst + j, n - j);
+}
+
 const cpu_kernels_t cpu_kernels_avx512 = {
     .level = CPU_SIMD_AVX512,
     .q4x8 = 1,
@@ -1055,6 +1084,7 @@ const cpu_kernels_t cpu_kernels_avx512 = {
     .swiglu = avx512_swiglu,
     .attn_scores = avx512_attn_scores,
     .attn_values = avx512_attn_values,
+    .kv_to_f32 = avx512_kv_to_f32,
     .exp_sum = avx512_exp_sum,
     .max = avx512_max,
     .read_sum = avx512_read_sum,

@@ -9,6 +9,7 @@
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 
 /* Element k of row r of a row-blocked weight (rowblock.h), as f32. */
 static inline float scalar_rowblock(const weight_t *w, size_t rb, int64_t r, int64_t k)
@@ -208,6 +209,12 @@ static void scalar_attn_values(float *o, const float *p, int64_t pstride, int G,
     }
 }
 
+static void scalar_kv_to_f32(float *dst, dtype_t dt, const void *base, const float *scales,
+                             int64_t off, int64_t n)
+{
+    kv_row_to_f32(dt, base, scales, off, dst, n);
+}
+
 static float scalar_exp_sum(float *x, int64_t n, float max)
 {
     float sum = 0.0f;
@@ -253,6 +260,7 @@ const cpu_kernels_t cpu_kernels_scalar = {
     .swiglu = scalar_swiglu,
     .attn_scores = scalar_attn_scores,
     .attn_values = scalar_attn_values,
+    .kv_to_f32 = scalar_kv_to_f32,
     .exp_sum = scalar_exp_sum,
     .max = scalar_max,
     .read_sum = scalar_read_sum,

@@ -75,6 +75,12 @@ typedef struct cpu_kernels {
     /* o[g*hd + j] += sum over non-NULL rows of p[g*pstride + t] * (rows[t] + off)[j] */
     void (*attn_values)(float *o, const float *p, int64_t pstride, int G, int hd,
                         const float *const *rows, int64_t off, int64_t T);
+    /* dst[j] = element off + j of a KV array of type dt (kv_view_t: base, and for Q8 its
+     * scales), widened to f32, for j < n; the same floats as kv_row_to_f32
+     * (kernels/kv_row.h) at every level. Attention reads F16, BF16 and Q8 pools through it,
+     * a block of rows at a time, into rows that attn_scores and attn_values then read. */
+    void (*kv_to_f32)(float *dst, dtype_t dt, const void *base, const float *scales,
+                      int64_t off, int64_t n);
     /* x[t] = exp(x[t] - max) for t < n, returns the sum; max is given. */
     float (*exp_sum)(float *x, int64_t n, float max);
     float (*max)(const float *x, int64_t n);

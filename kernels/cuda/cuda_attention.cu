@@ -1,10 +1,41 @@
 /* The CUDA ops on positions and the paged KV cache (kernels/cuda/cuda.h): RoPE, KV writes
  * and flash-decoding attention, with the packing of a batch's page tables and validity maps
- * into the upload slots. */
+ * into the upload slots. The pool's elements are f32, f16 or bf16 (kv_view_t.dtype; the
+ * kernels are templates on the element type, rounding to nearest even on the write as the
+ * CPU's kernels/kv_row.h does); Q8 pools are the CPU's only, and refused here. */
 #include "kernels/cuda/cuda_internal.h"
 
+#include <cuda_bf16.h>
 #include <math.h>
 #include <string.h>
+
+/* Element access of a KV pool: widening to f32 on reads, rounding to nearest even on
+ * writes. */
+__device__ __forceinline__ float kv_load(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float kv_load(const __half *p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float kv_load(const __nv_bfloat16 *p, int64_t i)
+{
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void kv_store(float *p, int64_t i, float x) { p[i] = x; }
+__device__ __forceinline__ void kv_store(__half *p, int64_t i, float x)
+{
+    p[i] = __float2half_rn(x);
+}
+__device__ __forceinline__ void kv_store(__nv_bfloat16 *p, int64_t i, float x)
+{
+    p[i] = __float2bfloat16_rn(x);
+}
+
+/* RIVER_EUNSUPPORTED for a pool type the CUDA kernels do not read (Q8, a symmetric int8
+ * layout that only the CPU backend implements), naming kv.dtype. */
+static int kv_dtype_cuda_check(const kv_view_t *kv, const char *op)
+{
+    if (kv->dtype == DTYPE_F32 || kv->dtype == DTYPE_F16 || kv->dtype == DTYPE_BF16)
+        return 0;
+    return river_err_set(RIVER_EUNSUPPORTED, "cuda %s: kv.dtype %s is not supported on CUDA "
+                         "(use f32, f16 or bf16)", op, dtype_name(kv->dtype));
+}
 
 /* ---- rope ------------------------------------------------------------------------------- */
 
@@ -167,7 +198,8 @@ static int attn_valid(ops_ctx_t *ctx, const attn_batch_t *b, int layer, const in
 }
 
 /* Row blockIdx.x goes to slot (layer, pos) of its sequence's pages. */
-__global__ void k_kv_write(float *K, float *V, const attn_row *rows, const int32_t *pages,
+template <typename T>
+__global__ void k_kv_write(T *K, T *V, const attn_row *rows, const int32_t *pages,
                            int64_t page_stride, int64_t layer_off, int page_size,
                            const float *k, const float *v, int kv_dim)
 {
@@ -176,8 +208,8 @@ __global__ void k_kv_write(float *K, float *V, const attn_row *rows, const int32
     int64_t o = (int64_t)pages[r.pt_off + r.pos / page_size] * page_stride + layer_off +
                 (int64_t)(r.pos % page_size) * kv_dim;
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
-        K[o + j] = k[(int64_t)i * kv_dim + j];
-        V[o + j] = v[(int64_t)i * kv_dim + j];
+        kv_store(K, o + j, k[(int64_t)i * kv_dim + j]);
+        kv_store(V, o + j, v[(int64_t)i * kv_dim + j]);
     }
 }
 
@@ -187,17 +219,27 @@ int cuda__kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_ba
     if (!kv || !b || layer < 0 || kv->page_size <= 0 || kv->kv_dim <= 0 || b->n < 0 ||
         (b->n > 0 && (!k || !v || !b->pos || !b->page_table || !kv->k || !kv->v)))
         return river_err_set(RIVER_EINVAL, "cuda kv_write: bad arguments");
+    int e = kv_dtype_cuda_check(kv, "kv_write");
+    if (e)
+        return e;
     if (b->n == 0)
         return 0;
     attn_pack_t pk;
-    int e;
     if ((e = cuda__enter(ctx)) || (e = attn_pack(ctx, kv, b, 0, &pk)))
         return e;
-    k_kv_write<<<b->n, 256, 0, ctx->stream>>>((float *)kv->k, (float *)kv->v, pk.rows,
-                                              pk.pages, kv->page_stride,
-                                              (int64_t)layer * kv->layer_stride,
-                                              kv->page_size, (const float *)k,
-                                              (const float *)v, kv->kv_dim);
+#define KV_WRITE_LAUNCH(T)                                                                 \
+    k_kv_write<T><<<b->n, 256, 0, ctx->stream>>>((T *)kv->k, (T *)kv->v, pk.rows, pk.pages, \
+                                                 kv->page_stride,                          \
+                                                 (int64_t)layer * kv->layer_stride,        \
+                                                 kv->page_size, (const float *)k,          \
+                                                 (const float *)v, kv->kv_dim)
+    if (kv->dtype == DTYPE_F16)
+        KV_WRITE_LAUNCH(__half);
+    else if (kv->dtype == DTYPE_BF16)
+        KV_WRITE_LAUNCH(__nv_bfloat16);
+    else
+        KV_WRITE_LAUNCH(float);
+#undef KV_WRITE_LAUNCH
     CU_LAUNCHED("kv_write");
     return 0;
 }
@@ -219,10 +261,10 @@ int cuda__kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_ba
  * each); the warps are merged with the usual log-sum-exp rescaling. With one split the
  * block writes the normalised output; with more it writes its unnormalised partial and
  * its (max, sum) for k_attn_reduce. */
-template <int PER>
+template <int PER, typename T>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-k_attn_split(float *out, float *part_o, float *part_ml, const float *q, const float *K,
-             const float *V, const attn_row *rows, const int32_t *pages, const int64_t *voff,
+k_attn_split(float *out, float *part_o, float *part_ml, const float *q, const T *K,
+             const T *V, const attn_row *rows, const int32_t *pages, const int64_t *voff,
              const uint8_t *valid, int64_t page_stride, int64_t layer_off, int page_size,
              int kv_dim, int n_heads, int G, int hd, int chunk, int n_splits, float scale)
 {
@@ -263,8 +305,8 @@ k_attn_split(float *out, float *part_o, float *part_ml, const float *q, const fl
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             int d = lane + 32 * k;
-            kr[k] = d < hd ? K[off + d] : 0.0f;
-            vr[k] = d < hd ? V[off + d] : 0.0f;
+            kr[k] = d < hd ? kv_load(K, off + d) : 0.0f;
+            vr[k] = d < hd ? kv_load(V, off + d) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < ATTN_GMAX; g++) {
@@ -384,6 +426,8 @@ int cuda__attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *k
         return 0;
     if (!out || !q || !b->pos || !b->page_table || !kv->k || !kv->v)
         return river_err_set(RIVER_EINVAL, "cuda attention: NULL buffer");
+    if (int de = kv_dtype_cuda_check(kv, "attention"))
+        return de;
     if (head_dim > ATTN_MAX_HD)
         return river_err_set(RIVER_EUNSUPPORTED, "cuda attention: head_dim %d above %d",
                              head_dim, ATTN_MAX_HD);
@@ -410,11 +454,20 @@ int cuda__attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *k
     if (b->n > 65535)
         return river_err_set(RIVER_ERANGE, "cuda attention: %d rows in one batch", b->n);
     int64_t lo = (int64_t)layer * kv->layer_stride;
-#define ATTN_LAUNCH(P)                                                                     \
-    k_attn_split<P><<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(                            \
-        (float *)out, part_o, part_ml, (const float *)q, (const float *)kv->k,             \
-        (const float *)kv->v, pk.rows, pk.pages, voff, valid, kv->page_stride, lo,         \
+#define ATTN_LAUNCH_T(P, T)                                                                \
+    k_attn_split<P, T><<<grid, ATTN_WARPS * 32, 0, ctx->stream>>>(                         \
+        (float *)out, part_o, part_ml, (const float *)q, (const T *)kv->k,                 \
+        (const T *)kv->v, pk.rows, pk.pages, voff, valid, kv->page_stride, lo,             \
         kv->page_size, kv->kv_dim, n_heads, G, head_dim, chunk, ns, scale)
+#define ATTN_LAUNCH(P)                                                                     \
+    do {                                                                                   \
+        if (kv->dtype == DTYPE_F16)                                                        \
+            ATTN_LAUNCH_T(P, __half);                                                      \
+        else if (kv->dtype == DTYPE_BF16)                                                  \
+            ATTN_LAUNCH_T(P, __nv_bfloat16);                                               \
+        else                                                                               \
+            ATTN_LAUNCH_T(P, float);                                                       \
+    } while (0)
     if (head_dim <= 64)
         ATTN_LAUNCH(2);
     else if (head_dim <= 128)
@@ -422,6 +475,7 @@ int cuda__attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *k
     else
         ATTN_LAUNCH(8);
 #undef ATTN_LAUNCH
+#undef ATTN_LAUNCH_T
     CU_LAUNCHED("attention");
     if (ns > 1) {
         k_attn_reduce<<<dim3((unsigned)n_heads, (unsigned)b->n), 128, 0, ctx->stream>>>(

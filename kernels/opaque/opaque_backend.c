@@ -90,6 +90,11 @@ static int opq__kv(const ops_ctx_t *ctx, const kv_view_t *kv, kv_view_t *out, co
         return opq__not_mine(op, "K pages", kv->k);
     if (!(out->v = opq__real(ctx, kv->v)))
         return opq__not_mine(op, "V pages", kv->v);
+    /* Q8 scales live in the pool's buffers too (after the codes), and move with them. */
+    if (kv->k_scale && !(out->k_scale = opq__real(ctx, kv->k_scale)))
+        return opq__not_mine(op, "K scales", kv->k_scale);
+    if (kv->v_scale && !(out->v_scale = opq__real(ctx, kv->v_scale)))
+        return opq__not_mine(op, "V scales", kv->v_scale);
     return 0;
 }
 
