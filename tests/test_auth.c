@@ -515,6 +515,14 @@ START_TEST(test_limit_per_key)
     o.max_tokens = 200;
     o.ignore_eos = 1;
     ck_assert_int_eq(river_client_submit(a, &o, NULL, ta_on_event, &sa, NULL), 0);
+    /* Once it is running, the worker is stopped, so that the long request is still in
+     * flight however long the next checks take on a loaded machine: riverd applies the
+     * limit at admission, without the worker. */
+    until = clock_now_s() + 20;
+    while (sa.n_ids == 0 && !sa.ended && clock_now_s() < until)
+        ck_assert_int_ge(river_client_poll(a, 20), 0);
+    ck_assert_msg(sa.n_ids > 0 && !sa.ended, "the long request did not start: %s", sa.msg);
+    ck_assert_int_eq(kill(w1, SIGSTOP), 0);
 
     /* The same key on a second connection: over the limit. */
     ck_assert_int_eq(river_client_new_secure(&b, e.c.clients, &kc1), 0);
@@ -525,6 +533,7 @@ START_TEST(test_limit_per_key)
                   river_code_name(sb.code), sb.msg);
     ck_assert_msg(strstr(sb.msg, "limits.max_requests_per_client"), "%s", sb.msg);
     ck_assert_msg(!sa.ended, "the long request ended before the check: %s", sa.msg);
+    ck_assert_int_eq(kill(w1, SIGCONT), 0);
 
     /* Another key is another client. */
     ck_assert_int_eq(river_client_new_secure(&other, e.c.clients, &kc2), 0);
