@@ -440,7 +440,10 @@ $(BUILD)/fuzz/seeds: $(BUILD)/fuzz/seeds.o $(FUZZ_WORKER_OBJ) $(CLIENT_LIB) $(LI
 build-demo: build-all
 	$(Q)scripts/demo.sh
 
-# One greedy stream through riverd + a worker against in-process `river run`.
+# Concurrent streaming clients (1, 4, 8) through the gateway, riverd and a worker, plain and
+# with a fixed exit, against llama.cpp's batched decoding (node-llama-cpp) on Llama 3.2 1B's
+# shape; then one stream through riverd against in-process `river run`
+# (scripts/bench-serving.sh; CLIENTS, ROUNDS, GEN, THREADS).
 build-bench-serving: build-all
 	$(Q)BUILD=$(BUILD) scripts/bench-serving.sh
 

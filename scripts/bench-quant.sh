@@ -23,55 +23,16 @@
 set -u
 cd "$(dirname "$0")/.."
 unset RIVER_SIMD # River's native level, except where a figure forces avx2
-build=${BUILD:-build}
-case $build in
-/*) ;;
-*) build=$(pwd)/$build ;;
-esac
-river=$build/bin/river
-dir=$build/bench-quant
-npm_dir=$build/npm/llama.cpp
 ROUNDS=${ROUNDS:-3}
 GEN=${GEN:-16}
 THREADS=${THREADS:-2}
 PROMPT="Once upon a time, in a small village by the sea,"
-skip() {
-    echo "bench-quant: llama.cpp is not available: $1"
-    exit 1
-}
-. scripts/node-env.sh
-node_env_init "$npm_dir"
-case $(uname -m) in
-x86_64) plat=linux-x64 ;;
-aarch64) plat=linux-arm64 ;;
-*) skip "node-llama-cpp has no prebuilt llama.cpp for $(uname -m)" ;;
-esac
-node_env_install node-llama-cpp node-llama-cpp@3 --omit=optional --ignore-scripts
-version=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$npm_dir/node_modules/node-llama-cpp/package.json")
-node_env_install "@node-llama-cpp/$plat" "@node-llama-cpp/$plat@$version" --omit=optional \
-    --ignore-scripts
-node_env_select node-llama-cpp
-export RIVER_NPM_DIR=$npm_dir
-
-die() {
-    echo "bench-quant: $1" >&2
-    [ -n "${2:-}" ] && [ -f "$2" ] && tail -n 20 "$2" >&2
-    exit 1
-}
-# once FILE LOG CMD...: runs CMD unless FILE exists (a step done by an earlier run).
-once() {
-    f=$1 log=$2
-    shift 2
-    [ -e "$f" ] && return 0
-    echo "bench-quant: writing $f" >&2
-    "$@" >"$log" 2>&1 || { rm -rf "$f"; die "failed: $*" "$log"; }
-}
-mkdir -p "$dir"
-m=$dir/llama-3.2-1b
-once "$m/model.safetensors" "$dir/synth.log" "$river" synth --shape llama-3.2-1b --dtype bf16 --out "$m" --quiet
-cp tests/data/tokenizers/llama3/tokenizer.json tests/data/tokenizers/llama3/tokenizer_config.json "$m/"
+BENCH=bench-quant
+. scripts/bench-1b.sh
+bench_llamacpp
+bench_model
 for t in bf16 q8_0 q4_0 q4_k_m; do
-    once "$dir/1b-$t.gguf" "$dir/export-$t.log" "$river" export --gguf "$dir/1b-$t.gguf" --model "$m" --type "$t"
+    bench_gguf "$t"
 done
 for b in q8 q4; do
     once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" --model "$m" --out "$dir/1b-$b" --threads "$THREADS"

@@ -13,6 +13,18 @@
 //     timed from the first generated token to the last, so prefill is not in it; prints
 //     every run's tok/s and their median.
 //
+//   node ref.mjs serve --model FILE.gguf --prompts FILE --clients N [--rounds R]
+//                      [--tokens G] [--threads T]
+//     Batched serving, the llama.cpp side of `make bench-serving`: one context with N
+//     sequences, N clients each streaming one greedy completion of G tokens at a time (no
+//     stop on EOS), the sequences evaluated together as node-llama-cpp batches them. A round
+//     starts every client's request at once and ends with the last one; a warm-up round of
+//     short requests comes first. FILE holds N * (R + 1) prompts, one a line: the warm-up
+//     round's, then each round's, client by client (scripts/bench-serving.mjs reads the same
+//     file and prints the same lines). Prints per measured round "round R WALL_S TOKENS" and
+//     per request "ttft SECONDS", from the request's start (tokenizing its prompt) to its
+//     first generated token.
+//
 //   node ref.mjs corrupt --model IN.gguf --out OUT.gguf --tensor NAME
 //     Copies IN to OUT with every value of the F32 tensor NAME negated: a file that a
 //     correct implementation must decode differently, so the suite can show it fails.
@@ -30,15 +42,17 @@ function usage(msg) {
     process.stderr.write(
         "usage: node ref.mjs ref --model FILE.gguf --prompts FILE [--steps N] [--threads T]\n" +
         "       node ref.mjs bench --model FILE.gguf [--tokens N] [--threads T] [--runs R] [--prompt TEXT]\n" +
+        "       node ref.mjs serve --model FILE.gguf --prompts FILE --clients N [--rounds R] [--tokens G] [--threads T]\n" +
         "       node ref.mjs corrupt --model IN.gguf --out OUT.gguf --tensor NAME\n");
     process.exit(2);
 }
 
 function parseArgs(argv) {
     const mode = argv[0];
-    if (!["ref", "bench", "corrupt"].includes(mode)) usage(mode ? `unknown mode '${mode}'` : "no mode");
-    const o = { mode, steps: 16, threads: 1, tokens: 64, runs: 5, prompt: "Once upon a time" };
-    const ints = new Set(["steps", "threads", "tokens", "runs"]);
+    if (!["ref", "bench", "serve", "corrupt"].includes(mode)) usage(mode ? `unknown mode '${mode}'` : "no mode");
+    const o = { mode, steps: 16, threads: 1, tokens: 64, runs: 5, prompt: "Once upon a time",
+                clients: 1, rounds: 3 };
+    const ints = new Set(["steps", "threads", "tokens", "runs", "clients", "rounds"]);
     for (let i = 1; i < argv.length; i++) {
         const m = /^--([a-z]+)$/.exec(argv[i]);
         if (!m || i + 1 >= argv.length) usage(`unknown or incomplete option '${argv[i]}'`);
@@ -53,7 +67,7 @@ function parseArgs(argv) {
         }
     }
     if (!o.model) usage("--model is required");
-    if (mode === "ref" && !o.prompts) usage("ref needs --prompts");
+    if ((mode === "ref" || mode === "serve") && !o.prompts) usage(`${mode} needs --prompts`);
     if (mode === "corrupt" && (!o.out || !o.tensor)) usage("corrupt needs --out and --tensor");
     return o;
 }
@@ -120,6 +134,40 @@ async function bench(model, sequence, o) {
              decode_tok_s: median(runs) };
 }
 
+async function serve(model, context, o) {
+    const lines = readFileSync(o.prompts, "utf8").split("\n").filter((l) => l.length > 0);
+    if (lines.length < o.clients * (o.rounds + 1))
+        throw new Error(`${o.prompts}: ${lines.length} prompts, ${o.clients * (o.rounds + 1)} needed`);
+    const seqs = Array.from({ length: o.clients }, () => context.getSequence());
+    // One request on its own sequence, timed from t0 (the round's start, when every
+    // client sends): its prompt tokenized as River's tokenizer does it (BOS as the file
+    // says), then greedy tokens, EOS included, until there are n.
+    const one = async (sequence, text, n, t0) => {
+        const ids = model.tokenize(text);
+        if (model.tokens.shouldPrependBosToken) ids.unshift(model.tokens.bos);
+        await sequence.clearHistory();
+        let got = 0, first = 0;
+        for await (const tok of sequence.evaluate(ids, { temperature: 0, yieldEogToken: true })) {
+            void tok;
+            if (++got === 1) first = performance.now();
+            if (got >= n) break;
+        }
+        return { ttft: first - t0, tokens: got };
+    };
+    const round = async (r, n) => {
+        const t0 = performance.now();
+        const res = await Promise.all(seqs.map((s, c) => one(s, lines[r * o.clients + c], n, t0)));
+        return { wall: performance.now() - t0, res };
+    };
+    await round(0, Math.min(8, o.tokens));
+    for (let r = 1; r <= o.rounds; r++) {
+        const { wall, res } = await round(r, o.tokens);
+        const tokens = res.reduce((a, x) => a + x.tokens, 0);
+        process.stdout.write(`round ${r} ${(wall / 1000).toFixed(4)} ${tokens}\n`);
+        for (const x of res) process.stdout.write(`ttft ${(x.ttft / 1000).toFixed(4)}\n`);
+    }
+}
+
 // ggml's type numbers (ggml.h's enum ggml_type) for the types a River export writes.
 const ggmlTypeNames = { 0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1",
                         8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K",
@@ -156,9 +204,20 @@ async function main() {
     const model = await llama.loadModel({ modelPath: o.model, gpuLayers: 0 });
     const result = { model: o.model, threads: o.threads, bos: model.tokens.bos,
                      eos: model.tokens.eos, add_bos: model.tokens.shouldPrependBosToken };
-    const nctx = o.mode === "bench" ? 512 : 1024;
-    const context = await model.createContext({ contextSize: nctx, batchSize: nctx,
+    // Serving's contexts are a short prompt and its completion, each sequence its own
+    // (contextSize is per sequence); the batch holds every sequence's prompt at once.
+    const nctx = o.mode === "bench" ? 512 : o.mode === "serve" ? 256 : 1024;
+    const context = await model.createContext({ contextSize: nctx,
+                                                 batchSize: o.mode === "serve" ? 512 : nctx,
+                                                 sequences: o.mode === "serve" ? o.clients : 1,
                                                  threads: { ideal: o.threads, min: o.threads } });
+    if (o.mode === "serve") {
+        await serve(model, context, o);
+        await context.dispose();
+        await model.dispose();
+        await llama.dispose();
+        return;
+    }
     const sequence = context.getSequence();
     if (o.mode === "bench") {
         Object.assign(result, await bench(model, sequence, o));

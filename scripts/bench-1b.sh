@@ -1,0 +1,78 @@
+# shellcheck shell=sh
+# Sourced by the benchmarks that measure River against llama.cpp on Llama 3.2 1B's shape
+# (scripts/bench-quant.sh, scripts/bench-serving.sh), so that both write the same files once
+# and reuse them: a random-weight checkpoint of that shape (`river synth --shape
+# llama-3.2-1b`, bf16, with the Llama 3 tokenizer beside it) and its GGUF files, under
+# $BUILD/bench-quant; and node-llama-cpp (llama.cpp's prebuilt CPU libraries) under
+# $BUILD/npm/llama.cpp.
+#
+# The caller sets BENCH (its name, for messages) and cds to the repository root. Sourcing
+# sets build ($BUILD, absolute), river (the tool), dir (the shared directory, made) and m
+# (the checkpoint's directory in it).
+#
+#   bench_model                writes the checkpoint unless it is there
+#   bench_llamacpp             installs node-llama-cpp and its CPU package unless there; sets
+#                              NODE, version and exports RIVER_NPM_DIR; no llama.cpp exits 1
+#   bench_gguf TYPE            writes $dir/1b-TYPE.gguf unless there (bf16, q8_0, q4_0, ...)
+#   once FILE LOG CMD...       runs CMD unless FILE exists (a step done by an earlier run),
+#                              its output in LOG; a failure removes FILE and stops, showing LOG
+#   die MESSAGE [LOG]          stops with MESSAGE and LOG's last lines
+
+die() {
+    echo "$BENCH: $1" >&2
+    [ -n "${2:-}" ] && [ -f "$2" ] && tail -n 20 "$2" >&2
+    exit 1
+}
+
+once() {
+    f=$1 log=$2
+    shift 2
+    [ -e "$f" ] && return 0
+    echo "$BENCH: writing $f" >&2
+    "$@" >"$log" 2>&1 || { rm -rf "$f"; die "failed: $*" "$log"; }
+}
+
+build=${BUILD:-build}
+case $build in
+/*) ;;
+*) build=$(pwd)/$build ;;
+esac
+river=$build/bin/river
+dir=$build/bench-quant
+mkdir -p "$dir"
+m=$dir/llama-3.2-1b
+
+bench_model() {
+    once "$m/model.safetensors" "$dir/synth.log" "$river" synth --shape llama-3.2-1b --dtype bf16 \
+        --out "$m" --quiet
+    cp tests/data/tokenizers/llama3/tokenizer.json tests/data/tokenizers/llama3/tokenizer_config.json "$m/"
+}
+
+bench_gguf() {
+    once "$dir/1b-$1.gguf" "$dir/export-$1.log" "$river" export --gguf "$dir/1b-$1.gguf" --model "$m" \
+        --type "$1"
+}
+
+# node_env_init and node_env_install call skip when something is missing: for a benchmark
+# that is a failure, since its whole point is the comparison.
+skip() {
+    echo "$BENCH: llama.cpp is not available: $1"
+    exit 1
+}
+
+bench_llamacpp() {
+    npm_dir=$build/npm/llama.cpp
+    . scripts/node-env.sh
+    node_env_init "$npm_dir"
+    case $(uname -m) in
+    x86_64) plat=linux-x64 ;;
+    aarch64) plat=linux-arm64 ;;
+    *) skip "node-llama-cpp has no prebuilt llama.cpp for $(uname -m)" ;;
+    esac
+    node_env_install node-llama-cpp node-llama-cpp@3 --omit=optional --ignore-scripts
+    version=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$npm_dir/node_modules/node-llama-cpp/package.json")
+    node_env_install "@node-llama-cpp/$plat" "@node-llama-cpp/$plat@$version" --omit=optional \
+        --ignore-scripts
+    node_env_select node-llama-cpp
+    export RIVER_NPM_DIR="$npm_dir"
+}
