@@ -61,8 +61,8 @@ trap 'exit 1' INT TERM
 # stack NAME [WORKER YAML...]: riverd, one worker and a gateway on ipc:// sockets of their own
 # in $tmp/NAME, so that each worker gets only its own system's requests. The KV pool is
 # sized for these requests (a short prompt and GEN tokens, max_seqs of them): by default a
-# worker reserves at least one full 131072-position context of this model, 8 GiB, and two
-# of those beside llama.cpp would crowd the machine for nothing.
+# worker reserves at least one full 131072-position context of this model, 4 GiB of f16
+# K/V, and two of those beside llama.cpp would crowd the machine for nothing.
 stack() {
     name=$1 s=$tmp/$1
     shift
