@@ -63,16 +63,5 @@ skip() {
 bench_llamacpp() {
     npm_dir=$build/npm/llama.cpp
     . scripts/node-env.sh
-    node_env_init "$npm_dir"
-    case $(uname -m) in
-    x86_64) plat=linux-x64 ;;
-    aarch64) plat=linux-arm64 ;;
-    *) skip "node-llama-cpp has no prebuilt llama.cpp for $(uname -m)" ;;
-    esac
-    node_env_install node-llama-cpp node-llama-cpp@3 --omit=optional --ignore-scripts
-    version=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$npm_dir/node_modules/node-llama-cpp/package.json")
-    node_env_install "@node-llama-cpp/$plat" "@node-llama-cpp/$plat@$version" --omit=optional \
-        --ignore-scripts
-    node_env_select node-llama-cpp
-    export RIVER_NPM_DIR="$npm_dir"
+    node_env_llamacpp "$npm_dir"
 }

@@ -13,6 +13,9 @@
 #                                  installs SPEC (e.g. openai, node-llama-cpp@3) under NPM_DIR
 #                                  unless NAME is there; NPM_ARGS go to npm install as they are
 #   node_env_select NAME           sets NODE to a node that NAME's engines.node accepts
+#   node_env_llamacpp NPM_DIR      node-llama-cpp and its prebuilt llama.cpp for this machine
+#                                  under NPM_DIR: sets NODE, version (node-llama-cpp's) and
+#                                  plat, and exports RIVER_NPM_DIR for tests/llamacpp/
 
 node_env_init() {
     NPM_DIR=$1
@@ -72,4 +75,19 @@ node_env_select() {
     node_env__ge "$got" "$need" ||
         skip "$1 needs Node.js $need or newer, node $have is installed, and npm's node-linux-$arch@$major is $got"
     echo "node: $1 needs Node.js $need or newer; node $have is installed, so running Node.js $got from npm (node-linux-$arch)"
+}
+
+node_env_llamacpp() {
+    node_env_init "$1"
+    case $(uname -m) in
+    x86_64) plat=linux-x64 ;;
+    aarch64) plat=linux-arm64 ;;
+    *) skip "node-llama-cpp has no prebuilt llama.cpp for $(uname -m)" ;;
+    esac
+    node_env_install node-llama-cpp node-llama-cpp@3 --omit=optional --ignore-scripts
+    version=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$1/node_modules/node-llama-cpp/package.json")
+    node_env_install "@node-llama-cpp/$plat" "@node-llama-cpp/$plat@$version" --omit=optional \
+        --ignore-scripts
+    node_env_select node-llama-cpp
+    export RIVER_NPM_DIR="$1"
 }
