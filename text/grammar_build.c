@@ -25,6 +25,23 @@
 
 #define NOMEM() river_err_set(RIVER_ENOMEM, "grammar: no memory")
 
+int grammar__room(void **v, uint32_t need, uint32_t *cap, size_t size, uint32_t first)
+{
+    if (need <= *cap)
+        return 0;
+    uint64_t nc = *cap ? *cap : first;
+    while (nc < need)
+        nc *= 2;
+    if (nc > UINT32_MAX || nc > SIZE_MAX / size)
+        return NOMEM();
+    void *x = realloc(*v, (size_t)nc * size);
+    if (!x)
+        return NOMEM();
+    *v = x;
+    *cap = (uint32_t)nc;
+    return 0;
+}
+
 /* ---- builder ---------------------------------------------------------------------------- */
 
 typedef struct balt {
@@ -93,14 +110,9 @@ static int rule_new(builder_t *b, uint32_t *out)
 static int alt_new(builder_t *b, uint32_t r, uint32_t *alt)
 {
     brule_t *br = &b->rules[r];
-    if (br->n == br->cap) {
-        uint32_t cap = br->cap ? br->cap * 2 : 2;
-        balt_t *a = realloc(br->alts, cap * sizeof *a);
-        if (!a)
-            return NOMEM();
-        br->alts = a;
-        br->cap = cap;
-    }
+    int err = grammar__room((void **)&br->alts, br->n + 1, &br->cap, sizeof *br->alts, 2);
+    if (err)
+        return err;
     memset(&br->alts[br->n], 0, sizeof br->alts[0]);
     *alt = br->n++;
     return elem_budget(b, 1); /* its END */
@@ -116,14 +128,9 @@ static int emit(builder_t *b, target_t t, uint32_t e)
     if (err)
         return err;
     balt_t *a = &b->rules[t.rule].alts[t.alt];
-    if (a->n == a->cap) {
-        uint32_t cap = a->cap ? a->cap * 2 : 4;
-        uint32_t *v = realloc(a->e, cap * sizeof *v);
-        if (!v)
-            return NOMEM();
-        a->e = v;
-        a->cap = cap;
-    }
+    err = grammar__room((void **)&a->e, a->n + 1, &a->cap, sizeof *a->e, 4);
+    if (err)
+        return err;
     a->e[a->n++] = e;
     return 0;
 }
@@ -198,14 +205,9 @@ static int class_intern(builder_t *b, const uint32_t *r, uint32_t n, uint32_t *i
         }
         h = (h + 1) & b->cmask;
     }
-    if (b->n_cls == b->cap_cls) {
-        uint32_t cap = b->cap_cls ? b->cap_cls * 2 : 64;
-        grammar__class_t *v = realloc(b->cls, cap * sizeof *v);
-        if (!v)
-            return NOMEM();
-        b->cls = v;
-        b->cap_cls = cap;
-    }
+    int err = grammar__room((void **)&b->cls, b->n_cls + 1, &b->cap_cls, sizeof *b->cls, 64);
+    if (err)
+        return err;
     while (b->n_ranges + n > b->cap_ranges) {
         uint32_t cap = b->cap_ranges ? b->cap_ranges * 2 : 256;
         uint32_t *v = realloc(b->ranges, 2 * (size_t)cap * sizeof *v);
@@ -496,14 +498,9 @@ typedef struct heap {
 
 static int heap_push(heap_t *h, uint32_t val, uint32_t rule)
 {
-    if (h->n == h->cap) {
-        uint32_t cap = h->cap ? h->cap * 2 : 256;
-        uint64_t *v = realloc(h->v, cap * sizeof *v);
-        if (!v)
-            return RIVER_ENOMEM;
-        h->v = v;
-        h->cap = cap;
-    }
+    int err = grammar__room((void **)&h->v, h->n + 1, &h->cap, sizeof *h->v, 256);
+    if (err)
+        return err;
     uint64_t x = ((uint64_t)val << 32) | rule;
     uint32_t i = h->n++;
     while (i > 0 && h->v[(i - 1) / 2] > x) {

@@ -120,6 +120,11 @@ typedef struct grammar__rules_ast {
     uint32_t n, cap;
 } grammar__rules_ast_t;
 
+/* Makes room for `need` entries of `size` bytes in the array *v of *cap entries, doubling
+ * its capacity (from `first` when it has none). RIVER_ENOMEM, with a message, when it
+ * cannot; the array is then unchanged. The grammar's arrays grow through it. */
+int grammar__room(void **v, uint32_t need, uint32_t *cap, size_t size, uint32_t first);
+
 void grammar__ast_free(grammar__ast_t *a);
 void grammar__rules_ast_free(grammar__rules_ast_t *r);
 

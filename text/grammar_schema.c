@@ -204,20 +204,6 @@ static int put_sub(sc_t *c, grammar__buf_t *b, json_t *s, const char *path)
     return err;
 }
 
-/* Grows a memo array to hold one more entry. */
-static int memo_room(void **v, uint32_t n, uint32_t *cap, size_t size)
-{
-    if (n < *cap)
-        return 0;
-    uint32_t nc = *cap ? *cap * 2 : 8;
-    void *x = realloc(*v, nc * size);
-    if (!x)
-        return NOMEM();
-    *v = x;
-    *cap = nc;
-    return 0;
-}
-
 static int put_string(sc_t *c, grammar__buf_t *b, json_t *s, const char *path)
 {
     uint32_t min = 0, max = 0;
@@ -239,7 +225,8 @@ static int put_string(sc_t *c, grammar__buf_t *b, json_t *s, const char *path)
                 grammar__buf_printf(b, "%s-p%u", c->prefix, (unsigned)i);
                 return 0;
             }
-        if ((err = memo_room((void **)&c->pats, c->n_pats, &c->cap_pats, sizeof *c->pats)))
+        if ((err = grammar__room((void **)&c->pats, c->n_pats + 1, &c->cap_pats,
+                                 sizeof *c->pats, 8)))
             return err;
         char *pp = path_join(path, "pattern");
         if (!pp || !(c->pats[c->n_pats] = strdup(re))) {
@@ -275,7 +262,7 @@ static int put_string(sc_t *c, grammar__buf_t *b, json_t *s, const char *path)
             grammar__buf_printf(b, "%s-s%u", c->prefix, (unsigned)i);
             return 0;
         }
-    if ((err = memo_room((void **)&c->lens, c->n_lens, &c->cap_lens, sizeof *c->lens)))
+    if ((err = grammar__room((void **)&c->lens, c->n_lens + 1, &c->cap_lens, sizeof *c->lens, 8)))
         return err;
     uint32_t k = c->n_lens++;
     c->lens[k][0] = min;

@@ -207,14 +207,9 @@ int grammar__pool_compact(grammar__pool_t *p, uint32_t *ids, uint32_t n_ids)
 
 int grammar__tops_push(grammar__tops_t *t, uint32_t id)
 {
-    if (t->n == t->cap) {
-        uint32_t cap = t->cap ? t->cap * 2 : 16;
-        uint32_t *v = realloc(t->v, cap * sizeof *v);
-        if (!v)
-            return river_err_set(RIVER_ENOMEM, "grammar: no memory for parse stacks");
-        t->v = v;
-        t->cap = cap;
-    }
+    int err = grammar__room((void **)&t->v, t->n + 1, &t->cap, sizeof *t->v, 16);
+    if (err)
+        return err;
     t->v[t->n++] = id;
     return 0;
 }
@@ -296,14 +291,10 @@ static int visit(grammar__scratch_t *sc, uint32_t pos, uint32_t parent)
 
 static int work_push(grammar__scratch_t *sc, uint32_t pos, uint32_t parent)
 {
-    if (sc->n_work + 2 > sc->cap_work) {
-        uint32_t cap = sc->cap_work ? sc->cap_work * 2 : 64;
-        uint32_t *v = realloc(sc->work, cap * sizeof *v);
-        if (!v)
-            return river_err_set(RIVER_ENOMEM, "grammar: no memory for parse stacks");
-        sc->work = v;
-        sc->cap_work = cap;
-    }
+    int err = grammar__room((void **)&sc->work, sc->n_work + 2, &sc->cap_work, sizeof *sc->work,
+                            64);
+    if (err)
+        return err;
     sc->work[sc->n_work++] = pos;
     sc->work[sc->n_work++] = parent;
     return 0;
