@@ -90,14 +90,10 @@ static int rule_new(builder_t *b, uint32_t *out)
                              "grammar: more than %u rules once repetitions are expanded (rule "
                              "\"%s\")",
                              (unsigned)GRAMMAR_MAX_RULES, b->ast->names[b->cur_named]);
-    if (b->n_rules == b->cap_rules) {
-        uint32_t cap = b->cap_rules * 2;
-        brule_t *r = realloc(b->rules, cap * sizeof *r);
-        if (!r)
-            return NOMEM();
-        b->rules = r;
-        b->cap_rules = cap;
-    }
+    int err = grammar__room((void **)&b->rules, b->n_rules + 1, &b->cap_rules, sizeof *b->rules,
+                            64);
+    if (err)
+        return err;
     brule_t *r = &b->rules[b->n_rules];
     memset(r, 0, sizeof *r);
     r->name_of = b->cur_named;
@@ -208,14 +204,11 @@ static int class_intern(builder_t *b, const uint32_t *r, uint32_t n, uint32_t *i
     int err = grammar__room((void **)&b->cls, b->n_cls + 1, &b->cap_cls, sizeof *b->cls, 64);
     if (err)
         return err;
-    while (b->n_ranges + n > b->cap_ranges) {
-        uint32_t cap = b->cap_ranges ? b->cap_ranges * 2 : 256;
-        uint32_t *v = realloc(b->ranges, 2 * (size_t)cap * sizeof *v);
-        if (!v)
-            return NOMEM();
-        b->ranges = v;
-        b->cap_ranges = cap;
-    }
+    /* Ranges are pairs (lo, hi): an entry is two values. */
+    err = grammar__room((void **)&b->ranges, b->n_ranges + n, &b->cap_ranges,
+                        2 * sizeof *b->ranges, 256);
+    if (err)
+        return err;
     grammar__class_t *c = &b->cls[b->n_cls];
     memset(c, 0, sizeof *c);
     c->off = b->n_ranges;
