@@ -129,7 +129,6 @@ test-openai: deps-check
 	$(Q)$(MAKE) --no-print-directory build-test-openai
 build-test-openai: build-all
 	$(Q)BUILD=$(BUILD) scripts/test-openai.sh
-# One greedy stream through the gateway + riverd against riverd alone and `river run`.
 # River's quantized decode against llama.cpp (node-llama-cpp) on Llama 3.2 1B's shape, GGUF
 # files and River's own q8/q4 checkpoints, with and without an exit (scripts/bench-quant.sh;
 # ROUNDS, GEN, THREADS).
@@ -138,7 +137,16 @@ bench-quant: deps-check
 	$(Q)$(MAKE) --no-print-directory build-bench-quant
 build-bench-quant: build-all
 	$(Q)BUILD=$(BUILD) scripts/bench-quant.sh
+# Prefill on Llama 3.2 1B's shape (bf16, River's q8/q4) against llama.cpp (node-llama-cpp)
+# and the compute peak of every vector level, prompts of 128/512/2048 tokens
+# (scripts/bench-prefill.sh; ROUNDS, LENS, THREADS).
+.PHONY: bench-prefill build-bench-prefill
+bench-prefill: deps-check
+	$(Q)$(MAKE) --no-print-directory build-bench-prefill
+build-bench-prefill: build-all
+	$(Q)BUILD=$(BUILD) scripts/bench-prefill.sh
 
+# One greedy stream through the gateway + riverd against riverd alone and `river run`.
 .PHONY: bench-gateway build-bench-gateway
 bench-gateway: deps-check
 	$(Q)$(MAKE) --no-print-directory build-bench-gateway

@@ -71,6 +71,7 @@ static const struct {
 
 typedef struct bk_opts {
     int threads, runs, pool_mib, bw_mib, json;
+    int peak; /* --peak: the compute peaks instead of the matmuls */
     int levels[CPU_SIMD_COUNT], n_levels;
     int batches[BK_MAX_BATCHES], n_batches;
     int formats[BK_N_FORMATS], n_formats; /* indices into bk_formats */
@@ -304,11 +305,38 @@ static int bk_parse_list(const char *arg, const char *what, int *out, int cap, i
     return 0;
 }
 
+/* --peak: per level, the f32 FMA and 8-bit integer peaks (cpu_peak_gmacs), best of the
+ * runs, as GFLOP/s and GOP/s (two operations a multiply-add): the yardsticks of prefill. */
+static int bk_peaks(const bk_opts_t *o)
+{
+    if (!o->json)
+        printf("%-7s %8s %12s %12s\n", "level", "threads", "f32 GFLOP/s", "int8 GOP/s");
+    for (int li = 0; li < o->n_levels; li++) {
+        cpu_simd_t level = (cpu_simd_t)o->levels[li];
+        double f = cpu_peak_gmacs(o->threads, level, CPU_PEAK_F32, o->runs);
+        if (f < 0)
+            return (int)f;
+        double i8 = cpu_peak_gmacs(o->threads, level, CPU_PEAK_I8, o->runs);
+        if (i8 < 0)
+            return (int)i8;
+        if (o->json)
+            printf("{\"level\":\"%s\",\"threads\":%d,\"peak_f32_gflops\":%.1f,"
+                   "\"peak_i8_gops\":%.1f}\n", cpu_simd_name(level), o->threads, 2.0 * f,
+                   2.0 * i8);
+        else
+            printf("%-7s %8d %12.1f %12.1f\n", cpu_simd_name(level), o->threads, 2.0 * f,
+                   2.0 * i8);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 static void bk_usage(FILE *f)
 {
     fprintf(f, "usage: river bench --kernels [--threads N] [--runs R] [--pool-mib P]\n"
                "                   [--bandwidth-mib M] [--levels L,..] [--formats F,..]\n"
                "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
+               "                   [--peak]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, q8-g32-z128,\n"
                "q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512, default\n"
@@ -318,7 +346,10 @@ static void bk_usage(FILE *f)
                "(default 2) and that level's loads, taken before each shape's runs at each\n"
                "level, and G multiply-adds per second. Each shape is placed as distinct copies filling P\n"
                "MiB (default 1024, past the last-level cache), called in rotation. Shapes:\n"
-               "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n");
+               "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n"
+               "--peak instead measures the compute peaks prefill is judged against, per\n"
+               "level: f32 FMA GFLOP/s and 8-bit integer GOP/s (vpmaddubsw, or vpdpbusd\n"
+               "with AVX-512 VNNI), register-only chains on every thread, best of R runs.\n");
 }
 
 int bench_kernels(int argc, char **argv)
@@ -343,6 +374,10 @@ int bench_kernels(int argc, char **argv)
         long lo = 1, hi = 1 << 20;
         if (!strcmp(a, "--kernels"))
             continue;
+        if (!strcmp(a, "--peak")) {
+            o.peak = 1;
+            continue;
+        }
         if (!strcmp(a, "--help")) {
             bk_usage(stdout);
             return 0;
@@ -395,6 +430,10 @@ int bench_kernels(int argc, char **argv)
             }
             *num = (int)n;
         }
+    }
+    if (o.peak) {
+        int e = bk_peaks(&o);
+        return e ? cli_fail("bench", e) : 0;
     }
     if (!o.json)
         printf("%-7s %-12s %-12s %4s %10s %8s %8s %8s  %8s\n", "level", "format", "shape",

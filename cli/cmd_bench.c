@@ -83,7 +83,9 @@ static void bench__usage(FILE *f)
                "roofline_fraction: the median over the runs of bytes_per_token *\n"
                "decode_tok_s / read_bandwidth, each run against its sweep; the same against a\n"
                "sweep with the widest loads the processor has (read_bandwidth_widest_gbs,\n"
-               "roofline_fraction_widest) where RIVER_SIMD forces a narrower level.\n"
+               "roofline_fraction_widest) where RIVER_SIMD forces a narrower level; and\n"
+               "prefill's arithmetic (prefill_gflop_per_token: the layers, attention over the\n"
+               "mean causal context, the head once a prompt) and rate (prefill_gflops).\n"
                "--split-costs RIVER instead times the backbone and the river layers (per layer,\n"
                "every river layer once a pass, as decoding streams them) on 1..64 rows and\n"
                "shows when running a batch as two groups (row aggregation) beats running it\n"
@@ -111,6 +113,18 @@ static void bench__usage(FILE *f)
                "(river bench --kernels --help).\n"
                "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
                "copying each matrix of 2 MiB or more into huge pages (copy, the default).\n");
+}
+
+/* The arithmetic of one prompt token in a prefill of P tokens, in GFLOP (a multiply-add is
+ * two): every decoder layer's projections and FFN, attention over the mean causal context
+ * of (P + 1) / 2 positions (scores and values), and the head's logits once per prompt. */
+static double bench__prefill_gflop(const model_config_t *c, long prompt_len)
+{
+    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    double layer = (double)c->dim * (2.0 * q + 2.0 * kv) + 3.0 * c->dim * (double)c->hidden_dim;
+    double attn = 2.0 * q * (double)(prompt_len + 1) / 2.0;
+    double head = (double)c->vocab_size * c->dim / (double)prompt_len;
+    return 2.0 * ((layer + attn) * c->n_layers + head) / 1e9;
 }
 
 int cmd_bench(int argc, char **argv)
@@ -333,6 +347,7 @@ int cmd_bench(int argc, char **argv)
     double attn_share = fb.step_s > fa.step_s ? (fb.attn_s - fa.attn_s) / (fb.step_s - fa.step_s)
                                               : 0.0;
     double prefill_tps = cli_median(pre, (int)runs);
+    double gflop = bench__prefill_gflop(cfg, prompt_len);
     double decode_tps = cli_median(dec, (int)runs);
     double bw = cli_median(bws, (int)runs), bw_widest = cli_median(bws + runs, (int)runs);
     int64_t bpt = model_bytes_per_token(env.model);
@@ -349,12 +364,15 @@ int cmd_bench(int argc, char **argv)
                               "roofline_fraction", frac);
         if (o) {
             json_object_set_new(o, "prefill_attention_share", json_real(attn_share));
+            json_object_set_new(o, "prefill_gflop_per_token", json_real(gflop));
+            json_object_set_new(o, "prefill_gflops", json_real(gflop * prefill_tps));
             json_object_set_new(o, "read_bandwidth_widest_gbs", json_real(bw_widest));
             json_object_set_new(o, "roofline_fraction_widest", json_real(frac_widest));
         }
         cli_json_print(o);
     } else {
-        printf("prefill_tok_s       %.1f\n", prefill_tps);
+        printf("prefill_tok_s       %.1f (%.1f GFLOP/s at %.3f GFLOP a token)\n", prefill_tps,
+               gflop * prefill_tps, gflop);
         printf("decode_tok_s        %.2f\n", decode_tps);
         printf("bytes_per_token     %lld\n", (long long)bpt);
         printf("read_bandwidth_gbs  %.2f\n", bw);

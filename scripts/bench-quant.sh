@@ -12,7 +12,7 @@
 # Everything is written once under $BUILD/bench-quant and reused. Each figure is the median
 # over ROUNDS rounds (default 3); a round measures every configuration once, llama.cpp and
 # River alternating, River at its native SIMD level and at RIVER_SIMD=avx2. A River figure
-# is `river run --output json`'s decode_tok_s for GEN tokens (default 16) after a short
+# is `river run --output json`'s decode_tok_s for GEN tokens (default 64) after a short
 # prompt, no stop on EOS; a llama.cpp figure is tests/llamacpp/ref.mjs bench (GEN tokens
 # timed from the first generated one, after a 4-token warm-up in the same process).
 #
@@ -24,7 +24,7 @@ set -u
 cd "$(dirname "$0")/.."
 unset RIVER_SIMD # River's native level, except where a figure forces avx2
 ROUNDS=${ROUNDS:-3}
-GEN=${GEN:-16}
+GEN=${GEN:-64}
 THREADS=${THREADS:-2}
 PROMPT="Once upon a time, in a small village by the sea,"
 BENCH=bench-quant
@@ -62,6 +62,9 @@ native=$(sed -n 's/.*"simd":"\([a-z0-9]*\)".*/\1/p' "$dir/bytes-bf16.json")
 [ -n "$native" ] || native=native
 echo "bench-quant: node-llama-cpp $version (llama.cpp CPU, prebuilt), River's native SIMD level $native, $THREADS threads, $GEN tokens, $ROUNDS rounds; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# The forced AVX2 figures only where the native level is another one.
+levels=native
+[ "$native" = avx2 ] || levels="native avx2"
 results=$dir/results.txt
 : >"$results"
 # llama_run FILE KEY and river_run KEY LEVEL MODEL [OPTIONS]: one figure, appended as
@@ -75,6 +78,7 @@ llama_run() {
 river_run() {
     key=$1 level=$2 model=$3
     shift 3
+    [ "$level" = native ] && level=
     env ${level:+RIVER_SIMD=$level} "$river" run --model "$model" --prompt "$PROMPT" \
         --max-tokens "$GEN" --ignore-eos --threads "$THREADS" --output json "$@" \
         >"$dir/out.json" 2>"$dir/out.log" || die "river run failed: $key" "$dir/out.log"
@@ -86,11 +90,11 @@ while [ $r -le "$ROUNDS" ]; do
     echo "bench-quant: round $r of $ROUNDS" >&2
     for t in bf16 q8_0 q4_0 q4_k_m; do
         llama_run "$dir/1b-$t.gguf" "gguf-$t"
-        for level in "" avx2; do
+        for level in $levels; do
             river_run "gguf-$t" "$level" "$dir/1b-$t.gguf"
         done
     done
-    for level in "" avx2; do
+    for level in $levels; do
         for b in bf16 q8 q4; do
             river_run "$b" "$level" "$(backbone $b)"
             # shellcheck disable=SC2046

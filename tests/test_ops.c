@@ -121,6 +121,31 @@ START_TEST(test_levels)
 }
 END_TEST
 
+/* The compute peaks prefill is judged against: positive at every level, below what any
+ * core could retire (a chain the compiler dropped would time as nearly free), the vector
+ * levels well above the portable one, and bad arguments refused. */
+START_TEST(test_compute_peak)
+{
+    cpu_simd_t best = cpu_simd_detect();
+    double f32[CPU_SIMD_COUNT] = {0};
+    for (int l = 0; l <= (int)best; l++) {
+        f32[l] = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_F32, 1);
+        double i8 = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 1);
+        printf("compute peak, 2 threads, %s: f32 %.1f G multiply-adds/s, int8 %.1f\n",
+               cpu_simd_name((cpu_simd_t)l), f32[l], i8);
+        ck_assert_msg(f32[l] > 0.1 && f32[l] < 2 * 500.0, "f32 peak at %d: %g", l, f32[l]);
+        ck_assert_msg(i8 > 0.1 && i8 < 2 * 2000.0, "int8 peak at %d: %g", l, i8);
+    }
+    for (int l = CPU_SIMD_AVX2; l <= (int)best; l++)
+        ck_assert_msg(f32[l] > 2.0 * f32[CPU_SIMD_SCALAR], "%s f32 peak %g against scalar %g",
+                      cpu_simd_name((cpu_simd_t)l), f32[l], f32[CPU_SIMD_SCALAR]);
+    ck_assert(cpu_peak_gmacs(0, CPU_SIMD_COUNT, CPU_PEAK_F32, 1) < 0);
+    ck_assert(cpu_peak_gmacs(2, (cpu_simd_t)(CPU_SIMD_COUNT + 1), CPU_PEAK_F32, 1) < 0);
+    ck_assert(cpu_peak_gmacs(2, CPU_SIMD_COUNT, (cpu_peak_t)7, 1) < 0);
+    ck_assert(cpu_peak_gmacs(2, CPU_SIMD_COUNT, CPU_PEAK_I8, 0) < 0);
+}
+END_TEST
+
 /* The exit code of body(value) run in a child process after setting the environment
  * variable `name` to value: the variables the backend reads once per process are tested
  * each in a fresh one. */
@@ -336,6 +361,7 @@ static Suite *ops_suite(void)
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_levels);
+    tcase_add_test(tc, test_compute_peak);
     tcase_add_test(tc, test_simd_env);
     tcase_add_test(tc, test_q4x8_env);
     tcase_add_test(tc, test_x8_levels_agree);

@@ -75,4 +75,17 @@ cpu_simd_t cpu_backend_simd(const backend_t *b);
  * CPU_SIMD_COUNT: the widest it has). Returns a negative river_err code on failure. */
 double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t simd);
 
+/* The compute peaks prefill is judged against. */
+typedef enum cpu_peak {
+    CPU_PEAK_F32, /* f32 fused multiply-adds, as the float weights' matmuls run */
+    CPU_PEAK_I8,  /* 8-bit integer products (vpmaddubsw; vpdpbusd where the AVX-512 level
+                   * has VNNI), as the Q8/Q4 matmuls run */
+} cpu_peak_t;
+
+/* Measures the compute peak in G multiply-adds/s (1e9/s; a multiply-add is two operations):
+ * n_threads threads each running independent chains of the level's vector multiply-adds
+ * from registers, best of `reps` passes of about 0.2 s, at level `simd` (capped at what the
+ * processor has). Returns a negative river_err code on failure. */
+double cpu_peak_gmacs(int n_threads, cpu_simd_t simd, cpu_peak_t kind, int reps);
+
 #endif

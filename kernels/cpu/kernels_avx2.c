@@ -979,6 +979,27 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
+/* ---- compute peak ------------------------------------------------------------------------ */
+
+/* Twelve FMA chains: two FMA units of four or five cycles' latency need ten. */
+static float avx2_peak_f32(int64_t iters)
+{
+    __m256 a[12];
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps((float)i);
+    for (int64_t n = 0; n < iters; n++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+    __m256 s = a[0];
+#pragma GCC unroll 12
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, a[i]);
+    return hsum8(s);
+}
+
 const cpu_kernels_t cpu_kernels_avx2 = {
     .level = CPU_SIMD_AVX2,
     .q4x8 = 1,
@@ -1003,4 +1024,8 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .exp_sum = avx2_exp_sum,
     .max = avx2_max,
     .read_sum = avx2_read_sum,
+    .peak_f32 = avx2_peak_f32,
+    .peak_i8 = x86_peak_maddubs,
+    .peak_macs_f32 = 12 * 8,
+    .peak_macs_i8 = 12 * 32,
 };

@@ -246,6 +246,35 @@ static uint64_t scalar_read_sum(const void *buf, size_t bytes)
     return a0 + a1 + a2 + a3;
 }
 
+/* The compute peak of the portable build: twelve chains, as the compiler schedules them. */
+static float scalar_peak_f32(int64_t iters)
+{
+    float a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = (float)i;
+    for (int64_t n = 0; n < iters; n++)
+        for (int i = 0; i < 12; i++)
+            a[i] = a[i] * 0.999999f + 1e-6f;
+    float s = 0.0f;
+    for (int i = 0; i < 12; i++)
+        s += a[i];
+    return s;
+}
+
+static int32_t scalar_peak_i8(int64_t iters)
+{
+    uint32_t a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = (uint32_t)i;
+    for (int64_t n = 0; n < iters; n++)
+        for (int i = 0; i < 12; i++)
+            a[i] = a[i] * 3u + 5u;
+    uint32_t s = 0;
+    for (int i = 0; i < 12; i++)
+        s ^= a[i];
+    return (int32_t)s;
+}
+
 const cpu_kernels_t cpu_kernels_scalar = {
     .level = CPU_SIMD_SCALAR,
     .gemv = cpu_scalar_gemv,
@@ -264,4 +293,8 @@ const cpu_kernels_t cpu_kernels_scalar = {
     .exp_sum = scalar_exp_sum,
     .max = scalar_max,
     .read_sum = scalar_read_sum,
+    .peak_f32 = scalar_peak_f32,
+    .peak_i8 = scalar_peak_i8,
+    .peak_macs_f32 = 12,
+    .peak_macs_i8 = 12,
 };

@@ -87,6 +87,15 @@ typedef struct cpu_kernels {
 
     /* Sums `bytes` (a multiple of 256, 64-byte aligned) as integers: the memory sweep. */
     uint64_t (*read_sum)(const void *buf, size_t bytes);
+
+    /* The compute peak (cpu_peak_gmacs): `iters` rounds of independent multiply-add chains
+     * held in registers, enough chains to cover the instructions' latency, no memory
+     * operands; the result depends on every chain so that none is dead. peak_f32 runs the
+     * f32 FMA the float matmuls use, peak_i8 the 8-bit integer multiply-add the Q8/Q4
+     * kernels use; peak_macs_* are the multiply-adds of one round. */
+    float (*peak_f32)(int64_t iters);
+    int32_t (*peak_i8)(int64_t iters);
+    int peak_macs_f32, peak_macs_i8;
 } cpu_kernels_t;
 
 extern const cpu_kernels_t cpu_kernels_scalar;

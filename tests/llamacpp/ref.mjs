@@ -13,6 +13,12 @@
 //     timed from the first generated token to the last, so prefill is not in it; prints
 //     every run's tok/s and their median.
 //
+//   node ref.mjs prefill --model FILE.gguf [--tokens N] [--threads T] [--runs R]
+//     Prefill speed: R runs (after a 32-token warm-up) evaluating a prompt of N tokens (the
+//     default prompt's tokens repeated, after BOS) into an empty context without generating,
+//     in batches of 512 as llama-bench's micro-batch; prints every run's tok/s and their
+//     median (prefill_tok_s).
+//
 //   node ref.mjs serve --model FILE.gguf --prompts FILE --clients N [--rounds R]
 //                      [--tokens G] [--threads T]
 //     Batched serving, the llama.cpp side of `make bench-serving`: one context with N
@@ -42,6 +48,7 @@ function usage(msg) {
     process.stderr.write(
         "usage: node ref.mjs ref --model FILE.gguf --prompts FILE [--steps N] [--threads T]\n" +
         "       node ref.mjs bench --model FILE.gguf [--tokens N] [--threads T] [--runs R] [--prompt TEXT]\n" +
+        "       node ref.mjs prefill --model FILE.gguf [--tokens N] [--threads T] [--runs R]\n" +
         "       node ref.mjs serve --model FILE.gguf --prompts FILE --clients N [--rounds R] [--tokens G] [--threads T]\n" +
         "       node ref.mjs corrupt --model IN.gguf --out OUT.gguf --tensor NAME\n");
     process.exit(2);
@@ -49,7 +56,7 @@ function usage(msg) {
 
 function parseArgs(argv) {
     const mode = argv[0];
-    if (!["ref", "bench", "serve", "corrupt"].includes(mode)) usage(mode ? `unknown mode '${mode}'` : "no mode");
+    if (!["ref", "bench", "prefill", "serve", "corrupt"].includes(mode)) usage(mode ? `unknown mode '${mode}'` : "no mode");
     const o = { mode, steps: 16, threads: 1, tokens: 64, runs: 5, prompt: "Once upon a time",
                 clients: 1, rounds: 3 };
     const ints = new Set(["steps", "threads", "tokens", "runs", "clients", "rounds"]);
@@ -134,6 +141,22 @@ async function bench(model, sequence, o) {
              decode_tok_s: median(runs) };
 }
 
+async function prefill(model, sequence, o) {
+    const text = model.tokenize(o.prompt);
+    const ids = model.tokens.bos !== undefined ? [model.tokens.bos] : [];
+    while (ids.length < o.tokens) ids.push(text[ids.length % text.length]);
+    const once = async (tokens) => {
+        await sequence.clearHistory();
+        const t0 = performance.now();
+        await sequence.evaluateWithoutGeneratingNewTokens(tokens);
+        return tokens.length / ((performance.now() - t0) / 1000);
+    };
+    await once(ids.slice(0, 32)); // warm-up: page the mapped weights in
+    const runs = [];
+    for (let r = 0; r < o.runs; r++) runs.push(Number((await once(ids)).toFixed(3)));
+    return { prompt_tokens: ids.length, runs_tok_s: runs, prefill_tok_s: median(runs) };
+}
+
 async function serve(model, context, o) {
     const lines = readFileSync(o.prompts, "utf8").split("\n").filter((l) => l.length > 0);
     if (lines.length < o.clients * (o.rounds + 1))
@@ -206,9 +229,10 @@ async function main() {
                      eos: model.tokens.eos, add_bos: model.tokens.shouldPrependBosToken };
     // Serving's contexts are a short prompt and its completion, each sequence its own
     // (contextSize is per sequence); the batch holds every sequence's prompt at once.
-    const nctx = o.mode === "bench" ? 512 : o.mode === "serve" ? 256 : 1024;
+    const nctx = o.mode === "bench" ? 512 : o.mode === "serve" ? 256
+               : o.mode === "prefill" ? o.tokens + 16 : 1024;
     const context = await model.createContext({ contextSize: nctx,
-                                                 batchSize: o.mode === "serve" ? 512 : nctx,
+                                                 batchSize: o.mode === "serve" || o.mode === "prefill" ? 512 : nctx,
                                                  sequences: o.mode === "serve" ? o.clients : 1,
                                                  threads: { ideal: o.threads, min: o.threads } });
     if (o.mode === "serve") {
@@ -221,6 +245,8 @@ async function main() {
     const sequence = context.getSequence();
     if (o.mode === "bench") {
         Object.assign(result, await bench(model, sequence, o));
+    } else if (o.mode === "prefill") {
+        Object.assign(result, await prefill(model, sequence, o));
     } else {
         const lines = readFileSync(o.prompts, "utf8").split("\n").filter((l) => l.length > 0);
         result.tensor_types = await tensorTypes(readGgufFileInfo, o.model);

@@ -1,0 +1,107 @@
+#!/bin/sh
+# `make bench-prefill`: prefill speed on Llama 3.2 1B's shape (`river synth --shape
+# llama-3.2-1b`, random weights, as bench-quant writes it) against llama.cpp (node-llama-cpp's
+# prebuilt CPU libraries) and against the machine's compute peak, in one run:
+#
+#   peak       `river bench --kernels --peak` at every vector level the processor has: f32
+#              FMA GFLOP/s (the float weights' yardstick) and 8-bit integer GOP/s (the
+#              Q8/Q4 weights'), on THREADS threads
+#   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
+#              backbones (`river quant --backbone`), at every vector level: the median
+#              prefill tok/s of ROUNDS runs and its GFLOP/s (the layers, attention over the
+#              mean causal context, the head once a prompt: bench's prefill_gflop_per_token)
+#   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
+#              (bf16, q8_0, q4_0): a P-token prompt evaluated in micro-batches of 512, the
+#              median of ROUNDS runs
+#
+# for each prompt length P in LENS (default 128 512 2048), River and llama.cpp alternating
+# per length. Then the ratios: River / llama.cpp per format, and River's GFLOP/s over the
+# f32 peak (bf16) or the integer peak (q8, q4; their integer kernels run 8-bit products).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+unset RIVER_SIMD
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-2}
+LENS=${LENS:-128 512 2048}
+BENCH=bench-prefill
+. scripts/bench-1b.sh
+bench_llamacpp
+bench_model
+for t in bf16 q8_0 q4_0; do
+    bench_gguf "$t"
+done
+for b in q8 q4; do
+    once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" --model "$m" \
+        --out "$dir/1b-$b" --threads "$THREADS"
+done
+backbone() {
+    case $1 in
+    bf16) echo "$m" ;;
+    *) echo "$dir/1b-$1" ;;
+    esac
+}
+gguf_of() {
+    case $1 in
+    bf16) echo bf16 ;;
+    q8) echo q8_0 ;;
+    q4) echo q4_0 ;;
+    esac
+}
+num() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$2" | head -n 1; }
+
+out=$dir/prefill
+mkdir -p "$out"
+"$river" bench --kernels --peak --threads "$THREADS" --runs 3 --output json >"$out/peak.json" ||
+    die "river bench --kernels --peak failed"
+levels=$(sed -n 's/.*"level":"\([a-z0-9]*\)".*/\1/p' "$out/peak.json" | grep -v scalar)
+[ -n "$levels" ] || die "no vector SIMD level on this processor"
+echo "bench-prefill: node-llama-cpp $version (llama.cpp CPU, prebuilt), levels: $levels, $THREADS threads, prompts of $LENS tokens, $ROUNDS runs each; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+results=$out/results.txt
+: >"$results"
+for p in $LENS; do
+    for b in bf16 q8 q4; do
+        t=$(gguf_of $b)
+        echo "bench-prefill: $p tokens, $b" >&2
+        "$NODE" tests/llamacpp/ref.mjs prefill --model "$dir/1b-$t.gguf" --tokens "$p" \
+            --threads "$THREADS" --runs "$ROUNDS" >"$out/l.json" 2>"$out/l.log" ||
+            die "llama.cpp prefill failed on $t" "$out/l.log"
+        awk -v k="llama.cpp $b $p" -v t="$(num prefill_tok_s "$out/l.json")" \
+            'BEGIN {printf "%s %.1f -\n", k, t}' >>"$results"
+        for level in $levels; do
+            RIVER_SIMD=$level "$river" bench --model "$(backbone $b)" --threads "$THREADS" \
+                --prompt-len "$p" --gen-len 1 --runs "$ROUNDS" --bandwidth-mib 256 \
+                --output json >"$out/r.json" 2>"$out/r.log" ||
+                die "river bench failed: $b at $p tokens, $level" "$out/r.log"
+            awk -v k="river-$level $b $p" -v t="$(num prefill_tok_s "$out/r.json")" \
+                -v g="$(num prefill_gflops "$out/r.json")" 'BEGIN {printf "%s %.1f %.1f\n", k, t, g}' >>"$results"
+        done
+    done
+done
+
+peak() { sed -n "s/.*\"level\":\"$1\".*\"$2\":\([0-9.]*\).*/\1/p" "$out/peak.json"; }
+get() { awk -v k="$1" -v b="$2" -v p="$3" -v f="$4" '$1 == k && $2 == b && $3 == p {print $f}' "$results"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+echo
+for level in $levels; do
+    echo "$level: f32 peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s"
+done
+printf '\n%-8s %6s %12s' "format" "tokens" "llama.cpp"
+for level in $levels; do
+    printf ' %14s %10s %8s %8s' "River $level" "GFLOP/s" "/llama" "/peak"
+done
+echo
+for p in $LENS; do
+    for b in bf16 q8 q4; do
+        l=$(get llama.cpp "$b" "$p" 4)
+        printf '%-8s %6s %12s' "$b" "$p" "$l"
+        for level in $levels; do
+            r=$(get "river-$level" "$b" "$p" 4)
+            g=$(get "river-$level" "$b" "$p" 5)
+            if [ "$b" = bf16 ]; then pk=$(peak "$level" peak_f32_gflops); else pk=$(peak "$level" peak_i8_gops); fi
+            printf ' %14s %10s %8s %8s' "$r" "$g" "$(ratio "$r" "$l")" "$(ratio "$g" "$pk")"
+        done
+        echo
+    done
+done
+echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4), /peak River's GFLOP/s over the f32 peak (bf16) or the int8 peak (q8, q4); every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
