@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cpu/rowblock.h"
+#include "kernels/cpu/peak_rounds.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
 #include "kernels/kv_row.h"
@@ -981,23 +982,14 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 
 /* ---- compute peak ------------------------------------------------------------------------ */
 
-/* Twelve FMA chains: two FMA units of four or five cycles' latency need ten. */
 static float avx2_peak_f32(int64_t iters)
 {
-    __m256 a[12];
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm256_set1_ps((float)i);
-    for (int64_t n = 0; n < iters; n++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm256_fmadd_ps(a[i], m, c);
-    __m256 s = a[0];
-#pragma GCC unroll 12
-    for (int i = 1; i < 12; i++)
-        s = _mm256_add_ps(s, a[i]);
-    return hsum8(s);
+#define INIT(i) _mm256_set1_ps((float)(i))
+#define STEP(a) _mm256_fmadd_ps(a, m, c)
+    return hsum8(PEAK_ROUNDS(__m256, iters, INIT, STEP, _mm256_add_ps));
+#undef INIT
+#undef STEP
 }
 
 const cpu_kernels_t cpu_kernels_avx2 = {
@@ -1026,6 +1018,6 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .read_sum = avx2_read_sum,
     .peak_f32 = avx2_peak_f32,
     .peak_i8 = x86_peak_maddubs,
-    .peak_macs_f32 = 12 * 8,
-    .peak_macs_i8 = 12 * 32,
+    .peak_macs_f32 = PEAK_CHAINS * 8,
+    .peak_macs_i8 = PEAK_CHAINS * 32,
 };

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/cpu/rowblock.h"
+#include "kernels/cpu/peak_rounds.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
 #include "kernels/kv_row.h"
@@ -1066,51 +1067,32 @@ static void avx512_kv_to_f32(float *dst, dtype_t dt, const void *base, const flo
 
 /* ---- compute peak ------------------------------------------------------------------------ */
 
-/* Twelve chains of full-width FMAs (two units of four cycles' latency need eight). */
+/* At full width, as the float matmuls run. */
 static float avx512_peak_f32(int64_t iters)
 {
-    __m512 a[12];
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm512_set1_ps((float)i);
-    for (int64_t n = 0; n < iters; n++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm512_fmadd_ps(a[i], m, c);
-    __m512 s = a[0];
-#pragma GCC unroll 12
-    for (int i = 1; i < 12; i++)
-        s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
+#define INIT(i) _mm512_set1_ps((float)(i))
+#define STEP(a) _mm512_fmadd_ps(a, m, c)
+    return _mm512_reduce_add_ps(PEAK_ROUNDS(__m512, iters, INIT, STEP, _mm512_add_ps));
+#undef INIT
+#undef STEP
 }
 
 /* The 8-bit peak at full width: vpdpbusd where the processor has VNNI, else vpmaddubsw
- * (each chain fed its own products), 64 products a chain and round. The Q8/Q4 kernels run
- * 256-bit integer code, so their fraction of this peak is the fraction of what the
- * processor could do, not of what their width allows. */
+ * (each chain fed its own products as the unsigned operand), 64 products a chain and round.
+ * The Q8/Q4 kernels run 256-bit integer code, so their fraction of this peak is the fraction
+ * of what the processor could do, not of what their width allows. */
 static int32_t avx512_peak_i8(int64_t iters)
 {
-    __m512i a[12];
     const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm512_set1_epi8((char)(i + 1));
-    if (avx512_has_vnni()) {
-        for (int64_t n = 0; n < iters; n++)
-#pragma GCC unroll 12
-            for (int i = 0; i < 12; i++)
-                a[i] = _mm512_dpbusd_epi32(a[i], w, x);
-    } else {
-        for (int64_t n = 0; n < iters; n++)
-#pragma GCC unroll 12
-            for (int i = 0; i < 12; i++)
-                a[i] = _mm512_maddubs_epi16(a[i], x);
-    }
-    __m512i s = a[0];
-#pragma GCC unroll 12
-    for (int i = 1; i < 12; i++)
-        s = _mm512_xor_si512(s, a[i]);
+#define INIT(i) _mm512_set1_epi8((char)((i) + 1))
+#define DOT(a) _mm512_dpbusd_epi32(a, w, x)
+#define MADD(a) _mm512_maddubs_epi16(a, x)
+    __m512i s = avx512_has_vnni() ? PEAK_ROUNDS(__m512i, iters, INIT, DOT, _mm512_xor_si512)
+                                  : PEAK_ROUNDS(__m512i, iters, INIT, MADD, _mm512_xor_si512);
+#undef INIT
+#undef DOT
+#undef MADD
     return _mm512_reduce_add_epi32(s);
 }
 
@@ -1140,6 +1122,6 @@ const cpu_kernels_t cpu_kernels_avx512 = {
     .read_sum = avx512_read_sum,
     .peak_f32 = avx512_peak_f32,
     .peak_i8 = avx512_peak_i8,
-    .peak_macs_f32 = 12 * 16,
-    .peak_macs_i8 = 12 * 64,
+    .peak_macs_f32 = PEAK_CHAINS * 16,
+    .peak_macs_i8 = PEAK_CHAINS * 64,
 };

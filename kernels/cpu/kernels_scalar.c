@@ -7,6 +7,7 @@
 #include "kernels/cpu/lowbit.h"
 #include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/rowblock.h"
+#include "kernels/cpu/peak_rounds.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/half.h"
 #include "kernels/kv_row.h"
@@ -246,34 +247,26 @@ static uint64_t scalar_read_sum(const void *buf, size_t bytes)
     return a0 + a1 + a2 + a3;
 }
 
-/* The compute peak of the portable build: twelve chains, as the compiler schedules them. */
+/* The compute peak of the portable build: the chains as the compiler schedules them. */
+#define INIT(i) (i)
+#define FSTEP(a) ((a) * 0.999999f + 1e-6f)
+#define ISTEP(a) ((a) * 3u + 5u)
+#define ADD(a, b) ((a) + (b))
+#define XOR(a, b) ((a) ^ (b))
 static float scalar_peak_f32(int64_t iters)
 {
-    float a[12];
-    for (int i = 0; i < 12; i++)
-        a[i] = (float)i;
-    for (int64_t n = 0; n < iters; n++)
-        for (int i = 0; i < 12; i++)
-            a[i] = a[i] * 0.999999f + 1e-6f;
-    float s = 0.0f;
-    for (int i = 0; i < 12; i++)
-        s += a[i];
-    return s;
+    return PEAK_ROUNDS(float, iters, INIT, FSTEP, ADD);
 }
 
 static int32_t scalar_peak_i8(int64_t iters)
 {
-    uint32_t a[12];
-    for (int i = 0; i < 12; i++)
-        a[i] = (uint32_t)i;
-    for (int64_t n = 0; n < iters; n++)
-        for (int i = 0; i < 12; i++)
-            a[i] = a[i] * 3u + 5u;
-    uint32_t s = 0;
-    for (int i = 0; i < 12; i++)
-        s ^= a[i];
-    return (int32_t)s;
+    return (int32_t)PEAK_ROUNDS(uint32_t, iters, INIT, ISTEP, XOR);
 }
+#undef INIT
+#undef FSTEP
+#undef ISTEP
+#undef ADD
+#undef XOR
 
 const cpu_kernels_t cpu_kernels_scalar = {
     .level = CPU_SIMD_SCALAR,
@@ -295,6 +288,6 @@ const cpu_kernels_t cpu_kernels_scalar = {
     .read_sum = scalar_read_sum,
     .peak_f32 = scalar_peak_f32,
     .peak_i8 = scalar_peak_i8,
-    .peak_macs_f32 = 12,
-    .peak_macs_i8 = 12,
+    .peak_macs_f32 = PEAK_CHAINS,
+    .peak_macs_i8 = PEAK_CHAINS,
 };

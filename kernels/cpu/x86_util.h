@@ -4,6 +4,8 @@
 #ifndef RIVER_KERNELS_CPU_X86_UTIL_H
 #define RIVER_KERNELS_CPU_X86_UTIL_H
 
+#include "kernels/cpu/peak_rounds.h"
+
 /* The sum of the eight lanes. */
 AI float hsum8(__m256 v)
 {
@@ -41,23 +43,16 @@ AI void x86_pack32(int8_t *t, const float *x, __m256 iv)
 }
 
 /* The 8-bit rounds of the compute peak (simd.h: peak_i8) with vpmaddubsw, as the AVX2
- * level's Q8/Q4 kernels multiply: 12 chains, each fed its own products as the unsigned
- * operand, 32 products a chain and round. */
+ * level's Q8/Q4 kernels multiply: each chain fed its own products as the unsigned operand,
+ * 32 products a chain and round. */
 AI int32_t x86_peak_maddubs(int64_t iters)
 {
-    __m256i a[12];
     const __m256i x = _mm256_set1_epi8(3);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm256_set1_epi8((char)(i + 1));
-    for (int64_t n = 0; n < iters; n++)
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm256_maddubs_epi16(a[i], x);
-    __m256i s = a[0];
-#pragma GCC unroll 12
-    for (int i = 1; i < 12; i++)
-        s = _mm256_xor_si256(s, a[i]);
+#define INIT(i) _mm256_set1_epi8((char)((i) + 1))
+#define MADD(a) _mm256_maddubs_epi16(a, x)
+    __m256i s = PEAK_ROUNDS(__m256i, iters, INIT, MADD, _mm256_xor_si256);
+#undef INIT
+#undef MADD
     return _mm256_extract_epi32(s, 0) ^ _mm256_extract_epi32(s, 7);
 }
 
