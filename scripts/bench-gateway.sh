@@ -3,8 +3,11 @@
 # riverd + river-worker (HTTP, SSE, timed by the client: scripts/bench-gateway.mjs), through
 # riverd alone (riverctl), and in-process (`river run`); decode tokens/s and time to first
 # token of each, RUNS times (the median is printed). river run's time to first token is its
-# prefill (the first token comes out of it). Plain ZMQ on ipc:// in a private directory.
-# Usage: scripts/bench-gateway.sh [MODEL [TOKENS [THREADS [RUNS]]]]
+# prefill (the first token comes out of it). Each request's prompt starts with its own tag
+# (path and run), so that none finds another's prompt in the worker's prefix cache: every
+# first token is cold. Plain ZMQ on ipc:// in a private directory.
+# Usage: scripts/bench-gateway.sh [MODEL [TOKENS [THREADS [RUNS]]]]; PROMPT (default "In the
+# beginning") sets the prompt, a long one the time to first token of a long prompt.
 set -eu
 cd "$(dirname "$0")/.."
 bin=${BUILD:-build}/bin
@@ -12,7 +15,7 @@ model=${1:-tests/data/kjv-12l}
 n=${2:-200}
 threads=${3:-1}
 runs=${4:-5}
-prompt="In the beginning"
+prompt=${PROMPT:-"In the beginning"}
 command -v node >/dev/null 2>&1 || { echo "bench-gateway: needs node" >&2; exit 1; }
 tmp=$(mktemp -d /tmp/river-bench-gw.XXXXXX)
 pids=""
@@ -73,15 +76,16 @@ node scripts/bench-gateway.mjs "$url" bench "$prompt" 8 > /dev/null
 : > "$tmp/local"; : > "$tmp/served"; : > "$tmp/gw"
 r=0
 while [ $r -lt "$runs" ]; do
-    out=$("$bin/river" run --model "$model" --prompt "$prompt" --max-tokens "$n" --ignore-eos \
-        --threads "$threads" --output json)
+    out=$("$bin/river" run --model "$model" --prompt "(local $r) $prompt" --max-tokens "$n" \
+        --ignore-eos --threads "$threads" --output json)
     pre=$(echo "$out" | field prefill_tok_s)
     np=$(echo "$out" | sed -E 's/.*"prompt_ids":\[([0-9, ]*)\].*/\1/' | tr ',' '\n' | wc -l)
     echo "$(echo "$out" | field decode_tok_s) $(awk -v p="$pre" -v n="$np" 'BEGIN{print n/p}')" \
         >> "$tmp/local"
-    out=$("$bin/riverctl" --output json generate "$prompt" --max-tokens "$n" --ignore-eos)
+    out=$("$bin/riverctl" --output json generate "(riverd $r) $prompt" --max-tokens "$n" \
+        --ignore-eos)
     echo "$(echo "$out" | field decode_tok_s) $(echo "$out" | field first_token_s)" >> "$tmp/served"
-    out=$(node scripts/bench-gateway.mjs "$url" bench "$prompt" "$n")
+    out=$(node scripts/bench-gateway.mjs "$url" bench "(gateway $r) $prompt" "$n")
     echo "$(echo "$out" | field decode_tok_s) $(echo "$out" | field first_token_s)" >> "$tmp/gw"
     r=$((r + 1))
 done
