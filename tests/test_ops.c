@@ -136,8 +136,15 @@ START_TEST(test_compute_peak)
         ck_assert_msg(f32[l] > 0.1 && f32[l] < 2 * 500.0, "f32 peak at %d: %g", l, f32[l]);
         ck_assert_msg(i8 > 0.1 && i8 < 2 * 2000.0, "int8 peak at %d: %g", l, i8);
     }
+    /* Eight lanes against one: a vector level is far ahead (10-20x here), except in the
+     * sanitizer build, whose instrumented chains keep it about 2x ahead. */
+#ifdef __SANITIZE_ADDRESS__
+    const double lead = 1.2;
+#else
+    const double lead = 2.0;
+#endif
     for (int l = CPU_SIMD_AVX2; l <= (int)best; l++)
-        ck_assert_msg(f32[l] > 2.0 * f32[CPU_SIMD_SCALAR], "%s f32 peak %g against scalar %g",
+        ck_assert_msg(f32[l] > lead * f32[CPU_SIMD_SCALAR], "%s f32 peak %g against scalar %g",
                       cpu_simd_name((cpu_simd_t)l), f32[l], f32[CPU_SIMD_SCALAR]);
     ck_assert(cpu_peak_gmacs(0, CPU_SIMD_COUNT, CPU_PEAK_F32, 1) < 0);
     ck_assert(cpu_peak_gmacs(2, (cpu_simd_t)(CPU_SIMD_COUNT + 1), CPU_PEAK_F32, 1) < 0);

@@ -85,7 +85,8 @@ typedef enum cpu_peak {
 /* Measures the compute peak in G multiply-adds/s (1e9/s; a multiply-add is two operations):
  * n_threads threads each running independent chains of the level's vector multiply-adds
  * from registers, best of `reps` passes of about 0.2 s, at level `simd` (capped at what the
- * processor has). Returns a negative river_err code on failure. */
+ * processor has; CPU_SIMD_COUNT: the widest it has). Returns a negative river_err code on
+ * failure. */
 double cpu_peak_gmacs(int n_threads, cpu_simd_t simd, cpu_peak_t kind, int reps);
 
 #endif

@@ -5,6 +5,7 @@
  * use. */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -28,10 +29,12 @@ static void peak_task(void *arg, int task, int thread)
 {
     (void)thread;
     peak_job_t *j = arg;
-    if (j->kind == CPU_PEAK_F32)
-        j->sink[task] = (int32_t)j->k->peak_f32(j->iters);
-    else
+    if (j->kind == CPU_PEAK_F32) {
+        float f = j->k->peak_f32(j->iters);
+        memcpy(&j->sink[task], &f, sizeof f); /* its bits: the value may be any float */
+    } else {
         j->sink[task] = j->k->peak_i8(j->iters);
+    }
 }
 
 double cpu_peak_gmacs(int n_threads, cpu_simd_t simd, cpu_peak_t kind, int reps)
