@@ -1228,6 +1228,21 @@ START_TEST(test_bench_prints_figures)
         double v = strtod(f + strlen(keys[k]), NULL);
         ck_assert_msg(v > 0, "%s %g", keys[k], v);
     }
+    /* Prefill's arithmetic for stories260K (dim 64, FFN 172, 5 layers, 8 heads and 4 KV
+     * heads of 8, vocabulary 512) at 4 tokens: per layer 64 x (2 x 64 + 2 x 32) + 3 x 64 x
+     * 172 multiply-adds, attention 64 x 5 / 2 x 2, the head 512 x 64 once in 4 tokens; and
+     * its rate is that times the prefill tokens/s. */
+    const char *gk = strstr(out, "\"prefill_gflop_per_token\":");
+    const char *rk = strstr(out, "\"prefill_gflops\":"), *tk = strstr(out, "\"prefill_tok_s\":");
+    ck_assert_msg(gk && rk && tk, "%.400s", out);
+    double gflop = strtod(gk + strlen("\"prefill_gflop_per_token\":"), NULL);
+    double rate = strtod(rk + strlen("\"prefill_gflops\":"), NULL);
+    double tps = strtod(tk + strlen("\"prefill_tok_s\":"), NULL);
+    double want = 2.0 * ((64.0 * 192 + 3.0 * 64 * 172 + 2.0 * 64 * 5 / 2) * 5 + 512.0 * 64 / 4) / 1e9;
+    ck_assert_msg(fabs(gflop - want) <= 1e-9 * want, "prefill_gflop_per_token %.9g, want %.9g",
+                  gflop, want);
+    ck_assert_msg(fabs(rate - gflop * tps) <= 1e-6 * rate, "prefill_gflops %g, %g x %g", rate,
+                  gflop, tps);
     free(out);
     /* The weights kept in the mapped checkpoint (the A/B against the huge-page copies);
      * a mode that is neither is refused, naming it. */
