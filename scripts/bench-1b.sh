@@ -17,6 +17,10 @@
 #   once FILE LOG CMD...       runs CMD unless FILE exists (a step done by an earlier run),
 #                              its output in LOG; a failure removes FILE and stops, showing LOG
 #   die MESSAGE [LOG]          stops with MESSAGE and LOG's last lines
+#   bench_backbones            writes River's q8 and q4 backbones ($dir/1b-q8, 1b-q4) unless there
+#   backbone NAME              the directory of backbone bf16, q8 or q4
+#   num KEY FILE               the number under KEY in the JSON line of FILE
+#   ratio A B                  A / B to two places, n/a unless both are positive
 
 die() {
     echo "$BENCH: $1" >&2
@@ -65,3 +69,21 @@ bench_llamacpp() {
     . scripts/node-env.sh
     node_env_llamacpp "$npm_dir"
 }
+
+bench_backbones() {
+    for b in q8 q4; do
+        once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" \
+            --model "$m" --out "$dir/1b-$b" --threads "${THREADS:-2}"
+    done
+}
+
+backbone() {
+    case $1 in
+    bf16) echo "$m" ;;
+    *) echo "$dir/1b-$1" ;;
+    esac
+}
+
+num() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$2" | head -n 1; }
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }

@@ -30,16 +30,7 @@ bench_model
 for t in bf16 q8_0 q4_0; do
     bench_gguf "$t"
 done
-for b in q8 q4; do
-    once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" --model "$m" \
-        --out "$dir/1b-$b" --threads "$THREADS"
-done
-backbone() {
-    case $1 in
-    bf16) echo "$m" ;;
-    *) echo "$dir/1b-$1" ;;
-    esac
-}
+bench_backbones
 gguf_of() {
     case $1 in
     bf16) echo bf16 ;;
@@ -47,7 +38,6 @@ gguf_of() {
     q4) echo q4_0 ;;
     esac
 }
-num() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$2" | head -n 1; }
 
 out=$dir/prefill
 mkdir -p "$out"
@@ -81,7 +71,6 @@ done
 
 peak() { sed -n "s/.*\"level\":\"$1\".*\"$2\":\([0-9.]*\).*/\1/p" "$out/peak.json"; }
 get() { awk -v k="$1" -v b="$2" -v p="$3" -v f="$4" '$1 == k && $2 == b && $3 == p {print $f}' "$results"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 echo
 for level in $levels; do
     echo "$level: f32 peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s"

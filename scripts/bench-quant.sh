@@ -34,16 +34,8 @@ bench_model
 for t in bf16 q8_0 q4_0 q4_k_m; do
     bench_gguf "$t"
 done
-for b in q8 q4; do
-    once "$dir/1b-$b/config.json" "$dir/quant-$b.log" "$river" quant --backbone "$b" --model "$m" --out "$dir/1b-$b" --threads "$THREADS"
-done
-# The backbones River runs itself, by name, and the 4-bit river (4-bit head) of each.
-backbone() {
-    case $1 in
-    bf16) echo "$m" ;;
-    *) echo "$dir/1b-$1" ;;
-    esac
-}
+bench_backbones
+# The 4-bit river (4-bit head) of each backbone River runs itself.
 for b in bf16 q8 q4; do
     once "$dir/river-$b.safetensors" "$dir/river-$b.log" "$river" quant --model "$(backbone $b)" \
         --bits 4 --head-bits 4 --start 4 --out "$dir/river-$b.safetensors" --threads "$THREADS"
@@ -56,7 +48,6 @@ for b in bf16 q8 q4; do
         --river \"$dir/river-$b.safetensors\" --prompts \"$dir/prompt.txt\" --policy fixed \
         --exit-layer 4 --max-tokens 2 --threads $THREADS --output json >\"$dir/bytes-$b.json\""
 done
-num() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$2" | head -n 1; }
 
 native=$(sed -n 's/.*"simd":"\([a-z0-9]*\)".*/\1/p' "$dir/bytes-bf16.json")
 [ -n "$native" ] || native=native
@@ -111,7 +102,6 @@ awk '{v[$1] = v[$1] " " $2} END {for (k in v) print k, v[k]}' "$results" |
         printf "%s %.2f\n" "$key" "$med"
     done | sort >"$dir/medians.txt"
 med() { awk -v k="$1" '$1 == k {print $2}' "$dir/medians.txt"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 printf '\n%-44s %12s %12s %12s\n' "decode tok/s (median of $ROUNDS)" "llama.cpp" "River $native" "River avx2"
 for t in bf16 q8_0 q4_0 q4_k_m; do
     printf '%-44s %12s %12s %12s\n' "GGUF $t" "$(med llama.cpp/gguf-$t)" \

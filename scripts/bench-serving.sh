@@ -166,7 +166,6 @@ stat() {
             if (NR) { k = int(0.99 * NR); if (k < 0.99 * NR) k++; printf "%.0f %.0f", t / NR, a[k] } }')
     echo "${tps:-0} ${ttft:-0 0}"
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 printf '\n%-8s %-26s %12s %14s %13s\n' clients system "tok/s" "mean TTFT ms" "p99 TTFT ms"
 for n in $CLIENTS; do
     for sys in river river-exit4 llama.cpp; do
