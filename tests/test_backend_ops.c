@@ -1786,6 +1786,7 @@ static const op_case_t cases[] = {
     CASE("matmul bf16 (512, 384) n 3", run_matmul, DTYPE_BF16, 512, 384, 3, 0, 1e-4),
     CASE("matmul bf16 (384, 1024) n 8", run_matmul, DTYPE_BF16, 384, 1024, 8, 0, 1e-4),
     CASE("matmul bf16 (384, 1024) n 33", run_matmul, DTYPE_BF16, 384, 1024, 33, 0, 1e-2),
+    CASE("matmul f16 (300, 776) n 197", run_matmul, DTYPE_F16, 300, 776, 197, 0, 1e-2),
     CASE("matmul q8 g64 (256, 512) n 1", run_matmul, DTYPE_Q8, 256, 512, 1, 64, 1e-4),
     CASE("matmul q8 g32 (200, 384) n 11", run_matmul, DTYPE_Q8, 200, 384, 11, 32, 1e-4),
     CASE("matmul q4 g32 (256, 512) n 3", run_matmul, DTYPE_Q4, 256, 512, 3, 32, 1e-4),
@@ -1900,6 +1901,8 @@ static const op_case_t cases[] = {
     MM_CASE("matmul bf16 (37, 384)", DTYPE_BF16, 37, 384, 0, NULL),
     MM_CASE("matmul bf16 (200, 384)", DTYPE_BF16, 200, 384, 0, NULL),
     MM_CASE("matmul bf16 (100, 2051)", DTYPE_BF16, 100, 2051, 0, NULL),
+    /* The prefill path's blocks of rows (256) and columns (256) with short last ones. */
+    MM_CASE("matmul bf16 (300, 776)", DTYPE_BF16, 300, 776, 0, NULL),
     /* ...Q8 and Q4 with groups of 16/32/64/128 (the SIMD paths; whole 32-column blocks
      * take the AVX2 level's 8-bit x, within its bound) and of 6, 10, 48, 96, 160 (the
      * portable fallback)... */

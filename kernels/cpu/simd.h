@@ -53,6 +53,20 @@ typedef struct cpu_kernels {
      * against nr f32 weight rows (any nr; the kernel tiles them). */
     void (*gemm_block)(float *y, int64_t ldy, const float *xp, int m, const float *wf,
                        int64_t ldw, int64_t nr, int64_t cols);
+    /* Optional (NULL: gemm_pack and gemm_block). The prefill path for float weights (F32,
+     * BF16, F16 and their row-blocked layouts) with columns a multiple of 8, blocked over
+     * columns too (kernels/cpu/matmul.c says how). gemm_wpack writes the weight rows r0..r1
+     * at columns k0..k1 (a multiple of 8 apart) as f32 panels of gemm_nr rows, 32-byte
+     * aligned at wp: wp[(p*(k1-k0) + k)*gemm_nr + j] = W[r0 + p*gemm_nr + j][k0 + k], zero
+     * past r1. gemm_micro adds to y[i*ldy + j] (i < m <= gemm_mr, j < nr <= gemm_nr), or
+     * sets it where `first`, sum_k xp[k*gemm_mr + i] * wp[k*gemm_nr + j] over k < kc (xp:
+     * kc columns of gemm_mr rows of x, transposed), as one chain of multiply-adds in the
+     * order of k per value: split over calls at any k, a value has the bits of one call. */
+    int gemm_mr, gemm_nr;
+    void (*gemm_wpack)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
+                       int64_t k1);
+    void (*gemm_micro)(float *y, int64_t ldy, const float *xp, int m, const float *wp,
+                       int nr, int64_t kc, int first);
 
     /* dst[(r-r0)*cols + k] = W[r][k] as f32 for r0 <= r < r1 (dequantised for Q4/Q8). */
     void (*rows_to_f32)(float *dst, const weight_t *w, int64_t r0, int64_t r1);
