@@ -362,6 +362,60 @@ START_TEST(test_x8_env)
 }
 END_TEST
 
+/* Two rules the prefill kernels keep at every level that has them. The attention scores of
+ * a position have the same bits whether the kernel takes it with others (eight at a time
+ * where all are there) or alone, as decode and the prefill tile cut positions differently;
+ * and the blocked GEMM's values have the same bits whether their columns run in one call
+ * of gemm_micro or are split over two (simd.h). */
+START_TEST(test_prefill_kernels_split)
+{
+    enum { G = 3, T = 37, HD = 64, K = 104, NR = 16, MR = 16 };
+    float *q = malloc(sizeof(float) * G * HD), *kr = malloc(sizeof(float) * T * HD);
+    float *s1 = malloc(sizeof(float) * G * T), *s2 = malloc(sizeof(float) * G * T);
+    const float *rows[T];
+    ck_assert(q && kr && s1 && s2);
+    for (int i = 0; i < G * HD; i++)
+        q[i] = test_rand(-1.0f, 1.0f);
+    for (int i = 0; i < T * HD; i++)
+        kr[i] = test_rand(-1.0f, 1.0f);
+    for (int t = 0; t < T; t++)
+        rows[t] = t == 29 ? NULL : kr + t * HD;
+    _Alignas(64) float xp[K * MR], wp[K * NR], y1[MR * NR], y2[MR * NR];
+    for (int i = 0; i < K * MR; i++)
+        xp[i] = test_rand(-1.0f, 1.0f);
+    for (int i = 0; i < K * NR; i++)
+        wp[i] = test_rand(-1.0f, 1.0f);
+    for (int l = CPU_SIMD_SCALAR; l <= (int)cpu_simd_detect(); l++) {
+        const cpu_kernels_t *k = cpu_kernels_get((cpu_simd_t)l);
+        k->attn_scores(s1, T, q, G, HD, rows, 0, T, 0.125f);
+        for (int t = 0; t < T; t++)
+            k->attn_scores(s2 + t, T, q, G, HD, rows + t, 0, 1, 0.125f);
+        for (int i = 0; i < G * T; i++)
+            ck_assert_msg(memcmp(&s1[i], &s2[i], sizeof(float)) == 0,
+                          "%s attn_scores head %d position %d: %.9g alone, %.9g with others",
+                          cpu_simd_name((cpu_simd_t)l), i / T, i % T, s2[i], s1[i]);
+        if (!k->gemm_micro)
+            continue;
+        int mr = k->gemm_mr, nr = k->gemm_nr;
+        ck_assert(mr <= MR && nr <= NR);
+        for (int m = 1; m <= mr; m++) {
+            /* xp holds K columns of mr rows; the second call starts at column 40. */
+            k->gemm_micro(y1, NR, xp, m, wp, nr, K, 1);
+            k->gemm_micro(y2, NR, xp, m, wp, nr, 40, 1);
+            k->gemm_micro(y2, NR, xp + 40 * mr, m, wp + 40 * nr, nr, K - 40, 0);
+            for (int i = 0; i < m; i++)
+                ck_assert_msg(memcmp(y1 + i * NR, y2 + i * NR, sizeof(float) * nr) == 0,
+                              "%s gemm_micro m %d: row %d differs split at column 40",
+                              cpu_simd_name((cpu_simd_t)l), m, i);
+        }
+    }
+    free(q);
+    free(kr);
+    free(s1);
+    free(s2);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
@@ -373,6 +427,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_q4x8_env);
     tcase_add_test(tc, test_x8_levels_agree);
     tcase_add_test(tc, test_x8_env);
+    tcase_add_test(tc, test_prefill_kernels_split);
     tcase_add_loop_test(tc, test_q4x8_layout, 0, 2 * CPU_SIMD_COUNT);
     suite_add_tcase(s, tc);
     return s;

@@ -1013,11 +1013,65 @@ static float avx2_max(const float *x, int64_t n)
 /* Rows ATTN_PF positions ahead are prefetched: their stride defeats the hardware. */
 #define ATTN_PF 16
 
+/* hsum8 of eight vectors at once: lane u of the result is hsum8(x[u]), its additions in
+ * hsum8's order (the halves, then lanes two apart, then neighbours), so the sums are
+ * hsum8's bits. */
+AI __m256 hsum8x8(const __m256 x[8])
+{
+    __m256 w[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
+    __m256 p0 = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], 0x44),
+                              _mm256_shuffle_ps(w[0], w[1], 0xee));
+    __m256 p1 = _mm256_add_ps(_mm256_shuffle_ps(w[2], w[3], 0x44),
+                              _mm256_shuffle_ps(w[2], w[3], 0xee));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(p0, p1, 0x88), _mm256_shuffle_ps(p0, p1, 0xdd));
+    /* r holds x[0], x[2], x[4], x[6] in its low half and x[1], x[3], ... in its high. */
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 static void avx2_attn_scores(float *s, int64_t sstride, const float *q, int G, int hd,
                              const float *const *rows, int64_t off, int64_t T,
                         float scale)
 {
-    for (int64_t t = 0; t < T; t++) {
+    /* Eight positions at a time where all are there and the head is whole pairs of
+     * vectors: the scores of a head and eight positions are summed across lanes together.
+     * Each is the loop's below: the same two chains, the same sum. */
+    int64_t t = 0;
+    if (hd % 16 == 0)
+        for (; t + 8 <= T; t += 8) {
+            int full = 1;
+            for (int u = 0; u < 8; u++)
+                full &= rows[t + u] != NULL;
+            if (!full)
+                break;
+            if (t + 8 + ATTN_PF <= T)
+                for (int u = 0; u < 8; u++)
+                    if (rows[t + ATTN_PF + u])
+                        for (int j = 0; j < hd; j += 16)
+                            _mm_prefetch((const char *)(rows[t + ATTN_PF + u] + off + j),
+                                         _MM_HINT_T0);
+            for (int g = 0; g < G; g++) {
+                const float *qg = q + g * hd;
+                __m256 x[8];
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; u++) {
+                    const float *kt = rows[t + u] + off;
+                    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                    for (int j = 0; j < hd; j += 16) {
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kt + j), a0);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8),
+                                             _mm256_loadu_ps(kt + j + 8), a1);
+                    }
+                    x[u] = _mm256_add_ps(a0, a1);
+                }
+                _mm256_storeu_ps(s + g * sstride + t,
+                                 _mm256_mul_ps(_mm256_set1_ps(scale), hsum8x8(x)));
+            }
+        }
+    for (; t < T; t++) {
         const float *kt = rows[t] ? rows[t] + off : NULL;
         if (t + ATTN_PF < T && rows[t + ATTN_PF])
             for (int j = 0; j < hd; j += 16)
