@@ -120,7 +120,7 @@ static void attn_tile_task(void *arg, int task, int thread)
     int64_t len = (int64_t)j->b->pos[r1 - 1] + 1; /* positions the last row attends to */
     int64_t p0 = j->b->pos[r0];
     /* Scratch: the rows of every position (attn_rows_t), the tile's outputs (m rows of
-     * H * hd), running maxima and sums (m * H each), and G * ATTN_BLOCK scores. */
+     * H * hd), running maxima and sums (m * H each), and m * G * ATTN_BLOCK scores. */
     attn_rows_t r;
     float *o = attn_rows_carve(j->ctx->thread_scratch[thread].s.p, kv, j->chunk_len, &r);
     float *mx = o + (int64_t)ATTN_TILE * H * hd;
@@ -140,6 +140,10 @@ static void attn_tile_task(void *arg, int task, int thread)
         int64_t blk = len - b0 < ATTN_BLOCK ? len - b0 : ATTN_BLOCK;
         attn_block_rows(k, kv, 0, r.off + b0, blk, r.kbuf, r.krow);
         attn_block_rows(k, kv, 1, r.off + b0, blk, r.vbuf, r.vrow);
+        /* Where every row of the tile sees the whole block (all but the block on the
+         * diagonal), the values of all rows go in one call after their scores, as one
+         * product of the tile's probabilities and the V block. */
+        int whole = k->attn_values_rows && p0 + 1 - b0 >= blk;
         for (int h = 0; h < j->n_kv; h++) {
             for (int i = 0; i < m; i++) {
                 /* Row i attends to positions 0..p0 + i. */
@@ -150,10 +154,11 @@ static void attn_tile_task(void *arg, int task, int thread)
                     bn = ATTN_BLOCK;
                 const float *q = j->q + ((int64_t)(r0 + i) * H + (int64_t)h * G) * hd;
                 float *oi = o + ((int64_t)i * H + (int64_t)h * G) * hd;
-                k->attn_scores(s, bn, q, G, hd, r.krow, (int64_t)h * hd, bn, j->scale);
+                float *si = whole ? s + (int64_t)i * G * bn : s;
+                k->attn_scores(si, bn, q, G, hd, r.krow, (int64_t)h * hd, bn, j->scale);
                 for (int g = 0; g < G; g++) {
                     float *mg = &mx[i * H + h * G + g], *lg = &sum[i * H + h * G + g];
-                    float bm = k->max(s + g * bn, bn);
+                    float bm = k->max(si + g * bn, bn);
                     float nm = bm > *mg ? bm : *mg;
                     if (nm > *mg && *lg > 0.0f) {
                         /* The maximum grew: what was summed so far shrinks by e^(old-new). */
@@ -163,10 +168,14 @@ static void attn_tile_task(void *arg, int task, int thread)
                             oi[g * hd + d] *= c;
                     }
                     *mg = nm;
-                    *lg += k->exp_sum(s + g * bn, bn, nm);
+                    *lg += k->exp_sum(si + g * bn, bn, nm);
                 }
-                k->attn_values(oi, s, bn, G, hd, r.vrow, (int64_t)h * hd, bn);
+                if (!whole)
+                    k->attn_values(oi, s, bn, G, hd, r.vrow, (int64_t)h * hd, bn);
             }
+            if (whole)
+                k->attn_values_rows(o + (int64_t)h * G * hd, (int64_t)H * hd, s, blk, m, G, hd,
+                                    r.vrow, (int64_t)h * hd, blk);
         }
     }
     /* Written only now that every q row of the tile has been read: out may be q. */
@@ -368,7 +377,8 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
             e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, max_len) +
                                                     (size_t)ATTN_TILE * n_heads *
                                                         (head_dim + 2) +
-                                                    (size_t)(n_heads / n_kv_heads) * ATTN_BLOCK);
+                                                    (size_t)ATTN_TILE *
+                                                        (n_heads / n_kv_heads) * ATTN_BLOCK);
             if (e)
                 return e;
             if (threads == 1 || n_tiles == 1) {

@@ -1032,6 +1032,26 @@ AI __m256 hsum8x8(const __m256 x[8])
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* The sums of one query head against eight positions, hsum8x8 of their two chains each;
+ * inlined with hd a constant for the usual head size of 64, whose query then stays in
+ * registers across the eight. */
+AI __m256 scores8(const float *qg, const float *const *rows, int64_t off, const int hd)
+{
+    __m256 x[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) {
+        const float *kt = rows[u] + off;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < hd; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kt + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_loadu_ps(kt + j + 8), a1);
+        }
+        x[u] = _mm256_add_ps(a0, a1);
+    }
+    return hsum8x8(x);
+}
+
 static void avx2_attn_scores(float *s, int64_t sstride, const float *q, int G, int hd,
                              const float *const *rows, int64_t off, int64_t T,
                         float scale)
@@ -1054,21 +1074,9 @@ static void avx2_attn_scores(float *s, int64_t sstride, const float *q, int G, i
                             _mm_prefetch((const char *)(rows[t + ATTN_PF + u] + off + j),
                                          _MM_HINT_T0);
             for (int g = 0; g < G; g++) {
-                const float *qg = q + g * hd;
-                __m256 x[8];
-#pragma GCC unroll 8
-                for (int u = 0; u < 8; u++) {
-                    const float *kt = rows[t + u] + off;
-                    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                    for (int j = 0; j < hd; j += 16) {
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kt + j), a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8),
-                                             _mm256_loadu_ps(kt + j + 8), a1);
-                    }
-                    x[u] = _mm256_add_ps(a0, a1);
-                }
-                _mm256_storeu_ps(s + g * sstride + t,
-                                 _mm256_mul_ps(_mm256_set1_ps(scale), hsum8x8(x)));
+                __m256 x = hd == 64 ? scores8(q + g * hd, rows + t, off, 64)
+                                    : scores8(q + g * hd, rows + t, off, hd);
+                _mm256_storeu_ps(s + g * sstride + t, _mm256_mul_ps(_mm256_set1_ps(scale), x));
             }
         }
     for (; t < T; t++) {
@@ -1173,6 +1181,69 @@ static void avx2_attn_values(float *o, const float *p, int64_t pstride, int G, i
     }
 }
 
+/* Six query vectors (any rows and heads) against two slices of the head: the prefill
+ * GEMM's 6 x 16 register tile, with the positions as its columns. */
+AI void attn_values_tile(float *const *op, const float *const *pp, const float *const *rows,
+                         int64_t off, int64_t T, int j, const int R)
+{
+    __m256 a[6][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        a[r][0] = _mm256_loadu_ps(op[r] + j);
+        a[r][1] = _mm256_loadu_ps(op[r] + j + 8);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        if (!rows[t])
+            continue;
+        __m256 v0 = _mm256_loadu_ps(rows[t] + off + j);
+        __m256 v1 = _mm256_loadu_ps(rows[t] + off + j + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(pp[r] + t);
+            a[r][0] = _mm256_fmadd_ps(b, v0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(b, v1, a[r][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(op[r] + j, a[r][0]);
+        _mm256_storeu_ps(op[r] + j + 8, a[r][1]);
+    }
+}
+
+static void avx2_attn_values_rows(float *o, int64_t ostride, const float *p, int64_t pstride,
+                                  int m, int G, int hd, const float *const *rows, int64_t off,
+                                  int64_t T)
+{
+    if (hd % 16 != 0) {
+        for (int i = 0; i < m; i++)
+            avx2_attn_values(o + i * ostride, p + (int64_t)i * G * pstride, pstride, G, hd,
+                             rows, off, T);
+        return;
+    }
+    int nq = m * G;
+    for (int q0 = 0; q0 < nq; q0 += 6) {
+        int R = nq - q0 < 6 ? nq - q0 : 6;
+        float *op[6];
+        const float *pp[6];
+        for (int r = 0; r < R; r++) {
+            int q = q0 + r;
+            op[r] = o + (q / G) * ostride + (q % G) * hd;
+            pp[r] = p + (int64_t)q * pstride;
+        }
+        for (int j = 0; j < hd; j += 16) {
+            switch (R) {
+            case 6: attn_values_tile(op, pp, rows, off, T, j, 6); break;
+            case 5: attn_values_tile(op, pp, rows, off, T, j, 5); break;
+            case 4: attn_values_tile(op, pp, rows, off, T, j, 4); break;
+            case 3: attn_values_tile(op, pp, rows, off, T, j, 3); break;
+            case 2: attn_values_tile(op, pp, rows, off, T, j, 2); break;
+            default: attn_values_tile(op, pp, rows, off, T, j, 1); break;
+            }
+        }
+    }
+}
+
 /* Eight elements at a time; widening is exact, so the floats are kv_row_to_f32's. */
 static void avx2_kv_to_f32(float *dst, dtype_t dt, const void *base, const float *scales,
                            int64_t off, int64_t n)
@@ -1253,6 +1324,7 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .swiglu = avx2_swiglu,
     .attn_scores = avx2_attn_scores,
     .attn_values = avx2_attn_values,
+    .attn_values_rows = avx2_attn_values_rows,
     .kv_to_f32 = avx2_kv_to_f32,
     .exp_sum = avx2_exp_sum,
     .max = avx2_max,

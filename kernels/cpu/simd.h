@@ -89,6 +89,14 @@ typedef struct cpu_kernels {
     /* o[g*hd + j] += sum over non-NULL rows of p[g*pstride + t] * (rows[t] + off)[j] */
     void (*attn_values)(float *o, const float *p, int64_t pstride, int G, int hd,
                         const float *const *rows, int64_t off, int64_t T);
+    /* Optional (NULL: attn_values row by row). attn_values for m query rows at once, every
+     * one over the same T positions: for i < m, g < G,
+     * o[i*ostride + g*hd + j] += sum over non-NULL rows of p[(i*G + g)*pstride + t] *
+     * (rows[t] + off)[j], each value the chain over t that attn_values runs, so the bits
+     * are its bits. */
+    void (*attn_values_rows)(float *o, int64_t ostride, const float *p, int64_t pstride,
+                             int m, int G, int hd, const float *const *rows, int64_t off,
+                             int64_t T);
     /* dst[j] = element off + j of a KV array of type dt (kv_view_t: base, and for Q8 its
      * scales), widened to f32, for j < n; the same floats as kv_row_to_f32
      * (kernels/kv_row.h) at every level. Attention reads F16, BF16 and Q8 pools through it,
