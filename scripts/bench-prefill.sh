@@ -14,30 +14,33 @@
 #              (bf16, q8_0, q4_0): a P-token prompt evaluated in micro-batches of 512, the
 #              median of ROUNDS runs
 #
-# for each prompt length P in LENS (default 128 512 2048), River and llama.cpp alternating
-# per length. Then the ratios: River / llama.cpp per format, and River's GFLOP/s over the
-# f32 peak (bf16) or the integer peak (q8, q4; their integer kernels run 8-bit products).
+# for each prompt length P in LENS (default 128 512 2048) and format in FORMATS (default
+# bf16 q8 q4), River and llama.cpp alternating per length. Then the ratios: River /
+# llama.cpp per format, and River's GFLOP/s over the f32 peak (bf16) or the integer peak
+# (q8, q4; their integer kernels run 8-bit products).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 unset RIVER_SIMD
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 LENS=${LENS:-128 512 2048}
+FORMATS=${FORMATS:-bf16 q8 q4}
 BENCH=bench-prefill
 . scripts/bench-1b.sh
 bench_llamacpp
 bench_model
-for t in bf16 q8_0 q4_0; do
-    bench_gguf "$t"
-done
-bench_backbones
 gguf_of() {
     case $1 in
     bf16) echo bf16 ;;
     q8) echo q8_0 ;;
     q4) echo q4_0 ;;
+    *) die "FORMATS: unknown format $1 (bf16, q8, q4)" ;;
     esac
 }
+for b in $FORMATS; do
+    bench_gguf "$(gguf_of "$b")"
+done
+bench_backbones
 
 out=$dir/prefill
 mkdir -p "$out"
@@ -50,7 +53,7 @@ echo "bench-prefill: node-llama-cpp $version (llama.cpp CPU, prebuilt), levels: 
 results=$out/results.txt
 : >"$results"
 for p in $LENS; do
-    for b in bf16 q8 q4; do
+    for b in $FORMATS; do
         t=$(gguf_of $b)
         echo "bench-prefill: $p tokens, $b" >&2
         "$NODE" tests/llamacpp/ref.mjs prefill --model "$dir/1b-$t.gguf" --tokens "$p" \
@@ -81,7 +84,7 @@ for level in $levels; do
 done
 echo
 for p in $LENS; do
-    for b in bf16 q8 q4; do
+    for b in $FORMATS; do
         l=$(get llama.cpp "$b" "$p" 4)
         printf '%-8s %6s %12s' "$b" "$p" "$l"
         for level in $levels; do

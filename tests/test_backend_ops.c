@@ -309,11 +309,15 @@ static double mm_tol(dtype_t dt, int n)
 }
 
 /* On a CPU backend at `level`: where cpu_matmul_rows_alone says so, each row of the n-row
- * product y = x W^T (already computed) has the same bits as that row's product alone. */
+ * product y = x W^T (already computed) has the same bits as that row's product alone. It
+ * must say so for float weights at every level and for Q8X8 and Q4X8 from AVX2 on: lossless
+ * mode and the prefix cache rest on it. */
 static void check_rows_alone(backend_t *b, cpu_simd_t level, const weight_t *w, void *x,
                              void *y, int n, const char *what)
 {
-    if (level >= CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8))
+    dtype_t et = cpu_rowblock_elem(w->dtype);
+    bool flt = et == DTYPE_F32 || et == DTYPE_BF16 || et == DTYPE_F16;
+    if (flt || (level >= CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8)))
         ck_assert_msg(cpu_matmul_rows_alone(level, w, n), "%s: %s at %d rows", what,
                       cpu_simd_name(level), n);
     if (!cpu_matmul_rows_alone(level, w, n))

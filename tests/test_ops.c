@@ -366,10 +366,10 @@ END_TEST
  * a position have the same bits whether the kernel takes it with others (eight at a time
  * where all are there) or alone, as decode and the prefill tile cut positions differently;
  * and the blocked GEMM's values have the same bits whether their columns run in one call
- * of gemm_micro or are split over two (simd.h). */
+ * of gemm_dot or are split over two, the carry taking them from one to the next (simd.h). */
 START_TEST(test_prefill_kernels_split)
 {
-    enum { G = 3, T = 37, HD = 64, K = 104, NR = 16, MR = 16 };
+    enum { G = 3, T = 37, HD = 64, K = 112, NR = 8, MR = 4, L = 16, SPLIT = 48 };
     float *q = malloc(sizeof(float) * G * HD), *kr = malloc(sizeof(float) * T * HD);
     float *s1 = malloc(sizeof(float) * G * T), *s2 = malloc(sizeof(float) * G * T);
     const float *rows[T];
@@ -380,9 +380,9 @@ START_TEST(test_prefill_kernels_split)
         kr[i] = test_rand(-1.0f, 1.0f);
     for (int t = 0; t < T; t++)
         rows[t] = t == 29 ? NULL : kr + t * HD;
-    _Alignas(64) float xp[K * MR], wp[K * NR], y1[MR * NR], y2[MR * NR];
-    for (int i = 0; i < K * MR; i++)
-        xp[i] = test_rand(-1.0f, 1.0f);
+    _Alignas(64) float x[MR * K], wp[K * NR], c[MR * NR * L], y1[MR * NR], y2[MR * NR];
+    for (int i = 0; i < MR * K; i++)
+        x[i] = test_rand(-1.0f, 1.0f);
     for (int i = 0; i < K * NR; i++)
         wp[i] = test_rand(-1.0f, 1.0f);
     for (int l = CPU_SIMD_SCALAR; l <= (int)cpu_simd_detect(); l++) {
@@ -394,19 +394,20 @@ START_TEST(test_prefill_kernels_split)
             ck_assert_msg(memcmp(&s1[i], &s2[i], sizeof(float)) == 0,
                           "%s attn_scores head %d position %d: %.9g alone, %.9g with others",
                           cpu_simd_name((cpu_simd_t)l), i / T, i % T, s2[i], s1[i]);
-        if (!k->gemm_micro)
+        if (!k->gemm_dot)
             continue;
         int mr = k->gemm_mr, nr = k->gemm_nr;
-        ck_assert(mr <= MR && nr <= NR);
+        ck_assert(mr <= MR && nr <= NR && k->gemm_lanes <= L && SPLIT % k->gemm_lanes == 0);
         for (int m = 1; m <= mr; m++) {
-            /* xp holds K columns of mr rows; the second call starts at column 40. */
-            k->gemm_micro(y1, NR, xp, m, wp, nr, K, 1);
-            k->gemm_micro(y2, NR, xp, m, wp, nr, 40, 1);
-            k->gemm_micro(y2, NR, xp + 40 * mr, m, wp + 40 * nr, nr, K - 40, 0);
+            /* wp is a panel of K columns; the second call starts at column SPLIT, from the
+             * carry the first left. */
+            k->gemm_dot(c, y1, NR, x, K, m, wp, nr, K, 1);
+            k->gemm_dot(c, NULL, 0, x, K, m, wp, nr, SPLIT, 1);
+            k->gemm_dot(c, y2, NR, x + SPLIT, K, m, wp + SPLIT * nr, nr, K - SPLIT, 0);
             for (int i = 0; i < m; i++)
                 ck_assert_msg(memcmp(y1 + i * NR, y2 + i * NR, sizeof(float) * nr) == 0,
-                              "%s gemm_micro m %d: row %d differs split at column 40",
-                              cpu_simd_name((cpu_simd_t)l), m, i);
+                              "%s gemm_dot m %d: row %d differs split at column %d",
+                              cpu_simd_name((cpu_simd_t)l), m, i, SPLIT);
         }
     }
     free(q);

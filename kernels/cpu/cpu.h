@@ -58,10 +58,12 @@ int cpu_backend_keep_mapped(backend_t *b);
 
 /* Whether a matmul of n rows with w (as placed) at `level` gives each row of y the same
  * bits as a call with that row alone. It does up to CPU_DECODE_MAX_ROWS rows, where the
- * decode path runs, and at any n for weights the level's decode kernels take x in 8 bits
- * for (Q8 and Q4 with groups of whole 32-column blocks, Q8X8, Q4X8), whose matmuls never
- * leave that path. Lossless mode needs it: a verify batch must give the backbone's
- * single-row decode results. */
+ * decode path runs; at any n for float weights (F32, BF16, F16 and their row-blocked
+ * layouts), whose prefill path adds in the decode path's order; and at any n for weights
+ * the level's decode kernels take x in 8 bits for (Q8 and Q4 with groups of whole 32-column
+ * blocks, Q8X8, Q4X8), whose matmuls never leave that path. Lossless mode and the prefix
+ * cache need it: a verify batch must give the backbone's single-row decode results, and a
+ * prompt's KV must not depend on how it was cut into chunks. */
 bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n);
 
 /* Threads the backend runs ops on. */

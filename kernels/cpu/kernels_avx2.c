@@ -24,9 +24,6 @@
 #define GEMV_NQ8 4 /* the Q4/Q8 tiles with 8-bit x: up to 2 x 4 */
 #define GEMM_P 16
 #define GEMM_R 6
-/* The packed-panel prefill kernel: rows of x a tile, weight rows a panel (two vectors). */
-#define GEMMK_MR 6
-#define GEMMK_NR 16
 
 #include "kernels/cpu/x86_util.h"
 
@@ -747,140 +744,26 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
         gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 1);
 }
 
-/* ---- prefill from packed weight panels (simd.h: gemm_wpack, gemm_micro) ---------------- */
+/* ---- prefill of float weights in gemv's order (simd.h: gemm_wpack, gemm_dot) ---------- */
 
-/* Eight vectors transposed in place: lane j of v[l] becomes lane l of v[j]. */
-AI void tr8(__m256 v[8])
-{
-    __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-    __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-    __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-    __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    v[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    v[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    v[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    v[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    v[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    v[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    v[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    v[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-/* Eight float weights of row r from column k (a multiple of 8), in either layout. */
-AI __m256 gemmk_ld8(const weight_t *w, size_t rb, int64_t r, int64_t k)
-{
-    dtype_t dt = w->dtype, et = cpu_rowblock_elem(dt);
-    size_t es = et == DTYPE_F32 ? 4 : 2;
-    if (cpu_rowblock_is(dt))
-        return ld8(et, cpu_rowblock_at(w->data, rb, r, (size_t)k * es), 0);
-    return ld8(et, (const uint8_t *)w->data + (size_t)r * rb, k);
-}
-
-static void avx2_gemm_wpack(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
-                            int64_t k1)
-{
-    size_t rb = dtype_row_bytes(w->dtype, w->cols);
-    int64_t kc = k1 - k0;
-    int blocked = cpu_rowblock_is(w->dtype);
-    for (int64_t p0 = r0; p0 < r1; p0 += GEMMK_NR) {
-        float *d = wp + (p0 - r0) * kc;
-        for (int h = 0; h < GEMMK_NR; h += 8) {
-            int64_t rh = p0 + h;
-            for (int64_t k = k0; k < k1; k += 8) {
-                /* In the row-blocked layout these rows' columns are one run of a few KiB
-                 * and the next rows' run is a block away, a stream the hardware
-                 * prefetchers meet cold: its lines are fetched a block ahead. */
-                if (blocked && k % 32 == 0 && rh + 8 < r1)
-                    for (int l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
-                        _mm_prefetch((const char *)cpu_rowblock_at(w->data, rb, rh + 8,
-                                                                   (size_t)k * 2) + l,
-                                     _MM_HINT_T0);
-                __m256 v[8];
-                if (rh + 8 <= r1) {
-#pragma GCC unroll 8
-                    for (int j = 0; j < 8; j++)
-                        v[j] = gemmk_ld8(w, rb, rh + j, k);
-                } else {
-                    for (int j = 0; j < 8; j++)
-                        v[j] = rh + j < r1 ? gemmk_ld8(w, rb, rh + j, k) : _mm256_setzero_ps();
-                }
-                tr8(v);
-#pragma GCC unroll 8
-                for (int l = 0; l < 8; l++)
-                    _mm256_store_ps(d + (k - k0 + l) * GEMMK_NR + h, v[l]);
-            }
-        }
-    }
-}
-
-/* R (at most GEMMK_MR) rows of x against one panel: acc[r] holds y[r][0..16), started from 0
- * or from y, and each k adds x[r][k] * w[.][k] to every lane in turn, so a y value is the
- * same chain of multiply-adds over k as any other path of this kernel's family computes. */
-AI void gemmk_tile(float *y, int64_t ldy, const float *xp, const float *wp, int64_t kc,
-                   int first, const int R)
-{
-    __m256 acc[GEMMK_MR][2];
-    /* The next tile's part of y, which a block of columns after the first reads before its
-     * first multiply-add: y is too large for L2 and a load that waits on memory would stall
-     * every chain of the tile. */
-#pragma GCC unroll 6
-    for (int r = 0; r < GEMMK_MR; r++)
-        _mm_prefetch((const char *)(y + (GEMMK_MR + r) * ldy), _MM_HINT_T0);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        acc[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
-        acc[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
-    }
-    for (int64_t k = 0; k < kc; k++) {
-        __m256 w0 = _mm256_load_ps(wp + k * GEMMK_NR);
-        __m256 w1 = _mm256_load_ps(wp + k * GEMMK_NR + 8);
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-            __m256 b = _mm256_broadcast_ss(xp + k * GEMMK_MR + r);
-            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(y + r * ldy, acc[r][0]);
-        _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
-    }
-}
-
-static void gemmk_tiles(float *y, int64_t ldy, const float *xp, int m, const float *wp,
-                        int64_t kc, int first)
-{
-    switch (m) {
-    case 6: gemmk_tile(y, ldy, xp, wp, kc, first, 6); break;
-    case 5: gemmk_tile(y, ldy, xp, wp, kc, first, 5); break;
-    case 4: gemmk_tile(y, ldy, xp, wp, kc, first, 4); break;
-    case 3: gemmk_tile(y, ldy, xp, wp, kc, first, 3); break;
-    case 2: gemmk_tile(y, ldy, xp, wp, kc, first, 2); break;
-    default: gemmk_tile(y, ldy, xp, wp, kc, first, 1); break;
-    }
-}
-
-/* A panel of fewer than GEMMK_NR rows (the last of a matrix) runs on a copy of its part of
- * y, whole vectors wide. */
-static void avx2_gemm_micro(float *y, int64_t ldy, const float *xp, int m, const float *wp,
-                            int nr, int64_t kc, int first)
-{
-    if (nr == GEMMK_NR) {
-        gemmk_tiles(y, ldy, xp, m, wp, kc, first);
-        return;
-    }
-    _Alignas(32) float t[GEMMK_MR][GEMMK_NR] = { 0 };
-    for (int r = 0; r < m && !first; r++)
-        memcpy(t[r], y + r * ldy, (size_t)nr * sizeof(float));
-    gemmk_tiles(t[0], GEMMK_NR, xp, m, wp, kc, first);
-    for (int r = 0; r < m; r++)
-        memcpy(y + r * ldy, t[r], (size_t)nr * sizeof(float));
-}
+/* Tiles of 2 rows of x against 6 weight rows: 12 vectors of partial sums (12 chains of
+ * multiply-adds, enough to keep both FMA units busy through their latency), the two x
+ * vectors and one weight vector at a time, 15 of the 16 registers. Per step the tile loads
+ * two vectors of x, which stream from L2, and six of the panel, which stays in L1; a 3 x 4
+ * tile loads three of x for the same work. */
+#define GD_FN(name) avx2_##name
+#define GD_V __m256
+#define GD_L 8
+#define GD_MR 2
+#define GD_NR 6
+#define GD_ZERO() _mm256_setzero_ps()
+#define GD_LOAD(p) _mm256_load_ps(p)
+#define GD_LOADU(p) _mm256_loadu_ps(p)
+#define GD_STORE(p, v) _mm256_store_ps(p, v)
+#define GD_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define GD_SUM(v) hsum8(v)
+#define GD_LDW(et, p) ld8(et, p, 0)
+#include "kernels/cpu/gemm_dot_x86.h"
 
 /* ---- vector ops ------------------------------------------------------------------------- */
 
@@ -1312,10 +1195,11 @@ const cpu_kernels_t cpu_kernels_avx2 = {
     .gemm_panel = GEMM_P,
     .gemm_pack = avx2_gemm_pack,
     .gemm_block = avx2_gemm_block,
-    .gemm_mr = GEMMK_MR,
-    .gemm_nr = GEMMK_NR,
+    .gemm_mr = GD_MR,
+    .gemm_nr = GD_NR,
+    .gemm_lanes = GD_L,
     .gemm_wpack = avx2_gemm_wpack,
-    .gemm_micro = avx2_gemm_micro,
+    .gemm_dot = avx2_gemm_dot,
     .rows_to_f32 = avx2_rows_to_f32,
     .dot = avx2_dot,
     .sumsq = avx2_sumsq,

@@ -732,6 +732,24 @@ static void avx512_gemm_block(float *y, int64_t ldy, const float *xp, int m, con
         gemm_tile(y + r, ldy, xp, m, wf + r * ldw, ldw, cols, 1);
 }
 
+/* ---- prefill of float weights in gemv's order (simd.h: gemm_wpack, gemm_dot) ---------- */
+
+/* Tiles of 4 rows of x against 6 weight rows: 24 vectors of partial sums, the four x
+ * vectors and one weight vector, 29 of the 32 registers. */
+#define GD_FN(name) avx512_##name
+#define GD_V __m512
+#define GD_L 16
+#define GD_MR 4
+#define GD_NR 6
+#define GD_ZERO() _mm512_setzero_ps()
+#define GD_LOAD(p) _mm512_load_ps(p)
+#define GD_LOADU(p) _mm512_loadu_ps(p)
+#define GD_STORE(p, v) _mm512_store_ps(p, v)
+#define GD_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define GD_SUM(v) _mm512_reduce_add_ps(v)
+#define GD_LDW(et, p) ld16(et, p, 0)
+#include "kernels/cpu/gemm_dot_x86.h"
+
 /* ---- vector ops ------------------------------------------------------------------------- */
 
 static float avx512_dot(const float *a, const float *b, int64_t n)
@@ -1108,6 +1126,11 @@ const cpu_kernels_t cpu_kernels_avx512 = {
     .gemm_panel = GEMM_P,
     .gemm_pack = avx512_gemm_pack,
     .gemm_block = avx512_gemm_block,
+    .gemm_mr = GD_MR,
+    .gemm_nr = GD_NR,
+    .gemm_lanes = GD_L,
+    .gemm_wpack = avx512_gemm_wpack,
+    .gemm_dot = avx512_gemm_dot,
     .rows_to_f32 = avx512_rows_to_f32,
     .dot = avx512_dot,
     .sumsq = avx512_sumsq,

@@ -3,17 +3,19 @@
  * Two paths. Decode (small n) is bound by memory bandwidth: the weight rows are split into
  * a few balanced contiguous chunks per thread and streamed once, each block of rows applied
  * to every row of x while it is in cache (kernel `gemv`). Prefill (large n) is bound by
- * arithmetic: x is packed once into transposed panels, and each thread converts blocks of
- * its weight rows to f32 and runs the panels against them with a register-tiled kernel:
- * blocked over columns too, from packed weight panels (`gemm_micro`, below), where the level
- * has it for the weight type, else a block of whole rows at a time (`gemm_block`).
+ * arithmetic: each thread converts blocks of its weight rows to f32 panels and runs blocks
+ * of x against them with a register-tiled kernel (`gemm_dot`, below).
  *
- * Weights whose decode kernels take x in 8 bits (Q8, Q4: gemv_x8_block) use the decode path
- * at every n. Its integer dot products give each row of y the same bits whatever the other
- * rows of the call, which the prefill path's f32 x cannot: lossless mode compares a
- * verify batch with single-row decode, and a greedy reply then does not depend on what
- * else the worker is serving. (The decode path is also the faster one for Q4X8 at every
- * batch measured; for Q8 it is up to a third slower from 32 rows on.) */
+ * Every row of y has the bits it would have alone, whatever n: lossless mode compares a
+ * verify batch with single-row decode, the prefix cache's KV must not depend on how a prompt
+ * was cut into chunks, and a greedy reply must not depend on what else the worker is
+ * serving. So the prefill path of float weights adds in the decode kernels' order, and
+ * weights whose decode kernels take x in 8 bits (Q8, Q4: gemv_x8_block), whose integer dot
+ * products cannot be matched by a prefill path with f32 x, use the decode path at every n.
+ * (The decode path is also the faster one for Q4X8 at every batch measured; for Q8 it is up
+ * to a third slower from 32 rows on.) Only Q4/Q8 weights whose groups do not hold whole
+ * vectors, whose decode path is scalar, take a prefill path of other bits (`gemm_block`)
+ * above CPU_DECODE_MAX_ROWS rows. */
 #include "common/err.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/lowbit.h"
@@ -21,18 +23,17 @@
 
 /* Up to this many rows of x the decode path is used: it reads the weights once and wastes
  * no arithmetic, where the prefill path converts every weight to f32 and computes whole
- * panels of 32 (16) rows. Measured on 2048 x 2048 (bf16, f32, q4) with the weights in
- * cache, the prefill path catches up between 16 and 24 rows. */
+ * tiles. Measured on 2048 x 2048 (bf16, f32, q4) with the weights in cache, the prefill
+ * path catches up between 16 and 24 rows. */
 #define MM_GEMV_MAX_N CPU_DECODE_MAX_ROWS
 /* Work (multiply-adds) below which a matmul runs on the calling thread alone. */
 #define MM_PAR_MACS 16384
-/* Weight rows are handed out in multiples of this (decode blocks are 8 rows, prefill
- * tiles 12 or 6). */
+/* Weight rows are handed out in multiples of this (decode blocks are 8 rows). */
 #define MM_ROW_UNIT 16
 /* Decode chunks per thread, and the fewest weight bytes worth a chunk of their own. */
 #define MM_CHUNKS_PER_THREAD 4
 #define MM_MIN_CHUNK_BYTES (512 * 1024)
-/* Bytes of f32 weights a prefill block converts at once: about a fifth of L2, so that the
+/* Bytes of f32 weights gemm_block's path converts at once: about a fifth of L2, so that the
  * block and the x panel it meets stay there. */
 #define MM_BLOCK_BYTES (384 * 1024)
 
@@ -110,81 +111,93 @@ static void mm_gemm_task(void *arg, int task, int thread)
     }
 }
 
-/* The packed-panel prefill path (simd.h: gemm_wpack, gemm_micro), for float weights where
- * the level has it. x is first packed, in parallel, into tiles of gemm_mr rows transposed
- * (a tile's MM_KC columns one run of memory, every tile's next to each other: xp[((k0 *
- * tiles) + t*kc + k)*gemm_mr + i] for the block of columns from k0, kc wide). Then each
- * thread takes its weight rows a block of columns at a time: it converts MM_KC columns of
- * MM_MC of its rows to f32 panels (a quarter of L2), then runs blocks of MM_MB rows of x
- * (their packed columns, a sixth of L2) against every panel, a tile at a time. A panel
- * (gemm_nr rows, 16 KiB) stays in L1 while the tiles of a block pass over it, and y carries
- * each value from one block of columns to the next, which leaves its chain of multiply-adds
- * in the order of k: the values are the bits of one pass over all columns, those of the
- * whole-row path below too.
+/* The prefill path of float weights (simd.h: gemm_wpack, gemm_dot). Each thread takes its
+ * weight rows MM_MC at a time and converts them to f32 panels (gemm_nr rows each) for all
+ * columns, MM_KC at a time. Then for each block of MM_MB rows of x it goes over the columns
+ * MM_KC at a time, every panel against the block's rows: a panel's part (a few KiB) stays
+ * in L1 while the rows of x pass over it from L2. The tiles' vectors of partial sums are
+ * carried from one block of columns to the next in the thread's scratch (MM_MB x MM_MC
+ * vectors, which stay in L2 with the block of x), and summed at the last: a value has the
+ * bits gemv gives it, whatever n (tests/test_backend_ops.c: check_rows_alone).
  *
- * Why not that path: it keeps a panel of x for all columns (16 rows: 128 KiB at 2048
- * columns, 512 KiB at 8192) and reads it again for every tile of weight rows, from L2 or,
- * beside a weight block, from L3. Measured in one run on an AVX2-only AMD EPYC (2 threads,
- * Llama 3.2 1B's shape, bf16, `river bench --prompt-len 512`, three pairs alternating):
- * 76.2-77.5 prefill tokens/s on that path, 81.2-81.4 on this one. */
+ * The price of those bits, measured on an AVX2-only AMD EPYC (2 threads, river bench
+ * --kernels, bf16 at 512 rows, Llama 3.2 1B's shapes, alternating runs): 80-82 G
+ * multiply-adds/s, where an outer-product kernel, which adds in column order per output and
+ * so gives other bits than decode, ran 89-91 (the peak: 102). Each output carries a vector
+ * of partial sums, not one float, which bounds the blocks that fit in L2; the kernel alone,
+ * from L1 and L2, runs at 0.85-0.9 of the peak. Converting the weights again for each block
+ * of x (the block's panels only) was 2-4 % slower, and carrying the sums of all rows of x
+ * (from L3) 15 % slower at 2048 columns. */
 #define MM_KC 256
-#define MM_MC 256
+#define MM_MC 48
 #define MM_MB 96
 
-static void mm_xpack_task(void *arg, int task, int thread)
+/* A thread's scratch for that path, in floats: the panels of MM_MC weight rows over all
+ * columns, then the carry (MM_MB / gemm_mr tiles of x against MM_MC / gemm_nr panels,
+ * gemm_mr * gemm_nr vectors each). */
+static int64_t mm_dot_panel_floats(const cpu_kernels_t *k, int64_t cols)
 {
-    (void)thread;
-    const mm_job_t *j = arg;
-    const int MR = j->k->gemm_mr;
-    int64_t cols = j->w->cols, tiles = j->n_panels;
-    int i0 = task * MR;
-    for (int64_t k0 = 0; k0 < cols; k0 += MM_KC) {
-        int64_t kc = cols - k0 < MM_KC ? cols - k0 : MM_KC;
-        float *d = (float *)j->xp + (k0 * tiles + task * kc) * MR;
-        for (int i = 0; i < MR; i++) {
-            const float *xi = j->x + (int64_t)(i0 + i) * cols + k0;
-            for (int64_t k = 0; k < kc; k++)
-                d[k * MR + i] = i0 + i < j->n ? xi[k] : 0.0f;
-        }
-    }
+    return (MM_MC + k->gemm_nr - 1) / k->gemm_nr * k->gemm_nr * cols;
 }
 
-static void mm_gemmk_task(void *arg, int task, int thread)
+static int64_t mm_dot_scratch_floats(const cpu_kernels_t *k, int64_t cols)
+{
+    int64_t tiles = (MM_MB + k->gemm_mr - 1) / k->gemm_mr;
+    int64_t panels = (MM_MC + k->gemm_nr - 1) / k->gemm_nr;
+    return mm_dot_panel_floats(k, cols) +
+           tiles * panels * k->gemm_mr * k->gemm_nr * k->gemm_lanes;
+}
+
+static void mm_dot_task(void *arg, int task, int thread)
 {
     const mm_job_t *j = arg;
     const cpu_kernels_t *k = j->k;
     const weight_t *w = j->w;
-    const int MR = k->gemm_mr, NR = k->gemm_nr;
-    int64_t cols = w->cols, rows = w->rows, tiles = j->n_panels;
+    const int MR = k->gemm_mr, NR = k->gemm_nr, L = k->gemm_lanes;
+    int64_t cols = w->cols, rows = w->rows;
     float *wp = j->ctx->thread_scratch[thread].s.p;
+    float *carry = wp + mm_dot_panel_floats(k, cols);
+    const int tiles = (MM_MB + MR - 1) / MR;
     int64_t r0, r1;
     mm_task_rows(j, task, &r0, &r1);
-    for (int64_t k0 = 0; k0 < cols; k0 += MM_KC) {
-        int64_t kc = cols - k0 < MM_KC ? cols - k0 : MM_KC;
-        const float *xk = j->xp + k0 * tiles * MR;
-        for (int64_t b0 = r0; b0 < r1; b0 += MM_MC) {
-            int64_t b1 = b0 + MM_MC < r1 ? b0 + MM_MC : r1;
-            k->gemm_wpack(wp, w, b0, b1, k0, k0 + kc);
-            for (int i0 = 0; i0 < j->n; i0 += MM_MB) {
-                int i1 = i0 + MM_MB < j->n ? i0 + MM_MB : j->n;
-                for (int64_t p0 = b0; p0 < b1; p0 += NR) {
+    for (int64_t b0 = r0; b0 < r1; b0 += MM_MC) {
+        int64_t b1 = b0 + MM_MC < r1 ? b0 + MM_MC : r1;
+        int panels = (int)((b1 - b0 + NR - 1) / NR);
+        /* The panels of the block of columns from k0 start at column k0's place. */
+        for (int64_t k0 = 0; k0 < cols; k0 += MM_KC) {
+            int64_t kc = cols - k0 < MM_KC ? cols - k0 : MM_KC;
+            k->gemm_wpack(wp + (int64_t)panels * NR * k0, w, b0, b1, k0, k0 + kc);
+        }
+        for (int i0 = 0; i0 < j->n; i0 += MM_MB) {
+            int i1 = i0 + MM_MB < j->n ? i0 + MM_MB : j->n;
+            for (int64_t k0 = 0; k0 < cols; k0 += MM_KC) {
+                int64_t kc = cols - k0 < MM_KC ? cols - k0 : MM_KC;
+                bool last = k0 + kc == cols;
+                for (int p = 0; p < panels; p++) {
+                    int64_t p0 = b0 + (int64_t)p * NR;
                     int nr = b1 - p0 < NR ? (int)(b1 - p0) : NR;
-                    const float *pan = wp + (p0 - b0) * kc;
-                    for (int i = i0; i < i1; i += MR)
-                        k->gemm_micro(j->y + (int64_t)i * rows + p0, rows,
-                                      xk + (int64_t)i * kc, i1 - i < MR ? i1 - i : MR, pan,
-                                      nr, kc, k0 == 0);
+                    const float *pan = wp + (int64_t)panels * NR * k0 + (int64_t)p * NR * kc;
+                    k->gemm_dot(carry + (int64_t)p * tiles * MR * NR * L,
+                                last ? j->y + (int64_t)i0 * rows + p0 : NULL, rows,
+                                j->x + (int64_t)i0 * cols + k0, cols, i1 - i0, pan, nr, kc,
+                                k0 == 0);
                 }
             }
         }
     }
 }
 
-static bool mm_gemmk(const cpu_kernels_t *k, const weight_t *w)
+/* Whether float weight w takes the gemm_dot path; float weights that cannot (columns not
+ * a multiple of the lanes, or a level without it) take gemv at every n, for the same bits. */
+static bool mm_dot(const cpu_kernels_t *k, const weight_t *w)
+{
+    return k->gemm_dot && w->cols % k->gemm_lanes == 0;
+}
+
+static bool mm_float(const weight_t *w)
 {
     dtype_t et = cpu_rowblock_elem(w->dtype);
-    return k->gemm_micro && w->cols % 8 == 0 &&
-           (et == DTYPE_F32 || et == DTYPE_BF16 || et == DTYPE_F16);
+    return et == DTYPE_F32 || et == DTYPE_BF16 || et == DTYPE_F16;
 }
 
 /* Q8/Q4 groups that do not hold whole vectors have no fast decode kernel; the prefill path,
@@ -200,6 +213,8 @@ static bool mm_decode(const cpu_kernels_t *k, const weight_t *w, int n)
 {
     if (!k->gemm_block)
         return true;
+    if (mm_float(w))
+        return n <= MM_GEMV_MAX_N || !mm_dot(k, w);
     if (mm_odd_groups(w))
         return false;
     return n <= MM_GEMV_MAX_N || (k->gemv_x8_block && k->gemv_x8_block(w) > 0);
@@ -207,7 +222,7 @@ static bool mm_decode(const cpu_kernels_t *k, const weight_t *w, int n)
 
 bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n)
 {
-    return mm_decode(cpu_kernels_for(cpu_kernels_get(level), w), w, n);
+    return mm_float(w) || mm_decode(cpu_kernels_for(cpu_kernels_get(level), w), w, n);
 }
 
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
@@ -255,23 +270,12 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
         return 0;
     }
 
-    if (mm_gemmk(k, w)) {
-        /* MM_MB and MM_MC are whole tiles and panels. */
-        _Static_assert(MM_MB % 6 == 0 && MM_MC % 16 == 0, "blocks of whole tiles");
-        j.n_panels = (n + k->gemm_mr - 1) / k->gemm_mr;
-        e = cpu_scratch_reserve(&ctx->shared, (size_t)j.n_panels * k->gemm_mr * w->cols);
-        if (!e)
-            e = cpu_thread_scratch_reserve(ctx, (size_t)MM_MC * MM_KC);
+    if (mm_float(w)) {
+        e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w->cols));
         if (e)
             return e;
-        j.xp = ctx->shared.p;
-        if (threads > 1)
-            threadpool_run(ctx->pool, mm_xpack_task, &j, j.n_panels);
-        else
-            for (int t = 0; t < j.n_panels; t++)
-                mm_xpack_task(&j, t, 0);
         j.n_tasks = threads;
-        threadpool_run(ctx->pool, mm_gemmk_task, &j, j.n_tasks);
+        threadpool_run(ctx->pool, mm_dot_task, &j, j.n_tasks);
         return 0;
     }
 

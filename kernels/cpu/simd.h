@@ -44,7 +44,8 @@ typedef struct cpu_kernels {
      * such weights: its rows do not depend on how many rows share the call. */
     int (*gemv_x8_block)(const weight_t *w);
 
-    /* The prefill path (NULL on the scalar level, which uses gemv for every n). x is first
+    /* The prefill path of Q4/Q8 weights whose groups do not hold whole vectors (NULL on the
+     * scalar level, which uses gemv for every n). x is first
      * packed into panels of gemm_panel rows, transposed so that one column of a panel is a
      * few vectors: xp[k*gemm_panel + i] = x[(i0+i)*ldx + k], zero past the m valid rows. */
     int gemm_panel;
@@ -53,20 +54,26 @@ typedef struct cpu_kernels {
      * against nr f32 weight rows (any nr; the kernel tiles them). */
     void (*gemm_block)(float *y, int64_t ldy, const float *xp, int m, const float *wf,
                        int64_t ldw, int64_t nr, int64_t cols);
-    /* Optional (NULL: gemm_pack and gemm_block). The prefill path for float weights (F32,
-     * BF16, F16 and their row-blocked layouts) with columns a multiple of 8, blocked over
-     * columns too (kernels/cpu/matmul.c says how). gemm_wpack writes the weight rows r0..r1
-     * at columns k0..k1 (a multiple of 8 apart) as f32 panels of gemm_nr rows, 32-byte
-     * aligned at wp: wp[(p*(k1-k0) + k)*gemm_nr + j] = W[r0 + p*gemm_nr + j][k0 + k], zero
-     * past r1. gemm_micro adds to y[i*ldy + j] (i < m <= gemm_mr, j < nr <= gemm_nr), or
-     * sets it where `first`, sum_k xp[k*gemm_mr + i] * wp[k*gemm_nr + j] over k < kc (xp:
-     * kc columns of gemm_mr rows of x, transposed), as one chain of multiply-adds in the
-     * order of k per value: split over calls at any k, a value has the bits of one call. */
-    int gemm_mr, gemm_nr;
+    /* Optional (NULL: gemv at every n). The prefill path for float weights (F32, BF16, F16
+     * and their row-blocked layouts) with columns a multiple of gemm_lanes, blocked over
+     * weight rows, rows of x and columns (kernels/cpu/matmul.c says how), whose outputs have
+     * the bits gemv gives them (gemm_dot_x86.h says why and how).
+     * gemm_wpack writes the weight rows r0..r1 at columns k0..k1 (multiples of gemm_lanes)
+     * as f32 panels of gemm_nr rows, aligned to a vector, one vector of each row in turn:
+     * wp[((p*(k1-k0)/L + s)*gemm_nr + j)*L + l] = W[r0 + p*gemm_nr + j][k0 + s*L + l] (L:
+     * gemm_lanes), zero past r1.
+     * gemm_dot runs m rows of x (ldx apart, from the block's first column) against one
+     * panel over kc columns, in tiles of gemm_mr rows: for i < m, j < gemm_nr, lane l of
+     * the vector c[(t*gemm_mr*gemm_nr + (i%gemm_mr)*gemm_nr + j)*L ...] (t = i/gemm_mr;
+     * the carry, aligned) adds x[i][k] * w[j][k] for the columns k = l, l + L, ... in
+     * turn, starting from zero where `first`; where y is NULL the vectors go back to c,
+     * else y[i*ldy + j] (j < nr) becomes their sum as gemv takes it. Split over calls at
+     * any multiple of L, an output has the bits of one call, and those of gemv. */
+    int gemm_mr, gemm_nr, gemm_lanes;
     void (*gemm_wpack)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
                        int64_t k1);
-    void (*gemm_micro)(float *y, int64_t ldy, const float *xp, int m, const float *wp,
-                       int nr, int64_t kc, int first);
+    void (*gemm_dot)(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
+                     const float *wp, int nr, int64_t kc, int first);
 
     /* dst[(r-r0)*cols + k] = W[r][k] as f32 for r0 <= r < r1 (dequantised for Q4/Q8). */
     void (*rows_to_f32)(float *dst, const weight_t *w, int64_t r0, int64_t r1);
