@@ -140,6 +140,72 @@ START_TEST(test_batched_equals_alone)
 }
 END_TEST
 
+/* Log-probabilities of each generated token, and its top alternatives, as floats. */
+typedef struct lp_out {
+    int n;
+    int32_t ids[16];
+    float lp[16][1 + 5];
+} lp_out_t;
+
+static void on_logprob(void *user, const gen_event_t *ev)
+{
+    lp_out_t *o = user;
+    if (ev->id < 0 || !ev->logprob || o->n >= 16)
+        return;
+    o->ids[o->n] = ev->id;
+    o->lp[o->n][0] = ev->logprob->logprob;
+    for (int k = 0; k < 5; k++)
+        o->lp[o->n][1 + k] = k < ev->logprob->n_top ? ev->logprob->top_logprobs[k] : 0.0f;
+    o->n++;
+}
+
+/* A prompt's results do not depend on how it is cut into chunks: prefilled whole (one
+ * chunk of more rows than the decode path takes, so the prefill GEMM runs) and in chunks of
+ * 4 (the decode path), the generated tokens' log-probabilities have the same bits. The
+ * prefix cache and lossless mode rest on it. */
+START_TEST(test_chunking_keeps_bits)
+{
+    env_t e;
+    env_open(&e, TEST_DATA "/kjv-12l", 2);
+    char text[512] = "";
+    for (int i = 0; i < N_PROMPTS; i++) {
+        strcat(text, prompts[i]);
+        strcat(text, " ");
+    }
+    size_t n;
+    int32_t *ids = encode(&e, text, &n);
+    ck_assert_uint_gt(n, 32);
+    static const int chunks[] = {64, 4};
+    lp_out_t out[2];
+    for (int c = 0; c < 2; c++) {
+        gen_t *g;
+        gen_config_t cfg = {.max_rows = 64, .prefill_chunk = chunks[c], .page_size = 16,
+                            .max_seqs = 1};
+        ck_assert_int_eq(gen_new(&g, e.m, e.tok, e.be, &cfg), 0);
+        memset(&out[c], 0, sizeof out[c]);
+        gen_request_t r = {.prompt = ids, .n_prompt = n, .max_tokens = 8, .ignore_eos = 1,
+                           .logprobs = 1, .top_logprobs = 5, .on_token = on_logprob,
+                           .user = &out[c]};
+        int seq;
+        ck_assert_int_eq(gen_submit(g, &r, &seq), 0);
+        ck_assert_int_eq(gen_run_all(g), 0);
+        gen_destroy(&g);
+    }
+    ck_assert_int_eq(out[0].n, 8);
+    ck_assert_int_eq(out[1].n, 8);
+    for (int t = 0; t < 8; t++) {
+        ck_assert_int_eq(out[0].ids[t], out[1].ids[t]);
+        for (int k = 0; k < 6; k++)
+            ck_assert_msg(memcmp(&out[0].lp[t][k], &out[1].lp[t][k], sizeof(float)) == 0,
+                          "token %d, log-probability %d: %.9g prefilled whole, %.9g in "
+                          "chunks of 4",
+                          t, k, out[0].lp[t][k], out[1].lp[t][k]);
+    }
+    free(ids);
+    env_close(&e);
+}
+END_TEST
+
 /* The streamed pieces add up to the decode of the generated ids. */
 START_TEST(test_stream_text_matches_decode)
 {
@@ -434,6 +500,7 @@ static Suite *generate_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_batched_equals_alone);
+    tcase_add_test(tc, test_chunking_keeps_bits);
     tcase_add_test(tc, test_stream_text_matches_decode);
     tcase_add_test(tc, test_stop_string);
     tcase_add_test(tc, test_eos);
