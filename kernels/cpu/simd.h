@@ -45,9 +45,9 @@ typedef struct cpu_kernels {
     int (*gemv_x8_block)(const weight_t *w);
 
     /* The prefill path of Q4/Q8 weights whose groups do not hold whole vectors (NULL on the
-     * scalar level, which uses gemv for every n). x is first
-     * packed into panels of gemm_panel rows, transposed so that one column of a panel is a
-     * few vectors: xp[k*gemm_panel + i] = x[(i0+i)*ldx + k], zero past the m valid rows. */
+     * scalar level, which uses gemv for every n). x is first packed into panels of
+     * gemm_panel rows, transposed so that one column of a panel is a few vectors:
+     * xp[k*gemm_panel + i] = x[(i0+i)*ldx + k], zero past the m valid rows. */
     int gemm_panel;
     void (*gemm_pack)(float *xp, const float *x, int64_t ldx, int m, int64_t cols);
     /* y[i*ldy + r] = sum_k xp[k*panel + i] * wf[r*ldw + k] for i < m, r < nr: one panel of x
