@@ -175,7 +175,7 @@ static void bk_print(const bk_opts_t *o, const char *level, const char *fmt, con
                "\"gmacs\":%.1f}\n", level, fmt, shape, n, r->ms, r->ms_min, r->gbs, bw, r->frac,
                r->gmacs);
     else
-        printf("%-7s %-12s %-12s %4d %10.4f %8.2f %8.2f %6.1f %%  %8.1f\n", level, fmt, shape,
+        printf("%-10s %-12s %-12s %4d %10.4f %8.2f %8.2f %6.1f %%  %8.1f\n", level, fmt, shape,
                n, r->ms, r->gbs, bw, 100.0 * r->frac, r->gmacs);
     fflush(stdout);
 }
@@ -306,11 +306,12 @@ static int bk_parse_list(const char *arg, const char *what, int *out, int cap, i
 }
 
 /* --peak: per level, the f32 FMA and 8-bit integer peaks (cpu_peak_gmacs), best of the
- * runs, as GFLOP/s and GOP/s (two operations a multiply-add): the yardsticks of prefill. */
+ * runs, as GFLOP/s and GOP/s (two operations a multiply-add): the yardsticks of prefill. The
+ * float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run. */
 static int bk_peaks(const bk_opts_t *o)
 {
     if (!o->json)
-        printf("%-7s %8s %12s %12s\n", "level", "threads", "f32 GFLOP/s", "int8 GOP/s");
+        printf("%-10s %8s %12s %12s\n", "level", "threads", "f32 GFLOP/s", "int8 GOP/s");
     for (int li = 0; li < o->n_levels; li++) {
         cpu_simd_t level = (cpu_simd_t)o->levels[li];
         double f = cpu_peak_gmacs(o->threads, level, CPU_PEAK_F32, o->runs);
@@ -324,7 +325,7 @@ static int bk_peaks(const bk_opts_t *o)
                    "\"peak_i8_gops\":%.1f}\n", cpu_simd_name(level), o->threads, 2.0 * f,
                    2.0 * i8);
         else
-            printf("%-7s %8d %12.1f %12.1f\n", cpu_simd_name(level), o->threads, 2.0 * f,
+            printf("%-10s %8d %12.1f %12.1f\n", cpu_simd_name(level), o->threads, 2.0 * f,
                    2.0 * i8);
         fflush(stdout);
     }
@@ -436,7 +437,7 @@ int bench_kernels(int argc, char **argv)
         return e ? cli_fail("bench", e) : 0;
     }
     if (!o.json)
-        printf("%-7s %-12s %-12s %4s %10s %8s %8s %8s  %8s\n", "level", "format", "shape",
+        printf("%-10s %-12s %-12s %4s %10s %8s %8s %8s  %8s\n", "level", "format", "shape",
                "n", "ms", "GB/s", "bw GB/s", "of bw", "GMAC/s");
     for (int si = 0; si < o.n_shapes; si++)
         for (int fi = 0; fi < o.n_formats; fi++) {

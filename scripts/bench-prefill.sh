@@ -4,8 +4,9 @@
 # prebuilt CPU libraries) and against the machine's compute peak, in one run:
 #
 #   peak       `river bench --kernels --peak` at every vector level the processor has: f32
-#              FMA GFLOP/s (the float weights' yardstick) and 8-bit integer GOP/s (the
-#              Q8/Q4 weights'), on THREADS threads
+#              FMA GFLOP/s (the float weights' yardstick; at avx512bf16, vdpbf16ps's, which
+#              its bf16 matmuls run) and 8-bit integer GOP/s (the Q8/Q4 weights'), on
+#              THREADS threads
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
 #              backbones (`river quant --backbone`), at every vector level: the median
 #              prefill tok/s of ROUNDS runs and its GFLOP/s (the layers, attention over the
@@ -46,7 +47,8 @@ out=$dir/prefill
 mkdir -p "$out"
 "$river" bench --kernels --peak --threads "$THREADS" --runs 3 --output json >"$out/peak.json" ||
     die "river bench --kernels --peak failed"
-levels=$(sed -n 's/.*"level":"\([a-z0-9]*\)".*/\1/p' "$out/peak.json" | grep -v scalar)
+# shellcheck disable=SC2046 # one line of the level names, a space apart
+levels=$(echo $(sed -n 's/.*"level":"\([a-z0-9]*\)".*/\1/p' "$out/peak.json" | grep -v scalar))
 [ -n "$levels" ] || die "no vector SIMD level on this processor"
 echo "bench-prefill: node-llama-cpp $version (llama.cpp CPU, prebuilt), levels: $levels, $THREADS threads, prompts of $LENS tokens, $ROUNDS runs each; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -76,7 +78,10 @@ peak() { sed -n "s/.*\"level\":\"$1\".*\"$2\":\([0-9.]*\).*/\1/p" "$out/peak.jso
 get() { awk -v k="$1" -v b="$2" -v p="$3" -v f="$4" '$1 == k && $2 == b && $3 == p {print $f}' "$results"; }
 echo
 for level in $levels; do
-    echo "$level: f32 peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s"
+    # The float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run.
+    f=f32
+    [ "$level" = avx512bf16 ] && f="bf16 dot (vdpbf16ps)"
+    echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s"
 done
 printf '\n%-8s %6s %12s' "format" "tokens" "llama.cpp"
 for level in $levels; do

@@ -32,6 +32,7 @@ head -n 4 data/prompts/kjv.txt > "$TMP/prompts.txt"
 
 levels=avx2
 grep -qw avx512bw /proc/cpuinfo 2>/dev/null && levels="avx2 avx512"
+grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && levels="$levels avx512bf16"
 
 # min and median of numbers on stdin, one a line
 stats() {

@@ -8,6 +8,7 @@ set -u
 B=${BUILD:-build}
 levels="scalar avx2"
 grep -qw avx512bw /proc/cpuinfo 2>/dev/null && levels="$levels avx512"
+grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && levels="$levels avx512bf16"
 rc=0
 scripts/run-tests.sh "$B/tests/test_backend_ops" "$B/tests/test_ops" "$B/tests/test_quant" || rc=1
 for l in $levels; do

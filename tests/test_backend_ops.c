@@ -70,23 +70,24 @@ typedef struct bpair {
     int threads;        /* a reference pair's CPU threads; 0 for the others */
 } bpair_t;
 
-/* Pairs 0-3: opaque, cuda, and the CPU at AVX2 and at AVX-512 against its scalar level.
- * Pairs 4-9, the reference pairs: the CPU at each level (scalar, AVX2, AVX-512) with one and
- * with two threads, against the double-precision reference of the case's check (the scalar
- * level's own reference, and each level's bound: the AVX2 8-bit x, for one). */
-#define N_PAIRS 10
-#define FIRST_REF_PAIR 4
+/* Pairs 0-4: opaque, cuda, and the CPU at AVX2, AVX-512 and AVX512-BF16 against its scalar
+ * level. Pairs 5-12, the reference pairs: the CPU at each level (scalar, AVX2, AVX-512,
+ * AVX512-BF16) with one and with two threads, against the double-precision reference of the
+ * case's check (the scalar level's own reference, and each level's bound: the AVX2 8-bit x
+ * and the bf16 x of bf16 weights at AVX512-BF16, for two). */
+#define N_PAIRS 13
+#define FIRST_REF_PAIR 5
 
 /* The SIMD level of pair k, or -1 when k is neither a SIMD nor a reference pair. */
 static int bpair_level(int k)
 {
     if (k >= FIRST_REF_PAIR)
         return (k - FIRST_REF_PAIR) / 2;
-    return k == 2 ? CPU_SIMD_AVX2 : k == 3 ? CPU_SIMD_AVX512 : -1;
+    return k == 2 ? CPU_SIMD_AVX2 : k == 3 ? CPU_SIMD_AVX512 : k == 4 ? CPU_SIMD_AVX512BF16 : -1;
 }
 
-/* Opens pair k (0: opaque, 1: cuda, 2: avx2, 3: avx512, 4-9: the reference pairs); false
- * when that backend or level is not there. */
+/* Opens pair k (0: opaque, 1: cuda, 2: avx2, 3: avx512, 4: avx512bf16, 5-12: the reference
+ * pairs); false when that backend or level is not there. */
 static bool bpair_open(bpair_t *p, int k)
 {
     memset(p, 0, sizeof *p);
@@ -1050,6 +1051,27 @@ static int mm_x8(const env_t *e, const weight_t *w)
     return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0;
 }
 
+/* Whether a matmul at this level takes x in bf16: bf16 weights at AVX512-BF16. */
+static int mm_xbf16(const env_t *e, const weight_t *w)
+{
+    return e->level == CPU_SIMD_AVX512BF16 &&
+           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_BF16X8);
+}
+
+/* x rounded to bf16 as that level does, written here from the definition (to nearest, ties
+ * to even: the bits plus 0x7fff plus the lowest kept bit, cut to the top 16); half_step
+ * gets each element's bound, half a unit in its last place (|x| / 256). */
+static void mm_round_x_bf16(const float *x, int64_t n, float *xd, float *half_step)
+{
+    for (int64_t k = 0; k < n; k++) {
+        uint32_t b;
+        memcpy(&b, &x[k], sizeof b);
+        b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&xd[k], &b, sizeof b);
+        half_step[k] = fabsf(x[k]) / 256.0f;
+    }
+}
+
 /* x quantized as the 8-bit path does, written here from its definition: per block of xb
  * columns (64 for Q4 where the group allows, else 32) d = max|x| / 127 and
  * x8 = round-to-even(x * (127 / max|x|)); xd = d * x8. half_step gets each element's
@@ -1080,12 +1102,15 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
     ck_assert_ptr_nonnull(xd);
     ck_assert_ptr_nonnull(hs);
     fill(xh, (size_t)(n * cols), -1.0f, 1.0f);
-    int x8 = mm_x8(e, &t->w);
+    int x8 = mm_x8(e, &t->w), xb = mm_xbf16(e, &t->w);
     if (x8)
         for (int i = 0; i < n; i++)
             mm_quantize_x(xh + i * cols, cols,
                           t->w.dtype == DTYPE_Q4 && t->w.group % 64 == 0 ? 64 : 32,
                           xd + i * cols, hs + i * cols);
+    if (xb)
+        mm_round_x_bf16(xh, n * cols, xd, hs);
+    x8 = x8 || xb; /* the same checks: exact against x as rounded, within its bound */
     float *x = dev_copy(e, xh, (size_t)(n * cols));
     float *y = e->o->buf_alloc(e->c, (size_t)(n * rows));
     ck_assert_ptr_nonnull(y);
@@ -1109,7 +1134,7 @@ static void check_matmul(env_t *e, const tw_t *t, int n)
             /* The 8-bit path: exact against x as it quantizes it (f32 rounding aside), and
              * within the stated bound of the exact result. */
             EXPECT(!x8 || fabs(got - accq) <= 1e-5 * (magq + mag) + 1e-30,
-                   "matmul %s %s x8 thr %d: (%lld x %lld) n %d: y[%d][%lld] = %.9g, want %.9g",
+                   "matmul %s %s rounded x thr %d: (%lld x %lld) n %d: y[%d][%lld] = %.9g, want %.9g",
                    cpu_simd_name((cpu_simd_t)e->level), dtype_name(t->w.dtype), e->threads,
                    (long long)rows, (long long)cols, n, i, (long long)r, got, accq);
             double tol = x8 ? bound + 1e-5 * mag : 1e-5 * mag;
@@ -2142,14 +2167,18 @@ static const op_case_t cases[] = {
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
 /* The least tolerance of case c on SIMD pair p: the levels sum in other orders than the
- * scalar one, and against Q4/Q8 weights they may take x as 8-bit blocks (the AVX2 decode
- * path, the Q8 and the Q4X8/Q8X8 kernels; check_matmul holds them to its bound), which
- * stays under 2e-2 relative here. */
+ * scalar one, against Q4/Q8 weights they may take x as 8-bit blocks (the AVX2 decode path,
+ * the Q8 and the Q4X8/Q8X8 kernels), and AVX512-BF16 takes x in bf16 against bf16 weights
+ * (check_matmul holds both to their bounds), which stays under 2e-2 relative here. */
 static double simd_floor(const bpair_t *p, const op_case_t *c)
 {
     if (p->level >= 0 && c->run == run_matmul &&
         (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8 ||
          c->dt == DTYPE_Q8X8))
+        return 2e-2;
+    /* x in bf16 (8 bits of mantissa) against bf16 weights. */
+    if (p->level == CPU_SIMD_AVX512BF16 && c->run == run_matmul &&
+        (c->dt == DTYPE_BF16 || c->dt == DTYPE_BF16X8))
         return 2e-2;
     return 1e-4;
 }

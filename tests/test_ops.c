@@ -367,9 +367,19 @@ END_TEST
  * where all are there) or alone, as decode and the prefill tile cut positions differently;
  * and the blocked GEMM's values have the same bits whether their columns run in one call
  * of gemm_dot or are split over two, the carry taking them from one to the next (simd.h). */
+/* A float slot holding two random bf16 values, as the avx512bf16 level's x and panels do. */
+static float rand_bf16_pair(void)
+{
+    uint32_t b = (uint32_t)f32_to_bf16(test_rand(-1.0f, 1.0f)) |
+                 (uint32_t)f32_to_bf16(test_rand(-1.0f, 1.0f)) << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
 START_TEST(test_prefill_kernels_split)
 {
-    enum { G = 3, T = 37, HD = 64, K = 112, NR = 8, MR = 4, L = 16, SPLIT = 48 };
+    enum { G = 3, T = 37, HD = 64, K = 160, NR = 8, MR = 4, L = 32, SPLIT = 64 };
     float *q = malloc(sizeof(float) * G * HD), *kr = malloc(sizeof(float) * T * HD);
     float *s1 = malloc(sizeof(float) * G * T), *s2 = malloc(sizeof(float) * G * T);
     const float *rows[T];
@@ -397,13 +407,24 @@ START_TEST(test_prefill_kernels_split)
         if (!k->gemm_dot)
             continue;
         int mr = k->gemm_mr, nr = k->gemm_nr;
-        ck_assert(mr <= MR && nr <= NR && k->gemm_lanes <= L && SPLIT % k->gemm_lanes == 0);
+        ck_assert(mr <= MR && nr <= NR && k->gemm_lanes <= L && SPLIT % k->gemm_lanes == 0 &&
+                  (K - SPLIT) % k->gemm_lanes == 0);
+        /* Columns to a float: 2 where x and the panel hold bf16 pairs (avx512bf16), which
+         * are then made of two random bf16 values each. */
+        int per = k->gemm_x_cols_per_float ? k->gemm_x_cols_per_float : 1;
+        if (per == 2) {
+            for (int i = 0; i < MR * K; i++)
+                x[i] = rand_bf16_pair();
+            for (int i = 0; i < K * NR; i++)
+                wp[i] = rand_bf16_pair();
+        }
         for (int m = 1; m <= mr; m++) {
             /* wp is a panel of K columns; the second call starts at column SPLIT, from the
              * carry the first left. */
-            k->gemm_dot(c, y1, NR, x, K, m, wp, nr, K, 1);
-            k->gemm_dot(c, NULL, 0, x, K, m, wp, nr, SPLIT, 1);
-            k->gemm_dot(c, y2, NR, x + SPLIT, K, m, wp + SPLIT * nr, nr, K - SPLIT, 0);
+            k->gemm_dot(c, y1, NR, x, K / per, m, wp, nr, K, 1);
+            k->gemm_dot(c, NULL, 0, x, K / per, m, wp, nr, SPLIT, 1);
+            k->gemm_dot(c, y2, NR, x + SPLIT / per, K / per, m, wp + SPLIT / per * nr, nr,
+                        K - SPLIT, 0);
             for (int i = 0; i < m; i++)
                 ck_assert_msg(memcmp(y1 + i * NR, y2 + i * NR, sizeof(float) * nr) == 0,
                               "%s gemm_dot m %d: row %d differs split at column %d",

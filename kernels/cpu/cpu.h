@@ -23,19 +23,23 @@
 typedef enum {
     CPU_SIMD_SCALAR = 0,
     CPU_SIMD_AVX2,   /* AVX2 + FMA + F16C */
-    CPU_SIMD_AVX512, /* AVX-512 F/BW/VL (+BF16 where present) */
+    CPU_SIMD_AVX512, /* AVX-512 F/BW/VL/DQ */
+    /* AVX512 + AVX512-BF16: bf16 weights multiply x rounded to bf16 (vdpbf16ps); every
+     * other kernel is the avx512 level's. */
+    CPU_SIMD_AVX512BF16,
     CPU_SIMD_COUNT
 } cpu_simd_t;
 
 /* The best SIMD level this processor supports. */
 cpu_simd_t cpu_simd_detect(void);
 const char *cpu_simd_name(cpu_simd_t level);
-/* The level named `name` ("scalar", "avx2", "avx512"); CPU_SIMD_COUNT if none is. */
+/* The level named `name` ("scalar", "avx2", "avx512", "avx512bf16"); CPU_SIMD_COUNT if
+ * none is. */
 cpu_simd_t cpu_simd_parse(const char *name);
 
 /* The level every component that asks for "the best" runs: the environment variable
- * RIVER_SIMD (scalar|avx2|avx512) where set, else cpu_simd_detect(). The variable is read
- * once per process. A name that is no level, or a level this processor lacks, is an error
+ * RIVER_SIMD (scalar|avx2|avx512|avx512bf16) where set, else cpu_simd_detect(). The
+ * variable is read once per process. A name that is no level, or a level this processor lacks, is an error
  * (RIVER_EINVAL / RIVER_EUNSUPPORTED) naming it and what the processor has. */
 int cpu_simd_selected(cpu_simd_t *out);
 
@@ -79,7 +83,8 @@ double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t 
 
 /* The compute peaks prefill is judged against. */
 typedef enum cpu_peak {
-    CPU_PEAK_F32, /* f32 fused multiply-adds, as the float weights' matmuls run */
+    CPU_PEAK_F32, /* f32 fused multiply-adds, as the float weights' matmuls run (at
+                   * avx512bf16, vdpbf16ps, as bf16 weights' do) */
     CPU_PEAK_I8,  /* 8-bit integer products (vpmaddubsw; vpdpbusd where the AVX-512 level
                    * has VNNI), as the Q8/Q4 matmuls run */
 } cpu_peak_t;

@@ -750,6 +750,140 @@ static void avx512_gemm_block(float *y, int64_t ldy, const float *xp, int m, con
 #define GD_LDW(et, p) ld16(et, p, 0)
 #include "kernels/cpu/gemm_dot_x86.h"
 
+/* ---- bf16 weights against bf16 x (the avx512bf16 level) --------------------------------- */
+
+/* Where the processor has AVX512-BF16, vdpbf16ps multiplies 32 bf16 weights by 32 bf16
+ * values of x and adds the pairs into 16 f32 lanes in one instruction: twice the
+ * multiply-adds of an f32 FMA, and no conversion of the weights. x is rounded to bf16 once
+ * per call (to nearest even, as llama.cpp does for bf16 weights), so this level's bits for
+ * bf16 weights differ from the avx512 level's, as every level's do from the others'; within
+ * it, decode (gemv) and prefill (gemm_dot) keep one vector of partial sums per output, lane l
+ * adding columns 2l and 2l + 1 of each block of 32 in turn, and sum it with the same
+ * reduction, so a row has the same bits whatever the batch. Only bf16 weights take these
+ * kernels (cpu_kernels_for hands every other weight to the avx512 table). */
+
+/* The floats of one row of x in bf16 pairs: whole blocks of 32 columns, zero past cols. */
+static int64_t bf16d_prep_floats(const weight_t *w)
+{
+    return (w->cols + 31) / 32 * 16;
+}
+
+static void bf16d_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    int64_t cols = w->cols, ldq = bf16d_prep_floats(w);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * ldx;
+        float *qi = xq + (int64_t)i * ldq;
+        for (int64_t k = 0; k < cols; k += 32) {
+            int64_t left = cols - k;
+            __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : tail_mask(left);
+            __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left > 16 ? tail_mask(left - 16) : 0;
+            __m512 lo = _mm512_maskz_loadu_ps(m0, xi + k);
+            __m512 hi = _mm512_maskz_loadu_ps(m1, xi + k + 16);
+            _mm512_storeu_si512(qi + k / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* R weight rows (rs bytes apart from w, their 64-byte chunks of 32 columns cs bytes apart:
+ * rowblock.h) against N rows of bf16 x. */
+AI void bf16d_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                   size_t rs, size_t cs, int64_t cols, const int R, const int N)
+{
+    __m512 acc[CPU_ROWBLOCK_ROWS][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < cols; k += 32, w += cs) {
+        if (cs != CPU_ROWBLOCK_CHUNK)
+            cpu_rowblock_prefetch(w);
+        __mmask32 m = cols - k >= 32 ? (__mmask32)0xffffffffu
+                                     : (__mmask32)((1u << (cols - k)) - 1u);
+        __m512bh xv[3];
+#pragma GCC unroll 3
+        for (int i = 0; i < N; i++)
+            xv[i] = (__m512bh)_mm512_loadu_si512(xq + i * ldq + k / 2);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * rs);
+#pragma GCC unroll 3
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv, xv[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+/* R rows from row r against all n rows of x, up to three at a time (24 accumulators). */
+AI void bf16d_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
+                   const weight_t *w, int64_t r, const int R)
+{
+    size_t rb = dtype_row_bytes(w->dtype, w->cols);
+    int blocked = cpu_rowblock_is(w->dtype);
+    const uint8_t *b = blocked ? cpu_rowblock_at(w->data, rb, r, 0)
+                               : (const uint8_t *)w->data + (size_t)r * rb;
+    size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
+    size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
+    for (int i = 0; i < n;) {
+        float *yi = y + i * ldy + r;
+        const float *xi = xq + i * ldq;
+        if (n - i >= 3) {
+            bf16d_tile(yi, ldy, xi, ldq, b, rs, cs, w->cols, R, 3);
+            i += 3;
+        } else if (n - i == 2) {
+            bf16d_tile(yi, ldy, xi, ldq, b, rs, cs, w->cols, R, 2);
+            i += 2;
+        } else {
+            bf16d_tile(yi, ldy, xi, ldq, b, rs, cs, w->cols, R, 1);
+            i += 1;
+        }
+    }
+}
+
+static void bf16d_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                       int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
+{
+    (void)x;
+    (void)ldx;
+    int64_t r = r0;
+    /* Row-blocked weights come in whole blocks, and matmul.c hands out rows by 16. */
+    for (; r + CPU_ROWBLOCK_ROWS <= r1; r += CPU_ROWBLOCK_ROWS)
+        bf16d_rows(y, ldy, xq, ldq, n, w, r, CPU_ROWBLOCK_ROWS);
+    for (; r < r1; r++)
+        bf16d_rows(y, ldy, xq, ldq, n, w, r, 1);
+}
+
+/* The prefill kernels are gemm_dot_x86.h's, taking a pair of bf16 values as one 32-bit
+ * element: the weights are packed as they are stored (moved, not converted) and each
+ * multiply-add is vdpbf16ps. */
+#undef GD_FN
+#undef GD_FMA
+#undef GD_LDW
+#define GD_FN(name) avx512bf16_##name
+#define GD_FMA(a, b, c) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
+#define GD_LDW(et, p) _mm512_loadu_ps((const float *)(p))
+#include "kernels/cpu/gemm_dot_x86.h"
+
+/* Columns are counted in bf16 values by the caller, in pairs by the template. */
+static void bf16d_gemm_wpack(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
+                             int64_t k1)
+{
+    avx512bf16_gemm_wpack_et(wp, w, r0, r1, k0 / 2, k1 / 2, DTYPE_F32);
+}
+
+static void bf16d_gemm_dot(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
+                           const float *wp, int nr, int64_t kc, int first)
+{
+    avx512bf16_gemm_dot(c, y, ldy, x, ldx, m, wp, nr, kc / 2, first);
+}
+
 /* ---- vector ops ------------------------------------------------------------------------- */
 
 static float avx512_dot(const float *a, const float *b, int64_t n)
@@ -1096,6 +1230,19 @@ static float avx512_peak_f32(int64_t iters)
 #undef STEP
 }
 
+/* vdpbf16ps at full width: 32 multiply-adds an instruction, the float peak of the
+ * avx512bf16 level, whose bf16 matmuls run it. */
+static float avx512bf16_peak_f32(int64_t iters)
+{
+    const __m512bh m = (__m512bh)_mm512_set1_epi32(0x3f803f80); /* 1.0 twice */
+    const __m512bh c = (__m512bh)_mm512_set1_epi32(0x358637bd); /* about 1e-6 */
+#define INIT(i) _mm512_set1_ps((float)(i))
+#define STEP(a) _mm512_dpbf16_ps(a, m, c)
+    return _mm512_reduce_add_ps(PEAK_ROUNDS(__m512, iters, INIT, STEP, _mm512_add_ps));
+#undef INIT
+#undef STEP
+}
+
 /* The 8-bit peak at full width: vpdpbusd where the processor has VNNI, else vpmaddubsw
  * (each chain fed its own products as the unsigned operand), 64 products a chain and round.
  * The Q8/Q4 kernels run 256-bit integer code, so their fraction of this peak is the fraction
@@ -1114,37 +1261,57 @@ static int32_t avx512_peak_i8(int64_t iters)
     return _mm512_reduce_add_epi32(s);
 }
 
+/* The fields the two tables of this file share. */
+#define AVX512_COMMON_FIELDS \
+    .q4x8 = 1, \
+    .q8x8 = 1, \
+    .rowblock = 1, \
+    .gemv_x8_block = avx512_gemv_x8_block, \
+    .gemm_panel = GEMM_P, \
+    .gemm_pack = avx512_gemm_pack, \
+    .gemm_block = avx512_gemm_block, \
+    .gemm_mr = GD_MR, \
+    .gemm_nr = GD_NR, \
+    .rows_to_f32 = avx512_rows_to_f32, \
+    .dot = avx512_dot, \
+    .sumsq = avx512_sumsq, \
+    .scale_mul = avx512_scale_mul, \
+    .add = avx512_add, \
+    .swiglu = avx512_swiglu, \
+    .attn_scores = avx512_attn_scores, \
+    .attn_values = avx512_attn_values, \
+    .kv_to_f32 = avx512_kv_to_f32, \
+    .exp_sum = avx512_exp_sum, \
+    .max = avx512_max, \
+    .read_sum = avx512_read_sum, \
+    .peak_i8 = avx512_peak_i8, \
+    .peak_macs_i8 = PEAK_CHAINS * 64,
+
 const cpu_kernels_t cpu_kernels_avx512 = {
+    AVX512_COMMON_FIELDS
     .level = CPU_SIMD_AVX512,
-    .q4x8 = 1,
-    .q8x8 = 1,
-    .rowblock = 1,
     .gemv = avx512_gemv,
     .gemv_prep_floats = avx512_gemv_prep_floats,
     .gemv_prep = avx512_gemv_prep,
-    .gemv_x8_block = avx512_gemv_x8_block,
-    .gemm_panel = GEMM_P,
-    .gemm_pack = avx512_gemm_pack,
-    .gemm_block = avx512_gemm_block,
-    .gemm_mr = GD_MR,
-    .gemm_nr = GD_NR,
-    .gemm_lanes = GD_L,
     .gemm_wpack = avx512_gemm_wpack,
+    .gemm_lanes = GD_L,
     .gemm_dot = avx512_gemm_dot,
-    .rows_to_f32 = avx512_rows_to_f32,
-    .dot = avx512_dot,
-    .sumsq = avx512_sumsq,
-    .scale_mul = avx512_scale_mul,
-    .add = avx512_add,
-    .swiglu = avx512_swiglu,
-    .attn_scores = avx512_attn_scores,
-    .attn_values = avx512_attn_values,
-    .kv_to_f32 = avx512_kv_to_f32,
-    .exp_sum = avx512_exp_sum,
-    .max = avx512_max,
-    .read_sum = avx512_read_sum,
     .peak_f32 = avx512_peak_f32,
-    .peak_i8 = avx512_peak_i8,
     .peak_macs_f32 = PEAK_CHAINS * 16,
-    .peak_macs_i8 = PEAK_CHAINS * 64,
+};
+
+/* The avx512bf16 level: the avx512 level's kernels, but bf16 weights' matmuls on vdpbf16ps
+ * against x in bf16 (cpu_kernels_for gives this table to bf16 weights only). */
+const cpu_kernels_t cpu_kernels_avx512bf16 = {
+    AVX512_COMMON_FIELDS
+    .level = CPU_SIMD_AVX512BF16,
+    .gemv = bf16d_gemv,
+    .gemv_prep_floats = bf16d_prep_floats,
+    .gemv_prep = bf16d_prep,
+    .gemm_lanes = 32, /* bf16 columns a vector of pairs */
+    .gemm_x_cols_per_float = 2,
+    .gemm_wpack = bf16d_gemm_wpack,
+    .gemm_dot = bf16d_gemm_dot,
+    .peak_f32 = avx512bf16_peak_f32,
+    .peak_macs_f32 = PEAK_CHAINS * 32,
 };

@@ -1,6 +1,7 @@
 /* The gemv the vector levels share for the 2- and 3-bit weight types, and the kernel tables
  * that route Q2/Q3 weights to each level's kernels (lowbit.h). */
 #include "kernels/cpu/lowbit.h"
+#include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/x8_pick.h"
 
 #include <pthread.h>
@@ -64,6 +65,8 @@ static void lowbit_tables_build(void)
         [CPU_SIMD_AVX2] = {&cpu_kernels_avx2, cpu_lowbit_gemv_avx2, cpu_lowbit_rows_to_f32_avx2},
         [CPU_SIMD_AVX512] = {&cpu_kernels_avx512, cpu_lowbit_gemv_avx512,
                              cpu_lowbit_rows_to_f32_avx512},
+        [CPU_SIMD_AVX512BF16] = {&cpu_kernels_avx512, cpu_lowbit_gemv_avx512,
+                                 cpu_lowbit_rows_to_f32_avx512},
     };
     for (int l = 0; l < CPU_SIMD_COUNT; l++) {
         cpu_kernels_t t = *levels[l].base;
@@ -78,6 +81,9 @@ static void lowbit_tables_build(void)
 
 const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w)
 {
+    /* The avx512bf16 level differs from avx512 only in bf16 weights' matmuls. */
+    if (k->level == CPU_SIMD_AVX512BF16 && cpu_rowblock_elem(w->dtype) != DTYPE_BF16)
+        k = &cpu_kernels_avx512;
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return cpu_x8_kernels(k, w->dtype);
     if (w->dtype != DTYPE_Q2 && w->dtype != DTYPE_Q3)

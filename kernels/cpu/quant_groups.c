@@ -100,7 +100,7 @@ int quant_groups(cpu_simd_t level, const quant_job_t *j, const float *w, int64_t
 {
     if (j->group % QUANT_LANES != 0)
         level = CPU_SIMD_SCALAR;
-    return level == CPU_SIMD_AVX512 ? quant_groups_avx512(j, w, n_groups, q, scales, zeros, st)
+    return level >= CPU_SIMD_AVX512 ? quant_groups_avx512(j, w, n_groups, q, scales, zeros, st)
            : level == CPU_SIMD_AVX2 ? quant_groups_avx2(j, w, n_groups, q, scales, zeros, st)
                                     : quant_groups_scalar(j, w, n_groups, q, scales, zeros, st);
 }

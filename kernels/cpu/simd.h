@@ -70,6 +70,10 @@ typedef struct cpu_kernels {
      * else y[i*ldy + j] (j < nr) becomes their sum as gemv takes it. Split over calls at
      * any multiple of L, an output has the bits of one call, and those of gemv. */
     int gemm_mr, gemm_nr, gemm_lanes;
+    /* 0: gemm_dot reads x in f32. Else it reads x as gemv_prep leaves it, this many columns
+     * to a float (the avx512bf16 level: 2, a pair of bf16 values), and gemm_lanes counts
+     * columns. */
+    int gemm_x_cols_per_float;
     void (*gemm_wpack)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
                        int64_t k1);
     void (*gemm_dot)(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
@@ -120,7 +124,8 @@ typedef struct cpu_kernels {
     /* The compute peak (cpu_peak_gmacs): `iters` rounds of independent multiply-add chains
      * held in registers, enough chains to cover the instructions' latency, no memory
      * operands; the result depends on every chain so that none is dead. peak_f32 runs the
-     * f32 FMA the float matmuls use, peak_i8 the 8-bit integer multiply-add the Q8/Q4
+     * f32 FMA the float matmuls use (at avx512bf16, the vdpbf16ps its bf16 matmuls use),
+     * peak_i8 the 8-bit integer multiply-add the Q8/Q4
      * kernels use; peak_macs_* are the multiply-adds of one round. */
     float (*peak_f32)(int64_t iters);
     int32_t (*peak_i8)(int64_t iters);
@@ -130,6 +135,7 @@ typedef struct cpu_kernels {
 extern const cpu_kernels_t cpu_kernels_scalar;
 extern const cpu_kernels_t cpu_kernels_avx2;
 extern const cpu_kernels_t cpu_kernels_avx512;
+extern const cpu_kernels_t cpu_kernels_avx512bf16;
 
 /* The table of a level (which must be supported by the processor). */
 const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level);

@@ -21,8 +21,13 @@ cpu_simd_t cpu_simd_detect(void)
      * compiled with -mavx512dq, so the compiler may use DQ instructions there. Every
      * processor with BW and VL has it. */
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+        /* AVX512-BF16 is CPUID leaf 7, subleaf 1, EAX bit 5. */
+        unsigned a7 = 0, b7, c7, d7;
+        if (__get_cpuid_count(7, 1, &a7, &b7, &c7, &d7) && (a7 & (1u << 5)))
+            return CPU_SIMD_AVX512BF16;
         return CPU_SIMD_AVX512;
+    }
     return avx2 ? CPU_SIMD_AVX2 : CPU_SIMD_SCALAR;
 }
 
@@ -35,6 +40,8 @@ const char *cpu_simd_name(cpu_simd_t level)
         return "avx2";
     case CPU_SIMD_AVX512:
         return "avx512";
+    case CPU_SIMD_AVX512BF16:
+        return "avx512bf16";
     case CPU_SIMD_COUNT:
         break;
     }
@@ -77,7 +84,7 @@ int cpu_simd_selected(cpu_simd_t *out)
     }
     if (simd_env_level == CPU_SIMD_COUNT)
         return river_err_set(RIVER_EINVAL, "RIVER_SIMD=%s: not a level (scalar, avx2, "
-                             "avx512); this processor has up to %s", simd_env_text,
+                             "avx512, avx512bf16); this processor has up to %s", simd_env_text,
                              cpu_simd_name(best));
     if (simd_env_level > best)
         return river_err_set(RIVER_EUNSUPPORTED, "RIVER_SIMD=%s: this processor lacks %s; "
@@ -90,6 +97,8 @@ int cpu_simd_selected(cpu_simd_t *out)
 const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level)
 {
     switch (level) {
+    case CPU_SIMD_AVX512BF16:
+        return &cpu_kernels_avx512bf16;
     case CPU_SIMD_AVX512:
         return &cpu_kernels_avx512;
     case CPU_SIMD_AVX2:
