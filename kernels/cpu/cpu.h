@@ -39,8 +39,9 @@ cpu_simd_t cpu_simd_parse(const char *name);
 
 /* The level every component that asks for "the best" runs: the environment variable
  * RIVER_SIMD (scalar|avx2|avx512|avx512bf16) where set, else cpu_simd_detect(). The
- * variable is read once per process. A name that is no level, or a level this processor lacks, is an error
- * (RIVER_EINVAL / RIVER_EUNSUPPORTED) naming it and what the processor has. */
+ * variable is read once per process. A name that is no level, or a level this processor
+ * lacks, is an error (RIVER_EINVAL / RIVER_EUNSUPPORTED) naming it and what the processor
+ * has. */
 int cpu_simd_selected(cpu_simd_t *out);
 
 /* Creates a CPU backend with n_threads workers (0: one per online core) using SIMD level

@@ -84,8 +84,8 @@ int cpu_simd_selected(cpu_simd_t *out)
     }
     if (simd_env_level == CPU_SIMD_COUNT)
         return river_err_set(RIVER_EINVAL, "RIVER_SIMD=%s: not a level (scalar, avx2, "
-                             "avx512, avx512bf16); this processor has up to %s", simd_env_text,
-                             cpu_simd_name(best));
+                             "avx512, avx512bf16); this processor has up to %s",
+                             simd_env_text, cpu_simd_name(best));
     if (simd_env_level > best)
         return river_err_set(RIVER_EUNSUPPORTED, "RIVER_SIMD=%s: this processor lacks %s; "
                              "it has up to %s", simd_env_text, simd_env_text,
