@@ -1058,16 +1058,13 @@ static int mm_xbf16(const env_t *e, const weight_t *w)
            (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_BF16X8);
 }
 
-/* x rounded to bf16 as that level does, written here from the definition (to nearest, ties
- * to even: the bits plus 0x7fff plus the lowest kept bit, cut to the top 16); half_step
- * gets each element's bound, half a unit in its last place (|x| / 256). */
+/* x rounded to bf16 as that level does (to nearest, ties to even: kernels/half.h, not the
+ * kernels' vcvtne2ps2bf16); half_step gets each element's bound, half a unit in its last
+ * place (|x| / 256). */
 static void mm_round_x_bf16(const float *x, int64_t n, float *xd, float *half_step)
 {
     for (int64_t k = 0; k < n; k++) {
-        uint32_t b;
-        memcpy(&b, &x[k], sizeof b);
-        b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-        memcpy(&xd[k], &b, sizeof b);
+        xd[k] = bf16_to_f32(f32_to_bf16(x[k]));
         half_step[k] = fabsf(x[k]) / 256.0f;
     }
 }

@@ -847,6 +847,8 @@ AI void bf16d_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
     }
 }
 
+/* Reads x only as bf16d_prep leaves it: matmul.c prepares it whenever gemv_prep_floats
+ * says so, which for this table is every call. */
 static void bf16d_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
                        int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
 {
