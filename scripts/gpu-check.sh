@@ -7,6 +7,8 @@
 # finds the machine's own cuBLAS, cuBLASLt and NCCL, and runs the steps below, each with a
 # time limit and a log of its own:
 #
+#   probe      what the machine is: its C library, driver and GPUs, where the libraries the
+#              bundle leaves out were found, and every bundled program's libraries (ldd)
 #   ops        tests/test_cuda_ops: what is the CUDA backend's own (upload slots, the error
 #              for a missing device, the stories260K goldens end to end with graphs)
 #   backend_ops tests/test_backend_ops: the one op case list, the CPU backend against the
@@ -22,6 +24,10 @@
 #              its decode tokens/s over bench-bf16's
 #   long-ctx   the same with a 2048-token prompt (decode at a 2k context)
 #   river-q4   a 4-bit river of that checkpoint (river quant), then a river decode on it
+#   exit-speed decode tokens/s of that checkpoint alone and leaving the backbone after 4 of
+#              its 16 layers onto the 4-bit river (a fixed exit), and the ratio
+#   split-costs river bench --split-costs: a river layer's time against a backbone layer's
+#   profile    river bench --profile: one decode step op by op (each op synced)
 #   memcheck   compute-sanitizer memcheck of a few stories260K tokens (skipped where the
 #              machine has no compute-sanitizer)
 #
@@ -43,8 +49,8 @@
 set -u
 
 cd "$(dirname "$0")/.." || exit 3
-ALL_STEPS="ops backend_ops backend golden exit generate router worker split kernels bench-bf16 graphs \
-long-ctx river-q4 memcheck"
+ALL_STEPS="probe ops backend_ops backend golden exit generate router worker split kernels bench-bf16 graphs \
+long-ctx river-q4 exit-speed split-costs profile memcheck"
 
 only=${STEPS:-}
 while [ $# -gt 0 ]; do
@@ -79,10 +85,16 @@ for s in $selected; do
     esac
 done
 
-# The logs are written where they come back from ($OUT) and archived after every step: a
-# run cut short by the outer time limit still returns every step that finished.
+# The summary and the archive of the logs are written where they come back from ($OUT), the
+# archive again after every step: a run cut short by the outer time limit still returns
+# every step that finished. Under $OUT the logs themselves stay out of it, since a lent
+# machine sends back at most 8 files and there are more steps than that.
 DEST=${OUT:-build-gpu/gpu-check}
-LOGS=$DEST/logs
+if [ -n "${OUT:-}" ]; then
+    LOGS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-logs.XXXXXX")/logs || exit 3
+else
+    LOGS=$DEST/logs
+fi
 rm -rf "$LOGS"
 mkdir -p "$DEST" "$LOGS" || exit 3
 SUMMARY=$DEST/summary.txt
@@ -230,17 +242,59 @@ need_synth() {
     step synth 120 "$B/bin/river" synth --shape llama-3.2-1b --dtype bf16 --out "$SYNTH" --quiet
 }
 
+probe() {
+    ldd --version 2>&1 | head -n 1
+    uname -srm
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+        --format=csv 2>&1
+    grep -m 1 'model name' /proc/cpuinfo
+    echo "cores $(nproc), $(grep -o -w 'avx2\|avx512f\|avx512_bf16' /proc/cpuinfo | sort -u |
+        tr '\n' ' ')"
+    echo "LD_LIBRARY_PATH=$LIBPATH"
+    bad=0
+    for f in "$B"/bin/* "$B"/tests/*; do
+        missing=$(LD_LIBRARY_PATH=$LIBPATH ldd "$f" 2>&1 | grep 'not found')
+        if [ -n "$missing" ]; then
+            echo "$f: $missing"
+            bad=1
+        fi
+    done
+    [ "$bad" -eq 0 ] && echo "every bundled program finds its libraries"
+    return "$bad"
+}
+
+# The 4-bit river of that checkpoint (river quant), made on first need.
+RIVERQ4=$(dirname "$SYNTH")/river-q4-g64-rtn.safetensors
+need_river_q4() {
+    [ -f "$RIVERQ4" ] && return 0
+    step river-q4-quant 240 "$B/bin/river" quant --model "$SYNTH" --bits 4 --group 64 \
+        --method rtn --out "$RIVERQ4"
+}
+
 run_step() {
     case "$1" in
+    probe)
+        # A function of this script, so not under timeout(1); ldd does not hang.
+        if probe >"$LOGS/probe.log" 2>&1; then
+            say "ok    probe"
+        else
+            say "FAIL  probe (a bundled program misses a library)"
+            failed="$failed probe"
+        fi
+        cat "$LOGS/probe.log" >>"$SUMMARY"
+        archive
+        ;;
     ops)
         step ops 180 "$B/tests/test_cuda_ops"
         grep -E '^(cuda |[0-9]+%: Checks)' "$LOGS/ops.log" >>"$SUMMARY"
         ;;
     backend_ops | backend | golden | exit | generate | router | worker | split)
         if [ -x "$B/tests/test_$1" ]; then
-            # The op case list also runs the CPU's reference pairs: it takes longest.
+            # The op case list runs its CUDA pair alone (RIVER_TEST_PAIRS): the CPU's pairs
+            # are make test's, and they took most of this step's minutes on the H200.
             lim=150; [ "$1" = backend_ops ] && lim=300
-            step "$1" "$lim" env RIVER_TEST_DEVICE=cuda "$B/tests/test_$1"
+            step "$1" "$lim" env RIVER_TEST_DEVICE=cuda RIVER_TEST_PAIRS=cuda \
+                "$B/tests/test_$1"
             grep -E '^[0-9]+%: Checks' "$LOGS/$1.log" >>"$SUMMARY"
         else
             skip "$1" "test_$1 is not in the bundle"
@@ -281,16 +335,45 @@ run_step() {
         ;;
     river-q4)
         need_synth || { skip river-q4 "no checkpoint"; return; }
-        RIVERQ4=$(dirname "$SYNTH")/river-q4-g64-rtn.safetensors
-        if [ ! -f "$RIVERQ4" ]; then
-            step river-q4-quant 240 "$B/bin/river" quant --model "$SYNTH" --bits 4 \
-                --group 64 --method rtn --out "$RIVERQ4" || return
-        fi
+        need_river_q4 || return
         step river-q4 120 "$B/bin/river" run --model "$SYNTH" --tokenizer "$LLAMA3_TOK" \
             --device cuda --river "$RIVERQ4" --policy cosine --strategy river --tau 0.9 \
             --prompt "Once upon a time" --max-tokens 64 --ignore-eos --output json
         tail -c 600 "$LOGS/river-q4.log" >>"$SUMMARY"
         echo >>"$SUMMARY"
+        ;;
+    exit-speed)
+        need_synth || { skip exit-speed "no checkpoint"; return; }
+        need_river_q4 || return
+        for how in plain exit4; do
+            args=""
+            [ "$how" = exit4 ] && args="--river $RIVERQ4 --policy fixed --exit-layer 4"
+            # shellcheck disable=SC2086
+            step "exit-speed-$how" 120 "$B/bin/river" run --model "$SYNTH" \
+                --tokenizer "$LLAMA3_TOK" --device cuda $args --prompt "Once upon a time" \
+                --max-tokens 256 --ignore-eos --output json || return
+        done
+        for how in plain exit4; do
+            sed -n 's/.*"decode_tok_s":\([0-9.]*\).*/\1/p' "$LOGS/exit-speed-$how.log" |
+                tail -n 1 | sed "s/^/decode_tok_s_$how /"
+        done | tee "$LOGS/exit-speed.txt" | tee -a "$SUMMARY"
+        awk '{ t[$1] = $2 } END { if (t["decode_tok_s_plain"] > 0)
+                 printf "exit_speedup_4_of_16 %.3f\n",
+                        t["decode_tok_s_exit4"] / t["decode_tok_s_plain"] }' \
+            "$LOGS/exit-speed.txt" | tee -a "$SUMMARY"
+        ;;
+    split-costs)
+        need_synth || { skip split-costs "no checkpoint"; return; }
+        need_river_q4 || return
+        step split-costs 120 "$B/bin/river" bench --model "$SYNTH" --device cuda \
+            --split-costs "$RIVERQ4" --runs 3
+        tail -n 20 "$LOGS/split-costs.log" >>"$SUMMARY"
+        ;;
+    profile)
+        need_synth || { skip profile "no checkpoint"; return; }
+        step profile 120 "$B/bin/river" bench --model "$SYNTH" --device cuda --profile \
+            --prompt-len 128 --gen-len 16 --bandwidth-mib 256
+        tail -n 45 "$LOGS/profile.log" >>"$SUMMARY"
         ;;
     memcheck)
         if [ -z "$SANITIZER" ]; then

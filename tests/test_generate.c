@@ -1,5 +1,7 @@
 /* The generator: a sequence batched with others gives the same tokens as alone, stop
  * strings, EOS, cancel, streaming text, limits. */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,10 +195,15 @@ START_TEST(test_chunking_keeps_bits)
     }
     ck_assert_int_eq(out[0].n, 8);
     ck_assert_int_eq(out[1].n, 8);
+    /* The CUDA backend makes no such promise: its prefill is cuBLAS and its decode its own
+     * GEMV, which sum in other orders. There the tokens must agree and the
+     * log-probabilities be close. */
+    bool exact = strcmp(test_device(), "cuda") != 0;
     for (int t = 0; t < 8; t++) {
         ck_assert_int_eq(out[0].ids[t], out[1].ids[t]);
         for (int k = 0; k < 6; k++)
-            ck_assert_msg(memcmp(&out[0].lp[t][k], &out[1].lp[t][k], sizeof(float)) == 0,
+            ck_assert_msg(exact ? memcmp(&out[0].lp[t][k], &out[1].lp[t][k], sizeof(float)) == 0
+                                : fabsf(out[0].lp[t][k] - out[1].lp[t][k]) <= 1e-4f,
                           "token %d, log-probability %d: %.9g prefilled whole, %.9g in "
                           "chunks of 4",
                           t, k, out[0].lp[t][k], out[1].lp[t][k]);

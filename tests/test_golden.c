@@ -24,6 +24,10 @@
  * README). The llama2.c copy and stories260K meet 1e-4 outright. */
 #define HIDDEN_TOL 1e-4f
 #define HIDDEN_REL 1e-6f
+/* On a GPU the reductions run as warp trees and split-K partials, another order again; on
+ * the H200, stories260K's tom_and_lily put one element of magnitude 104.6 just past
+ * HIDDEN_REL. 4e-6 is about 32 ulp. */
+#define HIDDEN_REL_GPU 4e-6f
 
 typedef struct golden_case {
     const char *model;     /* model path */
@@ -249,6 +253,7 @@ START_TEST(test_each_layer)
     ids_from_json(json_object_get(fx.golden, "full_sequence"), full, &n_full);
     float *in = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d);
     float worst = 0;
+    float rel = strcmp(test_device(), "cuda") == 0 ? HIDDEN_REL_GPU : HIDDEN_REL;
     ck_assert_int_eq(kv_seq_reserve(&fx.seq, fx.kv, fx.steps), 0);
     for (int i = 0; i < fx.steps; i++) {
         const float *g = fx.hidden + (size_t)i * (size_t)c->n_layers * d;
@@ -271,9 +276,10 @@ START_TEST(test_each_layer)
             const float *want = g + (size_t)l * d;
             for (size_t j = 0; j < d; j++) {
                 float diff = fabsf(out[j] - want[j]);
-                float tol = fmaxf(HIDDEN_TOL, HIDDEN_REL * fabsf(want[j]));
-                ck_assert_msg(diff <= tol, "%s step %d layer %d elem %zu: %g vs golden %g",
-                              gc->slug, i, l, j, (double)out[j], (double)want[j]);
+                float tol = fmaxf(HIDDEN_TOL, rel * fabsf(want[j]));
+                ck_assert_msg(diff <= tol, "%s step %d layer %d elem %zu: %.9g vs golden %.9g "
+                              "(difference %.3g, tolerance %.3g)", gc->slug, i, l, j,
+                              (double)out[j], (double)want[j], (double)diff, (double)tol);
                 dh = diff > dh ? diff : dh;
             }
             ck_assert_msg(dh == dh, "%s step %d layer %d: hidden differs by %g", gc->slug,

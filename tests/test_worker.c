@@ -398,6 +398,12 @@ END_TEST
  * the same river and policy. */
 START_TEST(test_exit_policy_lowbit)
 {
+    /* CUDA refuses 2- and 3-bit weights at upload, naming the dtype (test_backend_ops holds
+     * it to that); a worker there stops at start-up with that error. */
+    if (strcmp(test_device(), "cuda") == 0) {
+        printf("test_exit_policy_lowbit: not on cuda (2- and 3-bit weights are the CPU's)\n");
+        return;
+    }
     for (int bits = 2; bits <= 3; bits++) {
         char river_file[512];
         snprintf(river_file, sizeof river_file, "%s/kjv-river-q%d.safetensors", test_tmpdir(),
