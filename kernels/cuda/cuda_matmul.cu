@@ -31,11 +31,11 @@ __device__ __forceinline__ void load8(const dweight &w, int64_t r, int c, float 
 {
     if (DT == DTYPE_F32) {
         const float4 *p = (const float4 *)((const float *)w.data + r * w.cols + c);
-        float4 a = p[0], b = p[1];
+        float4 a = __ldg(p), b = __ldg(p + 1);
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
         v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
     } else if (DT == DTYPE_F16 || DT == DTYPE_BF16) {
-        uint4 q = *(const uint4 *)((const uint16_t *)w.data + r * w.cols + c);
+        uint4 q = __ldg((const uint4 *)((const uint16_t *)w.data + r * w.cols + c));
         uint32_t u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -145,6 +145,101 @@ k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
     gemv_store(y, part, acc, w.rows, n, p);
 }
 
+/* Output features per warp of the few-rows kernel below. */
+#define GEMV_RPW 4
+/* 8-column loads per output feature each lane of that kernel issues per step. */
+#define GEMV_FEW_UNROLL 2
+
+/* The decode case, y (NR, rows) = x (NR, cols) W^T for NR <= GEMV_ROWS rows of x, over the
+ * columns of split blockIdx.z: each warp takes GEMV_RPW output features and issues all
+ * their loads (GEMV_RPW x GEMV_FEW_UNROLL of 16 bytes a lane) before it uses any. On the
+ * H200, one feature a warp (k_gemv8) streamed bf16 weights at a quarter of the copy
+ * bandwidth: too few bytes in flight, and a warp's share too small for its reduction and
+ * exit. Here x's loads and the reduction are shared by GEMV_RPW features, and NR is a
+ * template argument, so a decode step reduces one row of x, not GEMV_ROWS. A lane sums its
+ * columns in k_gemv8's order; the splits are of GEMV_FEW_UNROLL steps, not GEMV_UNROLL. */
+template <int DT, int NR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_few(float *y, float *part, const float *x, dweight w, int kchunk)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
+    if (r0 >= w.rows)
+        return;
+    const int cols = (int)w.cols;
+    const int kbeg = blockIdx.z * kchunk;
+    const int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
+    bool has[GEMV_RPW];
+    float acc[GEMV_RPW][NR];
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++) {
+        has[j] = r0 + j < w.rows;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            acc[j][i] = 0.0f;
+    }
+    for (int c0 = kbeg + lane * 8; c0 < kend; c0 += 32 * 8 * GEMV_FEW_UNROLL) {
+        float v[GEMV_FEW_UNROLL][GEMV_RPW][8];
+#pragma unroll
+        for (int u = 0; u < GEMV_FEW_UNROLL; u++)
+#pragma unroll
+            for (int j = 0; j < GEMV_RPW; j++) {
+                if (c0 + u * 256 < kend && has[j])
+                    load8<DT>(w, r0 + j, c0 + u * 256, v[u][j]);
+                else /* a feature past the last: summed, never stored */
+                    for (int k = 0; k < 8; k++)
+                        v[u][j][k] = 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < GEMV_FEW_UNROLL; u++) {
+            int c = c0 + u * 256;
+            if (c >= kend)
+                break;
+#pragma unroll
+            for (int i = 0; i < NR; i++) {
+                const float4 *xp = (const float4 *)(x + (int64_t)i * cols + c);
+                float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                for (int j = 0; j < GEMV_RPW; j++) {
+                    const float *t = v[u][j];
+                    acc[j][i] += t[0] * a.x + t[1] * a.y + t[2] * a.z + t[3] * a.w +
+                                 t[4] * b.x + t[5] * b.y + t[6] * b.z + t[7] * b.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++)
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            float s = warp_sum(acc[j][i]);
+            if (lane == 0 && has[j]) {
+                int64_t at = (int64_t)i * w.rows + r0 + j;
+                if (gridDim.z == 1)
+                    y[at] = s;
+                else
+                    part[(int64_t)blockIdx.z * NR * w.rows + at] = s;
+            }
+        }
+}
+
+/* k_gemv_few for n (1..GEMV_ROWS) rows of x and the weight's type. */
+template <int DT>
+static void gemv_few_launch(dim3 grid, dim3 block, cudaStream_t st, float *y, float *part,
+                            const float *x, const dweight &w, int n, int kchunk)
+{
+    switch (n) {
+    case 1: k_gemv_few<DT, 1><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 2: k_gemv_few<DT, 2><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 3: k_gemv_few<DT, 3><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 4: k_gemv_few<DT, 4><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 5: k_gemv_few<DT, 5><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 6: k_gemv_few<DT, 6><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 7: k_gemv_few<DT, 7><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    default: k_gemv_few<DT, 8><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    }
+}
+
 /* W4A16 with wide loads: each lane reads 16 bytes (32 columns, one group: group % 32 == 0)
  * per step, with one scale and zero for the 32. */
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -182,6 +277,97 @@ k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
         }
     }
     gemv_store(y, part, acc, w.rows, n, p);
+}
+
+/* k_gemv_q4w for NR <= GEMV_ROWS rows of x (the river's decode step), GEMV_RPW output
+ * features a warp with all their 16-byte loads issued first, as k_gemv_few does for the
+ * other types; a lane sums in k_gemv_q4w's order. */
+template <int NR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int kchunk)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
+    if (r0 >= w.rows)
+        return;
+    const int cols = (int)w.cols;
+    const int kbeg = blockIdx.z * kchunk;
+    const int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
+    bool has[GEMV_RPW];
+    float acc[GEMV_RPW][NR];
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++) {
+        has[j] = r0 + j < w.rows;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            acc[j][i] = 0.0f;
+    }
+    for (int c = kbeg + lane * 32; c < kend; c += 32 * 32) {
+        int g = group_of(w, c);
+        uint4 q[GEMV_RPW];
+        float s[GEMV_RPW], z[GEMV_RPW];
+#pragma unroll
+        for (int j = 0; j < GEMV_RPW; j++) {
+            q[j] = make_uint4(0, 0, 0, 0); /* a feature past the last: summed, never stored */
+            s[j] = z[j] = 0.0f;
+            if (has[j]) {
+                int64_t r = r0 + j;
+                q[j] = __ldg((const uint4 *)((const uint8_t *)w.data + r * (w.cols / 2) + c / 2));
+                s[j] = h2f(w.scales[r * w.ngroups + g]);
+                z[j] = h2f(w.zeros[r * w.ngroups + g]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float4 *xp = (const float4 *)(x + (int64_t)i * cols + c);
+            float4 a[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                a[k] = __ldg(xp + k);
+#pragma unroll
+            for (int j = 0; j < GEMV_RPW; j++) {
+                uint32_t u[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
+                float t = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float v0 = ((float)((u[k / 2] >> (16 * (k % 2))) & 0xfu) - z[j]) * s[j];
+                    float v1 = ((float)((u[k / 2] >> (16 * (k % 2) + 4)) & 0xfu) - z[j]) * s[j];
+                    float v2 = ((float)((u[k / 2] >> (16 * (k % 2) + 8)) & 0xfu) - z[j]) * s[j];
+                    float v3 = ((float)((u[k / 2] >> (16 * (k % 2) + 12)) & 0xfu) - z[j]) * s[j];
+                    t += v0 * a[k].x + v1 * a[k].y + v2 * a[k].z + v3 * a[k].w;
+                }
+                acc[j][i] += t;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++)
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            float sum = warp_sum(acc[j][i]);
+            if (lane == 0 && has[j]) {
+                int64_t at = (int64_t)i * w.rows + r0 + j;
+                if (gridDim.z == 1)
+                    y[at] = sum;
+                else
+                    part[(int64_t)blockIdx.z * NR * w.rows + at] = sum;
+            }
+        }
+}
+
+static void gemv_q4w_few_launch(dim3 grid, dim3 block, cudaStream_t st, float *y, float *part,
+                                const float *x, const dweight &w, int n, int kchunk)
+{
+    switch (n) {
+    case 1: k_gemv_q4w_few<1><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 2: k_gemv_q4w_few<2><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 3: k_gemv_q4w_few<3><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 4: k_gemv_q4w_few<4><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 5: k_gemv_q4w_few<5><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 6: k_gemv_q4w_few<6><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    case 7: k_gemv_q4w_few<7><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    default: k_gemv_q4w_few<8><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
+    }
 }
 
 /* Any shape and group: one element at a time (columns not a multiple of 8, odd groups). */
@@ -253,9 +439,14 @@ static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t 
         CU_LAUNCHED("matmul gemv");
         return 0;
     }
+    /* Up to GEMV_ROWS rows of x (a decode step) take the kernels of GEMV_RPW features a
+     * warp: k_gemv_q4w_few for Q4 in whole groups of 32, else k_gemv_few. */
+    int few = n <= GEMV_ROWS;
+    if (few)
+        row_blocks = blocks_for(w->rows, GEMV_WARPS * GEMV_RPW);
     int kchunk;
-    int ks = gemv_splits(ctx, row_blocks * passes, (int)w->cols, q4w ? 32 * 32 : GEMV_STEP,
-                         &kchunk);
+    int step = q4w ? 32 * 32 : few ? 32 * 8 * GEMV_FEW_UNROLL : GEMV_STEP;
+    int ks = gemv_splits(ctx, row_blocks * passes, (int)w->cols, step, &kchunk);
     float *part = NULL;
     int64_t total = (int64_t)n * w->rows;
     if (ks > 1) {
@@ -265,7 +456,19 @@ static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t 
         part = (float *)ctx->scratch;
     }
     dim3 grid((unsigned)row_blocks, passes, (unsigned)ks);
-    if (q4w)
+    if (few && q4w)
+        gemv_q4w_few_launch(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (few && w->dtype == DTYPE_F32)
+        gemv_few_launch<DTYPE_F32>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (few && w->dtype == DTYPE_F16)
+        gemv_few_launch<DTYPE_F16>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (few && w->dtype == DTYPE_BF16)
+        gemv_few_launch<DTYPE_BF16>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (few && w->dtype == DTYPE_Q8)
+        gemv_few_launch<DTYPE_Q8>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (few)
+        gemv_few_launch<DTYPE_Q4>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+    else if (q4w)
         k_gemv_q4w<<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_F32)
         k_gemv8<DTYPE_F32><<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
