@@ -392,6 +392,8 @@ FUZZ_WORKER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard workers/pair*.c)) \
                    $(BUILD)/workers/link.o $(SCHEMA_OBJ) \
                    $(GATEWAY_FUZZ_OBJ)
 $(BUILD)/tests/test_fuzz_regress: $(FUZZ_WORKER_OBJ)
+# The split suite checks the transport choice (workers/pair_transport.c) in process too.
+$(BUILD)/tests/test_split: $(FUZZ_WORKER_OBJ)
 # The gateway suite checks the API key set and the tenants' rates in process too.
 GATEWAY_KEYS_OBJ := $(if $(GATEWAY_SRC),$(BUILD)/gateway/apikeys.o $(BUILD)/gateway/tenants.o \
                     $(BUILD)/gateway/errors.o)

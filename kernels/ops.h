@@ -176,6 +176,10 @@ typedef struct backend_info {
                           ("avx512"), the GPU's model name */
     int threads;       /* host threads the ops run on (0 where not meaningful) */
     int device;        /* device index, -1 for host backends */
+    char uuid[48];     /* what names the physical device on this host, the same in every
+                          process that uses it whatever its index there (CUDA: "GPU-" and
+                          the UUID nvidia-smi shows); "" for host backends. Two processes
+                          compare it to learn that they share one device */
     int host_memory;   /* buffers, KV pages and weights are plain host memory: the caller may
                           map, share (memfd) or advise them */
     handoff_kind_t handoff; /* the split pair's hand-off this backend asks for */
@@ -234,7 +238,10 @@ typedef struct ops {
      * maps a buffer another process exported (for SHARED_MEMFD h->fd is a descriptor of this
      * process, which the mapping does not need afterwards). Both return the buffer in the
      * backend's address space, NULL on failure with a detail (RIVER_EUNSUPPORTED for a kind
-     * the backend cannot map, RIVER_EINVAL for a handle that does not describe `bytes`). */
+     * the backend cannot map, RIVER_EINVAL for a handle that does not describe `bytes`).
+     * A handle this process exported itself maps too: device backends (whose IPC cannot
+     * open a handle in the process that made it) give the exported buffer itself, an alias
+     * that shared_free with owner 0 leaves alone; the CPU backend maps the memfd again. */
     void *(*shared_alloc)(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h);
     void *(*shared_map)(ops_ctx_t *ctx, const shared_handle_t *h);
     /* Unmaps either kind (h as shared_alloc filled it, or as given to shared_map). */

@@ -30,6 +30,7 @@
 #include "tests/fakerd.h"
 #include "tests/proc.h"
 #include "tests/testutil.h"
+#include "workers/pair_transport.h"
 
 #define KJV_SOURCE TEST_DATA "/kjv-12l"
 /* The model of the current test: kjv-12l as shipped, or a quantized copy of it (the loop
@@ -224,6 +225,8 @@ typedef struct fake_river {
     backend_t *be;
     kv_pool_t *kv;   /* the shared pool this process offers */
     int memfd;
+    void *stage;     /* a p2p staging buffer for 64 rows, as a river makes it; NULL: none */
+    shared_handle_t stage_h;
     char fingerprint[MODEL_FINGERPRINT_LEN];
     char backend[64];
 } fake_river_t;
@@ -232,11 +235,16 @@ typedef struct hello_opts {
     uint32_t protocol, boundary, threads, kv_dim, n_pages, heartbeat_ms, liveness;
     const char *fingerprint;
     const char *kv_dtype; /* the pool's element type the hello claims */
+    /* The transport offered (0: zmq) and beside it (0: none; p2p: with the staging buffer
+     * the fake river made), and the device named ("": the backend's). */
+    pair_transport_kind_t transport, transport_alt;
+    const char *device_uuid;
 } hello_opts_t;
 
 static hello_opts_t hello_default(const fake_river_t *r)
 {
-    return (hello_opts_t){.protocol = 1, .boundary = BOUNDARY, .threads = 1,
+    return (hello_opts_t){.protocol = 1, .boundary = BOUNDARY,
+                          .threads = (uint32_t)backend_threads(r->be),
                           .kv_dim = (uint32_t)kv_pool_view(r->kv)->kv_dim,
                           .n_pages = (uint32_t)kv_pool_total_pages(r->kv),
                           .heartbeat_ms = 1000, .liveness = 3, .fingerprint = r->fingerprint,
@@ -304,6 +312,33 @@ static void fr_hello(fake_river_t *r, void *sock, const hello_opts_t *o)
     h.max_rows = 64;
     h.heartbeat_ms = o->heartbeat_ms;
     h.liveness = o->liveness;
+    /* The pool as the backend shares it: a memfd on the host, an IPC handle on a GPU. */
+    const shared_handle_t *sh = kv_pool_shared_handle(r->kv);
+    h.kv_kind = (uint32_t)sh->kind;
+    if (sh->kind == SHARED_CUDA_IPC) {
+        h.kv_ipc.data = (uint8_t *)sh->ipc;
+        h.kv_ipc.len = sizeof sh->ipc;
+    }
+    backend_info_t bi;
+    backend_get_info(r->be, &bi);
+    h.device_uuid = (char *)(o->device_uuid ? o->device_uuid : bi.uuid);
+    h.transport = (uint32_t)o->transport;
+    h.transport_alt = (uint32_t)o->transport_alt;
+    if (o->transport == PAIR_TRANSPORT_P2P || o->transport_alt == PAIR_TRANSPORT_P2P) {
+        ck_assert_ptr_nonnull(r->stage);
+        h.stage_kind = (uint32_t)r->stage_h.kind;
+        h.stage_bytes = r->stage_h.bytes;
+        h.stage_fd = r->stage_h.fd;
+        if (r->stage_h.kind == SHARED_CUDA_IPC) {
+            h.stage_ipc.data = r->stage_h.ipc;
+            h.stage_ipc.len = sizeof r->stage_h.ipc;
+        }
+    }
+    if (o->transport == PAIR_TRANSPORT_NCCL) {
+        static uint8_t id[OPS_PEER_ID_BYTES]; /* never joined: the test only pairs */
+        h.nccl_id.data = id;
+        h.nccl_id.len = sizeof id;
+    }
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_HELLO;
     env.hello = &h;
@@ -322,7 +357,8 @@ static void expect_error(void *sock, const char *want)
     river__pair__backbone_message__free_unpacked(bm, NULL);
 }
 
-static void expect_hello_ok(void *sock)
+/* Returns the transport the backbone took (PairHelloOk.transport). */
+static uint32_t expect_hello_ok(void *sock)
 {
     River__Pair__BackboneMessage *bm = fr_recv(sock, 5000);
     ck_assert_ptr_nonnull(bm);
@@ -332,7 +368,9 @@ static void expect_hello_ok(void *sock)
     ck_assert_uint_eq(bm->hello_ok->layer_begin, BOUNDARY);
     ck_assert_uint_eq(bm->hello_ok->layer_end, 12);
     ck_assert_uint_gt(bm->hello_ok->backbone_pid, 0);
+    uint32_t kind = bm->hello_ok->transport;
     river__pair__backbone_message__free_unpacked(bm, NULL);
+    return kind;
 }
 
 /* Sends one layer request and waits for its reply into out; returns the PairError message
@@ -395,8 +433,18 @@ static void fr_open(fake_river_t *r, int n_pages)
     ck_assert_ptr_nonnull(r->ctx);
 }
 
+/* The staging buffer a river side of the p2p transport makes, for the hello's 64 rows. */
+static void fr_stage(fake_river_t *r)
+{
+    size_t bytes = (size_t)64 * (size_t)r->m->cfg.dim * sizeof(float);
+    r->stage = r->be->ops->shared_alloc(r->be->ctx, bytes, &r->stage_h);
+    ck_assert_msg(r->stage != NULL, "%s", river_err_detail());
+}
+
 static void fr_close(fake_river_t *r)
 {
+    if (r->stage)
+        r->be->ops->shared_free(r->be->ctx, r->stage, &r->stage_h, 1);
     zmq_ctx_term(r->ctx);
     kv_pool_destroy(&r->kv);
     backend_destroy(&r->be);
@@ -495,7 +543,13 @@ START_TEST(test_engine_seam)
      * backbones), so that both read the same K/V values. */
     dtype_t kvt = gen_kv_dtype(m, GEN_KV_AUTO);
     ck_assert_int_eq(kv_pool_new_shared(&shared, be, 12, kvd, kvt, 16, 16, &fd), 0);
-    ck_assert_int_eq(kv_pool_attach(&attached, be, fd, 12, kvd, kvt, 16, 16), 0);
+    /* Through the handle the pool exports, as the backbone worker maps it: on a device
+     * backend the process that exported it gets the same memory (CUDA IPC cannot open a
+     * handle where it was made), on the CPU a second mapping of the memfd. */
+    const shared_handle_t *sh = kv_pool_shared_handle(shared);
+    ck_assert_ptr_nonnull(sh);
+    ck_assert_msg(kv_pool_attach_handle(&attached, be, sh, 12, kvd, kvt, 16, 16) == 0, "%s",
+                  river_err_detail());
     ck_assert_int_eq(kv_pool_is_attached(attached), 1);
     int32_t page;
     ck_assert_int_eq(kv_pool_alloc_page(attached, &page), RIVER_ESTATE);
@@ -511,7 +565,7 @@ START_TEST(test_engine_seam)
     kv_pool_free_page(shared, page);
     /* Another geometry than the memory's, or a descriptor that is no shared memory. */
     kv_pool_t *bad = NULL;
-    ck_assert_int_eq(kv_pool_attach(&bad, be, fd, 12, kvd, kvt, 16, 32), RIVER_EINVAL);
+    ck_assert_int_eq(kv_pool_attach_handle(&bad, be, sh, 12, kvd, kvt, 16, 32), RIVER_EINVAL);
     int null_fd = open("/dev/null", O_RDWR);
     ck_assert_int_ge(null_fd, 0);
     ck_assert_int_eq(kv_pool_attach(&bad, be, null_fd, 12, kvd, kvt, 16, 16), RIVER_EINVAL);
@@ -578,7 +632,13 @@ START_TEST(test_engine_seam)
         ck_assert_int_eq(seam_generate(m, be, shared, &r, &ex, out), RIVER_EUNSUPPORTED);
     }
     forward_destroy(&sm.f);
+    /* Dropping the attached pool leaves the shared one's memory as it was: where the
+     * attached pool is the exporter's own buffer, its detach neither frees nor unmaps it. */
+    float mark = 7.5f, back = 0;
+    ck_assert_int_eq(be->ops->from_host(be->ctx, kv_pool_view(shared)->k, 3, &mark, 1), 0);
     kv_pool_destroy(&attached);
+    ck_assert_int_eq(be->ops->to_host(be->ctx, &back, kv_pool_view(shared)->k, 3, 1), 0);
+    ck_assert(memcmp(&back, &mark, sizeof mark) == 0);
     kv_pool_destroy(&shared);
     exitriver_destroy(&rv);
     backend_destroy(&be);
@@ -631,18 +691,26 @@ START_TEST(test_backbone_protocol)
     o.boundary = 5;
     fr_hello(&r, s, &o);
     expect_error(s, "boundary 5");
-    o = hello_default(&r);
-    o.threads = 2;
-    fr_hello(&r, s, &o);
-    expect_error(s, "threads");
+    /* Kernels on host threads (the CPU's, the opaque backend's) may sum in another order
+     * on another count; a GPU's count is 0 and not compared. */
+    if (backend_threads(r.be) > 0) {
+        o = hello_default(&r);
+        o.threads = backend_threads(r.be) + 1;
+        fr_hello(&r, s, &o);
+        expect_error(s, "threads");
+    }
     o = hello_default(&r);
     o.protocol = 9;
     fr_hello(&r, s, &o);
     expect_error(s, "protocol");
-    o = hello_default(&r);
-    o.n_pages = 16; /* the memory holds 8 */
-    fr_hello(&r, s, &o);
-    expect_error(s, "shared memory has");
+    /* The size of a memfd is checked where it is mapped; a CUDA IPC handle says nothing
+     * of its size that the runtime could check. */
+    if (kv_pool_shared_handle(r.kv)->kind == SHARED_MEMFD) {
+        o = hello_default(&r);
+        o.n_pages = 16; /* the memory holds 8 */
+        fr_hello(&r, s, &o);
+        expect_error(s, "shared memory has");
+    }
     /* Not a frame of the protocol at all. */
     ck_assert_int_eq(zmq_send(s, "\xff\xff\xff", 3, 0), 3);
     expect_error(s, "malformed");
@@ -1010,23 +1078,26 @@ START_TEST(test_pair_transports)
 END_TEST
 
 /* A river worker configured unlike its backbone (another thread count, which would break
- * bit-exactness) is refused at its first hello and exits with the reason. */
+ * bit-exactness where the kernels run on host threads; on a GPU, which counts none, another
+ * boundary) is refused at its first hello and exits with the reason. */
 START_TEST(test_river_refused_at_start)
 {
     char peer[300], cfg[1024], err_path[512];
     snprintf(peer, sizeof peer, "ipc://%s/pair-refuse.sock", test_tmpdir());
     pid_t bb = start_backbone(peer, 1);
+    bool gpu = !strcmp(test_device(), "cuda");
     snprintf(cfg, sizeof cfg,
              "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s\nrole: river\nthreads: 2\n%s"
              "auth: {mode: plain}\nsplit:\n  boundary: %d\n  peer: \"%s\"\n", test_tmpdir(),
-             KJV, test_device_yaml(), BOUNDARY, peer);
+             KJV, test_device_yaml(), gpu ? BOUNDARY - 1 : BOUNDARY, peer);
     snprintf(err_path, sizeof err_path, "%s/river-refused.log", test_tmpdir());
     pid_t rv = wk_spawn("river-refused.yaml", cfg, "rv", err_path, NULL);
     ck_assert_int_eq(test_wait_code(rv, 10000), 1);
     size_t len;
     char *log = test_read_file(err_path, &len);
     ck_assert_ptr_nonnull(log);
-    ck_assert_msg(strstr(log, "refused the pair") && strstr(log, "threads"), "%s", log);
+    ck_assert_msg(strstr(log, "refused the pair") && strstr(log, gpu ? "boundary" : "threads"),
+                  "%s", log);
     free(log);
     /* A boundary outside the model is a configuration error before any hello. */
     snprintf(cfg, sizeof cfg,
@@ -1042,6 +1113,88 @@ START_TEST(test_river_refused_at_start)
 }
 END_TEST
 
+/* A backend that only describes itself: a GPU that hands off through NCCL, named uuid. */
+static void stub_info(ops_ctx_t *ctx, backend_info_t *out)
+{
+    (void)ctx;
+    out->name = "stub";
+    out->device = 0;
+    out->handoff = HANDOFF_NCCL;
+    snprintf(out->uuid, sizeof out->uuid, "GPU-stub");
+}
+
+/* Two workers on one device: split.transport auto offers p2p beside nccl and the backbone
+ * takes p2p, since two NCCL ranks cannot share a GPU; nccl configured on either side is
+ * refused at the hello, naming the key and the device. First the choice alone, on a
+ * backend that asks for NCCL; then, on a device backend that names its device (the opaque
+ * backend, every instance of which is one device, or a GPU), a backbone worker's answers
+ * to hellos from this process on the same device. */
+START_TEST(test_one_device_transport)
+{
+    static const ops_t stub_ops = {.name = "stub", .info = stub_info};
+    backend_t stub = {.ops = &stub_ops};
+    pair_transport_kind_t k = PAIR_TRANSPORT_AUTO;
+    ck_assert_int_eq(pair_transport_resolve(PAIR_TRANSPORT_AUTO, &stub), PAIR_TRANSPORT_NCCL);
+    ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_AUTO, &stub), PAIR_TRANSPORT_P2P);
+    ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_NCCL, &stub), PAIR_TRANSPORT_AUTO);
+    ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_AUTO, NULL), PAIR_TRANSPORT_AUTO);
+    /* Another GPU, or none named: nccl. */
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_P2P, "GPU-other", &k), 0);
+    ck_assert_int_eq(k, PAIR_TRANSPORT_NCCL);
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_AUTO, "", &k), 0);
+    ck_assert_int_eq(k, PAIR_TRANSPORT_NCCL);
+    /* One GPU: p2p where both are auto, or the backbone's p2p. */
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), 0);
+    ck_assert_int_eq(k, PAIR_TRANSPORT_P2P);
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_P2P, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), 0);
+    ck_assert_int_eq(k, PAIR_TRANSPORT_P2P);
+    /* nccl configured on one GPU, on either side. */
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_NCCL, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), RIVER_EINVAL);
+    ck_assert_msg(strstr(river_err_detail(), "this backbone's split.transport is nccl") &&
+                      strstr(river_err_detail(), "one GPU (GPU-stub)"), "%s",
+                  river_err_detail());
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_AUTO, "GPU-stub", &k), RIVER_EINVAL);
+    ck_assert_msg(strstr(river_err_detail(), "the river's split.transport is nccl") &&
+                      strstr(river_err_detail(), "one GPU (GPU-stub)"), "%s",
+                  river_err_detail());
+    /* Kinds that do not meet at all. */
+    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_ZMQ, &stub, PAIR_TRANSPORT_NCCL,
+                                           PAIR_TRANSPORT_P2P, "GPU-other", &k), RIVER_EINVAL);
+    ck_assert_msg(strstr(river_err_detail(), "transport nccl differs"), "%s",
+                  river_err_detail());
+
+    fake_river_t r;
+    fr_open(&r, 8);
+    backend_info_t bi;
+    backend_get_info(r.be, &bi);
+    if (bi.uuid[0]) {
+        char endpoint[300];
+        snprintf(endpoint, sizeof endpoint, "ipc://%s/pair-one-device.sock", test_tmpdir());
+        pid_t bb = start_backbone_on(endpoint, 1, NULL);
+        fr_stage(&r);
+        void *s = fr_socket(&r, endpoint);
+        /* A river whose split.transport is nccl, on the backbone's device. */
+        hello_opts_t o = hello_default(&r);
+        o.transport = PAIR_TRANSPORT_NCCL;
+        fr_hello(&r, s, &o);
+        expect_error(s, "the river's split.transport is nccl");
+        /* A river of split.transport auto: nccl, and p2p beside it. */
+        o.transport_alt = PAIR_TRANSPORT_P2P;
+        fr_hello(&r, s, &o);
+        ck_assert_uint_eq(expect_hello_ok(s), PAIR_TRANSPORT_P2P);
+        zmq_close(s);
+        test_kill(&bb, SIGKILL);
+    }
+    fr_close(&r);
+}
+END_TEST
+
 static Suite *split_suite(void)
 {
     Suite *s = suite_create("split");
@@ -1050,6 +1203,7 @@ static Suite *split_suite(void)
     tcase_add_loop_test(tc, test_engine_seam, 0, 3);
     tcase_add_test(tc, test_backbone_protocol);
     tcase_add_test(tc, test_backbone_notices_river_exit);
+    tcase_add_test(tc, test_one_device_transport);
     tcase_add_loop_test(tc, test_pair_matches_full, 0, 3);
     tcase_add_test(tc, test_river_refused_at_start);
     tcase_add_test(tc, test_pair_transports);

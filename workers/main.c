@@ -277,8 +277,7 @@ static int worker__open_pair(worker_t *w)
         .liveness = WORKER_LIVENESS,
         .reply_timeout_ms = WORKER_PAIR_REPLY_TIMEOUT_MS,
         .backoff_max_ms = w->cfg.reconnect_backoff_max_ms,
-        .transport = pair_transport_resolve((pair_transport_kind_t)w->cfg.split_transport,
-                                            w->env.be),
+        .transport = w->cfg.split_transport,
         .be = w->env.be,
     };
     int e = pair_river_new(&w->pair, w->zctx, &pc, m, w->kv, w->memfd);
@@ -688,8 +687,7 @@ static int worker__open_backbone(worker_t *w)
         .fingerprint = w->fingerprint,
         .backend = pair_backend_name(w->env.be),
         .threads = backend_threads(w->env.be),
-        .transport = pair_transport_resolve((pair_transport_kind_t)c->split_transport,
-                                            w->env.be),
+        .transport = c->split_transport,
         .kv_dtype = gen_kv_dtype(m, c->kv_dtype),
     };
     if ((e = pair_backbone_new(&w->bb, w->zctx, &pc, m, w->env.be)))
@@ -699,8 +697,12 @@ static int worker__open_backbone(worker_t *w)
     pair_release_weights(m, 0, c->split_boundary, true);
     worker__log_resident(w, "backbone half");
     log_info("backbone of %s: layers %d..%d on %d threads, waiting for a river worker "
-             "at %s (transport %s)", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads,
-             c->split_peer, pair_transport_name(pc.transport));
+             "at %s (transport %s%s)", c->model, c->split_boundary, m->cfg.n_layers - 1, pc.threads,
+             c->split_peer,
+             pair_transport_name(pair_transport_resolve((pair_transport_kind_t)pc.transport,
+                                                        w->env.be)),
+             pair_transport_fallback((pair_transport_kind_t)pc.transport, w->env.be)
+                 ? ", p2p with a river on this GPU" : "");
     return 0;
 }
 

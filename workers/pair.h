@@ -15,7 +15,8 @@
  * which is exactly what /proc/<pid>/fd needs. The hello also carries everything the two
  * must agree on, and the backbone refuses it (PairError, with the reason) when anything
  * differs: the model's fingerprint, the boundary, the pool's geometry and dtype, the
- * backend and its thread count.
+ * backend and, where its kernels run on host threads, their count; the transport
+ * (workers/pair_transport.h, which takes the devices the two name into account).
  *
  * Each backbone layer >= B that a batch needs is one LayerRequest: the river worker's
  * forward pass (forward_set_remote, pair_river_remote) sends the rows' positions and page
@@ -30,7 +31,8 @@
  * in the same order, and hidden states cross as raw f32 bytes, so a pair gives the tokens
  * of one role-full worker bit for bit, provided both processes run the same backend at
  * the same SIMD level with the same thread count (checked in the hello: the work split
- * among threads may change the order of additions in a kernel).
+ * among threads may change the order of additions in a kernel; a GPU backend counts no
+ * host threads, and its count is not compared).
  *
  * Liveness: the river worker pings while idle; each side counts the other gone after
  * `liveness` silent heartbeat intervals, or at once when the other's process ends (each
@@ -101,7 +103,9 @@ typedef struct pair_river_config {
     int liveness;
     int64_t reply_timeout_ms;  /* longest wait for one LayerReply before the peer is gone */
     int64_t backoff_max_ms;    /* longest wait between two hellos */
-    int transport;             /* pair_transport_kind_t; auto: what the backend asks for */
+    int transport;             /* pair_transport_kind_t; auto: what the backend asks for,
+                                  with p2p offered beside nccl for a backbone on this
+                                  worker's GPU */
     backend_t *be;             /* where the hidden states live; NULL: the model's backend */
 } pair_river_config_t;
 
@@ -144,7 +148,8 @@ typedef struct pair_backbone_config {
     const char *backend;       /* pair_backend_name */
     int threads;               /* the backend's threads */
     int transport;             /* pair_transport_kind_t a hello must ask for; auto: what the
-                                  backend asks for */
+                                  backend asks for, and p2p instead of nccl with a river
+                                  on this worker's GPU */
     dtype_t kv_dtype;          /* the KV pool's element type a hello must offer: this
                                   worker's kv.dtype (gen_kv_dtype) */
 } pair_backbone_config_t;

@@ -25,6 +25,8 @@
 struct pair_backbone {
     void *sock;
     pair_backbone_config_t cfg;
+    pair_transport_kind_t want; /* split.transport as configured, auto kept: on one GPU
+                                   with its river, auto comes to p2p instead of nccl */
     char *endpoint, *fingerprint, *backend;
     const model_t *m;
     backend_t *be;
@@ -108,7 +110,8 @@ int pair_backbone_new(pair_backbone_t **out, void *zctx, const pair_backbone_con
     p->cfg.endpoint = p->endpoint;
     p->cfg.fingerprint = p->fingerprint;
     p->cfg.backend = p->backend;
-    p->cfg.transport = (int)pair_transport_resolve((pair_transport_kind_t)cfg->transport, be);
+    p->want = (pair_transport_kind_t)cfg->transport;
+    p->cfg.transport = (int)pair_transport_resolve(p->want, be);
     p->sock = zmq_socket(zctx, ZMQ_ROUTER);
     if (!p->sock) {
         e = river_err_set(RIVER_ESYS, "pair: zmq_socket: %s", zmq_strerror(errno));
@@ -178,8 +181,9 @@ static void pair__backbone_error(pair_backbone_t *p, const uint8_t *route, size_
 }
 
 /* What the hello asks for against what this side is; the first difference, as a
- * sentence for both logs. */
-static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHello *h)
+ * sentence for both logs. *kind: the transport both take. */
+static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHello *h,
+                             pair_transport_kind_t *kind)
 {
     const model_config_t *c = &p->m->cfg;
     int kvd = c->n_kv_heads * c->head_dim;
@@ -195,7 +199,17 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
     if (h->boundary != (uint32_t)p->cfg.boundary)
         return river_err_set(RIVER_EINVAL, "boundary %u differs from this backbone's "
                              "split.boundary %d", h->boundary, p->cfg.boundary);
-    if (strcmp(h->backend, p->cfg.backend) != 0 || h->threads != (uint32_t)p->cfg.threads)
+    if (strcmp(h->backend, p->cfg.backend) != 0)
+        return river_err_set(RIVER_EINVAL, "kernels %s differ from this backbone's %s: the "
+                             "pair would not give the tokens of one worker bit for bit "
+                             "(configure the same device)",
+                             pair_wire_printable(h->backend, b, sizeof b), p->cfg.backend);
+    /* The same kernels on host threads may still split their sums among threads another
+     * way. A device backend runs on no host threads (it counts 0), and its hello may say
+     * anything there: the count is compared only where this side's kernels run on host
+     * threads (the CPU backend, and the opaque one over it), the same backend as the
+     * river's by the check above. */
+    if (p->cfg.threads > 0 && h->threads != (uint32_t)p->cfg.threads)
         return river_err_set(RIVER_EINVAL, "kernels %s with %u threads differ from this "
                              "backbone's %s with %d: the pair would not give the tokens of "
                              "one worker bit for bit (configure the same threads)",
@@ -230,13 +244,14 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
         return river_err_set(RIVER_EINVAL, "heartbeat %u ms, liveness %u outside [%d, %d] "
                              "and [1, %d]", h->heartbeat_ms, h->liveness,
                              PAIR_HEARTBEAT_MIN_MS, PAIR_HEARTBEAT_MAX_MS, PAIR_LIVENESS_MAX);
-    uint32_t kind = h->transport ? h->transport : PAIR_TRANSPORT_ZMQ;
-    if (kind >= PAIR_TRANSPORT_COUNT)
-        return river_err_set(RIVER_EINVAL, "transport of unknown kind %u", h->transport);
-    if (kind != (uint32_t)p->cfg.transport)
-        return river_err_set(RIVER_EINVAL, "transport %s differs from this backbone's %s "
-                             "(split.transport on its backend)", pair_transport_name((int)kind),
-                             pair_transport_name(p->cfg.transport));
+    if (h->transport >= PAIR_TRANSPORT_COUNT || h->transport_alt >= PAIR_TRANSPORT_COUNT)
+        return river_err_set(RIVER_EINVAL, "transport of unknown kind %u (or %u)",
+                             h->transport, h->transport_alt);
+    int e = pair_transport_choose(p->want, p->be, (pair_transport_kind_t)h->transport,
+                                  (pair_transport_kind_t)h->transport_alt,
+                                  pair_wire_printable(h->device_uuid, a, sizeof a), kind);
+    if (e)
+        return e;
     if (h->kv_kind > SHARED_CUDA_IPC)
         return river_err_set(RIVER_EINVAL, "KV memory of unknown kind %u", h->kv_kind);
     if (h->kv_kind == SHARED_CUDA_IPC && h->kv_ipc.len != sizeof(((shared_handle_t *)0)->ipc))
@@ -250,7 +265,8 @@ static int pair__hello_check(const pair_backbone_t *p, const River__Pair__PairHe
 
 /* Opens the river's KV memory and builds the session. */
 static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello *h,
-                               const uint8_t *route, size_t route_len, int64_t now)
+                               pair_transport_kind_t kind, const uint8_t *route,
+                               size_t route_len, int64_t now)
 {
     const River__Pair__KvGeometry *g = h->kv;
     shared_handle_t sh = {.kind = h->kv_kind ? (shared_kind_t)h->kv_kind : SHARED_MEMFD,
@@ -276,8 +292,6 @@ static int pair__backbone_pair(pair_backbone_t *p, const River__Pair__PairHello 
     p->max_rows = (int)h->max_rows;
     if ((e = forward_new(&p->fwd, p->m, p->be, p->max_rows)))
         goto fail;
-    pair_transport_kind_t kind = h->transport ? (pair_transport_kind_t)h->transport
-                                              : PAIR_TRANSPORT_ZMQ;
     if ((e = pair_transport_new(&p->tr, kind, PAIR_SIDE_BACKBONE, p->be, dim, p->max_rows)) ||
         (e = pair_transport_accept(p->tr, h)))
         goto fail;
@@ -315,7 +329,8 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
 {
     char id[96];
     pair_wire_printable(h->river_id, id, sizeof id);
-    int e = pair__hello_check(p, h);
+    pair_transport_kind_t kind = PAIR_TRANSPORT_ZMQ;
+    int e = pair__hello_check(p, h, &kind);
     /* One river at a time. The same river process may start over (after it timed this
      * side out, from a fresh socket); another one waits until the first is gone. */
     if (!e && p->paired && (pid_t)h->river_pid != p->river_pid &&
@@ -329,7 +344,7 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
         return;
     }
     pair__backbone_end(p, "the river said hello again");
-    if ((e = pair__backbone_pair(p, h, route, route_len, now))) {
+    if ((e = pair__backbone_pair(p, h, kind, route, route_len, now))) {
         log_warn("PairHello from river %s (pid %u): %s", id, h->river_pid,
                  river_err_detail());
         pair__backbone_error(p, route, route_len, 0, river_err_detail());
@@ -354,8 +369,9 @@ static void pair__backbone_hello(pair_backbone_t *p, const River__Pair__PairHell
         return;
     }
     log_info("paired with river %s (pid %d): layers %d..%d of %d rows at most, %u KV "
-             "pages of %u positions shared", p->river_id, (int)p->river_pid, p->cfg.boundary,
-             p->m->cfg.n_layers - 1, p->max_rows, h->kv->n_pages, h->kv->page_size);
+             "pages of %u positions shared, transport %s", p->river_id, (int)p->river_pid,
+             p->cfg.boundary, p->m->cfg.n_layers - 1, p->max_rows, h->kv->n_pages,
+             h->kv->page_size, pair_transport_name(pair_transport_kind(p->tr)));
 }
 
 /* Checks a layer request against the session and the pool; fills p->tables. */

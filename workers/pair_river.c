@@ -36,7 +36,11 @@ struct pair_river {
     const model_t *m;
     kv_pool_t *kv;
     int memfd;
-    pair_transport_t *tr;     /* how the hidden states cross */
+    pair_transport_t *tr;     /* how the hidden states cross: the first choice */
+    pair_transport_t *alt;    /* what split.transport auto also offers, in case the backbone
+                                 shares this side's GPU (p2p beside nccl); NULL: none */
+    pair_transport_t *cur;    /* tr or alt: the one the backbone took; NULL before */
+    char uuid[48];            /* this side's device (backend_info.uuid), "" on the host */
     pair_state_t state;
     bool ever_paired, refused;
     char refusal[512];
@@ -163,7 +167,14 @@ static int pair__river_hello(pair_river_t *p, int64_t now)
     h.max_rows = (uint32_t)p->cfg.max_rows;
     h.heartbeat_ms = (uint32_t)p->cfg.heartbeat_ms;
     h.liveness = (uint32_t)p->cfg.liveness;
-    int e = pair_transport_offer(p->tr, &h);
+    h.device_uuid = p->uuid;
+    /* The alternative first: each offer names its kind in h.transport, and the first
+     * choice's must be the one left there. */
+    int e = 0;
+    if (p->alt && !(e = pair_transport_offer(p->alt, &h)))
+        h.transport_alt = h.transport;
+    if (!e)
+        e = pair_transport_offer(p->tr, &h);
     if (e)
         return e;
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
@@ -224,8 +235,18 @@ int pair_river_new(pair_river_t **out, void *zctx, const pair_river_config_t *cf
     p->cfg.be = cfg->be ? cfg->be : m->backend;
     p->cfg.transport = (int)pair_transport_resolve((pair_transport_kind_t)cfg->transport,
                                                    p->cfg.be);
+    backend_info_t bi;
+    backend_get_info(p->cfg.be, &bi);
+    snprintf(p->uuid, sizeof p->uuid, "%s", bi.uuid);
     int e = pair_transport_new(&p->tr, (pair_transport_kind_t)p->cfg.transport,
                                PAIR_SIDE_RIVER, p->cfg.be, m->cfg.dim, cfg->max_rows);
+    /* Both device kinds take backend buffers, so the remote pair_river_remote sets up from
+     * tr suits either. */
+    pair_transport_kind_t alt = pair_transport_fallback((pair_transport_kind_t)cfg->transport,
+                                                        p->cfg.be);
+    if (!e && alt != PAIR_TRANSPORT_AUTO)
+        e = pair_transport_new(&p->alt, alt, PAIR_SIDE_RIVER, p->cfg.be, m->cfg.dim,
+                               cfg->max_rows);
     if (e) {
         char why[256];
         snprintf(why, sizeof why, "%s", river_err_detail());
@@ -252,6 +273,7 @@ void pair_river_destroy(pair_river_t **pp)
     free(p->table_len);
     free(p->pages);
     pair_transport_destroy(&p->tr);
+    pair_transport_destroy(&p->alt);
     free(p);
     *pp = NULL;
 }
@@ -284,11 +306,13 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
         bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_HELLO_OK) {
         const River__Pair__PairHelloOk *ok = bm->hello_ok;
         uint32_t kind = ok->transport ? ok->transport : PAIR_TRANSPORT_ZMQ;
-        int e2 = kind == (uint32_t)pair_transport_kind(p->tr)
-                     ? pair_transport_connect(p->tr)
-                     : river_err_set(RIVER_EPROTO, "the backbone took transport %s, this "
-                                     "river asked for %s", pair_transport_name((int)kind),
-                                     pair_transport_name(pair_transport_kind(p->tr)));
+        p->cur = kind == (uint32_t)pair_transport_kind(p->tr) ? p->tr
+                 : p->alt && kind == (uint32_t)pair_transport_kind(p->alt) ? p->alt
+                                                                            : NULL;
+        int e2 = p->cur ? pair_transport_connect(p->cur)
+                        : river_err_set(RIVER_EPROTO, "the backbone took transport %s, this "
+                                        "river asked for %s", pair_transport_name((int)kind),
+                                        pair_transport_name(pair_transport_kind(p->tr)));
         if (e2) {
             /* A backbone that cannot meet this side's transport is configured wrong, like
              * one that refuses the hello. */
@@ -304,8 +328,9 @@ static void pair__river_handle(pair_river_t *p, zmq_msg_t *msg, int64_t now)
         p->peer_pid = (pid_t)ok->backbone_pid;
         p->pidfd = ok->backbone_pid > 0 ? pair_wire_pidfd(p->peer_pid) : -1;
         log_info("paired with the backbone worker at %s (pid %u): layers %u..%u run "
-                 "there, the KV pool is shared", p->cfg.endpoint, ok->backbone_pid,
-                 ok->layer_begin, ok->layer_end ? ok->layer_end - 1 : 0);
+                 "there, the KV pool is shared, transport %s", p->cfg.endpoint,
+                 ok->backbone_pid, ok->layer_begin, ok->layer_end ? ok->layer_end - 1 : 0,
+                 pair_transport_name((int)kind));
     } else if (p->state == PAIR_HELLO &&
                bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_ERROR) {
         snprintf(p->refusal, sizeof p->refusal, "the backbone worker at %s refused the "
@@ -526,7 +551,7 @@ static int pair__river_wait(pair_river_t *p, int layer, int rows, void *x)
             River__Pair__BackboneMessage *bm = (River__Pair__BackboneMessage *)out;
             if (bm->kind_case == RIVER__PAIR__BACKBONE_MESSAGE__KIND_LAYER &&
                 bm->layer->seq == p->seq) {
-                e = pair_transport_get(p->tr, x, rows, &bm->layer->hidden);
+                e = pair_transport_get(p->cur, x, rows, &bm->layer->hidden);
                 protobuf_c_message_free_unpacked(out, NULL);
                 if (e) {
                     char why[256];
@@ -585,7 +610,7 @@ static int pair__river_trip(void *user, int layer, int n, const int32_t *pos,
     q.table_len = p->table_len;
     q.n_pages = n_pages;
     q.pages = p->pages;
-    if ((e = pair_transport_put(p->tr, x, n, &q.hidden)))
+    if ((e = pair_transport_put(p->cur, x, n, &q.hidden)))
         return e;
     River__Pair__RiverMessage env = RIVER__PAIR__RIVER_MESSAGE__INIT;
     env.kind_case = RIVER__PAIR__RIVER_MESSAGE__KIND_LAYER;

@@ -2,6 +2,7 @@
 #include "workers/pair_transport_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "kernels/backend.h"
@@ -45,6 +46,51 @@ pair_transport_kind_t pair_transport_resolve(pair_transport_kind_t want, const b
 #else
     return PAIR_TRANSPORT_P2P;
 #endif
+}
+
+pair_transport_kind_t pair_transport_fallback(pair_transport_kind_t want, const backend_t *be)
+{
+    /* Only auto may change its mind at the hello; an explicit kind is what it says. */
+    if (want != PAIR_TRANSPORT_AUTO || pair_transport_resolve(want, be) != PAIR_TRANSPORT_NCCL)
+        return PAIR_TRANSPORT_AUTO;
+    return PAIR_TRANSPORT_P2P;
+}
+
+int pair_transport_choose(pair_transport_kind_t want, const backend_t *be,
+                          pair_transport_kind_t offered, pair_transport_kind_t alt,
+                          const char *peer_uuid, pair_transport_kind_t *out)
+{
+    if (offered == PAIR_TRANSPORT_AUTO)
+        offered = PAIR_TRANSPORT_ZMQ; /* older river workers leave the field 0 */
+    if (offered >= PAIR_TRANSPORT_COUNT || alt >= PAIR_TRANSPORT_COUNT)
+        return river_err_set(RIVER_EINVAL, "transport of unknown kind %u (or %u)",
+                             (unsigned)offered, (unsigned)alt);
+    backend_info_t bi = {.device = -1};
+    if (be)
+        backend_get_info(be, &bi);
+    /* Host backends name no device: two of them share nothing NCCL would mind. */
+    bool one_device = bi.uuid[0] && peer_uuid && strcmp(bi.uuid, peer_uuid) == 0;
+    pair_transport_kind_t mine = pair_transport_resolve(want, be);
+    if (one_device && mine == PAIR_TRANSPORT_NCCL) {
+        if (want == PAIR_TRANSPORT_AUTO)
+            mine = PAIR_TRANSPORT_P2P;
+        else
+            return river_err_set(RIVER_EINVAL, "this backbone's split.transport is nccl, but "
+                                 "both workers are on one GPU (%s), where NCCL cannot join "
+                                 "two ranks; configure split.transport p2p (or auto) on both",
+                                 bi.uuid);
+    }
+    if (one_device && offered == PAIR_TRANSPORT_NCCL && alt != PAIR_TRANSPORT_P2P)
+        return river_err_set(RIVER_EINVAL, "the river's split.transport is nccl, but both "
+                             "workers are on one GPU (%s), where NCCL cannot join two ranks; "
+                             "configure split.transport p2p (or auto) on both", bi.uuid);
+    if (offered == mine || (alt != PAIR_TRANSPORT_AUTO && alt == mine)) {
+        *out = mine;
+        return 0;
+    }
+    return river_err_set(RIVER_EINVAL, "transport %s differs from this backbone's %s "
+                         "(split.transport on its backend)", pair_transport_name((int)offered),
+                         pair_transport_name((int)mine));
 }
 
 int pair_transport_new(pair_transport_t **out, pair_transport_kind_t kind, pair_side_t side,

@@ -15,8 +15,12 @@
  *
  * Which one a pair uses is the worker YAML's split.transport (auto|zmq|nccl|p2p). auto asks
  * the backend (backend_info.handoff), never its name: zmq on host memory, nccl on devices
- * where NCCL is built, p2p otherwise. The river side names its kind in PairHello; the
- * backbone side refuses a kind other than its own, since the two would not meet.
+ * where NCCL is built, p2p otherwise, and p2p too when both workers are on one device
+ * (the same backend_info.uuid), since NCCL cannot join two ranks on one GPU. The river
+ * side names its kind in PairHello, with its device's uuid; where its auto comes to nccl
+ * it offers p2p beside it, not knowing yet where the backbone is. The backbone side takes
+ * the kind of its own that the river offers (pair_transport_choose) and refuses the hello
+ * otherwise, since the two would not meet, and refuses an explicit nccl on one GPU.
  *
  * Each side holds one transport per pairing; everything runs on the worker's one thread. */
 #ifndef RIVER_WORKERS_PAIR_TRANSPORT_H
@@ -47,6 +51,19 @@ const char *pair_transport_name(int kind);
 /* The kind a configured kind comes to on backend be: itself, or for auto the one the
  * backend asks for (zmq when be is NULL). */
 pair_transport_kind_t pair_transport_resolve(pair_transport_kind_t want, const backend_t *be);
+
+/* The kind a river side configured for want on be also offers in case the backbone is on
+ * its device: p2p where auto comes to nccl, else PAIR_TRANSPORT_AUTO (nothing more). */
+pair_transport_kind_t pair_transport_fallback(pair_transport_kind_t want, const backend_t *be);
+
+/* The backbone side's choice for a hello: want is its split.transport as configured (auto
+ * kept), be its backend; offered and alt the hello's transport and transport_alt (zmq for
+ * 0 in offered, nothing for 0 in alt); peer_uuid the hello's device_uuid. *out: the kind
+ * both take. RIVER_EINVAL with a sentence for both logs when the two would not meet, or
+ * when either side's split.transport is nccl and both are on one device (naming it). */
+int pair_transport_choose(pair_transport_kind_t want, const backend_t *be,
+                          pair_transport_kind_t offered, pair_transport_kind_t alt,
+                          const char *peer_uuid, pair_transport_kind_t *out);
 
 /* A transport of a resolved kind for n rows of dim floats at most, on be (which must
  * outlive it). RIVER_EUNSUPPORTED for nccl in a build without CUDA, or p2p on a backend

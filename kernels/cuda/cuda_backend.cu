@@ -116,6 +116,8 @@ static void cuda_info(ops_ctx_t *ctx, backend_info_t *out)
     snprintf(out->variant, sizeof out->variant, "%.47s", ctx->name);
     out->threads = 0;
     out->device = ctx->device;
+    static_assert(sizeof ctx->uuid == sizeof out->uuid, "backend_info.uuid holds the UUID");
+    memcpy(out->uuid, ctx->uuid, sizeof out->uuid);
     out->host_memory = 0;
     out->lost = cuda__lost;
 }
@@ -264,6 +266,14 @@ extern "C" int cuda_backend_new(backend_t **out, int device)
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
         snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
         ctx->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+        /* The UUID is the same in every process whatever CUDA_VISIBLE_DEVICES makes its
+         * index there, so two workers tell from it that they share one GPU (a split pair
+         * cannot use NCCL then). Written as nvidia-smi writes it. */
+        const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+        snprintf(ctx->uuid, sizeof ctx->uuid,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                 u[12], u[13], u[14], u[15]);
     } else {
         (void)cudaGetLastError();
     }

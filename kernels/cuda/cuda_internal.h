@@ -77,6 +77,7 @@ struct ops_ctx {
     void **owned;
     size_t n_owned, cap_owned;
     char name[256];
+    char uuid[48]; /* backend_info.uuid: "GPU-" and the device's UUID, "" if unknown */
 };
 
 /* A weight as the kernels see it (by value, so no device copy of weight_t is needed). */

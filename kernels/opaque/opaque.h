@@ -29,6 +29,9 @@
 /* Address space reserved for buffers and weights: room for test models and their KV. */
 #define OPAQUE_ARENA_BYTES ((size_t)64 << 30)
 
+/* backend_info.uuid of every opaque backend: all of them are one device. */
+#define OPAQUE_DEVICE_UUID "opaque-0"
+
 /* A backend over a CPU backend of n_threads threads (0: one per core) at SIMD level simd
  * (as cpu_backend_new takes it). On failure *out is untouched. */
 int opaque_backend_new(backend_t **out, int n_threads, cpu_simd_t simd);

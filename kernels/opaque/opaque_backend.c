@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -25,6 +26,16 @@ struct ops_ctx {
      * a sticky fault, and every op from then on fails; tests of what a worker does then. */
     long fault_after; /* matmuls left before the fault; -1: never */
     int lost;
+    /* The shared buffers this backend exported, so that mapping one of them again gives
+     * the buffer itself, as the CUDA backend's own IPC handles do (a CUDA process cannot
+     * open them): a memfd by its inode. */
+    struct opq_export {
+        void *buf;
+        dev_t dev;
+        ino_t ino;
+        int aliases; /* maps of it not freed yet */
+    } *exports;
+    size_t n_exports, cap_exports;
 };
 
 /* Counts a matmul towards RIVER_OPAQUE_FAULT_AFTER; RIVER_EDEVICE once the device is lost. */
@@ -296,6 +307,9 @@ static void opq_info(ops_ctx_t *ctx, backend_info_t *out)
     memcpy(out->variant, cpu.variant, sizeof out->variant);
     out->threads = cpu.threads;
     out->device = 0;
+    /* Every opaque backend on a host stands for one device, as two workers on one GPU
+     * would be: the split pair's choices for a shared device run here without one. */
+    snprintf(out->uuid, sizeof out->uuid, "%s", OPAQUE_DEVICE_UUID);
     out->host_memory = 0;
     out->lost = ctx->lost;
     /* Peer copies through a shared buffer run the same ops a GPU pair's would, on memory
@@ -383,16 +397,48 @@ static void *opq__shared_place(ops_ctx_t *ctx, int fd, size_t bytes)
     return h;
 }
 
+/* The export whose buffer is buf, or (buf NULL) whose memfd st describes; NULL if none. */
+static struct opq_export *opq__export_find(ops_ctx_t *ctx, const void *buf,
+                                           const struct stat *st)
+{
+    for (size_t i = 0; i < ctx->n_exports; i++) {
+        struct opq_export *x = &ctx->exports[i];
+        if (buf ? x->buf == buf : x->dev == st->st_dev && x->ino == st->st_ino)
+            return x;
+    }
+    return NULL;
+}
+
 static void *opq_shared_alloc(ops_ctx_t *ctx, size_t bytes, shared_handle_t *h)
 {
     int fd;
     if (shm_create(bytes, &fd))
         return NULL;
+    struct stat st;
+    if (fstat(fd, &st)) {
+        river_err_set(RIVER_ESYS, "opaque backend: fstat of shared memory: %s",
+                      strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (ctx->n_exports == ctx->cap_exports) {
+        size_t cap = ctx->cap_exports ? 2 * ctx->cap_exports : 8;
+        struct opq_export *n = realloc(ctx->exports, cap * sizeof *n);
+        if (!n) {
+            river_err_set(RIVER_ENOMEM, "opaque backend: export list");
+            close(fd);
+            return NULL;
+        }
+        ctx->exports = n;
+        ctx->cap_exports = cap;
+    }
     void *buf = opq__shared_place(ctx, fd, bytes);
     if (!buf) {
         close(fd);
         return NULL;
     }
+    ctx->exports[ctx->n_exports++] =
+        (struct opq_export){.buf = buf, .dev = st.st_dev, .ino = st.st_ino};
     memset(h, 0, sizeof *h);
     h->kind = SHARED_MEMFD;
     h->bytes = bytes;
@@ -409,12 +455,27 @@ static void *opq_shared_map(ops_ctx_t *ctx, const shared_handle_t *h)
     }
     if (shm_check(h->fd, h->bytes))
         return NULL;
+    /* Its own export (the same memfd, through whichever descriptor): the buffer itself. */
+    struct stat st;
+    struct opq_export *x = fstat(h->fd, &st) == 0 ? opq__export_find(ctx, NULL, &st) : NULL;
+    if (x) {
+        x->aliases++;
+        return x->buf;
+    }
     return opq__shared_place(ctx, h->fd, h->bytes);
 }
 
 /* The stretch goes back to private zero pages; its addresses are not handed out again. */
 static void opq_shared_free(ops_ctx_t *ctx, void *buf, const shared_handle_t *h, int owner)
 {
+    struct opq_export *x = buf ? opq__export_find(ctx, buf, NULL) : NULL;
+    if (x && !owner && x->aliases > 0) {
+        /* An alias: the owner's mapping stays as it is. */
+        x->aliases--;
+        return;
+    }
+    if (x && owner)
+        *x = ctx->exports[--ctx->n_exports];
     char *r = buf ? opq__real(ctx, buf) : NULL;
     if (r) {
         size_t len = (h->bytes + ctx->page - 1) / ctx->page * ctx->page;
@@ -517,6 +578,7 @@ void opaque_backend_destroy(backend_t **bp)
         return;
     ops_ctx_t *ctx = (*bp)->ctx;
     cpu_backend_destroy(&ctx->cpu);
+    free(ctx->exports);
     munmap(ctx->shadow, OPAQUE_ARENA_BYTES);
     munmap(ctx->real, OPAQUE_ARENA_BYTES);
     free(ctx);
