@@ -26,16 +26,17 @@
 #   river-q4   a 4-bit river of that checkpoint (river quant), then a river decode on it
 #   exit-speed decode tokens/s of that checkpoint alone and leaving the backbone after 4 of
 #              its 16 layers onto the 4-bit river (a fixed exit), and the ratio
-#   split-costs river bench --split-costs: a river layer's time against a backbone layer's
 #   profile    river bench --profile: one decode step op by op (each op synced)
+#   profile-river the same with every token leaving after 4 layers onto the 4-bit river:
+#              a river layer's ops against a backbone layer's
 #   memcheck   compute-sanitizer memcheck of a few stories260K tokens (skipped where the
 #              machine has no compute-sanitizer)
 #
 # usage: scripts/gpu-check.sh [--only STEP[,STEP...]] [--list]
 #        (or STEPS="STEP ..." in the environment; --only wins)
 #
-# Output: summary.txt, logs/NAME.log (one per step) and logs.tar.gz (the same, archived
-# again after every step) under $OUT when it is set, else under build-gpu/gpu-check/. A
+# Output: summary.txt and logs.tar.gz (every step's NAME.log, archived again after every
+# step) under $OUT when it is set, else the same and logs/ under build-gpu/gpu-check/. A
 # failed step's last lines go into the summary too, which ends with the --only line that
 # reruns just the failed steps.
 #
@@ -49,8 +50,11 @@
 set -u
 
 cd "$(dirname "$0")/.." || exit 3
-ALL_STEPS="probe ops backend_ops backend golden exit generate router worker split kernels bench-bf16 graphs \
-long-ctx river-q4 exit-speed split-costs profile memcheck"
+# In the order that brings back the most if the run is cut short: what the machine is, the
+# op tests of the backend itself, the speed figures, then the engine suites. All of it took
+# 226 s on the H200 (the op list 116 s of them).
+ALL_STEPS="probe ops kernels bench-bf16 exit-speed golden exit generate split profile \
+profile-river graphs backend_ops worker router river-q4 backend long-ctx memcheck"
 
 only=${STEPS:-}
 while [ $# -gt 0 ]; do
@@ -362,18 +366,18 @@ run_step() {
                         t["decode_tok_s_exit4"] / t["decode_tok_s_plain"] }' \
             "$LOGS/exit-speed.txt" | tee -a "$SUMMARY"
         ;;
-    split-costs)
-        need_synth || { skip split-costs "no checkpoint"; return; }
-        need_river_q4 || return
-        step split-costs 120 "$B/bin/river" bench --model "$SYNTH" --device cuda \
-            --split-costs "$RIVERQ4" --runs 3
-        tail -n 20 "$LOGS/split-costs.log" >>"$SUMMARY"
-        ;;
     profile)
         need_synth || { skip profile "no checkpoint"; return; }
         step profile 120 "$B/bin/river" bench --model "$SYNTH" --device cuda --profile \
             --prompt-len 128 --gen-len 16 --bandwidth-mib 256
         tail -n 45 "$LOGS/profile.log" >>"$SUMMARY"
+        ;;
+    profile-river)
+        need_synth || { skip profile-river "no checkpoint"; return; }
+        need_river_q4 || return
+        step profile-river 120 "$B/bin/river" bench --model "$SYNTH" --device cuda --profile \
+            --river "$RIVERQ4" --exit-layer 4 --prompt-len 128 --gen-len 16 --bandwidth-mib 256
+        tail -n 45 "$LOGS/profile-river.log" >>"$SUMMARY"
         ;;
     memcheck)
         if [ -z "$SANITIZER" ]; then

@@ -2086,8 +2086,10 @@ static const op_case_t cases[] = {
           1e-5),
     RCASE("add bf16 300x300", run_norm_add, check_add_bias_add, DTYPE_BF16, 300, 300, 0, 0, 0,
           0, 1e-5),
+    /* Its rmsnorm sums 200003 squares: the scalar level, CUDA's reference, adds them one
+     * after another in float, off by about sqrt(n) ulp (the H200 run: 1.45e-5). */
     RCASE("add flat 200003", run_norm_add, check_add_bias_add, DTYPE_F32, 1, 200003, 0, 0, 0,
-          0, 1e-5),
+          0, 5e-5),
     /* rope: Llama 3.2 1B's 32 heads of 64 (full and half rotary), and with the reference:
      * rows, heads, head_dim, rot_dim, layout, attn_factor in hundredths. */
     CASE("rope hd 64 rot 32 heads 32", run_rope, DTYPE_F32, 4, 32, 64, 32, 1e-5),

@@ -20,12 +20,13 @@
  *   plain step (no exits, hooks or remote) into a CUDA graph that is updated in place and
  *   relaunched while the step's shape repeats, instantiated anew when it changes, and left
  *   off for a while when it keeps changing.
- * - matmul: for n <= 8 rows every weight type takes a bandwidth-bound GEMV kernel of four
- *   output features a warp (eight 16-byte loads in flight per lane; n a template argument;
- *   split-K with a deterministic sum for short, wide matrices). Above 8 rows F32/F16/BF16
- *   weights go to cuBLAS (GemmEx, f32 compute; x converted to the weight's 16-bit type) and
- *   Q4/Q8 weights to a dequantize-in-register GEMV kernel, 8 rows per pass (Q4 with groups
- *   of 32k: 16 bytes per lane).
+ * - matmul: for n <= 8 rows, BF16/F16 weights and Q4 in groups of 32k take a
+ *   bandwidth-bound GEMV kernel of four output features a warp (all their 16-byte loads in
+ *   flight before any is used; one instance for n = 1; split-K with a deterministic sum for
+ *   short, wide matrices), F32 and other Q4/Q8 weights one of a feature a warp. Above 8
+ *   rows F32/F16/BF16 weights go to cuBLAS (GemmEx, f32 compute; x converted to the
+ *   weight's 16-bit type) and Q4/Q8 weights to a dequantize-in-register GEMV kernel, 8 rows
+ *   per pass (Q4 with groups of 32k: 16 bytes per lane).
  * - attention: flash-decoding. One block per (KV head, context split, row) serves all the
  *   query heads of its KV head with an online softmax; a reduce kernel merges the splits
  *   where a decode batch needed several to fill the device. Any context length works

@@ -160,7 +160,7 @@ k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
  * columns in k_gemv8's order; the splits are of GEMV_FEW_UNROLL steps, not GEMV_UNROLL. */
 template <int DT, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv_few(float *y, float *part, const float *x, dweight w, int kchunk)
+k_gemv_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
 {
     const int lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
@@ -197,6 +197,8 @@ k_gemv_few(float *y, float *part, const float *x, dweight w, int kchunk)
                 break;
 #pragma unroll
             for (int i = 0; i < NR; i++) {
+                if (i >= nr)
+                    break;
                 const float4 *xp = (const float4 *)(x + (int64_t)i * cols + c);
                 float4 a = __ldg(xp), b = __ldg(xp + 1);
 #pragma unroll
@@ -212,32 +214,31 @@ k_gemv_few(float *y, float *part, const float *x, dweight w, int kchunk)
     for (int j = 0; j < GEMV_RPW; j++)
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (i >= nr)
+                break;
             float s = warp_sum(acc[j][i]);
             if (lane == 0 && has[j]) {
                 int64_t at = (int64_t)i * w.rows + r0 + j;
                 if (gridDim.z == 1)
                     y[at] = s;
                 else
-                    part[(int64_t)blockIdx.z * NR * w.rows + at] = s;
+                    part[(int64_t)blockIdx.z * nr * w.rows + at] = s;
             }
         }
 }
 
-/* k_gemv_few for n (1..GEMV_ROWS) rows of x and the weight's type. */
+/* k_gemv_few for n (1..GEMV_ROWS) rows of x: one instance for the decode step of one row,
+ * one for the rest (the rows present checked at run time). Each instance is compiled into
+ * every program that links the backend, and a lent GPU machine takes 64 MiB of tree and
+ * programs together, so the instances are few. */
 template <int DT>
 static void gemv_few_launch(dim3 grid, dim3 block, cudaStream_t st, float *y, float *part,
                             const float *x, const dweight &w, int n, int kchunk)
 {
-    switch (n) {
-    case 1: k_gemv_few<DT, 1><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 2: k_gemv_few<DT, 2><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 3: k_gemv_few<DT, 3><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 4: k_gemv_few<DT, 4><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 5: k_gemv_few<DT, 5><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 6: k_gemv_few<DT, 6><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 7: k_gemv_few<DT, 7><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    default: k_gemv_few<DT, 8><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    }
+    if (n == 1)
+        k_gemv_few<DT, 1><<<grid, block, 0, st>>>(y, part, x, w, 1, kchunk);
+    else
+        k_gemv_few<DT, GEMV_ROWS><<<grid, block, 0, st>>>(y, part, x, w, n, kchunk);
 }
 
 /* W4A16 with wide loads: each lane reads 16 bytes (32 columns, one group: group % 32 == 0)
@@ -284,7 +285,7 @@ k_gemv_q4w(float *y, float *part, const float *x, dweight w, int n, int kchunk)
  * other types; a lane sums in k_gemv_q4w's order. */
 template <int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int kchunk)
+k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
 {
     const int lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
@@ -319,6 +320,8 @@ k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int kchunk)
         }
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (i >= nr)
+                break;
             const float4 *xp = (const float4 *)(x + (int64_t)i * cols + c);
             float4 a[8];
 #pragma unroll
@@ -344,13 +347,15 @@ k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int kchunk)
     for (int j = 0; j < GEMV_RPW; j++)
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (i >= nr)
+                break;
             float sum = warp_sum(acc[j][i]);
             if (lane == 0 && has[j]) {
                 int64_t at = (int64_t)i * w.rows + r0 + j;
                 if (gridDim.z == 1)
                     y[at] = sum;
                 else
-                    part[(int64_t)blockIdx.z * NR * w.rows + at] = sum;
+                    part[(int64_t)blockIdx.z * nr * w.rows + at] = sum;
             }
         }
 }
@@ -358,16 +363,10 @@ k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int kchunk)
 static void gemv_q4w_few_launch(dim3 grid, dim3 block, cudaStream_t st, float *y, float *part,
                                 const float *x, const dweight &w, int n, int kchunk)
 {
-    switch (n) {
-    case 1: k_gemv_q4w_few<1><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 2: k_gemv_q4w_few<2><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 3: k_gemv_q4w_few<3><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 4: k_gemv_q4w_few<4><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 5: k_gemv_q4w_few<5><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 6: k_gemv_q4w_few<6><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    case 7: k_gemv_q4w_few<7><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    default: k_gemv_q4w_few<8><<<grid, block, 0, st>>>(y, part, x, w, kchunk); break;
-    }
+    if (n == 1)
+        k_gemv_q4w_few<1><<<grid, block, 0, st>>>(y, part, x, w, 1, kchunk);
+    else
+        k_gemv_q4w_few<GEMV_ROWS><<<grid, block, 0, st>>>(y, part, x, w, n, kchunk);
 }
 
 /* Any shape and group: one element at a time (columns not a multiple of 8, odd groups). */
@@ -439,9 +438,9 @@ static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t 
         CU_LAUNCHED("matmul gemv");
         return 0;
     }
-    /* Up to GEMV_ROWS rows of x (a decode step) take the kernels of GEMV_RPW features a
-     * warp: k_gemv_q4w_few for Q4 in whole groups of 32, else k_gemv_few. */
-    int few = n <= GEMV_ROWS;
+    /* Up to GEMV_ROWS rows of x (a decode step) of the backbone's 16-bit weights and of a
+     * river's Q4 in whole groups of 32 take the kernels of GEMV_RPW features a warp. */
+    int few = n <= GEMV_ROWS && (q4w || w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16);
     if (few)
         row_blocks = blocks_for(w->rows, GEMV_WARPS * GEMV_RPW);
     int kchunk;
@@ -458,16 +457,10 @@ static int gemv_launch(ops_ctx_t *ctx, float *y, const float *x, const weight_t 
     dim3 grid((unsigned)row_blocks, passes, (unsigned)ks);
     if (few && q4w)
         gemv_q4w_few_launch(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
-    else if (few && w->dtype == DTYPE_F32)
-        gemv_few_launch<DTYPE_F32>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
     else if (few && w->dtype == DTYPE_F16)
         gemv_few_launch<DTYPE_F16>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
-    else if (few && w->dtype == DTYPE_BF16)
-        gemv_few_launch<DTYPE_BF16>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
-    else if (few && w->dtype == DTYPE_Q8)
-        gemv_few_launch<DTYPE_Q8>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
     else if (few)
-        gemv_few_launch<DTYPE_Q4>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
+        gemv_few_launch<DTYPE_BF16>(grid, block, ctx->stream, y, part, x, dw, n, kchunk);
     else if (q4w)
         k_gemv_q4w<<<grid, block, 0, ctx->stream>>>(y, part, x, dw, n, kchunk);
     else if (w->dtype == DTYPE_F32)
