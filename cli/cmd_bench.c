@@ -232,12 +232,6 @@ int cmd_bench(int argc, char **argv)
         cli_env_close(&env);
         return 2;
     }
-    if (split_river && !cli_env_is_cpu(&env)) {
-        /* A river reads the model's weight bytes on the host (its fingerprint). */
-        cli_env_close(&env);
-        return cli_fail("bench", river_err_set(RIVER_EUNSUPPORTED, "--split-costs needs "
-                                               "--device cpu for now"));
-    }
     if (profile_river && !profile) {
         cli_env_close(&env);
         fprintf(stderr, "river bench: --river goes with --profile\n");

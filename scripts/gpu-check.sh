@@ -26,6 +26,8 @@
 #   river-q4   a 4-bit river of that checkpoint (river quant), then a river decode on it
 #   exit-speed decode tokens/s of that checkpoint alone and leaving the backbone after 4 of
 #              its 16 layers onto the 4-bit river (a fixed exit), and the ratio
+#   split-costs river bench --split-costs: a river layer's time against a backbone layer's,
+#              1 to 64 rows
 #   profile    river bench --profile: one decode step op by op (each op synced)
 #   profile-river the same with every token leaving after 4 layers onto the 4-bit river:
 #              a river layer's ops against a backbone layer's
@@ -53,8 +55,8 @@ cd "$(dirname "$0")/.." || exit 3
 # In the order that brings back the most if the run is cut short: what the machine is, the
 # op tests of the backend itself, the speed figures, then the engine suites. All of it took
 # 226 s on the H200 (the op list 116 s of them).
-ALL_STEPS="probe ops kernels bench-bf16 exit-speed golden exit generate split profile \
-profile-river graphs backend_ops worker router river-q4 backend long-ctx memcheck"
+ALL_STEPS="probe ops kernels bench-bf16 exit-speed split-costs golden exit generate split \
+profile profile-river graphs backend_ops worker router river-q4 backend long-ctx memcheck"
 
 only=${STEPS:-}
 while [ $# -gt 0 ]; do
@@ -365,6 +367,13 @@ run_step() {
                  printf "exit_speedup_4_of_16 %.3f\n",
                         t["decode_tok_s_exit4"] / t["decode_tok_s_plain"] }' \
             "$LOGS/exit-speed.txt" | tee -a "$SUMMARY"
+        ;;
+    split-costs)
+        need_synth || { skip split-costs "no checkpoint"; return; }
+        need_river_q4 || return
+        step split-costs 120 "$B/bin/river" bench --model "$SYNTH" --device cuda \
+            --split-costs "$RIVERQ4"
+        tail -n 9 "$LOGS/split-costs.log" >>"$SUMMARY"
         ;;
     profile)
         need_synth || { skip profile "no checkpoint"; return; }
