@@ -150,6 +150,58 @@ k_gemv8(float *y, float *part, const float *x, dweight w, int n, int kchunk)
 /* 8-column loads per output feature each lane of that kernel issues per step. */
 #define GEMV_FEW_UNROLL 2
 
+/* What one warp of the few-rows kernels takes: output features r0..r0+GEMV_RPW-1 (those
+ * that exist: has), the columns [kbeg, kend) of split blockIdx.z (kchunk each). */
+struct few_part {
+    int lane;
+    int64_t r0;
+    int kbeg, kend;
+    bool has[GEMV_RPW];
+};
+
+/* False for the warps of the last block that lie past the weight's rows; zeroes acc. */
+template <int NR>
+__device__ __forceinline__ bool few_part_of(const dweight &w, int kchunk, few_part &p,
+                                            float acc[GEMV_RPW][NR])
+{
+    p.lane = threadIdx.x & 31;
+    p.r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
+    int cols = (int)w.cols;
+    p.kbeg = blockIdx.z * kchunk;
+    p.kend = cols - p.kbeg < kchunk ? cols : p.kbeg + kchunk;
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++) {
+        p.has[j] = p.r0 + j < w.rows;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            acc[j][i] = 0.0f;
+    }
+    return p.r0 < w.rows;
+}
+
+/* The warp's sums of its features over the nr rows of x: to y, or with split-K to this
+ * split's slice of the partials (summed by k_splitk_sum). */
+template <int NR>
+__device__ __forceinline__ void few_store(float *y, float *part, float acc[GEMV_RPW][NR],
+                                          int64_t rows, int nr, const few_part &p)
+{
+#pragma unroll
+    for (int j = 0; j < GEMV_RPW; j++)
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            if (i >= nr)
+                break;
+            float s = warp_sum(acc[j][i]);
+            if (p.lane == 0 && p.has[j]) {
+                int64_t at = (int64_t)i * rows + p.r0 + j;
+                if (gridDim.z == 1)
+                    y[at] = s;
+                else
+                    part[(int64_t)blockIdx.z * nr * rows + at] = s;
+            }
+        }
+}
+
 /* The decode case, y (NR, rows) = x (NR, cols) W^T for NR <= GEMV_ROWS rows of x, over the
  * columns of split blockIdx.z: each warp takes GEMV_RPW output features and issues all
  * their loads (GEMV_RPW x GEMV_FEW_UNROLL of 16 bytes a lane) before it uses any. On the
@@ -162,30 +214,19 @@ template <int DT, int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_gemv_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
-    if (r0 >= w.rows)
+    few_part p;
+    float acc[GEMV_RPW][NR];
+    if (!few_part_of(w, kchunk, p, acc))
         return;
     const int cols = (int)w.cols;
-    const int kbeg = blockIdx.z * kchunk;
-    const int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
-    bool has[GEMV_RPW];
-    float acc[GEMV_RPW][NR];
-#pragma unroll
-    for (int j = 0; j < GEMV_RPW; j++) {
-        has[j] = r0 + j < w.rows;
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-            acc[j][i] = 0.0f;
-    }
-    for (int c0 = kbeg + lane * 8; c0 < kend; c0 += 32 * 8 * GEMV_FEW_UNROLL) {
+    for (int c0 = p.kbeg + p.lane * 8; c0 < p.kend; c0 += 32 * 8 * GEMV_FEW_UNROLL) {
         float v[GEMV_FEW_UNROLL][GEMV_RPW][8];
 #pragma unroll
         for (int u = 0; u < GEMV_FEW_UNROLL; u++)
 #pragma unroll
             for (int j = 0; j < GEMV_RPW; j++) {
-                if (c0 + u * 256 < kend && has[j])
-                    load8<DT>(w, r0 + j, c0 + u * 256, v[u][j]);
+                if (c0 + u * 256 < p.kend && p.has[j])
+                    load8<DT>(w, p.r0 + j, c0 + u * 256, v[u][j]);
                 else /* a feature past the last: summed, never stored */
                     for (int k = 0; k < 8; k++)
                         v[u][j][k] = 0.0f;
@@ -193,7 +234,7 @@ k_gemv_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
 #pragma unroll
         for (int u = 0; u < GEMV_FEW_UNROLL; u++) {
             int c = c0 + u * 256;
-            if (c >= kend)
+            if (c >= p.kend)
                 break;
 #pragma unroll
             for (int i = 0; i < NR; i++) {
@@ -210,21 +251,7 @@ k_gemv_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < GEMV_RPW; j++)
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            if (i >= nr)
-                break;
-            float s = warp_sum(acc[j][i]);
-            if (lane == 0 && has[j]) {
-                int64_t at = (int64_t)i * w.rows + r0 + j;
-                if (gridDim.z == 1)
-                    y[at] = s;
-                else
-                    part[(int64_t)blockIdx.z * nr * w.rows + at] = s;
-            }
-        }
+    few_store<NR>(y, part, acc, w.rows, nr, p);
 }
 
 /* k_gemv_few for n (1..GEMV_ROWS) rows of x: one instance for the decode step of one row,
@@ -287,23 +314,12 @@ template <int NR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int nr, int kchunk)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_RPW;
-    if (r0 >= w.rows)
+    few_part p;
+    float acc[GEMV_RPW][NR];
+    if (!few_part_of(w, kchunk, p, acc))
         return;
     const int cols = (int)w.cols;
-    const int kbeg = blockIdx.z * kchunk;
-    const int kend = cols - kbeg < kchunk ? cols : kbeg + kchunk;
-    bool has[GEMV_RPW];
-    float acc[GEMV_RPW][NR];
-#pragma unroll
-    for (int j = 0; j < GEMV_RPW; j++) {
-        has[j] = r0 + j < w.rows;
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-            acc[j][i] = 0.0f;
-    }
-    for (int c = kbeg + lane * 32; c < kend; c += 32 * 32) {
+    for (int c = p.kbeg + p.lane * 32; c < p.kend; c += 32 * 32) {
         int g = group_of(w, c);
         uint4 q[GEMV_RPW];
         float s[GEMV_RPW], z[GEMV_RPW];
@@ -311,8 +327,8 @@ k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int nr, int kch
         for (int j = 0; j < GEMV_RPW; j++) {
             q[j] = make_uint4(0, 0, 0, 0); /* a feature past the last: summed, never stored */
             s[j] = z[j] = 0.0f;
-            if (has[j]) {
-                int64_t r = r0 + j;
+            if (p.has[j]) {
+                int64_t r = p.r0 + j;
                 q[j] = __ldg((const uint4 *)((const uint8_t *)w.data + r * (w.cols / 2) + c / 2));
                 s[j] = h2f(w.scales[r * w.ngroups + g]);
                 z[j] = h2f(w.zeros[r * w.ngroups + g]);
@@ -343,21 +359,7 @@ k_gemv_q4w_few(float *y, float *part, const float *x, dweight w, int nr, int kch
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < GEMV_RPW; j++)
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            if (i >= nr)
-                break;
-            float sum = warp_sum(acc[j][i]);
-            if (lane == 0 && has[j]) {
-                int64_t at = (int64_t)i * w.rows + r0 + j;
-                if (gridDim.z == 1)
-                    y[at] = sum;
-                else
-                    part[(int64_t)blockIdx.z * nr * w.rows + at] = sum;
-            }
-        }
+    few_store<NR>(y, part, acc, w.rows, nr, p);
 }
 
 static void gemv_q4w_few_launch(dim3 grid, dim3 block, cudaStream_t st, float *y, float *part,
