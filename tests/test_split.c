@@ -1138,36 +1138,47 @@ START_TEST(test_one_device_transport)
     ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_AUTO, &stub), PAIR_TRANSPORT_P2P);
     ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_NCCL, &stub), PAIR_TRANSPORT_AUTO);
     ck_assert_int_eq(pair_transport_fallback(PAIR_TRANSPORT_AUTO, NULL), PAIR_TRANSPORT_AUTO);
-    /* Another GPU, or none named: nccl. */
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_P2P, "GPU-other", &k), 0);
-    ck_assert_int_eq(k, PAIR_TRANSPORT_NCCL);
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_AUTO, "", &k), 0);
-    ck_assert_int_eq(k, PAIR_TRANSPORT_NCCL);
-    /* One GPU: p2p where both are auto, or the backbone's p2p. */
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), 0);
-    ck_assert_int_eq(k, PAIR_TRANSPORT_P2P);
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_P2P, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), 0);
-    ck_assert_int_eq(k, PAIR_TRANSPORT_P2P);
-    /* nccl configured on one GPU, on either side. */
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_NCCL, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_P2P, "GPU-stub", &k), RIVER_EINVAL);
-    ck_assert_msg(strstr(river_err_detail(), "this backbone's split.transport is nccl") &&
-                      strstr(river_err_detail(), "one GPU (GPU-stub)"), "%s",
-                  river_err_detail());
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_AUTO, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_AUTO, "GPU-stub", &k), RIVER_EINVAL);
-    ck_assert_msg(strstr(river_err_detail(), "the river's split.transport is nccl") &&
-                      strstr(river_err_detail(), "one GPU (GPU-stub)"), "%s",
-                  river_err_detail());
-    /* Kinds that do not meet at all. */
-    ck_assert_int_eq(pair_transport_choose(PAIR_TRANSPORT_ZMQ, &stub, PAIR_TRANSPORT_NCCL,
-                                           PAIR_TRANSPORT_P2P, "GPU-other", &k), RIVER_EINVAL);
-    ck_assert_msg(strstr(river_err_detail(), "transport nccl differs"), "%s",
-                  river_err_detail());
+    /* The choice table: this backbone's split.transport, the river's first kind and its
+     * alternative, the river's device; the kind both take, or the refusal's words. */
+    static const struct {
+        pair_transport_kind_t want, first, alt;
+        const char *uuid;
+        pair_transport_kind_t took; /* PAIR_TRANSPORT_AUTO: refused */
+        const char *why[2];
+    } rows[] = {
+        /* Another GPU, or none named: nccl. */
+        {PAIR_TRANSPORT_AUTO, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_P2P, "GPU-other",
+         PAIR_TRANSPORT_NCCL, {NULL, NULL}},
+        {PAIR_TRANSPORT_AUTO, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_AUTO, "",
+         PAIR_TRANSPORT_NCCL, {NULL, NULL}},
+        /* One GPU: p2p where both are auto, or the backbone's p2p. */
+        {PAIR_TRANSPORT_AUTO, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_P2P, "GPU-stub",
+         PAIR_TRANSPORT_P2P, {NULL, NULL}},
+        {PAIR_TRANSPORT_P2P, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_P2P, "GPU-stub",
+         PAIR_TRANSPORT_P2P, {NULL, NULL}},
+        /* nccl configured on one GPU, on either side. */
+        {PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_P2P, "GPU-stub",
+         PAIR_TRANSPORT_AUTO, {"this backbone's split.transport is nccl", "one GPU (GPU-stub)"}},
+        {PAIR_TRANSPORT_AUTO, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_AUTO, "GPU-stub",
+         PAIR_TRANSPORT_AUTO, {"the river's split.transport is nccl", "one GPU (GPU-stub)"}},
+        /* Kinds that do not meet at all. */
+        {PAIR_TRANSPORT_ZMQ, PAIR_TRANSPORT_NCCL, PAIR_TRANSPORT_P2P, "GPU-other",
+         PAIR_TRANSPORT_AUTO, {"transport nccl differs", NULL}},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        k = PAIR_TRANSPORT_AUTO;
+        int e = pair_transport_choose(rows[i].want, &stub, rows[i].first, rows[i].alt,
+                                      rows[i].uuid, &k);
+        if (rows[i].took != PAIR_TRANSPORT_AUTO) {
+            ck_assert_msg(e == 0 && k == rows[i].took, "row %zu: %d, took %s", i, e,
+                          pair_transport_name(k));
+            continue;
+        }
+        ck_assert_msg(e == RIVER_EINVAL, "row %zu: %d", i, e);
+        for (int w = 0; w < 2; w++)
+            ck_assert_msg(!rows[i].why[w] || strstr(river_err_detail(), rows[i].why[w]),
+                          "row %zu: %s", i, river_err_detail());
+    }
 
     fake_river_t r;
     fr_open(&r, 8);
