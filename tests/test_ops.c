@@ -379,7 +379,7 @@ static float rand_bf16_pair(void)
 
 START_TEST(test_prefill_kernels_split)
 {
-    enum { G = 3, T = 37, HD = 64, K = 160, NR = 8, MR = 4, L = 32, SPLIT = 64 };
+    enum { G = 3, T = 37, HD = 64, K = 160, NR = 16, MR = 4, L = 32, SPLIT = 64 };
     float *q = malloc(sizeof(float) * G * HD), *kr = malloc(sizeof(float) * T * HD);
     float *s1 = malloc(sizeof(float) * G * T), *s2 = malloc(sizeof(float) * G * T);
     const float *rows[T];

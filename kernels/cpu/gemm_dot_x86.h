@@ -91,7 +91,7 @@ AI void GD_FN(gemm_dot_tile)(float *c, float *y, int64_t ldy, const float *x, in
     GD_V acc[GD_MR][GD_NR];
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int j = 0; j < GD_NR; j++)
             acc[i][j] = first ? GD_ZERO() : GD_LOAD(c + (i * GD_NR + j) * GD_L);
     for (int64_t k = 0; k < kc; k += GD_L, wp += GD_NR * GD_L) {
@@ -104,12 +104,13 @@ AI void GD_FN(gemm_dot_tile)(float *c, float *y, int64_t ldy, const float *x, in
             _mm_prefetch((const char *)(x + (M + i) * ldx + k), _MM_HINT_T0);
             xv[i] = GD_LOADU(x + i * ldx + k);
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int j = 0; j < GD_NR; j++) {
             /* Loaded once into a register: the compiler would otherwise fold the load into
              * every multiply-add that uses it, M loads where one does, and the loads, not
-             * the multiply-adds, would set the pace. */
-            GD_V wv = GD_LOAD(wp + j * GD_L);
+             * the multiply-adds, would set the pace. Unaligned, since a level may read
+             * row-blocked weights where they are (simd.h: gemm_w_in_place). */
+            GD_V wv = GD_LOADU(wp + j * GD_L);
             __asm__("" : "+v"(wv));
 #pragma GCC unroll 4
             for (int i = 0; i < M; i++)
@@ -119,14 +120,14 @@ AI void GD_FN(gemm_dot_tile)(float *c, float *y, int64_t ldy, const float *x, in
     if (!y) {
 #pragma GCC unroll 4
         for (int i = 0; i < M; i++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int j = 0; j < GD_NR; j++)
                 GD_STORE(c + (i * GD_NR + j) * GD_L, acc[i][j]);
         return;
     }
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int j = 0; j < GD_NR; j++)
             if (j < nr)
                 y[i * ldy + j] = GD_SUM(acc[i][j]);
@@ -140,6 +141,7 @@ __attribute__((unused)) static void GD_FN(gemm_dot)(float *c, float *y, int64_t 
                                                     int first)
 {
     _Static_assert(GD_MR >= 1 && GD_MR <= 4, "gemm_dot tiles of one to four rows of x");
+    _Static_assert(GD_NR >= 1 && GD_NR <= 16, "gemm_dot_tile unrolls up to 16 weight rows");
 #define GD_TILE(M)                                                                           \
     GD_FN(gemm_dot_tile)(c, y ? y + i * ldy : NULL, ldy, x + i * ldx, ldx, wp, nr, kc, first, M)
     int i = 0;

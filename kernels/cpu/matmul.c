@@ -3,8 +3,9 @@
  * Two paths. Decode (small n) is bound by memory bandwidth: the weight rows are split into
  * a few balanced contiguous chunks per thread and streamed once, each block of rows applied
  * to every row of x while it is in cache (kernel `gemv`). Prefill (large n) is bound by
- * arithmetic: each thread converts blocks of its weight rows to f32 panels and runs blocks
- * of x against them with a register-tiled kernel (`gemm_dot`, below).
+ * arithmetic: each thread converts blocks of its weight rows to f32 panels (or, where a
+ * level's panels are the row-blocked layout itself, reads them in place) and runs blocks of
+ * x against them with a register-tiled kernel (`gemm_dot`, below).
  *
  * Every row of y has the bits it would have alone, whatever n: lossless mode compares a
  * verify batch with single-row decode, the prefix cache's KV must not depend on how a prompt
@@ -167,13 +168,17 @@ static void mm_dot_task(void *arg, int task, int thread)
      * blocks of 256 columns ran 0.8-0.9x as fast as in blocks of 512, river bench
      * --kernels at 512 rows, avx512bf16). */
     const int64_t KC = MM_KC * per;
+    /* Row-blocked weights the level reads as panels where they are (simd.h), at rows
+     * handed out by MM_ROW_UNIT, which whole blocks of rows divide. */
+    const bool in_place = k->gemm_w_in_place && cpu_rowblock_is(w->dtype);
+    const size_t rb = dtype_row_bytes(w->dtype, cols), es = rb / (size_t)cols;
     int64_t r0, r1;
     mm_task_rows(j, task, &r0, &r1);
     for (int64_t b0 = r0; b0 < r1; b0 += MM_MC) {
         int64_t b1 = b0 + MM_MC < r1 ? b0 + MM_MC : r1;
         int panels = (int)((b1 - b0 + NR - 1) / NR);
         /* The panels of the block of columns from k0 start at column k0's place. */
-        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+        for (int64_t k0 = 0; k0 < cols && !in_place; k0 += KC) {
             int64_t kc = cols - k0 < KC ? cols - k0 : KC;
             k->gemm_wpack(wp + (int64_t)panels * NR * k0 / per, w, b0, b1, k0, k0 + kc);
         }
@@ -186,7 +191,9 @@ static void mm_dot_task(void *arg, int task, int thread)
                     int64_t p0 = b0 + (int64_t)p * NR;
                     int nr = b1 - p0 < NR ? (int)(b1 - p0) : NR;
                     const float *pan =
-                        wp + ((int64_t)panels * NR * k0 + (int64_t)p * NR * kc) / per;
+                        in_place ? (const float *)cpu_rowblock_at(w->data, rb, p0,
+                                                                  (size_t)k0 * es)
+                                 : wp + ((int64_t)panels * NR * k0 + (int64_t)p * NR * kc) / per;
                     k->gemm_dot(carry + (int64_t)p * tiles * MR * NR * L,
                                 last ? j->y + (int64_t)i0 * rows + p0 : NULL, rows,
                                 xs + (int64_t)i0 * ldxs + k0 / per, ldxs, i1 - i0, pan, nr,

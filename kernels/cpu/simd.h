@@ -76,6 +76,11 @@ typedef struct cpu_kernels {
     int gemm_x_cols_per_float;
     void (*gemm_wpack)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
                        int64_t k1);
+    /* Nonzero: row-blocked weights of this table's element type (rowblock.h) are gemm_wpack's
+     * panels as they are stored (gemm_nr is CPU_ROWBLOCK_ROWS and a vector is one chunk), so
+     * the panel of rows r0.. at columns k0.. is cpu_rowblock_at(w->data, row bytes, r0, byte
+     * of column k0) and nothing is packed. */
+    int gemm_w_in_place;
     void (*gemm_dot)(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
                      const float *wp, int nr, int64_t kc, int first);
 
