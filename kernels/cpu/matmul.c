@@ -114,8 +114,8 @@ static void mm_gemm_task(void *arg, int task, int thread)
 
 /* The prefill path of float weights (simd.h: gemm_wpack, gemm_dot). Each thread takes its
  * weight rows MM_MC at a time and converts them to f32 panels (gemm_nr rows each) for all
- * columns, MM_KC at a time. Then for each block of MM_MB rows of x it goes over the columns
- * MM_KC at a time, every panel against the block's rows: a panel's part (a few KiB) stays
+ * columns, a block at a time (MM_KC floats of x, or the level's gemm_kc). Then for each
+ * block of MM_MB rows of x it goes over the blocks of columns, every panel against the block's rows: a panel's part (a few KiB) stays
  * in L1 while the rows of x pass over it from L2. The tiles' vectors of partial sums are
  * carried from one block of columns to the next in the thread's scratch (MM_MB x MM_MC
  * vectors, which stay in L2 with the block of x), and summed at the last: a value has the
@@ -129,6 +129,7 @@ static void mm_gemm_task(void *arg, int task, int thread)
  * from L1 and L2, runs at 0.85-0.9 of the peak. Converting the weights again for each block
  * of x (the block's panels only) was 2-4 % slower, and carrying the sums of all rows of x
  * (from L3) 15 % slower at 2048 columns. */
+/* Floats of x a block of columns, where the level does not say (simd.h: gemm_kc). */
 #define MM_KC 256
 #define MM_MC 48
 #define MM_MB 96
@@ -167,7 +168,7 @@ static void mm_dot_task(void *arg, int task, int thread)
     /* Columns a block: the same bytes of x and of the panels whatever `per` (bf16 pairs in
      * blocks of 256 columns ran 0.8-0.9x as fast as in blocks of 512, river bench
      * --kernels at 512 rows, avx512bf16). */
-    const int64_t KC = MM_KC * per;
+    const int64_t KC = (int64_t)(k->gemm_kc ? k->gemm_kc : MM_KC) * per;
     /* Row-blocked weights the level reads as panels where they are (simd.h), at rows
      * handed out by MM_ROW_UNIT, which whole blocks of rows divide. */
     const bool in_place = k->gemm_w_in_place && cpu_rowblock_is(w->dtype);

@@ -81,6 +81,9 @@ typedef struct cpu_kernels {
      * the panel of rows r0.. at columns k0.. is cpu_rowblock_at(w->data, row bytes, r0, byte
      * of column k0) and nothing is packed. */
     int gemm_w_in_place;
+    /* Floats of x (columns, or pairs where gemm_x_cols_per_float is 2) in a block of columns
+     * of matmul.c's loop; 0 takes its default. */
+    int gemm_kc;
     void (*gemm_dot)(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
                      const float *wp, int nr, int64_t kc, int first);
 
