@@ -115,8 +115,9 @@ static void mm_gemm_task(void *arg, int task, int thread)
 /* The prefill path of float weights (simd.h: gemm_wpack, gemm_dot). Each thread takes its
  * weight rows MM_MC at a time and converts them to f32 panels (gemm_nr rows each) for all
  * columns, a block at a time (MM_KC floats of x, or the level's gemm_kc). Then for each
- * block of MM_MB rows of x it goes over the blocks of columns, every panel against the block's rows: a panel's part (a few KiB) stays
- * in L1 while the rows of x pass over it from L2. The tiles' vectors of partial sums are
+ * block of MM_MB rows of x it goes over the blocks of columns, every panel against the
+ * block's rows: a panel's part (a few KiB) stays in L1 while the rows of x pass over it
+ * from L2. The tiles' vectors of partial sums are
  * carried from one block of columns to the next in the thread's scratch (MM_MB x MM_MC
  * vectors, which stay in L2 with the block of x), and summed at the last: a value has the
  * bits gemv gives it, whatever n (tests/test_backend_ops.c: check_rows_alone).
@@ -134,20 +135,26 @@ static void mm_gemm_task(void *arg, int task, int thread)
 #define MM_MC 48
 #define MM_MB 96
 
-/* A thread's scratch for that path, in floats: the panels of MM_MC weight rows over all
- * columns, then the carry (MM_MB / gemm_mr tiles of x against MM_MC / gemm_nr panels,
- * gemm_mr * gemm_nr vectors each). */
-static int64_t mm_dot_panel_floats(const cpu_kernels_t *k, int64_t cols)
+/* Whether the level reads w's row-blocked rows as panels where they are (simd.h:
+ * gemm_w_in_place); matmul hands out rows by MM_ROW_UNIT, which whole blocks divide. */
+static bool mm_dot_in_place(const cpu_kernels_t *k, const weight_t *w)
 {
-    return (MM_MC + k->gemm_nr - 1) / k->gemm_nr * k->gemm_nr * cols;
+    return k->gemm_w_in_place && cpu_rowblock_is(w->dtype);
 }
 
-static int64_t mm_dot_scratch_floats(const cpu_kernels_t *k, int64_t cols)
+/* A thread's scratch for that path, in floats: the panels of MM_MC weight rows over all
+ * columns (none where they are read in place), then the carry (MM_MB / gemm_mr tiles of x
+ * against MM_MC / gemm_nr panels, gemm_mr * gemm_nr vectors each). */
+static int64_t mm_dot_panel_floats(const cpu_kernels_t *k, const weight_t *w)
+{
+    return mm_dot_in_place(k, w) ? 0 : (MM_MC + k->gemm_nr - 1) / k->gemm_nr * k->gemm_nr * w->cols;
+}
+
+static int64_t mm_dot_scratch_floats(const cpu_kernels_t *k, const weight_t *w)
 {
     int64_t tiles = (MM_MB + k->gemm_mr - 1) / k->gemm_mr;
     int64_t panels = (MM_MC + k->gemm_nr - 1) / k->gemm_nr;
-    return mm_dot_panel_floats(k, cols) +
-           tiles * panels * k->gemm_mr * k->gemm_nr * k->gemm_lanes;
+    return mm_dot_panel_floats(k, w) + tiles * panels * k->gemm_mr * k->gemm_nr * k->gemm_lanes;
 }
 
 static void mm_dot_task(void *arg, int task, int thread)
@@ -161,7 +168,7 @@ static void mm_dot_task(void *arg, int task, int thread)
     const int MR = k->gemm_mr, NR = k->gemm_nr, L = k->gemm_lanes / per; /* floats a vector */
     int64_t cols = w->cols, rows = w->rows;
     float *wp = j->ctx->thread_scratch[thread].s.p;
-    float *carry = wp + mm_dot_panel_floats(k, cols);
+    float *carry = wp + mm_dot_panel_floats(k, w);
     const int tiles = (MM_MB + MR - 1) / MR;
     const float *xs = per > 1 ? j->xq : j->x;
     int64_t ldxs = per > 1 ? j->ldq : cols;
@@ -169,10 +176,8 @@ static void mm_dot_task(void *arg, int task, int thread)
      * blocks of 256 columns ran 0.8-0.9x as fast as in blocks of 512, river bench
      * --kernels at 512 rows, avx512bf16). */
     const int64_t KC = (int64_t)(k->gemm_kc ? k->gemm_kc : MM_KC) * per;
-    /* Row-blocked weights the level reads as panels where they are (simd.h), at rows
-     * handed out by MM_ROW_UNIT, which whole blocks of rows divide. */
-    const bool in_place = k->gemm_w_in_place && cpu_rowblock_is(w->dtype);
-    const size_t rb = dtype_row_bytes(w->dtype, cols), es = rb / (size_t)cols;
+    const bool in_place = mm_dot_in_place(k, w);
+    const size_t rb = dtype_row_bytes(w->dtype, cols);
     int64_t r0, r1;
     mm_task_rows(j, task, &r0, &r1);
     for (int64_t b0 = r0; b0 < r1; b0 += MM_MC) {
@@ -193,7 +198,7 @@ static void mm_dot_task(void *arg, int task, int thread)
                     int nr = b1 - p0 < NR ? (int)(b1 - p0) : NR;
                     const float *pan =
                         in_place ? (const float *)cpu_rowblock_at(w->data, rb, p0,
-                                                                  (size_t)k0 * es)
+                                                                  dtype_row_bytes(w->dtype, k0))
                                  : wp + ((int64_t)panels * NR * k0 + (int64_t)p * NR * kc) / per;
                     k->gemm_dot(carry + (int64_t)p * tiles * MR * NR * L,
                                 last ? j->y + (int64_t)i0 * rows + p0 : NULL, rows,
@@ -300,7 +305,7 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     }
 
     if (mm_float(w)) {
-        e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w->cols));
+        e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w));
         if (e)
             return e;
         if (k->gemm_x_cols_per_float > 1 && (e = mm_prep(ctx, &j)) != 0)
