@@ -5,7 +5,10 @@
  * GD_NR (the tile: rows of x, weight rows), GD_ZERO(), GD_LOAD(p) (aligned), GD_LOADU(p),
  * GD_STORE(p, v) (aligned), GD_FMA(a, b, c) (a * b + c, rounded once), GD_SUM(v) (the
  * decode kernels' sum of the lanes) and GD_LDW(et, p) (GD_L weights of element type et at
- * byte p, as f32). The includer provides AI and kernels/cpu/rowblock.h.
+ * byte p, as f32). The includer provides AI and kernels/cpu/rowblock.h. A level whose decode
+ * kernels take bf16 weights in even/odd order (simd.h: gemm_x_cols_per_float) also defines
+ * GD_LDW_EO(p, s): vector s of that order, where p is the byte of the plain order's vector
+ * s, counted from a block of 2 GD_L columns; the template then defines gemm_wpack_eo.
  *
  * Why this form: the decode kernels keep one vector of partial sums per output, lane l
  * adding the products of columns l, l + GD_L, l + 2 GD_L, ... in turn, and sum the lanes at
@@ -24,11 +27,18 @@ AI float *GD_FN(gemm_wpack_at)(float *wp, int64_t r0, int64_t kc, int64_t r, int
     return wp + p * GD_NR * kc + (s * GD_NR + j) * GD_L;
 }
 
+#ifdef GD_LDW_EO
+#define GD__LDW(et, p, s, eo) ((eo) ? GD_LDW_EO(p, s) : GD_LDW(et, p))
+#else
+#define GD__LDW(et, p, s, eo) GD_LDW(et, p)
+#endif
+
 /* The rows in the order of memory, so that the reads are one stream the prefetchers
  * follow: row by row in the row-major layout, and in the row-blocked one (rowblock.h) a
- * block of rows at a time, a span (one chunk of each of its rows) after another. */
+ * block of rows at a time, a span (one chunk of each of its rows) after another. eo: bf16
+ * weights in even/odd order (GD_LDW_EO), k0 a multiple of 2 GD_L. */
 AI void GD_FN(gemm_wpack_et)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
-                             int64_t k1, const dtype_t et)
+                             int64_t k1, const dtype_t et, const int eo)
 {
     size_t rb = dtype_row_bytes(w->dtype, w->cols), es = et == DTYPE_F32 ? 4 : 2;
     int64_t kc = k1 - k0, steps = kc / GD_L;
@@ -44,7 +54,8 @@ AI void GD_FN(gemm_wpack_et)(float *wp, const weight_t *w, int64_t r0, int64_t r
                 for (int q = 0; q < CPU_ROWBLOCK_ROWS; q++)
                     for (int v = 0; v < per; v++)
                         GD_STORE(GD_FN(gemm_wpack_at)(wp, r0, kc, b + q, s + v),
-                                 GD_LDW(et, span + q * CPU_ROWBLOCK_CHUNK + v * GD_L * es));
+                                 GD__LDW(et, span + q * CPU_ROWBLOCK_CHUNK + v * GD_L * es,
+                                         s + v, eo));
             }
         }
     } else {
@@ -52,7 +63,7 @@ AI void GD_FN(gemm_wpack_et)(float *wp, const weight_t *w, int64_t r0, int64_t r
             const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb + (size_t)k0 * es;
             float *d = GD_FN(gemm_wpack_at)(wp, r0, kc, r, 0);
             for (int64_t s = 0; s < steps; s++)
-                GD_STORE(d + s * GD_NR * GD_L, GD_LDW(et, row + s * GD_L * es));
+                GD_STORE(d + s * GD_NR * GD_L, GD__LDW(et, row + s * GD_L * es, s, eo));
         }
     }
     /* The rows that pad the last panel. */
@@ -71,16 +82,28 @@ __attribute__((unused)) static void GD_FN(gemm_wpack)(float *wp, const weight_t 
 {
     switch (cpu_rowblock_elem(w->dtype)) {
     case DTYPE_BF16:
-        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_BF16);
+        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_BF16, 0);
         break;
     case DTYPE_F16:
-        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_F16);
+        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_F16, 0);
         break;
     default:
-        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_F32);
+        GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_F32, 0);
         break;
     }
 }
+
+#ifdef GD_LDW_EO
+/* gemm_wpack for bf16 weights in even/odd order: vector s of the panels holds, of the block
+ * of 2 GD_L columns it falls in, the even columns where s is even and the odd ones where it
+ * is odd (k0 a multiple of 2 GD_L). */
+__attribute__((unused)) static void GD_FN(gemm_wpack_eo)(float *wp, const weight_t *w,
+                                                         int64_t r0, int64_t r1, int64_t k0,
+                                                         int64_t k1)
+{
+    GD_FN(gemm_wpack_et)(wp, w, r0, r1, k0, k1, DTYPE_BF16, 1);
+}
+#endif
 
 /* M rows of x (M <= GD_MR) against one panel: acc[i][j] is output (i, j)'s vector of
  * partial sums, from zero or from the carry c, back to c or, at the last block, summed into
@@ -159,3 +182,5 @@ __attribute__((unused)) static void GD_FN(gemm_dot)(float *c, float *y, int64_t 
     }
 #undef GD_TILE
 }
+
+#undef GD__LDW

@@ -48,6 +48,16 @@ AI __m256 ld8(dtype_t dt, const uint8_t *row, int64_t k)
     }
 }
 
+/* Vector s of bf16 weights in even/odd order (the section "bf16 weights in even/odd order"
+ * says why), counted from a block of 16 columns; p is where vector s of the plain order
+ * starts. */
+AI __m256 ld8_eo(const uint8_t *p, int64_t s)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)(p - (s & 1) * 16));
+    return _mm256_castsi256_ps((s & 1) ? _mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))
+                                       : _mm256_slli_epi32(v, 16));
+}
+
 AI float ld1(dtype_t dt, const uint8_t *row, int64_t k)
 {
     switch (dt) {
@@ -763,7 +773,162 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
 #define GD_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define GD_SUM(v) hsum8(v)
 #define GD_LDW(et, p) ld8(et, p, 0)
+#define GD_LDW_EO(p, s) ld8_eo(p, s)
 #include "kernels/cpu/gemm_dot_x86.h"
+
+/* ---- bf16 weights in even/odd order ----------------------------------------------------- */
+
+/* Widening 8 bf16 weights to f32 in column order takes two instructions before their FMA
+ * (vpmovzxwd, a shuffle, and vpslld), and in a decode step from memory that work ran
+ * alongside the reads, not under them: one thread read a 512 x 2048 bf16 matrix from L3 at
+ * 53 GB/s, a third of what the AVX-512 levels read it at, and two threads from memory at
+ * about 0.7 of the read sweep (river bench --kernels, Zen 5 VM, AVX2 forced). Loaded 16 at
+ * a time, the 32-bit lanes hold column pairs: the lanes shifted left by 16 are the even
+ * columns as f32, and the lanes with their low half cleared the odd ones, one instruction
+ * for 8 weights. The same thread then read the matrix at 69-79 GB/s, and two threads from
+ * memory 1.07x faster (median of three alternating rounds).
+ *
+ * So bf16 weights whose columns are whole blocks of 16 (cpu_kernels_for) take this
+ * level's kernels in that order: within each block of 16 columns, the 8 even ones, then
+ * the 8 odd ones, each output one vector of partial sums as before. x is put in that order
+ * once per call (gemv_prep), the decode tiles below read it so, and the prefill path packs
+ * the panels (gemm_wpack_eo) and reads x (gemm_x_cols_per_float) in the same order, so a
+ * row has one set of bits whatever the batch, as for every float weight. */
+#define EO_COLS 16
+
+AI __m256 eo_even(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+AI __m256 eo_odd(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+static int64_t eo_prep_floats(const weight_t *w)
+{
+    return w->cols;
+}
+
+/* Each block of 16 columns of x as its 8 even columns, then its 8 odd ones. */
+static void eo_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    int64_t cols = w->cols;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * ldx;
+        float *qi = xq + (int64_t)i * cols;
+        for (int64_t k = 0; k < cols; k += EO_COLS) {
+            __m256 a = _mm256_loadu_ps(xi + k), b = _mm256_loadu_ps(xi + k + 8);
+            /* Within each 128-bit half: a0 a2 b0 b2 (even) and a1 a3 b1 b3 (odd); then the
+             * 64-bit quarters in the order 0, 2, 1, 3. */
+            __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+            __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd));
+            _mm256_storeu_ps(qi + k, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xd8)));
+            _mm256_storeu_ps(qi + k + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xd8)));
+        }
+    }
+}
+
+/* R weight rows (rs bytes apart from w, their 64-byte chunks cs bytes apart: rowblock.h)
+ * against N rows of x in even/odd order; pf > 0 prefetches the row-major rows pf bytes on.
+ * Up to two rows of x are held in registers; four are read from L1 by each multiply-add,
+ * leaving the 16 registers to 12 accumulators and a weight block. */
+AI void eo_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                size_t rs, size_t cs, int64_t cols, int64_t pf, const int R, const int N)
+{
+    __m256 acc[CPU_ROWBLOCK_ROWS][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < cols; k += EO_COLS) {
+        const uint8_t *wk = w + col_off(k, cs, DTYPE_BF16);
+        if (cs != CPU_ROWBLOCK_CHUNK) {
+            if (k % (CPU_ROWBLOCK_CHUNK / 2) == 0)
+                cpu_rowblock_prefetch(wk);
+        } else if (pf) {
+            gemv_prefetch(w, rs, k, pf, DTYPE_BF16, R);
+        }
+        __m256 xe[2], xo[2];
+#pragma GCC unroll 2
+        for (int i = 0; i < N && N <= 2; i++) {
+            xe[i] = _mm256_loadu_ps(xq + i * ldq + k);
+            xo[i] = _mm256_loadu_ps(xq + i * ldq + k + 8);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wk + r * rs));
+            __m256 we = eo_even(v), wo = eo_odd(v);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                const float *xi = xq + i * ldq + k;
+                acc[r][i] = _mm256_fmadd_ps(we, N <= 2 ? xe[i] : _mm256_loadu_ps(xi), acc[r][i]);
+                acc[r][i] = _mm256_fmadd_ps(wo, N <= 2 ? xo[i] : _mm256_loadu_ps(xi + 8),
+                                            acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+
+/* R rows (a block of 8, or 1) from row r against all n rows of x: four at a time in tiles
+ * of 3, 3 and 2 rows (12 accumulators, as gemv_rows), then two (4 x 2), then one (8 x 1).
+ * The first pass prefetches. */
+AI void eo_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n, const weight_t *w,
+                int64_t r, int64_t pf, const int R)
+{
+    size_t rb = dtype_row_bytes(w->dtype, w->cols);
+    int blocked = cpu_rowblock_is(w->dtype);
+    const uint8_t *b = blocked ? cpu_rowblock_at(w->data, rb, r, 0)
+                               : (const uint8_t *)w->data + (size_t)r * rb;
+    size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
+    size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
+    int64_t cols = w->cols;
+    for (int i = 0; i < n;) {
+        float *yi = y + i * ldy + r;
+        const float *xi = xq + i * ldq;
+        int64_t p = i == 0 ? pf : 0;
+        if (R == CPU_ROWBLOCK_ROWS && n - i >= 4) {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, cols, p, 3, 4);
+            eo_tile(yi + 3, ldy, xi, ldq, b + 3 * rs, rs, cs, cols, p, 3, 4);
+            eo_tile(yi + 6, ldy, xi, ldq, b + 6 * rs, rs, cs, cols, p, 2, 4);
+            i += 4;
+        } else if (R == CPU_ROWBLOCK_ROWS && n - i >= 2) {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, cols, p, 4, 2);
+            eo_tile(yi + 4, ldy, xi, ldq, b + 4 * rs, rs, cs, cols, p, 4, 2);
+            i += 2;
+        } else if (R == CPU_ROWBLOCK_ROWS) {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, cols, p, CPU_ROWBLOCK_ROWS, 1);
+            i += 1;
+        } else {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, cols, 0, 1, 1);
+            i += 1;
+        }
+    }
+}
+
+/* Reads x only as eo_prep leaves it: matmul.c prepares it for every call of this table. */
+static void eo_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                    int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
+{
+    (void)x;
+    (void)ldx;
+    int64_t pf = cpu_rowblock_is(w->dtype)
+                     ? 0
+                     : CPU_ROWBLOCK_ROWS * (int64_t)dtype_row_bytes(w->dtype, w->cols);
+    int64_t r = r0;
+    for (; r + CPU_ROWBLOCK_ROWS <= r1; r += CPU_ROWBLOCK_ROWS)
+        eo_rows(y, ldy, xq, ldq, n, w, r, r + 2 * CPU_ROWBLOCK_ROWS <= r1 ? pf : 0,
+                CPU_ROWBLOCK_ROWS);
+    for (; r < r1; r++)
+        eo_rows(y, ldy, xq, ldq, n, w, r, 0, 1);
+}
 
 /* ---- vector ops ------------------------------------------------------------------------- */
 
@@ -1183,38 +1348,53 @@ static float avx2_peak_f32(int64_t iters)
 #undef STEP
 }
 
+/* The fields the two tables of this file share. */
+#define AVX2_COMMON_FIELDS \
+    .level = CPU_SIMD_AVX2, \
+    .q4x8 = 1, \
+    .q8x8 = 1, \
+    .rowblock = 1, \
+    .gemv_x8_block = avx2_gemv_x8_block, \
+    .gemm_panel = GEMM_P, \
+    .gemm_pack = avx2_gemm_pack, \
+    .gemm_block = avx2_gemm_block, \
+    .gemm_mr = GD_MR, \
+    .gemm_nr = GD_NR, \
+    .gemm_lanes = GD_L, \
+    .gemm_dot = avx2_gemm_dot, \
+    .rows_to_f32 = avx2_rows_to_f32, \
+    .dot = avx2_dot, \
+    .sumsq = avx2_sumsq, \
+    .scale_mul = avx2_scale_mul, \
+    .add = avx2_add, \
+    .swiglu = avx2_swiglu, \
+    .attn_scores = avx2_attn_scores, \
+    .attn_values = avx2_attn_values, \
+    .attn_values_rows = avx2_attn_values_rows, \
+    .kv_to_f32 = avx2_kv_to_f32, \
+    .exp_sum = avx2_exp_sum, \
+    .max = avx2_max, \
+    .read_sum = avx2_read_sum, \
+    .peak_f32 = avx2_peak_f32, \
+    .peak_i8 = x86_peak_maddubs, \
+    .peak_macs_f32 = PEAK_CHAINS * 8, \
+    .peak_macs_i8 = PEAK_CHAINS * 32,
+
 const cpu_kernels_t cpu_kernels_avx2 = {
-    .level = CPU_SIMD_AVX2,
-    .q4x8 = 1,
-    .q8x8 = 1,
-    .rowblock = 1,
+    AVX2_COMMON_FIELDS
     .gemv = avx2_gemv,
     .gemv_prep_floats = avx2_gemv_prep_floats,
     .gemv_prep = avx2_gemv_prep,
-    .gemv_x8_block = avx2_gemv_x8_block,
-    .gemm_panel = GEMM_P,
-    .gemm_pack = avx2_gemm_pack,
-    .gemm_block = avx2_gemm_block,
-    .gemm_mr = GD_MR,
-    .gemm_nr = GD_NR,
-    .gemm_lanes = GD_L,
     .gemm_wpack = avx2_gemm_wpack,
-    .gemm_dot = avx2_gemm_dot,
-    .rows_to_f32 = avx2_rows_to_f32,
-    .dot = avx2_dot,
-    .sumsq = avx2_sumsq,
-    .scale_mul = avx2_scale_mul,
-    .add = avx2_add,
-    .swiglu = avx2_swiglu,
-    .attn_scores = avx2_attn_scores,
-    .attn_values = avx2_attn_values,
-    .attn_values_rows = avx2_attn_values_rows,
-    .kv_to_f32 = avx2_kv_to_f32,
-    .exp_sum = avx2_exp_sum,
-    .max = avx2_max,
-    .read_sum = avx2_read_sum,
-    .peak_f32 = avx2_peak_f32,
-    .peak_i8 = x86_peak_maddubs,
-    .peak_macs_f32 = PEAK_CHAINS * 8,
-    .peak_macs_i8 = PEAK_CHAINS * 32,
+};
+
+/* bf16 weights of whole blocks of 16 columns (cpu_kernels_for): the even/odd order, x
+ * prepared in it for decode and prefill alike. */
+const cpu_kernels_t cpu_kernels_avx2_bf16 = {
+    AVX2_COMMON_FIELDS
+    .gemv = eo_gemv,
+    .gemv_prep_floats = eo_prep_floats,
+    .gemv_prep = eo_prep,
+    .gemm_x_cols_per_float = 1,
+    .gemm_wpack = avx2_gemm_wpack_eo,
 };

@@ -48,6 +48,16 @@ AI __m512 ld16(dtype_t dt, const uint8_t *row, int64_t k)
     }
 }
 
+/* Vector s of bf16 weights in even/odd order (the section "bf16 weights in even/odd order"
+ * says why), counted from a block of 32 columns; p is where vector s of the plain order
+ * starts. */
+AI __m512 ld16_eo(const uint8_t *p, int64_t s)
+{
+    __m512i v = _mm512_loadu_si512(p - (s & 1) * 32);
+    return _mm512_castsi512_ps((s & 1) ? _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))
+                                       : _mm512_slli_epi32(v, 16));
+}
+
 AI __m512 ld16_mask(dtype_t dt, const uint8_t *row, int64_t k, __mmask16 m)
 {
     switch (dt) {
@@ -762,7 +772,128 @@ static void avx512_gemm_block(float *y, int64_t ldy, const float *xp, int m, con
 #define GD_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define GD_SUM(v) _mm512_reduce_add_ps(v)
 #define GD_LDW(et, p) ld16(et, p, 0)
+#define GD_LDW_EO(p, s) ld16_eo(p, s)
 #include "kernels/cpu/gemm_dot_x86.h"
+#undef GD_LDW_EO
+
+/* ---- bf16 weights in even/odd order ----------------------------------------------------- */
+
+/* As at the AVX2 level (kernels_avx2.c says why): a chunk of 32 bf16 weights, one 64-byte
+ * load, is the 16 even columns as f32 (the 32-bit lanes shifted left by 16) and the 16 odd
+ * ones (the lanes with their low half cleared), one instruction each, where the plain
+ * order widens 16 at a time in two (vpmovzxwd, vpslld). Within each block of 32 columns the
+ * even ones come first; x is put in that order once per call, and prefill packs its panels
+ * in it (gemm_wpack_eo), so a row has one set of bits whatever the batch. The avx512bf16
+ * level multiplies bf16 weights with vdpbf16ps instead. */
+#define EO_COLS 32
+
+static int64_t eo_prep_floats(const weight_t *w)
+{
+    return w->cols;
+}
+
+static void eo_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    int64_t cols = w->cols;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * ldx;
+        float *qi = xq + (int64_t)i * cols;
+        for (int64_t k = 0; k < cols; k += EO_COLS) {
+            __m512 a = _mm512_loadu_ps(xi + k), b = _mm512_loadu_ps(xi + k + 16);
+            _mm512_storeu_ps(qi + k, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(qi + k + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
+    }
+}
+
+/* R weight rows (rs bytes apart from w, their chunks cs bytes apart: rowblock.h) against N
+ * rows of x (N <= 2, held in registers) in even/odd order; pf > 0 prefetches the row-major
+ * rows pf bytes on. */
+AI void eo_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                size_t rs, size_t cs, int64_t cols, int64_t pf, const int R, const int N)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[CPU_ROWBLOCK_ROWS][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < cols; k += EO_COLS, w += cs) {
+        if (cs != CPU_ROWBLOCK_CHUNK)
+            cpu_rowblock_prefetch(w);
+        else if (pf)
+            gemv_prefetch(w - k * 2, rs, k, pf, DTYPE_BF16, R);
+        __m512 xe[2], xo[2];
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++) {
+            xe[i] = _mm512_loadu_ps(xq + i * ldq + k);
+            xo[i] = _mm512_loadu_ps(xq + i * ldq + k + 16);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512i v = _mm512_loadu_si512(w + r * rs);
+            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+#pragma GCC unroll 2
+            for (int i = 0; i < N; i++) {
+                acc[r][i] = _mm512_fmadd_ps(we, xe[i], acc[r][i]);
+                acc[r][i] = _mm512_fmadd_ps(wo, xo[i], acc[r][i]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+/* R rows (a block of 8, or 1) from row r against all n rows of x, two at a time (8 x 2
+ * tiles, 16 accumulators, as gemv_rows takes row-blocked weights); the first pass
+ * prefetches. */
+AI void eo_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n, const weight_t *w,
+                int64_t r, int64_t pf, const int R)
+{
+    size_t rb = dtype_row_bytes(w->dtype, w->cols);
+    int blocked = cpu_rowblock_is(w->dtype);
+    const uint8_t *b = blocked ? cpu_rowblock_at(w->data, rb, r, 0)
+                               : (const uint8_t *)w->data + (size_t)r * rb;
+    size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
+    size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
+    for (int i = 0; i < n;) {
+        float *yi = y + i * ldy + r;
+        const float *xi = xq + i * ldq;
+        int64_t p = i == 0 ? pf : 0;
+        if (n - i >= 2) {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, w->cols, p, R, 2);
+            i += 2;
+        } else {
+            eo_tile(yi, ldy, xi, ldq, b, rs, cs, w->cols, p, R, 1);
+            i += 1;
+        }
+    }
+}
+
+/* Reads x only as eo_prep leaves it: matmul.c prepares it for every call of this table. */
+static void eo_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xq,
+                    int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1)
+{
+    (void)x;
+    (void)ldx;
+    int64_t pf = cpu_rowblock_is(w->dtype)
+                     ? 0
+                     : CPU_ROWBLOCK_ROWS * (int64_t)dtype_row_bytes(w->dtype, w->cols);
+    int64_t r = r0;
+    for (; r + CPU_ROWBLOCK_ROWS <= r1; r += CPU_ROWBLOCK_ROWS)
+        eo_rows(y, ldy, xq, ldq, n, w, r, r + 2 * CPU_ROWBLOCK_ROWS <= r1 ? pf : 0,
+                CPU_ROWBLOCK_ROWS);
+    for (; r < r1; r++)
+        eo_rows(y, ldy, xq, ldq, n, w, r, 0, 1);
+}
 
 /* ---- bf16 weights against bf16 x (the avx512bf16 level) --------------------------------- */
 
@@ -902,7 +1033,7 @@ static void bf16d_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const
 static void bf16d_gemm_wpack(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
                              int64_t k1)
 {
-    avx512bf16_gemm_wpack_et(wp, w, r0, r1, k0 / 2, k1 / 2, DTYPE_F32);
+    avx512bf16_gemm_wpack_et(wp, w, r0, r1, k0 / 2, k1 / 2, DTYPE_F32, 0);
 }
 
 static void bf16d_gemm_dot(float *c, float *y, int64_t ldy, const float *x, int64_t ldx, int m,
@@ -1326,6 +1457,25 @@ const cpu_kernels_t cpu_kernels_avx512 = {
     .gemm_nr = AVX512_GD_NR,
     .gemm_kc = AVX512_GEMM_KC,
     .gemm_lanes = GD_L,
+    .gemm_dot = avx512_gemm_dot,
+    .peak_f32 = avx512_peak_f32,
+    .peak_macs_f32 = PEAK_CHAINS * 16,
+};
+
+/* bf16 weights of whole blocks of 32 columns at the avx512 level (cpu_kernels_for): the
+ * even/odd order, x prepared in it for decode and prefill alike. */
+const cpu_kernels_t cpu_kernels_avx512_bf16 = {
+    AVX512_COMMON_FIELDS
+    .level = CPU_SIMD_AVX512,
+    .gemv = eo_gemv,
+    .gemv_prep_floats = eo_prep_floats,
+    .gemv_prep = eo_prep,
+    .gemm_wpack = avx512_gemm_wpack_eo,
+    .gemm_mr = AVX512_GD_MR,
+    .gemm_nr = AVX512_GD_NR,
+    .gemm_kc = AVX512_GEMM_KC,
+    .gemm_lanes = GD_L,
+    .gemm_x_cols_per_float = 1,
     .gemm_dot = avx512_gemm_dot,
     .peak_f32 = avx512_peak_f32,
     .peak_macs_f32 = PEAK_CHAINS * 16,

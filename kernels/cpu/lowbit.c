@@ -84,6 +84,13 @@ const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w)
     /* The avx512bf16 level differs from avx512 only in bf16 weights' matmuls. */
     if (k->level == CPU_SIMD_AVX512BF16 && cpu_rowblock_elem(w->dtype) != DTYPE_BF16)
         k = &cpu_kernels_avx512;
+    /* bf16 weights in even/odd order (kernels_avx2.c) where the columns are whole blocks. */
+    if (k->level == CPU_SIMD_AVX2 && cpu_rowblock_elem(w->dtype) == DTYPE_BF16 &&
+        w->cols % 16 == 0)
+        return &cpu_kernels_avx2_bf16;
+    if (k->level == CPU_SIMD_AVX512 && cpu_rowblock_elem(w->dtype) == DTYPE_BF16 &&
+        w->cols % 32 == 0)
+        return &cpu_kernels_avx512_bf16;
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return cpu_x8_kernels(k, w->dtype);
     if (w->dtype != DTYPE_Q2 && w->dtype != DTYPE_Q3)

@@ -170,8 +170,8 @@ static void mm_dot_task(void *arg, int task, int thread)
     float *wp = j->ctx->thread_scratch[thread].s.p;
     float *carry = wp + mm_dot_panel_floats(k, w);
     const int tiles = (MM_MB + MR - 1) / MR;
-    const float *xs = per > 1 ? j->xq : j->x;
-    int64_t ldxs = per > 1 ? j->ldq : cols;
+    const float *xs = k->gemm_x_cols_per_float ? j->xq : j->x;
+    int64_t ldxs = k->gemm_x_cols_per_float ? j->ldq : cols;
     /* Columns a block: the same bytes of x and of the panels whatever `per` (bf16 pairs in
      * blocks of 256 columns ran 0.8-0.9x as fast as in blocks of 512, river bench
      * --kernels at 512 rows, avx512bf16). */
@@ -248,8 +248,25 @@ bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n)
     return mm_float(w) || mm_decode(cpu_kernels_for(cpu_kernels_get(level), w), w, n);
 }
 
+/* Rows of x from which gemv_prep runs on every thread: a prefill's prep (x in bf16 pairs
+ * or in even/odd order, 512 x 2048 floats and more) on the calling thread alone kept the
+ * other waiting, 0.9 % of a 512-token prefill's samples each (perf, AVX2). */
+#define MM_PREP_PAR_ROWS 64
+
+static void mm_prep_task(void *arg, int task, int thread)
+{
+    (void)thread;
+    const mm_job_t *j = arg;
+    int i0 = (int)((int64_t)j->n * task / j->n_tasks);
+    int i1 = (int)((int64_t)j->n * (task + 1) / j->n_tasks);
+    if (i1 > i0)
+        j->k->gemv_prep((float *)j->xq + (int64_t)i0 * j->ldq, j->x + (int64_t)i0 * j->w->cols,
+                        j->w->cols, i1 - i0, j->w);
+}
+
 /* x as the weight's kernels want it once per call (simd.h: gemv_prep), into the shared
- * scratch; nothing where they read x as it is. */
+ * scratch; nothing where they read x as it is. Each row is prepared alone, so the rows can
+ * be split between threads. */
 static int mm_prep(ops_ctx_t *ctx, mm_job_t *j)
 {
     const cpu_kernels_t *k = j->k;
@@ -259,9 +276,16 @@ static int mm_prep(ops_ctx_t *ctx, mm_job_t *j)
     int e = cpu_scratch_reserve(&ctx->shared, (size_t)(j->n * ldq));
     if (e)
         return e;
-    k->gemv_prep(ctx->shared.p, j->x, j->w->cols, j->n, j->w);
     j->xq = ctx->shared.p;
     j->ldq = ldq;
+    if (j->n < MM_PREP_PAR_ROWS || ctx->n_threads < 2) {
+        k->gemv_prep(ctx->shared.p, j->x, j->w->cols, j->n, j->w);
+        return 0;
+    }
+    int tasks = j->n_tasks;
+    j->n_tasks = ctx->n_threads;
+    threadpool_run(ctx->pool, mm_prep_task, j, j->n_tasks);
+    j->n_tasks = tasks;
     return 0;
 }
 
@@ -308,7 +332,7 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
         e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w));
         if (e)
             return e;
-        if (k->gemm_x_cols_per_float > 1 && (e = mm_prep(ctx, &j)) != 0)
+        if (k->gemm_x_cols_per_float && (e = mm_prep(ctx, &j)) != 0)
             return e;
         j.n_tasks = threads;
         threadpool_run(ctx->pool, mm_dot_task, &j, j.n_tasks);

@@ -35,7 +35,8 @@ typedef struct cpu_kernels {
                  int64_t ldq, int n, const weight_t *w, int64_t r0, int64_t r1);
     /* Optional (NULL: never). Some weights (Q4/Q8) want x rearranged once per call, with
      * extras such as per-group sums: the floats per row of x that takes (0: none), and the
-     * preparation of n rows into xq. */
+     * preparation of n rows into xq, each row of xq from its row of x alone (matmul.c
+     * splits the rows between threads). */
     int64_t (*gemv_prep_floats)(const weight_t *w);
     void (*gemv_prep)(float *xq, const float *x, int64_t ldx, int n, const weight_t *w);
     /* Optional (NULL: 0 for every w). Columns per block of the 8-bit x that gemv's integer
@@ -70,9 +71,10 @@ typedef struct cpu_kernels {
      * else y[i*ldy + j] (j < nr) becomes their sum as gemv takes it. Split over calls at
      * any multiple of L, an output has the bits of one call, and those of gemv. */
     int gemm_mr, gemm_nr, gemm_lanes;
-    /* 0: gemm_dot reads x in f32. Else it reads x as gemv_prep leaves it, this many columns
-     * to a float (the avx512bf16 level: 2, a pair of bf16 values), and gemm_lanes counts
-     * columns. */
+    /* 0: gemm_dot reads x in f32 as it is. Else it reads x as gemv_prep leaves it, this
+     * many columns to a float: 1 where the table takes the columns in another order (bf16
+     * weights in even/odd order, kernels_avx2.c), 2 for a pair of bf16 values (the
+     * avx512bf16 level), and gemm_lanes counts columns. */
     int gemm_x_cols_per_float;
     void (*gemm_wpack)(float *wp, const weight_t *w, int64_t r0, int64_t r1, int64_t k0,
                        int64_t k1);
@@ -144,6 +146,10 @@ extern const cpu_kernels_t cpu_kernels_scalar;
 extern const cpu_kernels_t cpu_kernels_avx2;
 extern const cpu_kernels_t cpu_kernels_avx512;
 extern const cpu_kernels_t cpu_kernels_avx512bf16;
+/* The AVX2 and AVX-512 levels' kernels for bf16 weights of whole blocks of 2 vectors of
+ * columns, in even/odd order (kernels_avx2.c says why); cpu_kernels_for hands them out. */
+extern const cpu_kernels_t cpu_kernels_avx2_bf16;
+extern const cpu_kernels_t cpu_kernels_avx512_bf16;
 
 /* The table of a level (which must be supported by the processor). */
 const cpu_kernels_t *cpu_kernels_get(cpu_simd_t level);
