@@ -1422,7 +1422,7 @@ static int32_t avx512_peak_i8(int64_t iters)
            _mm_extract_epi32(_mm512_extracti32x4_epi32(s, 3), 3);
 }
 
-/* The fields the two tables of this file share. */
+/* The fields the tables of this file share. */
 #define AVX512_COMMON_FIELDS \
     .q4x8 = 1, \
     .q8x8 = 1, \
@@ -1446,39 +1446,36 @@ static int32_t avx512_peak_i8(int64_t iters)
     .peak_i8 = avx512_peak_i8, \
     .peak_macs_i8 = PEAK_CHAINS * 64,
 
+/* The fields of the avx512 level's two tables (f32 multiply-adds) beyond those. */
+#define AVX512_F32_FIELDS \
+    .level = CPU_SIMD_AVX512, \
+    .gemm_mr = AVX512_GD_MR, \
+    .gemm_nr = AVX512_GD_NR, \
+    .gemm_kc = AVX512_GEMM_KC, \
+    .gemm_lanes = GD_L, \
+    .gemm_dot = avx512_gemm_dot, \
+    .peak_f32 = avx512_peak_f32, \
+    .peak_macs_f32 = PEAK_CHAINS * 16,
+
 const cpu_kernels_t cpu_kernels_avx512 = {
     AVX512_COMMON_FIELDS
-    .level = CPU_SIMD_AVX512,
+    AVX512_F32_FIELDS
     .gemv = avx512_gemv,
     .gemv_prep_floats = avx512_gemv_prep_floats,
     .gemv_prep = avx512_gemv_prep,
     .gemm_wpack = avx512_gemm_wpack,
-    .gemm_mr = AVX512_GD_MR,
-    .gemm_nr = AVX512_GD_NR,
-    .gemm_kc = AVX512_GEMM_KC,
-    .gemm_lanes = GD_L,
-    .gemm_dot = avx512_gemm_dot,
-    .peak_f32 = avx512_peak_f32,
-    .peak_macs_f32 = PEAK_CHAINS * 16,
 };
 
 /* bf16 weights of whole blocks of 32 columns at the avx512 level (cpu_kernels_for): the
  * even/odd order, x prepared in it for decode and prefill alike. */
 const cpu_kernels_t cpu_kernels_avx512_bf16 = {
     AVX512_COMMON_FIELDS
-    .level = CPU_SIMD_AVX512,
+    AVX512_F32_FIELDS
     .gemv = eo_gemv,
     .gemv_prep_floats = eo_prep_floats,
     .gemv_prep = eo_prep,
     .gemm_wpack = avx512_gemm_wpack_eo,
-    .gemm_mr = AVX512_GD_MR,
-    .gemm_nr = AVX512_GD_NR,
-    .gemm_kc = AVX512_GEMM_KC,
-    .gemm_lanes = GD_L,
     .gemm_x_cols_per_float = 1,
-    .gemm_dot = avx512_gemm_dot,
-    .peak_f32 = avx512_peak_f32,
-    .peak_macs_f32 = PEAK_CHAINS * 16,
 };
 
 /* The avx512bf16 level: the avx512 level's kernels, but bf16 weights' matmuls on vdpbf16ps
