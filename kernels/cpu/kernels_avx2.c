@@ -48,14 +48,24 @@ AI __m256 ld8(dtype_t dt, const uint8_t *row, int64_t k)
     }
 }
 
-/* Vector s of bf16 weights in even/odd order (the section "bf16 weights in even/odd order"
- * says why), counted from a block of 16 columns; p is where vector s of the plain order
- * starts. */
+/* 16 bf16 weights (a block of 16 columns) as f32: the even columns, and the odd ones. The
+ * section "bf16 weights in even/odd order" says why. */
+AI __m256 eo_even(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+AI __m256 eo_odd(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* Vector s of bf16 weights in even/odd order, counted from a block of 16 columns; p is
+ * where vector s of the plain order starts. */
 AI __m256 ld8_eo(const uint8_t *p, int64_t s)
 {
     __m256i v = _mm256_loadu_si256((const __m256i *)(p - (s & 1) * 16));
-    return _mm256_castsi256_ps((s & 1) ? _mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))
-                                       : _mm256_slli_epi32(v, 16));
+    return (s & 1) ? eo_odd(v) : eo_even(v);
 }
 
 AI float ld1(dtype_t dt, const uint8_t *row, int64_t k)
@@ -781,7 +791,7 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
 /* Widening 8 bf16 weights to f32 in column order takes two instructions before their FMA
  * (vpmovzxwd, a shuffle, and vpslld), and in a decode step from memory that work ran
  * alongside the reads, not under them: one thread read a 512 x 2048 bf16 matrix from L3 at
- * 53 GB/s, a third of what the AVX-512 levels read it at, and two threads from memory at
+ * 53 GB/s, 0.7 of what the AVX-512 levels read it at, and two threads from memory at
  * about 0.7 of the read sweep (river bench --kernels, Zen 5 VM, AVX2 forced). Loaded 16 at
  * a time, the 32-bit lanes hold column pairs: the lanes shifted left by 16 are the even
  * columns as f32, and the lanes with their low half cleared the odd ones, one instruction
@@ -795,16 +805,6 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
  * the panels (gemm_wpack_eo) and reads x (gemm_x_cols_per_float) in the same order, so a
  * row has one set of bits whatever the batch, as for every float weight. */
 #define EO_COLS 16
-
-AI __m256 eo_even(__m256i v)
-{
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-AI __m256 eo_odd(__m256i v)
-{
-    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
-}
 
 static int64_t eo_prep_floats(const weight_t *w)
 {
