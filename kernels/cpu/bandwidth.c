@@ -1,7 +1,8 @@
 /* cpu_read_bandwidth_gbs: the memory read bandwidth that the decode matmul is judged
  * against. Each thread sums its own contiguous slice of one large buffer with the SIMD
  * loads of a level (the one decode runs at, or the widest the processor has), as a decode
- * matmul streams its share of a weight matrix. */
+ * matmul streams its share of a weight matrix, touching its pages ahead as the decode
+ * kernels do (simd.h: read_sum). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
