@@ -13,7 +13,7 @@
  * The codes are arbitrary bytes (the kernels' speed does not depend on their values), so
  * 4-bit weights are placed as Q4X8 directly and q8x8 8-bit ones as Q8X8, the layouts the
  * backend repacks them into, and bf16x8 is bf16 in the row-blocked layout the backend
- * repacks bf16 into (rowblock.h), beside plain row-major bf16. */
+ * repacks bf16 into (rowblock.h), beside plain row-major bf16; f16x8 is f16 in that layout. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +45,7 @@ typedef struct bk_format {
 static const bk_format_t bk_formats[] = {
     {"bf16", DTYPE_BF16, 0, BK_ZERO_NONE, 0},
     {"bf16x8", DTYPE_BF16X8, 0, BK_ZERO_NONE, 0},
+    {"f16x8", DTYPE_F16X8, 0, BK_ZERO_NONE, 0},
     {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_128, 255},
     {"q8-g32", DTYPE_Q8, 32, BK_ZERO_ANY, 255},
     {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_128, 255},
@@ -99,8 +100,9 @@ static size_t bk_copy_bytes(const bk_format_t *f, int64_t rows, int64_t cols, si
     return *data + 2 * *meta;
 }
 
-/* Fills the pool: codes as random bytes (bf16 values with a bounded exponent, so that no
- * infinity, NaN or subnormal slows a float kernel), positive fp16 scales, zeros per f. */
+/* Fills the pool: codes as random bytes (bf16 and f16 values with a bounded exponent, so
+ * that no infinity, NaN or subnormal slows a float kernel), positive fp16 scales, zeros per
+ * f. */
 static void bk_fill(uint8_t *pool, int copies, size_t data, size_t meta, const bk_format_t *f)
 {
     uint64_t s = 0x5eed;
@@ -111,6 +113,8 @@ static void bk_fill(uint8_t *pool, int copies, size_t data, size_t meta, const b
             uint64_t v = rng_next(&s);
             if (f->dtype == DTYPE_BF16 || f->dtype == DTYPE_BF16X8)
                 v = (v & UINT64_C(0x807f807f807f807f)) | UINT64_C(0x3c003c003c003c00);
+            else if (f->dtype == DTYPE_F16X8)
+                v = (v & UINT64_C(0x83ff83ff83ff83ff)) | UINT64_C(0x3c003c003c003c00);
             memcpy(p + k, &v, 8);
         }
         if (!meta)
@@ -339,9 +343,10 @@ static void bk_usage(FILE *f)
                "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
                "                   [--peak]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
-               "level (default every one the processor has), format (bf16, bf16x8, q8-g32-z128,\n"
-               "q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512, default\n"
-               "1,2,4,8,128; the scalar level stops at 8), the median ms per call over R runs\n"
+               "level (default every one the processor has), format (bf16, bf16x8, f16x8,\n"
+               "q8-g32-z128, q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512,\n"
+               "default 1,2,4,8,128; the scalar level stops at 8), the median ms per call over\n"
+               "R runs\n"
                "(default 5), the weight bytes (codes, scales, zeros) per second and their\n"
                "fraction of a read sweep of M MiB (default 1024) with the same threads\n"
                "(default 2) and that level's loads, taken before each shape's runs at each\n"
