@@ -438,6 +438,69 @@ START_TEST(test_prefill_kernels_split)
 }
 END_TEST
 
+/* attn_scores_rows and attn_values_rows give every row the bits attn_scores and
+ * attn_values give it alone: the prefill tiles and a decode row must agree (lossless mode,
+ * the prefix cache). Head dims of the fast paths (64) and off them (48, 40), a NULL row,
+ * rows of q and o further apart than their heads, position and head counts that leave
+ * partial tiles. */
+START_TEST(test_attn_rows_kernels)
+{
+    enum { G = 3, M = 5, T = 37, HDMAX = 64, QS = G * HDMAX + 16 };
+    float *q = malloc(sizeof(float) * M * QS), *kr = malloc(sizeof(float) * T * HDMAX);
+    float *s1 = malloc(sizeof(float) * M * G * T), *s2 = malloc(sizeof(float) * M * G * T);
+    float *o1 = malloc(sizeof(float) * M * QS), *o2 = malloc(sizeof(float) * M * QS);
+    const float *rows[T];
+    ck_assert(q && kr && s1 && s2 && o1 && o2);
+    for (int i = 0; i < M * QS; i++)
+        q[i] = test_rand(-1.0f, 1.0f);
+    for (int i = 0; i < T * HDMAX; i++)
+        kr[i] = test_rand(-1.0f, 1.0f);
+    const int hds[] = {64, 48, 40};
+    int tried = 0;
+    for (int l = CPU_SIMD_SCALAR; l <= (int)cpu_simd_detect(); l++) {
+        const cpu_kernels_t *k = cpu_kernels_get((cpu_simd_t)l);
+        for (int h = 0; h < 3; h++) {
+            int hd = hds[h];
+            for (int t = 0; t < T; t++)
+                rows[t] = t == 29 ? NULL : kr + t * hd;
+            if (k->attn_scores_rows) {
+                tried++;
+                k->attn_scores_rows(s1, T, q, QS, M, G, hd, rows, 0, T, 0.125f);
+                for (int i = 0; i < M; i++)
+                    k->attn_scores(s2 + i * G * T, T, q + i * QS, G, hd, rows, 0, T, 0.125f);
+                for (int i = 0; i < M * G * T; i++)
+                    ck_assert_msg(memcmp(&s1[i], &s2[i], sizeof(float)) == 0,
+                                  "%s attn_scores_rows hd %d: row %d head %d position %d: "
+                                  "%.9g, %.9g alone", cpu_simd_name((cpu_simd_t)l), hd,
+                                  i / (G * T), i / T % G, i % T, s1[i], s2[i]);
+            }
+            if (k->attn_values_rows) {
+                tried++;
+                for (int i = 0; i < M * G * T; i++)
+                    s1[i] = test_rand(0.0f, 1.0f);
+                for (int i = 0; i < M * QS; i++)
+                    o1[i] = o2[i] = test_rand(-1.0f, 1.0f);
+                k->attn_values_rows(o1, QS, s1, T, M, G, hd, rows, 0, T);
+                for (int i = 0; i < M; i++)
+                    k->attn_values(o2 + i * QS, s1 + i * G * T, T, G, hd, rows, 0, T);
+                ck_assert_msg(memcmp(o1, o2, sizeof(float) * M * QS) == 0,
+                              "%s attn_values_rows hd %d differs from attn_values row by row",
+                              cpu_simd_name((cpu_simd_t)l), hd);
+            }
+        }
+    }
+    /* Every level from AVX2 up has at least the values kernel. */
+    if (cpu_simd_detect() >= CPU_SIMD_AVX2)
+        ck_assert_int_gt(tried, 0);
+    free(q);
+    free(kr);
+    free(s1);
+    free(s2);
+    free(o1);
+    free(o2);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
@@ -450,6 +513,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_x8_levels_agree);
     tcase_add_test(tc, test_x8_env);
     tcase_add_test(tc, test_prefill_kernels_split);
+    tcase_add_test(tc, test_attn_rows_kernels);
     tcase_add_loop_test(tc, test_q4x8_layout, 0, 2 * CPU_SIMD_COUNT);
     suite_add_tcase(s, tc);
     return s;

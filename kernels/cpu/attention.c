@@ -144,7 +144,13 @@ static void attn_tile_task(void *arg, int task, int thread)
          * diagonal), the values of all rows go in one call after their scores, as one
          * product of the tile's probabilities and the V block. */
         int whole = k->attn_values_rows && p0 + 1 - b0 >= blk;
+        /* And so do the scores, before any row's softmax step, where the level has it. */
+        int whole_scores = whole && k->attn_scores_rows;
         for (int h = 0; h < j->n_kv; h++) {
+            if (whole_scores)
+                k->attn_scores_rows(s, blk, j->q + ((int64_t)r0 * H + (int64_t)h * G) * hd,
+                                    (int64_t)H * hd, m, G, hd, r.krow, (int64_t)h * hd, blk,
+                                    j->scale);
             for (int i = 0; i < m; i++) {
                 /* Row i attends to positions 0..p0 + i. */
                 int64_t bn = p0 + i + 1 - b0;
@@ -155,7 +161,8 @@ static void attn_tile_task(void *arg, int task, int thread)
                 const float *q = j->q + ((int64_t)(r0 + i) * H + (int64_t)h * G) * hd;
                 float *oi = o + ((int64_t)i * H + (int64_t)h * G) * hd;
                 float *si = whole ? s + (int64_t)i * G * bn : s;
-                k->attn_scores(si, bn, q, G, hd, r.krow, (int64_t)h * hd, bn, j->scale);
+                if (!whole_scores)
+                    k->attn_scores(si, bn, q, G, hd, r.krow, (int64_t)h * hd, bn, j->scale);
                 for (int g = 0; g < G; g++) {
                     float *mg = &mx[i * H + h * G + g], *lg = &sum[i * H + h * G + g];
                     float bm = k->max(si + g * bn, bn);

@@ -1337,6 +1337,179 @@ static void avx512_attn_values(float *o, const float *p, int64_t pstride, int G,
     }
 }
 
+/* Four query heads (any rows) against four positions: 16 vectors of partial sums, each
+ * the chain avx512_attn_scores runs for its pair, summed across lanes together by
+ * reduce16, whose sum of a vector (the 128-bit quarters' sums, each ((e0 + e2) + (e1 +
+ * e3)), added as (q0 + q1) + (q2 + q3)) does not depend on its place among the 16: each
+ * score has avx512_attn_scores's bits. Each K vector loaded serves four heads and each q
+ * vector four positions, where avx512_attn_scores loads a K vector for every head. Only
+ * the first na heads and nt positions are stored (the others repeat a real one). */
+AI void attn_scores_tile(float *const *sp, const float *const *qp, const float *const *kp,
+                         __m512 sv, int na, int nt, const int hd)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; u++)
+        acc[u] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < hd; j += 16) {
+        __m512 qv[4], kv[4];
+#pragma GCC unroll 4
+        for (int a = 0; a < 4; a++)
+            qv[a] = _mm512_loadu_ps(qp[a] + j);
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++)
+            kv[b] = _mm512_loadu_ps(kp[b] + j);
+#pragma GCC unroll 4
+        for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++)
+                acc[4 * a + b] = _mm512_fmadd_ps(qv[a], kv[b], acc[4 * a + b]);
+    }
+    __m512 r = _mm512_mul_ps(reduce16(acc), sv);
+    if (na == 4 && nt == 4) {
+        _mm_storeu_ps(sp[0], _mm512_castps512_ps128(r));
+        _mm_storeu_ps(sp[1], _mm512_extractf32x4_ps(r, 1));
+        _mm_storeu_ps(sp[2], _mm512_extractf32x4_ps(r, 2));
+        _mm_storeu_ps(sp[3], _mm512_extractf32x4_ps(r, 3));
+        return;
+    }
+    _Alignas(64) float rs[16];
+    _mm512_store_ps(rs, r);
+    for (int a = 0; a < na; a++)
+        for (int b = 0; b < nt; b++)
+            sp[a][b] = rs[4 * a + b];
+}
+
+static void avx512_attn_scores_rows(float *s, int64_t sstride, const float *q, int64_t qstride,
+                                    int m, int G, int hd, const float *const *rows,
+                                    int64_t off, int64_t T, float scale)
+{
+    if (hd % 16 != 0) {
+        for (int i = 0; i < m; i++)
+            avx512_attn_scores(s + (int64_t)i * G * sstride, sstride, q + i * qstride, G, hd,
+                               rows, off, T, scale);
+        return;
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    const int nq = m * G;
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        int nt = T - t0 < 4 ? (int)(T - t0) : 4;
+        const float *kp[4];
+        for (int b = 0; b < 4; b++) {
+            const float *r = b < nt ? rows[t0 + b] : NULL;
+            kp[b] = r ? r + off : q; /* any hd readable floats: the score is not kept */
+        }
+        for (int64_t t = t0 + ATTN_PF; t < t0 + ATTN_PF + 4 && t < T; t++)
+            if (rows[t])
+                for (int j = 0; j < hd; j += 16)
+                    _mm_prefetch((const char *)(rows[t] + off + j), _MM_HINT_T0);
+        /* Query head qi is head g of row i: counted along instead of divided. */
+        int ci = 0, cg = 0;
+        for (int q0 = 0; q0 < nq; q0 += 4) {
+            int na = nq - q0 < 4 ? nq - q0 : 4;
+            const float *qp[4];
+            float *sp[4];
+            for (int a = 0; a < na; a++) {
+                qp[a] = q + ci * qstride + (int64_t)cg * hd;
+                sp[a] = s + (int64_t)(q0 + a) * sstride + t0;
+                if (++cg == G) {
+                    cg = 0;
+                    ci++;
+                }
+            }
+            for (int a = na; a < 4; a++)
+                qp[a] = qp[0];
+            if (hd == 64)
+                attn_scores_tile(sp, qp, kp, sv, na, nt, 64);
+            else
+                attn_scores_tile(sp, qp, kp, sv, na, nt, hd);
+        }
+        for (int b = 0; b < nt; b++)
+            if (!rows[t0 + b])
+                for (int qi = 0; qi < nq; qi++)
+                    s[qi * sstride + t0 + b] = -INFINITY;
+    }
+}
+
+/* Six query heads (any rows) against a 64-float slice of the head: 24 chains, each the one
+ * avx512_attn_values runs for its value (the same multiply-adds over the positions in
+ * turn), each V vector loaded once for six heads. */
+AI void attn_values_tile6(float *const *op, const float *const *pp, const float *const *rows,
+                          int64_t off, int64_t T, int j0, int pf, const int R)
+{
+    __m512 a[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            a[r][v] = _mm512_loadu_ps(op[r] + j0 + 16 * v);
+    for (int64_t t = 0; t < T; t++) {
+        if (pf && t + ATTN_PF < T && rows[t + ATTN_PF])
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                _mm_prefetch((const char *)(rows[t + ATTN_PF] + off + j0 + 16 * v), _MM_HINT_T0);
+        if (!rows[t])
+            continue;
+        const float *vr = rows[t] + off + j0;
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            vv[v] = _mm512_loadu_ps(vr + 16 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m512 b = _mm512_set1_ps(pp[r][t]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                a[r][v] = _mm512_fmadd_ps(b, vv[v], a[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            _mm512_storeu_ps(op[r] + j0 + 16 * v, a[r][v]);
+}
+
+static void avx512_attn_values_rows(float *o, int64_t ostride, const float *p, int64_t pstride,
+                                    int m, int G, int hd, const float *const *rows, int64_t off,
+                                    int64_t T)
+{
+    if (hd % 64 != 0) {
+        for (int i = 0; i < m; i++)
+            avx512_attn_values(o + i * ostride, p + (int64_t)i * G * pstride, pstride, G, hd,
+                               rows, off, T);
+        return;
+    }
+    const int nq = m * G;
+    int ci = 0, cg = 0;
+    for (int q0 = 0; q0 < nq; q0 += 6) {
+        int R = nq - q0 < 6 ? nq - q0 : 6;
+        float *op[6];
+        const float *pp[6];
+        for (int r = 0; r < R; r++) {
+            op[r] = o + ci * ostride + (int64_t)cg * hd;
+            pp[r] = p + (int64_t)(q0 + r) * pstride;
+            if (++cg == G) {
+                cg = 0;
+                ci++;
+            }
+        }
+        for (int j0 = 0; j0 < hd; j0 += 64) {
+            /* Only the first pass over the positions brings V in. */
+            int pf = q0 == 0 && j0 == 0;
+            switch (R) {
+            case 6: attn_values_tile6(op, pp, rows, off, T, j0, pf, 6); break;
+            case 5: attn_values_tile6(op, pp, rows, off, T, j0, pf, 5); break;
+            case 4: attn_values_tile6(op, pp, rows, off, T, j0, pf, 4); break;
+            case 3: attn_values_tile6(op, pp, rows, off, T, j0, pf, 3); break;
+            case 2: attn_values_tile6(op, pp, rows, off, T, j0, pf, 2); break;
+            default: attn_values_tile6(op, pp, rows, off, T, j0, pf, 1); break;
+            }
+        }
+    }
+}
+
 static uint64_t avx512_read_sum(const void *buf, size_t bytes)
 {
     const __m512i *p = buf;
@@ -1447,6 +1620,8 @@ static int32_t avx512_peak_i8(int64_t iters)
     .swiglu = avx512_swiglu, \
     .attn_scores = avx512_attn_scores, \
     .attn_values = avx512_attn_values, \
+    .attn_scores_rows = avx512_attn_scores_rows, \
+    .attn_values_rows = avx512_attn_values_rows, \
     .kv_to_f32 = avx512_kv_to_f32, \
     .exp_sum = avx512_exp_sum, \
     .max = avx512_max, \

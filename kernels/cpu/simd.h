@@ -107,6 +107,12 @@ typedef struct cpu_kernels {
      * s[g*sstride + t] = scale * dot(q + g*hd, rows[t] + off), or -infinity for NULL. */
     void (*attn_scores)(float *s, int64_t sstride, const float *q, int G, int hd,
                         const float *const *rows, int64_t off, int64_t T, float scale);
+    /* Optional (NULL: attn_scores row by row). attn_scores for m query rows at once, every
+     * one over the same T positions, row i's G heads at q + i*qstride: for i < m, g < G,
+     * s[(i*G + g)*sstride + t] is the score attn_scores gives that head, with its bits. */
+    void (*attn_scores_rows)(float *s, int64_t sstride, const float *q, int64_t qstride, int m,
+                             int G, int hd, const float *const *rows, int64_t off, int64_t T,
+                             float scale);
     /* o[g*hd + j] += sum over non-NULL rows of p[g*pstride + t] * (rows[t] + off)[j] */
     void (*attn_values)(float *o, const float *p, int64_t pstride, int G, int hd,
                         const float *const *rows, int64_t off, int64_t T);
