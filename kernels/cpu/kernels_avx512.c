@@ -380,10 +380,12 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 #undef Q8_Q4X8
 #define Q8_FN(name) avx512_q8v_##name
 #define Q8_VNNI 1
+#define Q8_ZMM 1
 #define Q8_Q4X8(name) avx512_q4x8v_##name
 #include "kernels/cpu/q8_x86.h"
 #undef Q8_FN
 #undef Q8_VNNI
+#undef Q8_ZMM
 #undef Q8_Q4X8
 
 static int q8_int_path(const weight_t *w)

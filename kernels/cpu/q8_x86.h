@@ -309,6 +309,97 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
             y[i * ldy + r] = hsum8(acc[r][i]);
 }
 
+#if Q8_VNNI && defined(Q8_ZMM)
+/* Rows of x above which x8_rows takes x8_tile_z. With fewer the weights come from memory
+ * and four rows of them read at once (x8_tile_z) ran at 0.8x two (x8_tile) at 4 rows of x
+ * on the Zen 5 VM (river bench --kernels, q8x8 at 2 threads); they tied at 8 and the wide
+ * tile won from 16 on, 1.4x at 512. */
+#define Q8_ZMM_MIN_N 8
+
+/* x8_tile at 4 x 4 with 512-bit vpdpbusd (Q8_ZMM: the includer compiles AVX-512): one load
+ * of 64 bytes is vectors v and v + 1 of the set, so lanes 0-7 of the dot product vector
+ * add block j's even vectors and lanes 8-15 its odd ones. Their sum, in 32-bit integers,
+ * is exactly the 256-bit tile's, and from there the conversion, scaling and f32 sums are
+ * its own: every output keeps its bits. It does half the integer instructions a multiply-
+ * add, and its 16 dot products reuse each loaded vector four times. */
+AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                         size_t rb, const weight_t *wt, const Q8_Q4X8(geom_t) *geo, int64_t r0,
+                         int64_t pf)
+{
+    enum { R = 4, N = 4 };
+    const int64_t cols = wt->cols, ng = geo->ng, nsets = geo->nsets;
+    const int8_t *x8 = (const int8_t *)xq;
+    const int64_t ldq8 = ldq * 4;
+    const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    __m256 acc[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
+    const __m256i gidx = geo->gidx;
+    const int64_t gstep = geo->gstep;
+    const int spg = geo->spg;
+    int64_t g0 = 0;
+    int in_group = 0;
+    for (int64_t s = 0; s < nsets; s++) {
+        __asm__ volatile("" : "+m"(acc));
+        __m512i dot[R][N];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm512_setzero_si512();
+        const uint8_t *ws = w + s * Q8X8_SET_BYTES;
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+                for (int l = 0; l < 4; l++)
+                    _mm_prefetch((const char *)(ws + r * rb + pf + 64 * l), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m512i xv[N];
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                xv[i] = _mm512_loadu_si512(
+                    (const void *)(x8 + i * ldq8 + s * Q4X8_SET + v * 64));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i q = _mm512_loadu_si512((const void *)(ws + r * rb + v * 64));
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], q, xv[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
+            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
+            sc = _mm256_permutevar8x32_ps(sc, gidx);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256i d = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),
+                                             _mm512_extracti64x4_epi64(dot[r][i], 1));
+                __m256 dv = _mm256_loadu_ps(xd + i * ldq + s * 8);
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc, dv),
+                                            acc[r][i]);
+            }
+        }
+        if (++in_group == spg) {
+            in_group = 0;
+            g0 += gstep ? gstep : 1;
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+#endif
+
 /* Tiles as Q4X8's: 4 x 1 at one row of x, 2 x 2 at two or three, 2 x 4 from four. */
 AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
                        const weight_t *w, const Q8_Q4X8(geom_t) *geo, int64_t r, int64_t pf,
@@ -331,6 +422,14 @@ AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int 
                 Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 1);
             i += nn;
         } else if (left >= 4) {
+#if Q8_VNNI && defined(Q8_ZMM)
+            if (n > Q8_ZMM_MIN_N) {
+                for (int h = 0; h < R; h += 4)
+                    Q8_FN(x8_tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p);
+                i += 4;
+                continue;
+            }
+#endif
             for (int h = 0; h < R; h += 2)
                 Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 4);
             i += 4;
