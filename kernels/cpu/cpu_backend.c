@@ -114,7 +114,7 @@ static int cpu_vector_f32(const float **out, ops_ctx_t *ctx, cpu_scratch_t *s,
     e = cpu_scratch_reserve(s, (size_t)d);
     if (e)
         return e;
-    cpu_kernels_for(ctx->k, w)->rows_to_f32(s->p, w, 0, 1);
+    cpu_kernels_for(ctx->k, w, 0)->rows_to_f32(s->p, w, 0, 1);
     *out = s->p;
     return 0;
 }
@@ -257,7 +257,7 @@ static int cpu_embed(ops_ctx_t *ctx, void *out, const weight_t *table, const int
     if (n < 0 || (n > 0 && (!out || !tokens)))
         return river_err_set(RIVER_EINVAL, "cpu embed: %d tokens", n);
     void (*rows_to_f32)(float *, const weight_t *, int64_t, int64_t) =
-        cpu_kernels_for(ctx->k, table)->rows_to_f32;
+        cpu_kernels_for(ctx->k, table, 0)->rows_to_f32;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= table->rows)
             return river_err_set(RIVER_ERANGE, "cpu embed: token %d outside vocabulary of %lld",

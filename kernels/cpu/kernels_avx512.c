@@ -363,9 +363,11 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 #undef Q4X8_VNNI
 #define Q4X8_FN(name) avx512_q4x8v_##name
 #define Q4X8_VNNI 1
+#define Q4X8_ZMM 1
 #include "kernels/cpu/q4x8_x86.h"
 #undef Q4X8_FN
 #undef Q4X8_VNNI
+#undef Q4X8_ZMM
 
 /* Q8 of whole 32-column blocks: the integer kernel of q8_x86.h (8-bit x, as the AVX2 level
  * and llama.cpp's q8_0 take it), with vpdpbusd where the processor has VNNI. It replaces

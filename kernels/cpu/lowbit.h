@@ -33,8 +33,9 @@ static inline unsigned cpu_lowbit_code(dtype_t dt, const uint8_t *row, int64_t c
 /* The kernel table to run weight w with, for the level table k: k itself for most dtypes;
  * for Q2/Q3 a copy of k whose gemv and rows_to_f32 are this file's kernels of k's level (no
  * gemv_prep; the prefill path's packing and tiles stay k's); for Q4X8 and Q8X8 the table
- * whose integer kernels measured faster (x8_pick.h). */
-const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w);
+ * whose integer kernels measured faster against n rows of x (x8_pick.h; n 0 where there
+ * is no x). */
+const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w, int n);
 
 /* The direct kernel of a vector level: rows r0..r1 of Q2/Q3 weight w against rows
  * i0..i0+nb-1 of x, one function per (dtype, nb) so that its loops unroll for them. */

@@ -245,7 +245,7 @@ static bool mm_decode(const cpu_kernels_t *k, const weight_t *w, int n)
 
 bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n)
 {
-    return mm_float(w) || mm_decode(cpu_kernels_for(cpu_kernels_get(level), w), w, n);
+    return mm_float(w) || mm_decode(cpu_kernels_for(cpu_kernels_get(level), w, n), w, n);
 }
 
 /* Rows of x from which gemv_prep runs on every thread: a prefill's prep (x in bf16 pairs
@@ -298,7 +298,7 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
         return river_err_set(RIVER_EINVAL, "cpu matmul: n %d", n);
     if (n == 0)
         return 0;
-    const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w);
+    const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w, n);
     mm_job_t j = { .ctx = ctx, .k = k, .y = y, .x = x, .w = w, .n = n,
                    .units = (w->rows + MM_ROW_UNIT - 1) / MM_ROW_UNIT };
     int64_t macs = (int64_t)n * w->rows * w->cols;

@@ -210,6 +210,104 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
             y[i * ldy + r] = hsum8(acc[r][i]);
 }
 
+#if Q4X8_VNNI && defined(Q4X8_ZMM)
+/* Rows of x above which rows takes tile_z (as Q8X8's x8_tile_z, q8_x86.h). */
+#define Q4X8_ZMM_MIN_N 8
+
+/* tile at 4 x 4 with 512-bit vpdpbusd (Q4X8_ZMM: the includer compiles AVX-512). A load
+ * of 64 bytes is code vectors p and p + 1 of the set; their low nibbles pair with x
+ * vectors 2p and 2p + 2, their high ones with 2p + 1 and 2p + 3, so the unpacked halves
+ * are regrouped (vshufi64x2) as [low p | high p] and [low p+1 | high p+1], each against
+ * 64 contiguous bytes of x. Lanes j and j + 8 of a dot product vector then hold parts of
+ * block j, and their sum in 32-bit integers is the 256-bit tile's: the bits stay. */
+AI void Q4X8_FN(tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
+                        size_t rb, const weight_t *wt, const Q4X8_FN(geom_t) *geo, int64_t r0,
+                        int64_t pf)
+{
+    enum { R = 4, N = 4 };
+    int64_t cols = wt->cols;
+    const int64_t ng = geo->ng, nsets = geo->nsets;
+    const int8_t *x8 = (const int8_t *)xq;
+    const int64_t ldq8 = ldq * 4;
+    const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    __m256 acc[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    Q4X8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, 0.0f, R, N);
+    const __m256i gidx = geo->gidx;
+    const int64_t gstep = geo->gstep;
+    const int spg = geo->spg;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    int64_t g0 = 0;
+    int in_group = 0;
+    for (int64_t s = 0; s < nsets; s++) {
+        __asm__ volatile("" : "+m"(acc));
+        __m512i dot[R][N];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                dot[r][i] = _mm512_setzero_si512();
+        const uint8_t *ws = w + s * Q4X8_SET_BYTES;
+        if (pf)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                _mm_prefetch((const char *)(ws + r * rb + pf), _MM_HINT_T0);
+                _mm_prefetch((const char *)(ws + r * rb + pf + 64), _MM_HINT_T0);
+            }
+#pragma GCC unroll 2
+        for (int p = 0; p < 4; p += 2) {
+            __m512i xa[N], xb[N];
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                const int8_t *xv = x8 + i * ldq8 + s * Q4X8_SET + p * 64;
+                xa[i] = _mm512_loadu_si512((const void *)xv);
+                xb[i] = _mm512_loadu_si512((const void *)(xv + 64));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i b = _mm512_loadu_si512((const void *)(ws + r * rb + p * 32));
+                __m512i lo = _mm512_and_si512(b, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+                __m512i wa = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+                __m512i wb = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wa, xa[i]);
+                    dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], wb, xb[i]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
+            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
+            sc = _mm256_permutevar8x32_ps(sc, gidx);
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256i d32 = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),
+                                               _mm512_extracti64x4_epi64(dot[r][i], 1));
+                __m256 dv = _mm256_loadu_ps(xd + i * ldq + s * 8);
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_mul_ps(sc, dv),
+                                            acc[r][i]);
+            }
+        }
+        if (++in_group == spg) {
+            in_group = 0;
+            g0 += gstep ? gstep : 1;
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++)
+            y[i * ldy + r] = hsum8(acc[r][i]);
+}
+#endif
+
 /* One block of 8 weight rows (or one row, R == 1) against all n rows of xq: tiles of 4 x 1
  * at one row, 2 x 2 at two or three, 2 x 4 from four (on AVX2 its x vectors do not all fit
  * the 16 registers with the 8 dot products, and are read from L1 as memory operands: a
@@ -237,6 +335,14 @@ AI void Q4X8_FN(rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n
                 Q4X8_FN(tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 1);
             i += nn;
         } else if (left >= 4) {
+#if Q4X8_VNNI && defined(Q4X8_ZMM)
+            if (n > Q4X8_ZMM_MIN_N) {
+                for (int h = 0; h < R; h += 4)
+                    Q4X8_FN(tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p);
+                i += 4;
+                continue;
+            }
+#endif
             for (int h = 0; h < R; h += 2)
                 Q4X8_FN(tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 4);
             i += 4;

@@ -9,6 +9,8 @@
 #include "common/err.h"
 
 static const cpu_kernels_t *pick_q4x8, *pick_q8x8;
+/* Q4X8 past CPU_X8_WIDE_MIN_N rows of x. */
+static const cpu_kernels_t *pick_q4x8_wide;
 static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
 static int env_bad;
 static char env_text[32];
@@ -19,6 +21,7 @@ static void pick_init(void)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         pick_q4x8 = &cpu_kernels_avx2;
+    pick_q4x8_wide = __builtin_cpu_supports("avx512vnni") ? &cpu_kernels_avx512 : pick_q4x8;
     const char *v = getenv("RIVER_X8_LEVEL");
     if (!v || !*v)
         return;
@@ -29,6 +32,7 @@ static void pick_init(void)
         pick_q4x8 = pick_q8x8 = &cpu_kernels_avx512;
     else
         env_bad = 1;
+    pick_q4x8_wide = pick_q4x8;
 }
 
 int cpu_x8_env_check(void)
@@ -42,12 +46,14 @@ int cpu_x8_env_check(void)
     return 0;
 }
 
-const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt)
+const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt, int n)
 {
     if (k->level != CPU_SIMD_AVX512 || (dt != DTYPE_Q4X8 && dt != DTYPE_Q8X8))
         return k;
     /* pthread_once fails only on misuse; the choice is then made by this thread. */
     if (pthread_once(&pick_once, pick_init) != 0)
         pick_init();
-    return dt == DTYPE_Q4X8 ? pick_q4x8 : pick_q8x8;
+    if (dt == DTYPE_Q4X8)
+        return n > CPU_X8_WIDE_MIN_N ? pick_q4x8_wide : pick_q4x8;
+    return pick_q8x8;
 }

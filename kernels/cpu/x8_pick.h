@@ -14,18 +14,27 @@
  * matmuls reached 0.83-0.85 of the bf16 matmuls' bandwidth against 0.69. Its Q8X8 kernels
  * were 1.05-1.15x at 1 and 4 rows but 0.85-0.93x at 8. So on AMD processors Q4X8 runs the
  * AVX2 level's kernels; Q8X8 there, and both elsewhere (processors this machine cannot
- * measure), the AVX-512 level's own. RIVER_X8_LEVEL=avx2|avx512 forces one level for both
- * types; any other value is refused at placement, naming it (tests/test_ops.c checks the
- * two levels' Q4X8 sums bit for bit). */
+ * measure), the AVX-512 level's own. Past CPU_X8_WIDE_MIN_N rows of x (a prefill, a batch
+ * of many rows) the weights no longer come from memory at the kernels' pace, and the
+ * AVX-512 level's 512-bit VNNI tiles (q4x8_x86.h: tile_z) ran Q4X8 1.3x as fast as the
+ * AVX2 level's at 128 and 512 rows and 1.1-1.2x at 16 (river bench --kernels, 2 threads,
+ * RIVER_X8_LEVEL alternating, two rounds), so those take the AVX-512 level's kernels there
+ * too; a row's bits do not depend on it. RIVER_X8_LEVEL=avx2|avx512 forces one level for
+ * both types at every n; any other value is refused at placement, naming it
+ * (tests/test_ops.c checks the two levels' Q4X8 sums bit for bit). */
 #ifndef RIVER_KERNELS_CPU_X8_PICK_H
 #define RIVER_KERNELS_CPU_X8_PICK_H
 
 #include "kernels/cpu/simd.h"
 
-/* The table to run a weight of dtype dt with, for level table k: k itself below the
- * AVX-512 level and for dtypes other than Q4X8 and Q8X8; else the AVX2 table where the
+/* Rows of x past which the AVX-512 level's VNNI kernels take Q4X8 on AMD (above). */
+#define CPU_X8_WIDE_MIN_N 8
+
+/* The table to run a weight of dtype dt with against n rows of x (0 where there is no x:
+ * the table's dequantization, the same at both levels), for level table k: k itself below
+ * the AVX-512 level and for dtypes other than Q4X8 and Q8X8; else the AVX2 table where the
  * choice above says so. */
-const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt);
+const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt, int n);
 
 /* RIVER_X8_LEVEL's error, checked at placement: 0, or RIVER_EINVAL naming the value. */
 int cpu_x8_env_check(void);
