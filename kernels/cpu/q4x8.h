@@ -46,6 +46,14 @@ void cpu_q4x8_repack(const weight_t *w, uint8_t *dst);
  * place changes, so zeros and scales are Q8's. */
 #define Q8X8_SET_BYTES 256 /* bytes per set */
 
+/* Rows of x above which the VNNI kernels of the AVX-512 level take Q4X8 and Q8X8 in 4 x 4
+ * tiles of 512-bit vpdpbusd (tile_z in q4x8_x86.h, x8_tile_z in q8_x86.h), and AMD
+ * processors run Q4X8 at that level (x8_pick.h). With fewer rows the weights come from
+ * memory, and the wide tile, reading four of their rows at once, ran at 0.8x the 256-bit
+ * tiles at 4 rows of x on the Zen 5 VM (river bench --kernels, q8x8, 2 threads); they tied
+ * at 8, and the wide tile won from 16 rows on, 1.3-1.4x at 128 and 512. */
+#define CPU_X8_WIDE_MIN_N 8
+
 int cpu_q8x8_eligible(const weight_t *w);
 void cpu_q8x8_repack(const weight_t *w, uint8_t *dst);
 

@@ -211,9 +211,6 @@ AI void Q4X8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const
 }
 
 #if Q4X8_VNNI && defined(Q4X8_ZMM)
-/* Rows of x above which rows takes tile_z (as Q8X8's x8_tile_z, q8_x86.h). */
-#define Q4X8_ZMM_MIN_N 8
-
 /* tile at 4 x 4 with 512-bit vpdpbusd (Q4X8_ZMM: the includer compiles AVX-512). A load
  * of 64 bytes is code vectors p and p + 1 of the set; their low nibbles pair with x
  * vectors 2p and 2p + 2, their high ones with 2p + 1 and 2p + 3, so the unpacked halves
@@ -336,7 +333,7 @@ AI void Q4X8_FN(rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n
             i += nn;
         } else if (left >= 4) {
 #if Q4X8_VNNI && defined(Q4X8_ZMM)
-            if (n > Q4X8_ZMM_MIN_N) {
+            if (n > CPU_X8_WIDE_MIN_N) {
                 for (int h = 0; h < R; h += 4)
                     Q4X8_FN(tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p);
                 i += 4;

@@ -310,12 +310,6 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
 }
 
 #if Q8_VNNI && defined(Q8_ZMM)
-/* Rows of x above which x8_rows takes x8_tile_z. With fewer the weights come from memory
- * and four rows of them read at once (x8_tile_z) ran at 0.8x two (x8_tile) at 4 rows of x
- * on the Zen 5 VM (river bench --kernels, q8x8 at 2 threads); they tied at 8 and the wide
- * tile won from 16 on, 1.4x at 512. */
-#define Q8_ZMM_MIN_N 8
-
 /* x8_tile at 4 x 4 with 512-bit vpdpbusd (Q8_ZMM: the includer compiles AVX-512): one load
  * of 64 bytes is vectors v and v + 1 of the set, so lanes 0-7 of the dot product vector
  * add block j's even vectors and lanes 8-15 its odd ones. Their sum, in 32-bit integers,
@@ -423,7 +417,7 @@ AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int 
             i += nn;
         } else if (left >= 4) {
 #if Q8_VNNI && defined(Q8_ZMM)
-            if (n > Q8_ZMM_MIN_N) {
+            if (n > CPU_X8_WIDE_MIN_N) {
                 for (int h = 0; h < R; h += 4)
                     Q8_FN(x8_tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p);
                 i += 4;

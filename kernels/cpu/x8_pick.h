@@ -25,10 +25,8 @@
 #ifndef RIVER_KERNELS_CPU_X8_PICK_H
 #define RIVER_KERNELS_CPU_X8_PICK_H
 
+#include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/simd.h"
-
-/* Rows of x past which the AVX-512 level's VNNI kernels take Q4X8 on AMD (above). */
-#define CPU_X8_WIDE_MIN_N 8
 
 /* The table to run a weight of dtype dt with against n rows of x (0 where there is no x:
  * the table's dequantization, the same at both levels), for level table k: k itself below
