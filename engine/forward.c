@@ -233,9 +233,9 @@ static int forward__layer(forward_t *f, const layer_weights_t *w, int l, void *x
     int kvd = c->n_kv_heads * c->head_dim;
 
     FWD_TRY(o->rmsnorm(ctx, f->xb, x, &w->attn_norm, n, c->dim, c->norm_eps));
-    FWD_TRY(o->matmul(ctx, f->q, f->xb, &w->wq, n));
-    FWD_TRY(o->matmul(ctx, f->k, f->xb, &w->wk, n));
-    FWD_TRY(o->matmul(ctx, f->v, f->xb, &w->wv, n));
+    void *qkv[] = {f->q, f->k, f->v};
+    const weight_t *wqkv[] = {&w->wq, &w->wk, &w->wv};
+    FWD_TRY(ops_matmuls(o, ctx, qkv, f->xb, wqkv, 3, n));
     if (w->bq.data) {
         FWD_TRY(o->add_bias(ctx, f->q, &w->bq, n, qd));
         FWD_TRY(o->add_bias(ctx, f->k, &w->bk, n, kvd));
@@ -259,8 +259,9 @@ static int forward__layer(forward_t *f, const layer_weights_t *w, int l, void *x
     FWD_TRY(o->add(ctx, x, f->xb, (size_t)n * (size_t)c->dim));
 
     FWD_TRY(o->rmsnorm(ctx, f->xb, x, &w->ffn_norm, n, c->dim, c->norm_eps));
-    FWD_TRY(o->matmul(ctx, f->hb, f->xb, &w->w_gate, n));
-    FWD_TRY(o->matmul(ctx, f->hb2, f->xb, &w->w_up, n));
+    void *gate_up[] = {f->hb, f->hb2};
+    const weight_t *wgate_up[] = {&w->w_gate, &w->w_up};
+    FWD_TRY(ops_matmuls(o, ctx, gate_up, f->xb, wgate_up, 2, n));
     FWD_TRY(o->swiglu(ctx, f->hb, f->hb, f->hb2, n, c->hidden_dim, c->hidden_dim));
     FWD_TRY(o->matmul(ctx, f->xb, f->hb, &w->w_down, n));
     FWD_TRY(o->add(ctx, x, f->xb, (size_t)n * (size_t)c->dim));
@@ -277,8 +278,9 @@ static int forward__kv_only(forward_t *f, const layer_weights_t *w, int l, void 
     const model_config_t *c = &f->m->cfg;
     int n = ab->n;
     FWD_TRY(o->rmsnorm(ctx, f->xb, x, &w->attn_norm, n, c->dim, c->norm_eps));
-    FWD_TRY(o->matmul(ctx, f->k, f->xb, &w->wk, n));
-    FWD_TRY(o->matmul(ctx, f->v, f->xb, &w->wv, n));
+    void *kv_y[] = {f->k, f->v};
+    const weight_t *wkv[] = {&w->wk, &w->wv};
+    FWD_TRY(ops_matmuls(o, ctx, kv_y, f->xb, wkv, 2, n));
     if (w->bk.data) {
         FWD_TRY(o->add_bias(ctx, f->k, &w->bk, n, c->n_kv_heads * c->head_dim));
         FWD_TRY(o->add_bias(ctx, f->v, &w->bv, n, c->n_kv_heads * c->head_dim));

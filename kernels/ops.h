@@ -264,6 +264,13 @@ typedef struct ops {
                    float eps);
     /* y (n, w->rows) = x (n, w->cols) W^T; y must not alias x. */
     int (*matmul)(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n);
+    /* Optional (NULL: matmul once per weight; ops_matmuls below picks). y[i] = x W[i]^T for
+     * the count (2 to OPS_MATMULS_MAX) weights w[i], all of w[0]->cols columns, in one pass:
+     * the projections that read the same x (q, k and v; gate and up) as one call, so a
+     * decode step pays one call's start and end for them, not one each. Each y[i] has the
+     * bits matmul gives it. On failure the y[i] are undefined. */
+    int (*matmul_multi)(ops_ctx_t *ctx, void *const *y, const void *x,
+                        const weight_t *const *w, int count, int n);
     /* y[i,:] += b for each of n rows (b: 1 x d). */
     int (*add_bias)(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d);
     /* y += x, n*d elements. */
@@ -324,5 +331,23 @@ struct backend {
     const ops_t *ops;
     ops_ctx_t *ctx;
 };
+
+/* The most weights one matmul_multi takes. */
+#define OPS_MATMULS_MAX 4
+
+/* y[i] = x W[i]^T for count weights of the same columns: one matmul_multi where the backend
+ * has it, else matmul once per weight. Either way each y[i] has matmul's bits. */
+static inline int ops_matmuls(const ops_t *o, ops_ctx_t *ctx, void *const *y, const void *x,
+                              const weight_t *const *w, int count, int n)
+{
+    if (o->matmul_multi && count > 1)
+        return o->matmul_multi(ctx, y, x, w, count, n);
+    for (int i = 0; i < count; i++) {
+        int e = o->matmul(ctx, y[i], x, w[i], n);
+        if (e)
+            return e;
+    }
+    return 0;
+}
 
 #endif

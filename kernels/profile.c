@@ -117,6 +117,34 @@ static int prof_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w
     PROF_TIMED("matmul", w, n, IN->matmul(INCTX, y, x, w, n));
 }
 
+/* Filed as one matmul of all the weights' rows (3072 x 2048 for q, k and v of Llama 3.2
+ * 1B), which it is to the memory. Where the inner backend has no matmul_multi, the weights
+ * are timed one by one, as ops_matmuls runs them. */
+static int prof_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x,
+                             const weight_t *const *w, int count, int n)
+{
+    if (!IN->matmul_multi) {
+        for (int i = 0; i < count; i++) {
+            int e = prof_matmul(ctx, y[i], x, w[i], n);
+            if (e)
+                return e;
+        }
+        return 0;
+    }
+    double t = clock_now_s();
+    int e = IN->matmul_multi(INCTX, y, x, w, count, n);
+    if (!e)
+        e = IN->sync(INCTX);
+    int64_t rows = 0;
+    double bytes = 0;
+    for (int i = 0; i < count; i++) {
+        rows += w[i]->rows;
+        bytes += prof__weight_bytes(w[i]);
+    }
+    prof__add_row(ctx, "matmul", w[0]->dtype, rows, w[0]->cols, n, bytes, t);
+    return e;
+}
+
 static int prof_add_bias(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d)
 {
     PROF_TIMED("add_bias", NULL, n, IN->add_bias(INCTX, y, b, n, d));
@@ -305,6 +333,7 @@ static const ops_t profile_ops = {
     .embed = prof_embed,
     .rmsnorm = prof_rmsnorm,
     .matmul = prof_matmul,
+    .matmul_multi = prof_matmul_multi,
     .add_bias = prof_add_bias,
     .add = prof_add,
     .rope = prof_rope,

@@ -436,6 +436,77 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
     weight_host_free(&w.host);
 }
 
+/* matmul_multi (ops_matmuls): f weights of b columns, the first of a rows and the others
+ * of e (q, then k and v; or gate and up), over mm_ns, group d. The first weight is of the
+ * case's type and the others too, except that where c is 1 they are F32, which a backend
+ * must then run one by one. On every pair each output has the bits of x's own
+ * matmul of its weight alone, and the x backend's outputs meet the reference's matmuls
+ * within the matmul tolerance (exactly on the opaque pair). */
+static void run_matmul_multi(bpair_t *p, const op_case_t *c)
+{
+    dtype_t dt = case_file_dtype(c->dt);
+    int count = c->f;
+    ck_assert(count >= 2 && count <= OPS_MATMULS_MAX);
+    wtwin_t w[OPS_MATMULS_MAX];
+    const weight_t *wr[OPS_MATMULS_MAX], *wx[OPS_MATMULS_MAX];
+    for (int i = 0; i < count; i++) {
+        dtype_t di = i > 0 && c->c == 1 ? DTYPE_F32 : dt;
+        weight_t h = weight_rand(di, i ? c->e : c->a, c->b, di == DTYPE_F32 ? 0 : c->d, 0.05f);
+        if (c->dt == DTYPE_Q8X8) /* every zero 128: the layout of llama.cpp's q8_0 */
+            for (int64_t g = 0; g < h.rows * (h.cols / h.group); g++)
+                ((uint16_t *)h.zeros)[g] = f32_to_f16(128.0f);
+        w[i] = wtwin_new(p, h);
+        wr[i] = &w[i].r;
+        wx[i] = &w[i].x;
+    }
+    if (p->level >= CPU_SIMD_AVX2 && c->dt != dt) /* the repacked layout is the point */
+        ck_assert_int_eq(w[0].x.dtype, c->dt);
+    if (p->level >= 0) { /* weights of other widths are refused, naming the one at fault */
+        float zeros[16] = {0};
+        weight_t narrow = {.dtype = DTYPE_F32, .rows = 1, .cols = 16, .data = zeros};
+        const weight_t *wb[2] = {wx[0], &narrow};
+        void *yb[2] = {NULL, NULL};
+        ck_assert_int_eq(p->x->ops->matmul_multi(p->x->ctx, yb, NULL, wb, 2, 1), RIVER_ESHAPE);
+        ck_assert_msg(strstr(river_err_detail(), "weight 1"), "%s", river_err_detail());
+    }
+    for (int k = 0; k < N_MM_NS; k++) {
+        int n = mm_ns[k];
+        twin_t x = twin_rand(p, (size_t)n * c->b, -1, 1);
+        twin_t y[OPS_MATMULS_MAX];
+        void *yr[OPS_MATMULS_MAX], *yx[OPS_MATMULS_MAX];
+        for (int i = 0; i < count; i++) {
+            y[i] = twin_new(p, NULL, (size_t)n * wr[i]->rows);
+            yr[i] = y[i].r;
+            yx[i] = y[i].x;
+        }
+        BOTH(p, ops_matmuls(p->ref->ops, p->ref->ctx, yr, x.r, wr, count, n),
+             ops_matmuls(p->x->ops, p->x->ctx, yx, x.x, wx, count, n));
+        for (int i = 0; i < count; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s w%d n %d", c->name, i, n);
+            check_twin(p, &y[i], mm_tol(wr[i]->dtype, n), what);
+            /* The one weight's matmul on x: the same bits. */
+            size_t m = (size_t)n * (size_t)wx[i]->rows;
+            twin_t one = twin_new(p, NULL, m);
+            ck_assert_int_eq(p->x->ops->matmul(p->x->ctx, one.x, x.x, wx[i], n), 0);
+            float *a = malloc(m * sizeof *a), *b = malloc(m * sizeof *b);
+            ck_assert(a && b);
+            ck_assert_int_eq(p->x->ops->to_host(p->x->ctx, a, one.x, 0, m), 0);
+            ck_assert_int_eq(p->x->ops->to_host(p->x->ctx, b, y[i].x, 0, m), 0);
+            for (size_t r = 0; r < m; r++)
+                ck_assert_msg(memcmp(&a[r], &b[r], sizeof *a) == 0, "%s on %s: output %zu is "
+                              "%.9g in one call, %.9g alone", what, p->name, r, b[r], a[r]);
+            free(a);
+            free(b);
+            twin_free(p, &one);
+            twin_free(p, &y[i]);
+        }
+        twin_free(p, &x);
+    }
+    for (int i = 0; i < count; i++)
+        weight_host_free(&w[i].host);
+}
+
 /* embed: a vocab, b dim, c tokens, d group (0: 64). */
 static void run_embed(bpair_t *p, const op_case_t *c)
 {
@@ -1802,7 +1873,24 @@ static void run_attention_hist(bpair_t *p, const op_case_t *c)
 #define MM_SYM_CASE(name, rows, cols, group, n)                                               \
     {name, run_matmul, check_matmul_case, DTYPE_Q8, rows, cols, n, group, 1, 0, 0, 0, NULL}
 
+/* matmul_multi: count weights, the first of rows0 rows, the others of rows1 (F32 where
+ * mixed is 1), over mm_ns. */
+#define MM_MULTI_CASE(name, dt, rows0, rows1, cols, group, count, mixed)                       \
+    {name, run_matmul_multi, NULL, dt, rows0, cols, mixed, group, rows1, count, 0, 0, NULL}
+
 static const op_case_t cases[] = {
+    /* matmul_multi: q, k and v, gate and up; rows that end inside a 16-row unit, so that
+     * one thread's part of a call may end in one weight and go on in the next. */
+    MM_MULTI_CASE("matmul_multi bf16 q k v (128, 32, 32) x 256", DTYPE_BF16X8, 128, 32, 256,
+                  0, 3, 0),
+    MM_MULTI_CASE("matmul_multi f32 (37, 21, 21) x 96", DTYPE_F32, 37, 21, 96, 0, 3, 0),
+    MM_MULTI_CASE("matmul_multi f16 gate up (200, 200) x 64", DTYPE_F16X8, 200, 200, 64, 0, 2,
+                  0),
+    MM_MULTI_CASE("matmul_multi q4 g32 (72, 24, 24) x 256", DTYPE_Q4X8, 72, 24, 256, 32, 3,
+                  0),
+    MM_MULTI_CASE("matmul_multi q8 g32 (64, 64) x 256", DTYPE_Q8X8, 64, 64, 256, 32, 2, 0),
+    MM_MULTI_CASE("matmul_multi bf16 then f32 (64, 24) x 128", DTYPE_BF16X8, 64, 24, 128, 0, 2,
+                  1),
     /* matmul: every weight type; GEMV-sized and batched row counts, none a multiple of 8
      * except where a kernel's 8-row pass is the point. */
     CASE("matmul f32 (96, 256) n 1", run_matmul, DTYPE_F32, 96, 256, 1, 0, 1e-4),
@@ -2171,12 +2259,13 @@ static const op_case_t cases[] = {
  * (check_matmul holds both to their bounds), which stays under 2e-2 relative here. */
 static double simd_floor(const bpair_t *p, const op_case_t *c)
 {
-    if (p->level >= 0 && c->run == run_matmul &&
+    bool mm = c->run == run_matmul || c->run == run_matmul_multi;
+    if (p->level >= 0 && mm &&
         (c->dt == DTYPE_Q4 || c->dt == DTYPE_Q8 || c->dt == DTYPE_Q4X8 ||
          c->dt == DTYPE_Q8X8))
         return 2e-2;
     /* x in bf16 (8 bits of mantissa) against bf16 weights. */
-    if (p->level == CPU_SIMD_AVX512BF16 && c->run == run_matmul &&
+    if (p->level == CPU_SIMD_AVX512BF16 && mm &&
         (c->dt == DTYPE_BF16 || c->dt == DTYPE_BF16X8))
         return 2e-2;
     return 1e-4;

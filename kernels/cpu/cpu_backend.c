@@ -784,6 +784,7 @@ static const ops_t cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .rope = cpu_rope,

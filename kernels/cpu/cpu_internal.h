@@ -47,6 +47,8 @@ int cpu_thread_scratch_reserve(ops_ctx_t *ctx, size_t n);
 int cpu_weight_check(const weight_t *w, const char *what);
 
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n);
+int cpu_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x, const weight_t *const *w,
+                     int count, int n);
 /* ops->router_prob (kernels/cpu/router_prob.c). */
 int cpu_router_prob(ops_ctx_t *ctx, float *out, const void *x, const router_weights_t *w,
                     const int32_t *rows, int n);

@@ -49,6 +49,12 @@ typedef struct mm_job {
     int64_t units; /* MM_ROW_UNIT-row units of w */
     const float *xq; /* decode: x as gemv_prep leaves it, or NULL */
     int64_t ldq;
+    /* decode: the weights of one call (w and y alone, or cpu_matmul_multi's), their units
+     * laid end to end, weight i's from first[i] to first[i + 1] */
+    int count;
+    const weight_t *const *ws;
+    void *const *ys;
+    int64_t first[OPS_MATMULS_MAX + 1];
     /* prefill */
     const float *xp;
     int n_panels;
@@ -62,14 +68,24 @@ static void mm_task_rows(const mm_job_t *j, int task, int64_t *r0, int64_t *r1)
     *r1 = u1 * MM_ROW_UNIT < j->w->rows ? u1 * MM_ROW_UNIT : j->w->rows;
 }
 
+/* The task's share of the units of all the call's weights, weight by weight. */
 static void mm_gemv_task(void *arg, int task, int thread)
 {
     (void)thread;
     const mm_job_t *j = arg;
-    int64_t r0, r1;
-    mm_task_rows(j, task, &r0, &r1);
-    if (r1 > r0)
-        j->k->gemv(j->y, j->w->rows, j->x, j->w->cols, j->xq, j->ldq, j->n, j->w, r0, r1);
+    int64_t total = j->first[j->count];
+    int64_t u0 = total * task / j->n_tasks, u1 = total * (task + 1) / j->n_tasks;
+    for (int i = 0; i < j->count && u0 < u1; i++) {
+        if (u0 >= j->first[i + 1])
+            continue;
+        const weight_t *w = j->ws[i];
+        int64_t e = u1 < j->first[i + 1] ? u1 : j->first[i + 1];
+        int64_t r0 = (u0 - j->first[i]) * MM_ROW_UNIT;
+        int64_t r1 = (e - j->first[i]) * MM_ROW_UNIT < w->rows ? (e - j->first[i]) * MM_ROW_UNIT
+                                                               : w->rows;
+        j->k->gemv(j->ys[i], w->rows, j->x, w->cols, j->xq, j->ldq, j->n, w, r0, r1);
+        u0 = e;
+    }
 }
 
 static void mm_pack_task(void *arg, int task, int thread)
@@ -289,6 +305,43 @@ static int mm_prep(ops_ctx_t *ctx, mm_job_t *j)
     return 0;
 }
 
+/* The decode path of count weights that share x (j: ctx, k, x, w = ws[0], n), as one run of
+ * the pool. */
+static int mm_gemv_run(ops_ctx_t *ctx, mm_job_t *j, const weight_t *const *ws, void *const *ys,
+                       int count)
+{
+    j->count = count;
+    j->ws = ws;
+    j->ys = ys;
+    int64_t bytes = 0, macs = 0;
+    j->first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        j->first[i + 1] = j->first[i] + (ws[i]->rows + MM_ROW_UNIT - 1) / MM_ROW_UNIT;
+        bytes += ws[i]->rows * (int64_t)dtype_row_bytes(ws[i]->dtype, ws[i]->cols);
+        macs += (int64_t)j->n * ws[i]->rows * ws[i]->cols;
+    }
+    int64_t units = j->first[count];
+    int threads = macs < MM_PAR_MACS ? 1 : ctx->n_threads;
+    if (threads > units)
+        threads = (int)units;
+    j->n_tasks = threads;
+    if (threads > 1) {
+        /* A few chunks per thread: a thread that loses its core for a while (other work on
+         * the machine) leaves its later chunks to the others. */
+        int64_t want = bytes / MM_MIN_CHUNK_BYTES;
+        int64_t most = (int64_t)threads * MM_CHUNKS_PER_THREAD;
+        want = want < most ? want : most;
+        want = want < units ? want : units;
+        if (want > threads)
+            j->n_tasks = (int)want;
+    }
+    int e = mm_prep(ctx, j);
+    if (e)
+        return e;
+    threadpool_run(ctx->pool, mm_gemv_task, j, j->n_tasks);
+    return 0;
+}
+
 int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
 {
     int e = cpu_weight_check(w, "matmul");
@@ -308,25 +361,8 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     if (threads > j.units)
         threads = (int)j.units;
 
-    if (mm_decode(k, w, n)) {
-        j.n_tasks = threads;
-        if (threads > 1) {
-            /* A few chunks per thread: a thread that loses its core for a while (other
-             * work on the machine) leaves its later chunks to the others. */
-            int64_t bytes = w->rows * (int64_t)dtype_row_bytes(w->dtype, w->cols);
-            int64_t want = bytes / MM_MIN_CHUNK_BYTES;
-            int64_t most = (int64_t)threads * MM_CHUNKS_PER_THREAD;
-            want = want < most ? want : most;
-            want = want < j.units ? want : j.units;
-            if (want > threads)
-                j.n_tasks = (int)want;
-        }
-        e = mm_prep(ctx, &j);
-        if (e)
-            return e;
-        threadpool_run(ctx->pool, mm_gemv_task, &j, j.n_tasks);
-        return 0;
-    }
+    if (mm_decode(k, w, n))
+        return mm_gemv_run(ctx, &j, &w, &y, 1);
 
     if (mm_float(w)) {
         e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w));
@@ -364,4 +400,45 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     j.n_tasks = threads;
     threadpool_run(ctx->pool, mm_gemm_task, &j, j.n_tasks);
     return 0;
+}
+
+/* One run where every weight takes the same kernels on the same prepared x (the same type,
+ * columns and groups, all on the decode path); else one matmul a weight, as ops_matmuls
+ * would. Which task computes a row does not change its bits. */
+int cpu_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x, const weight_t *const *w,
+                     int count, int n)
+{
+    if (count < 1 || count > OPS_MATMULS_MAX || !w)
+        return river_err_set(RIVER_EINVAL, "cpu matmul_multi: %d weights", count);
+    for (int i = 0; i < count; i++) {
+        int e = cpu_weight_check(w[i], "matmul_multi");
+        if (e)
+            return e;
+        if (w[i]->cols != w[0]->cols)
+            return river_err_set(RIVER_ESHAPE, "cpu matmul_multi: weight %d has %lld columns, "
+                                 "weight 0 %lld", i, (long long)w[i]->cols,
+                                 (long long)w[0]->cols);
+    }
+    if (n < 0 || (n > 0 && (!y || !x)))
+        return river_err_set(RIVER_EINVAL, "cpu matmul_multi: n %d", n);
+    if (n == 0)
+        return 0;
+    const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w[0], n);
+    bool one = mm_decode(k, w[0], n);
+    for (int i = 1; i < count && one; i++)
+        one = w[i]->dtype == w[0]->dtype && w[i]->group == w[0]->group &&
+              w[i]->zero128 == w[0]->zero128 && cpu_kernels_for(ctx->k, w[i], n) == k &&
+              mm_decode(k, w[i], n);
+    for (int i = 0; i < count && one; i++)
+        one = y[i] != NULL;
+    if (!one) {
+        for (int i = 0; i < count; i++) {
+            int e = cpu_matmul(ctx, y[i], x, w[i], n);
+            if (e)
+                return e;
+        }
+        return 0;
+    }
+    mm_job_t j = { .ctx = ctx, .k = k, .x = x, .w = w[0], .n = n };
+    return mm_gemv_run(ctx, &j, w, y, count);
 }

@@ -194,6 +194,30 @@ static int opq_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w,
     return CPU->matmul(CPUCTX, yr, xr, &wr, n);
 }
 
+/* Each weight counts as a matmul towards RIVER_OPAQUE_FAULT_AFTER, as when the engine
+ * called matmul once per weight. */
+static int opq_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x,
+                            const weight_t *const *w, int count, int n)
+{
+    if (count < 1 || count > OPS_MATMULS_MAX)
+        return river_err_set(RIVER_EINVAL, "opaque matmul_multi: %d weights", count);
+    void *yr[OPS_MATMULS_MAX];
+    weight_t wr[OPS_MATMULS_MAX];
+    const weight_t *wp[OPS_MATMULS_MAX];
+    for (int i = 0; i < count; i++) {
+        int e = opq__alive(ctx, "matmul");
+        if (e)
+            return e;
+        if (!(yr[i] = opq__real(ctx, y[i])))
+            return opq__not_mine("matmul_multi", "y", y[i]);
+        if ((e = opq__weight(ctx, w[i], &wr[i], "matmul_multi")) != 0)
+            return e;
+        wp[i] = &wr[i];
+    }
+    OPQ_BUF(xr, x, "matmul_multi");
+    return CPU->matmul_multi(CPUCTX, yr, xr, wp, count, n);
+}
+
 static int opq_add_bias(ops_ctx_t *ctx, void *y, const weight_t *b, int n, int d)
 {
     OPQ_BUF(yr, y, "add_bias");
@@ -508,6 +532,7 @@ static const ops_t opaque_ops = {
     .embed = opq_embed,
     .rmsnorm = opq_rmsnorm,
     .matmul = opq_matmul,
+    .matmul_multi = opq_matmul_multi,
     .add_bias = opq_add_bias,
     .add = opq_add,
     .rope = opq_rope,
