@@ -6,6 +6,7 @@
  * registers (no stack traffic in the inner loops). */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels/cpu/rowblock.h"
@@ -395,16 +396,26 @@ static int q8_int_path(const weight_t *w)
     return w->dtype == DTYPE_Q8 && w->group % 32 == 0;
 }
 
-/* Whether vpdpbusd may run: read once (the answer does not change). */
+/* Whether vpdpbusd may run: read once (the answer does not change), under pthread_once,
+ * since the first matmul of a process asks on every thread at once. A plain flag set after
+ * the answer let a thread see the flag before the answer and run the other kernel on its
+ * rows (whose bits differ by rounding): test_backend_ops caught it on the first call of a
+ * case, the first row of the second thread's part. */
+static int vnni_has;
+static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
+
+static void vnni_init(void)
+{
+    __builtin_cpu_init();
+    vnni_has = __builtin_cpu_supports("avx512vnni");
+}
+
 static int avx512_has_vnni(void)
 {
-    static int known, has;
-    if (!known) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512vnni");
-        known = 1;
-    }
-    return has;
+    /* pthread_once fails only on misuse; the answer is then found by this thread. */
+    if (pthread_once(&vnni_once, vnni_init) != 0)
+        vnni_init();
+    return vnni_has;
 }
 
 static int64_t avx512_gemv_prep_floats(const weight_t *w)
