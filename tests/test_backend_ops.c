@@ -468,6 +468,15 @@ static void run_matmul_multi(bpair_t *p, const op_case_t *c)
         void *yb[2] = {NULL, NULL};
         ck_assert_int_eq(p->x->ops->matmul_multi(p->x->ctx, yb, NULL, wb, 2, 1), RIVER_ESHAPE);
         ck_assert_msg(strstr(river_err_detail(), "weight 1"), "%s", river_err_detail());
+        /* A missing output is refused too, naming its weight. */
+        twin_t x1 = twin_rand(p, (size_t)c->b, -1, 1);
+        twin_t y0 = twin_new(p, NULL, (size_t)wx[0]->rows);
+        wb[1] = wx[1];
+        yb[0] = y0.x;
+        ck_assert_int_eq(p->x->ops->matmul_multi(p->x->ctx, yb, x1.x, wb, 2, 1), RIVER_EINVAL);
+        ck_assert_msg(strstr(river_err_detail(), "weight 1"), "%s", river_err_detail());
+        twin_free(p, &x1);
+        twin_free(p, &y0);
     }
     for (int k = 0; k < N_MM_NS; k++) {
         int n = mm_ns[k];

@@ -354,15 +354,16 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
     const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w, n);
     mm_job_t j = { .ctx = ctx, .k = k, .y = y, .x = x, .w = w, .n = n,
                    .units = (w->rows + MM_ROW_UNIT - 1) / MM_ROW_UNIT };
+    if (mm_decode(k, w, n))
+        return mm_gemv_run(ctx, &j, &w, &y, 1);
+
+    /* The prefill paths. */
     int64_t macs = (int64_t)n * w->rows * w->cols;
     int threads = ctx->n_threads;
     if (macs < MM_PAR_MACS)
         threads = 1;
     if (threads > j.units)
         threads = (int)j.units;
-
-    if (mm_decode(k, w, n))
-        return mm_gemv_run(ctx, &j, &w, &y, 1);
 
     if (mm_float(w)) {
         e = cpu_thread_scratch_reserve(ctx, (size_t)mm_dot_scratch_floats(k, w));
@@ -421,6 +422,9 @@ int cpu_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x, const weight
     }
     if (n < 0 || (n > 0 && (!y || !x)))
         return river_err_set(RIVER_EINVAL, "cpu matmul_multi: n %d", n);
+    for (int i = 0; i < count && n > 0; i++)
+        if (!y[i])
+            return river_err_set(RIVER_EINVAL, "cpu matmul_multi: no output for weight %d", i);
     if (n == 0)
         return 0;
     const cpu_kernels_t *k = cpu_kernels_for(ctx->k, w[0], n);
@@ -429,8 +433,6 @@ int cpu_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x, const weight
         one = w[i]->dtype == w[0]->dtype && w[i]->group == w[0]->group &&
               w[i]->zero128 == w[0]->zero128 && cpu_kernels_for(ctx->k, w[i], n) == k &&
               mm_decode(k, w[i], n);
-    for (int i = 0; i < count && one; i++)
-        one = y[i] != NULL;
     if (!one) {
         for (int i = 0; i < count; i++) {
             int e = cpu_matmul(ctx, y[i], x, w[i], n);
