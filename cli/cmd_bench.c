@@ -85,7 +85,11 @@ static void bench__usage(FILE *f)
                "sweep with the widest loads the processor has (read_bandwidth_widest_gbs,\n"
                "roofline_fraction_widest) where RIVER_SIMD forces a narrower level; and\n"
                "prefill's arithmetic (prefill_gflop_per_token: the layers, attention over the\n"
-               "mean causal context, the head once a prompt) and rate (prefill_gflops).\n"
+               "mean causal context, the head once a prompt) and rate (prefill_gflops); on\n"
+               "a CPU, the compute peak after each run (compute_peak_gflops: the level's f32\n"
+               "multiply-adds, at avx512bf16 its vdpbf16ps, or for integer weights its 8-bit\n"
+               "ones, as river bench --kernels --peak) and prefill_peak_fraction, the median\n"
+               "over the runs of prefill_gflops / that run's peak.\n"
                "--split-costs RIVER instead times the backbone and the river layers (per layer,\n"
                "every river layer once a pass, as decoding streams them) on 1..64 rows and\n"
                "shows when running a batch as two groups (row aggregation) beats running it\n"
@@ -262,7 +266,10 @@ int cmd_bench(int argc, char **argv)
      * + runs) with the widest loads the processor has. */
     double *bws = calloc(2 * (size_t)runs, sizeof *bws);
     double *fracs = calloc(2 * (size_t)runs, sizeof *fracs);
-    if (!prompt || !pre || !dec || !bws || !fracs) {
+    /* Per run on a CPU backend: the compute peak after it (GFLOP/s), then (peaks + runs)
+     * prefill's fraction of it. */
+    double *peaks = calloc(2 * (size_t)runs, sizeof *peaks);
+    if (!prompt || !pre || !dec || !bws || !fracs || !peaks) {
         e = river_err_set(RIVER_ENOMEM, "bench buffers");
         goto done;
     }
@@ -286,6 +293,11 @@ int cmd_bench(int argc, char **argv)
      * kind of machine 256-bit loads sweep 5-7 % slower than 512-bit ones); the widest
      * sweep is reported beside it. */
     cpu_simd_t level = cli_env_is_cpu(&env) ? cpu_backend_simd(env.be) : CPU_SIMD_COUNT;
+    /* Prefill of float weights is judged against the level's float multiply-adds (at
+     * avx512bf16, vdpbf16ps's, which its bf16 matmuls run), of integer ones against its
+     * 8-bit ones, which their kernels run. */
+    cpu_peak_t peak_kind = dtype_quant_bits(cfg->dtype) > 0 ? CPU_PEAK_I8 : CPU_PEAK_F32;
+    double gflop = bench__prefill_gflop(cfg, prompt_len);
     if (!json)
         fprintf(stderr, "river bench: %s, %d threads, simd %s, prompt %ld, gen %ld, %ld runs\n",
                 model_path, n_threads, cli_env_simd_name(&env), prompt_len, gen_len, runs);
@@ -322,6 +334,17 @@ int cmd_bench(int argc, char **argv)
             fracs[widest * runs + r] =
                 (double)model_bytes_per_token(env.model) * dec[r] / (bw[r] * 1e9);
         }
+        /* The peak right after the run too, for the same reason: on a shared host it moved
+         * by half within minutes (river bench --kernels --peak, Zen 5 VM). */
+        if (level < CPU_SIMD_COUNT) {
+            double gmacs = cpu_peak_gmacs(n_threads, level, peak_kind, 2);
+            if (gmacs <= 0) {
+                e = (int)gmacs;
+                goto done;
+            }
+            peaks[r] = 2.0 * gmacs;
+            peaks[runs + r] = gflop * pre[r] / peaks[r];
+        }
     }
     /* The attention share of prefill: prompts alone (one token sampled, no decode step),
      * attention's time over the forward's, summed over the runs. */
@@ -341,7 +364,8 @@ int cmd_bench(int argc, char **argv)
     double attn_share = fb.step_s > fa.step_s ? (fb.attn_s - fa.attn_s) / (fb.step_s - fa.step_s)
                                               : 0.0;
     double prefill_tps = cli_median(pre, (int)runs);
-    double gflop = bench__prefill_gflop(cfg, prompt_len);
+    double peak = cli_median(peaks, (int)runs), peak_frac = cli_median(peaks + runs, (int)runs);
+    const char *peak_name = peak_kind == CPU_PEAK_I8 ? "int8" : "f32";
     double decode_tps = cli_median(dec, (int)runs);
     double bw = cli_median(bws, (int)runs), bw_widest = cli_median(bws + runs, (int)runs);
     int64_t bpt = model_bytes_per_token(env.model);
@@ -362,6 +386,11 @@ int cmd_bench(int argc, char **argv)
             json_object_set_new(o, "prefill_gflops", json_real(gflop * prefill_tps));
             json_object_set_new(o, "read_bandwidth_widest_gbs", json_real(bw_widest));
             json_object_set_new(o, "roofline_fraction_widest", json_real(frac_widest));
+            if (level < CPU_SIMD_COUNT) {
+                json_object_set_new(o, "compute_peak_kind", json_string(peak_name));
+                json_object_set_new(o, "compute_peak_gflops", json_real(peak));
+                json_object_set_new(o, "prefill_peak_fraction", json_real(peak_frac));
+            }
         }
         cli_json_print(o);
     } else {
@@ -374,6 +403,9 @@ int cmd_bench(int argc, char **argv)
         printf("read_bandwidth_widest_gbs %.2f (roofline_fraction %.3f)\n", bw_widest,
                frac_widest);
         printf("prefill_attn_share  %.3f\n", attn_share);
+        if (level < CPU_SIMD_COUNT)
+            printf("compute_peak_gflops %.1f (%s; prefill_peak_fraction %.3f)\n", peak,
+                   peak_name, peak_frac);
     }
     rc = 0;
 done:
@@ -385,6 +417,7 @@ done:
     free(dec);
     free(bws);
     free(fracs);
+    free(peaks);
     cli_env_close(&env);
     return rc;
 }

@@ -6,19 +6,22 @@
 #   peak       `river bench --kernels --peak` at every vector level the processor has: f32
 #              FMA GFLOP/s (the float weights' yardstick; at avx512bf16, vdpbf16ps's, which
 #              its bf16 matmuls run) and 8-bit integer GOP/s (the Q8/Q4 weights'), on
-#              THREADS threads
+#              THREADS threads, at the start (for the record)
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
 #              backbones (`river quant --backbone`), at every vector level: the median
 #              prefill tok/s of ROUNDS runs and its GFLOP/s (the layers, attention over the
-#              mean causal context, the head once a prompt: bench's prefill_gflop_per_token)
+#              mean causal context, the head once a prompt: bench's prefill_gflop_per_token),
+#              and the median over the runs of that run's GFLOP/s over the same peak taken
+#              right after it (bench's prefill_peak_fraction: the host's speed drifts, and a
+#              peak taken minutes away measures the drift)
 #   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
 #              (bf16, q8_0, q4_0): a P-token prompt evaluated in micro-batches of 512, the
 #              median of ROUNDS runs
 #
 # for each prompt length P in LENS (default 128 512 2048) and format in FORMATS (default
 # bf16 q8 q4), River and llama.cpp alternating per length. Then the ratios: River /
-# llama.cpp per format, and River's GFLOP/s over the f32 peak (bf16) or the integer peak
-# (q8, q4; their integer kernels run 8-bit products).
+# llama.cpp per format, and River's fraction of the f32 peak (bf16) or the integer peak
+# (q8, q4; their integer kernels run 8-bit products), each run against its own.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 unset RIVER_SIMD
@@ -69,7 +72,9 @@ for p in $LENS; do
                 --output json >"$out/r.json" 2>"$out/r.log" ||
                 die "river bench failed: $b at $p tokens, $level" "$out/r.log"
             awk -v k="river-$level $b $p" -v t="$(num prefill_tok_s "$out/r.json")" \
-                -v g="$(num prefill_gflops "$out/r.json")" 'BEGIN {printf "%s %.1f %.1f\n", k, t, g}' >>"$results"
+                -v g="$(num prefill_gflops "$out/r.json")" \
+                -v f="$(num prefill_peak_fraction "$out/r.json")" \
+                'BEGIN {printf "%s %.1f %.1f %.2f\n", k, t, g, f}' >>"$results"
         done
     done
 done
@@ -81,7 +86,7 @@ for level in $levels; do
     # The float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run.
     f=f32
     [ "$level" = avx512bf16 ] && f="bf16 dot (vdpbf16ps)"
-    echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s"
+    echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s at the start"
 done
 printf '\n%-8s %6s %12s' "format" "tokens" "llama.cpp"
 for level in $levels; do
@@ -95,10 +100,9 @@ for p in $LENS; do
         for level in $levels; do
             r=$(get "river-$level" "$b" "$p" 4)
             g=$(get "river-$level" "$b" "$p" 5)
-            if [ "$b" = bf16 ]; then pk=$(peak "$level" peak_f32_gflops); else pk=$(peak "$level" peak_i8_gops); fi
-            printf ' %14s %10s %8s %8s' "$r" "$g" "$(ratio "$r" "$l")" "$(ratio "$g" "$pk")"
+            printf ' %14s %10s %8s %8s' "$r" "$g" "$(ratio "$r" "$l")" "$(get "river-$level" "$b" "$p" 6)"
         done
         echo
     done
 done
-echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4), /peak River's GFLOP/s over the f32 peak (bf16) or the int8 peak (q8, q4); every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (q8, q4) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1268,12 +1268,69 @@ START_TEST(test_bench_prints_figures)
 }
 END_TEST
 
+/* The number after "key": in a JSON line; fails the test where there is none. */
+static double bench_num(const char *out, const char *key)
+{
+    char k[96];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *f = strstr(out, k);
+    ck_assert_msg(f, "no %s in %.600s", k, out);
+    return strtod(f + strlen(k), NULL);
+}
+
+/* `river bench` measures the compute peak after each run, the float one for a float model
+ * and the 8-bit one for a q8 backbone, and prefill's fraction of it: with one run, exactly
+ * prefill_gflops over compute_peak_gflops. A device backend has no CPU peak to report. */
+START_TEST(test_bench_compute_peak)
+{
+    char dir[320], q8[340];
+    snprintf(dir, sizeof dir, "%s/peak-tiny", test_tmpdir());
+    snprintf(q8, sizeof q8, "%s/peak-tiny-q8", test_tmpdir());
+    char *synth[] = {(char *)test_bin("river"), "synth", "--shape", "llama3-tiny", "--out", dir,
+                     "--quiet", NULL};
+    char *quant[] = {(char *)test_bin("river"), "quant", "--backbone", "q8", "--model", dir,
+                     "--out", q8, "--threads", "1", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(synth, NULL, 1, &out), 0);
+    free(out);
+    ck_assert_int_eq(test_capture(quant, NULL, 1, &out), 0);
+    free(out);
+    const char *models[] = {STORIES, q8}, *kinds[] = {"\"f32\"", "\"int8\""};
+    for (int m = 0; m < 2; m++) {
+        char *b[] = {(char *)test_bin("river"), "bench", "--model", (char *)models[m],
+                     "--threads", "1", "--prompt-len", "8", "--gen-len", "2", "--runs", "1",
+                     "--bandwidth-mib", "16", "--output", "json", NULL};
+        ck_assert_int_eq(test_capture(b, NULL, 0, &out), 0);
+        const char *kk = strstr(out, "\"compute_peak_kind\":");
+        ck_assert_msg(kk && !strncmp(kk + strlen("\"compute_peak_kind\":"), kinds[m],
+                                     strlen(kinds[m])),
+                      "%s: want kind %s in %.600s", models[m], kinds[m], out);
+        double peak = bench_num(out, "compute_peak_gflops");
+        double rate = bench_num(out, "prefill_gflops");
+        double frac = bench_num(out, "prefill_peak_fraction");
+        ck_assert_msg(peak > 0 && rate > 0, "%s: peak %g, prefill %g GFLOP/s", models[m], peak,
+                      rate);
+        ck_assert_msg(fabs(frac - rate / peak) <= 1e-6 * frac + 1e-12,
+                      "%s: prefill_peak_fraction %g, %g / %g", models[m], frac, rate, peak);
+        free(out);
+    }
+    char *dev[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                   "--prompt-len", "4", "--gen-len", "2", "--runs", "1", "--bandwidth-mib", "16",
+                   "--device", "opaque", "--output", "json", NULL};
+    ck_assert_int_eq(test_capture(dev, NULL, 0, &out), 0);
+    ck_assert_msg(strstr(out, "\"prefill_tok_s\":") && !strstr(out, "compute_peak"), "%.600s",
+                  out);
+    free(out);
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
     TCase *q = tcase_create("quantizers");
     tcase_add_test(q, test_rtn_round_trip);
     tcase_add_test(q, test_bench_prints_figures);
+    tcase_add_test(q, test_bench_compute_peak);
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
     tcase_add_test(q, test_simd_kernels_agree);
