@@ -22,11 +22,9 @@
  * decode tiles at one row of x) and chunks of a 256-column set, was measured against it in
  * one run (river bench --kernels, alternating binaries, 3-4 rounds, 2 threads): at one row
  * of x 1.0-1.4x, but at 2 to 8 rows, where the tiles cover half a block each, 0.4-1.0x
- * whatever the prefetch distance, so it was not taken. Their row-major streams, not their
- * arithmetic, are what bounds them from memory: a one-row tile of a whole block of 8 rows
- * in 512-bit vpdpbusd ran Q4X8 1.25x as fast in L3 but no faster from memory (README,
- * "bf16 and f16 rows in blocks of 8"), so a blocked layout read by such a tile is what is
- * left. */
+ * whatever the prefetch distance, so it was not taken; blocks of 8 rows read by one-row
+ * tiles of the whole block, measured again later, did no better (README, "bf16 and f16
+ * rows in blocks of 8"). */
 #ifndef RIVER_KERNELS_CPU_ROWBLOCK_H
 #define RIVER_KERNELS_CPU_ROWBLOCK_H
 
