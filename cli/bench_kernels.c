@@ -72,7 +72,8 @@ static const struct {
 
 typedef struct bk_opts {
     int threads, runs, pool_mib, bw_mib, json;
-    int peak; /* --peak: the compute peaks instead of the matmuls */
+    int peak;       /* --peak: the compute peaks instead of the matmuls */
+    int interleave; /* --interleave: the levels call by call (bk_time_mixed) */
     int levels[CPU_SIMD_COUNT], n_levels;
     int batches[BK_MAX_BATCHES], n_batches;
     int formats[BK_N_FORMATS], n_formats; /* indices into bk_formats */
@@ -184,7 +185,146 @@ static void bk_print(const bk_opts_t *o, const char *level, const char *fmt, con
     fflush(stdout);
 }
 
-/* One shape in one format at every level and batch. */
+/* One level's CPU backend with the pool's copies placed on it, x and y, and the read
+ * sweep with that level's loads, taken as it opens: right before its runs. */
+typedef struct bk_level {
+    cpu_simd_t level;
+    backend_t *be;
+    weight_t *w; /* the copies, as placed */
+    void *x, *y;
+    double bw;
+} bk_level_t;
+
+static void bk_level_close(bk_level_t *L)
+{
+    if (L->x)
+        L->be->ops->buf_free(L->be->ctx, L->x);
+    if (L->y)
+        L->be->ops->buf_free(L->be->ctx, L->y);
+    backend_destroy(&L->be);
+    free(L->w);
+    L->w = NULL;
+    L->x = L->y = NULL;
+}
+
+/* On failure nothing is left open. */
+static int bk_level_open(const bk_opts_t *o, bk_level_t *L, cpu_simd_t level,
+                         const bk_format_t *f, uint8_t *pool, int copies, size_t data,
+                         size_t meta, int64_t rows, int64_t cols, const float *xh)
+{
+    size_t each = data + 2 * meta;
+    *L = (bk_level_t){.level = level};
+    L->w = calloc((size_t)copies, sizeof *L->w);
+    if (!L->w)
+        return river_err_set(RIVER_ENOMEM, "bench kernels: %d copies", copies);
+    int e = cpu_backend_new(&L->be, o->threads, level);
+    if (e)
+        goto fail;
+    /* The pool is in huge pages already: placement need not copy it again. */
+    e = cpu_backend_keep_mapped(L->be);
+    for (int c = 0; c < copies && !e; c++) {
+        uint8_t *p = pool + (size_t)c * each;
+        L->w[c] = (weight_t){.dtype = f->dtype, .rows = rows, .cols = cols, .data = p,
+                             .group = f->group};
+        if (f->group) {
+            L->w[c].scales = (const uint16_t *)(p + data);
+            L->w[c].zeros = (const uint16_t *)(p + data + meta);
+        }
+        e = L->be->ops->weight_upload(L->be->ctx, &L->w[c]);
+    }
+    if (!e) {
+        L->x = L->be->ops->buf_alloc(L->be->ctx, (size_t)(BK_MAX_N * cols));
+        L->y = L->be->ops->buf_alloc(L->be->ctx, (size_t)(BK_MAX_N * rows));
+        if (!L->x || !L->y)
+            e = river_err_set(RIVER_ENOMEM, "bench kernels: activations");
+    }
+    if (!e)
+        e = L->be->ops->from_host(L->be->ctx, L->x, 0, xh, (size_t)(BK_MAX_N * cols));
+    /* On a shared machine the bandwidth drifts by tens of percent within minutes. */
+    if (!e) {
+        L->bw = cpu_read_bandwidth_gbs(o->threads, (size_t)o->bw_mib << 20, 3, level);
+        if (L->bw < 0)
+            e = (int)L->bw;
+    }
+    if (!e)
+        return 0;
+fail:
+    if (L->be)
+        bk_level_close(L);
+    else
+        free(L->w);
+    L->w = NULL;
+    return e;
+}
+
+/* --interleave: the levels' calls in turn on one backend (cpu_backend_set_simd: one thread
+ * pool, the same placed copies), one call each, each call timed alone, every call on the
+ * next copy; a run ends after a pass over the pool and at least BK_RUN_MIN_SECONDS of each
+ * level's calls, or BK_RUN_SECONDS of them all. A level's figure for the run is its time per
+ * call, ms[li] and ms_min[li] the median and the least over the runs. The host's drift,
+ * which moves runs minutes apart by tens of percent, then falls on every level alike.
+ * use[li] says which of the nl levels run at this n. */
+static int bk_time_mixed(const bk_level_t *L, const cpu_simd_t *levels, const int *use, int nl,
+                         int copies, int *next, int n, int runs, double *ms, double *ms_min)
+{
+    double *t = calloc((size_t)runs * (size_t)nl, sizeof *t);
+    double sum[CPU_SIMD_COUNT];
+    int calls[CPU_SIMD_COUNT];
+    const ops_t *op = L->be->ops;
+    int e = t ? 0 : river_err_set(RIVER_ENOMEM, "bench kernels: timings");
+    for (int li = 0; li < nl && !e; li++) /* warm each level's scratch */
+        if (use[li] && !(e = cpu_backend_set_simd(L->be, levels[li]))) {
+            e = op->matmul(L->be->ctx, L->y, L->x, &L->w[*next], n);
+            *next = (*next + 1) % copies;
+        }
+    for (int r = 0; r < runs && !e; r++) {
+        double t0 = clock_now_s();
+        for (int li = 0; li < nl; li++) {
+            sum[li] = 0.0;
+            calls[li] = 0;
+        }
+        for (int done = 0; !done && !e;) {
+            done = 1;
+            for (int li = 0; li < nl && !e; li++) {
+                if (!use[li] || (e = cpu_backend_set_simd(L->be, levels[li])) != 0)
+                    continue;
+                double c0 = clock_now_s();
+                e = op->matmul(L->be->ctx, L->y, L->x, &L->w[*next], n);
+                sum[li] += clock_now_s() - c0;
+                calls[li]++;
+                *next = (*next + 1) % copies;
+                if (calls[li] < copies || sum[li] < BK_RUN_MIN_SECONDS)
+                    done = 0;
+            }
+            if (clock_now_s() - t0 > BK_RUN_SECONDS * nl)
+                done = 1;
+        }
+        for (int li = 0; li < nl; li++)
+            t[li * runs + r] = calls[li] ? sum[li] / calls[li] * 1e3 : 0.0;
+    }
+    for (int li = 0; li < nl && !e; li++) {
+        double *tl = t + li * runs;
+        qsort(tl, (size_t)runs, sizeof *tl, bk_cmp);
+        ms[li] = runs % 2 ? tl[runs / 2] : 0.5 * (tl[runs / 2 - 1] + tl[runs / 2]);
+        ms_min[li] = tl[0];
+    }
+    free(t);
+    return e;
+}
+
+static void bk_report(const bk_opts_t *o, cpu_simd_t level, double bw, const bk_format_t *f,
+                      int si, int n, double ms, double ms_min, size_t weight_bytes)
+{
+    int64_t rows = bk_shapes[si].rows, cols = bk_shapes[si].cols;
+    bk_result_t r = {.ms = ms, .ms_min = ms_min};
+    r.gbs = ms > 0.0 ? (double)weight_bytes / (ms * 1e-3) / 1e9 : 0.0;
+    r.frac = bw > 0.0 ? r.gbs / bw : 0.0;
+    r.gmacs = ms > 0.0 ? (double)n * (double)rows * (double)cols / (ms * 1e-3) / 1e9 : 0.0;
+    bk_print(o, cpu_simd_name(level), f->name, bk_shapes[si].name, n, &r, bw);
+}
+
+/* One shape in one format at every level and batch: level after level, or with
+ * --interleave all levels at once, call by call. */
 static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
 {
     int64_t rows = bk_shapes[si].rows, cols = bk_shapes[si].cols;
@@ -196,10 +336,10 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
         copies = 2;
     size_t len = 0;
     uint8_t *pool = cpu_huge_map(each * (size_t)copies, &len);
-    weight_t *w = calloc((size_t)copies, sizeof *w);
     float *xh = malloc(sizeof *xh * (size_t)(BK_MAX_N * cols));
-    int e = 0;
-    if (!pool || !w || !xh) {
+    bk_level_t L[1] = {0};
+    int e = 0, open = 0, next = 0;
+    if (!pool || !xh) {
         e = river_err_set(RIVER_ENOMEM, "bench kernels: a pool of %d copies of %s %s", copies,
                           f->name, bk_shapes[si].name);
         goto done;
@@ -208,66 +348,65 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
     uint64_t s = 77;
     for (int64_t k = 0; k < BK_MAX_N * cols; k++)
         xh[k] = (float)((int64_t)(rng_next(&s) % 2001) - 1000) * 1e-3f;
+    if (o->interleave) {
+        /* One backend at the highest level asked for, which places the copies as that
+         * level would (the pool's layouts are the format's: kept mapped, nothing is
+         * repacked), then each level's sweep, one after another. */
+        cpu_simd_t levels[CPU_SIMD_COUNT], top = CPU_SIMD_SCALAR;
+        double bws[CPU_SIMD_COUNT];
+        int nl = o->n_levels;
+        for (int li = 0; li < nl; li++) {
+            levels[li] = (cpu_simd_t)o->levels[li];
+            top = levels[li] > top ? levels[li] : top;
+        }
+        e = bk_level_open(o, &L[0], top, f, pool, copies, data, meta, rows, cols, xh);
+        if (e)
+            goto done;
+        open = 1;
+        for (int li = 0; li < nl && !e; li++) {
+            bws[li] = levels[li] == top ? L[0].bw
+                                        : cpu_read_bandwidth_gbs(o->threads,
+                                                                 (size_t)o->bw_mib << 20, 3,
+                                                                 levels[li]);
+            if (bws[li] < 0)
+                e = (int)bws[li];
+        }
+        for (int bi = 0; bi < o->n_batches && !e; bi++) {
+            int n = o->batches[bi], use[CPU_SIMD_COUNT];
+            double ms[CPU_SIMD_COUNT], ms_min[CPU_SIMD_COUNT];
+            for (int li = 0; li < nl; li++)
+                use[li] = !(levels[li] == CPU_SIMD_SCALAR && n > o->scalar_max_n);
+            e = bk_time_mixed(&L[0], levels, use, nl, copies, &next, n, o->runs, ms, ms_min);
+            for (int li = 0; li < nl && !e; li++)
+                if (use[li])
+                    bk_report(o, levels[li], bws[li], f, si, n, ms[li], ms_min[li],
+                              weight_bytes);
+        }
+        goto done;
+    }
     for (int li = 0; li < o->n_levels && !e; li++) {
-        cpu_simd_t level = (cpu_simd_t)o->levels[li];
-        backend_t *be = NULL;
-        void *x = NULL, *y = NULL;
-        e = cpu_backend_new(&be, o->threads, level);
+        e = bk_level_open(o, &L[0], (cpu_simd_t)o->levels[li], f, pool, copies, data, meta,
+                          rows, cols, xh);
         if (e)
             break;
-        /* The pool is in huge pages already: placement need not copy it again. */
-        e = cpu_backend_keep_mapped(be);
-        for (int c = 0; c < copies && !e; c++) {
-            uint8_t *p = pool + (size_t)c * each;
-            w[c] = (weight_t){.dtype = f->dtype, .rows = rows, .cols = cols, .data = p,
-                              .group = f->group};
-            if (f->group) {
-                w[c].scales = (const uint16_t *)(p + data);
-                w[c].zeros = (const uint16_t *)(p + data + meta);
-            }
-            e = be->ops->weight_upload(be->ctx, &w[c]);
-        }
-        if (!e) {
-            x = be->ops->buf_alloc(be->ctx, (size_t)(BK_MAX_N * cols));
-            y = be->ops->buf_alloc(be->ctx, (size_t)(BK_MAX_N * rows));
-            if (!x || !y)
-                e = river_err_set(RIVER_ENOMEM, "bench kernels: activations");
-        }
-        if (!e)
-            e = be->ops->from_host(be->ctx, x, 0, xh, (size_t)(BK_MAX_N * cols));
-        /* The sweep right before the runs it judges: on a shared machine the bandwidth
-         * drifts by tens of percent within minutes. */
-        double bw = 0.0;
-        if (!e) {
-            bw = cpu_read_bandwidth_gbs(o->threads, (size_t)o->bw_mib << 20, 3, level);
-            if (bw < 0)
-                e = (int)bw;
-        }
-        int next = 0;
+        open = 1;
         for (int bi = 0; bi < o->n_batches && !e; bi++) {
             int n = o->batches[bi];
-            if (level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
+            if (L[0].level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
                 continue;
             double ms = 0.0, ms_min = 0.0;
-            e = bk_time(be, w, copies, &next, y, x, n, o->runs, &ms, &ms_min);
-            if (e)
-                break;
-            bk_result_t r = {.ms = ms, .ms_min = ms_min};
-            r.gbs = ms > 0.0 ? (double)weight_bytes / (ms * 1e-3) / 1e9 : 0.0;
-            r.frac = bw > 0.0 ? r.gbs / bw : 0.0;
-            r.gmacs = ms > 0.0 ? (double)n * (double)rows * (double)cols / (ms * 1e-3) / 1e9
-                               : 0.0;
-            bk_print(o, cpu_simd_name(level), f->name, bk_shapes[si].name, n, &r, bw);
+            e = bk_time(L[0].be, L[0].w, copies, &next, L[0].y, L[0].x, n, o->runs, &ms,
+                        &ms_min);
+            if (!e)
+                bk_report(o, L[0].level, L[0].bw, f, si, n, ms, ms_min, weight_bytes);
         }
-        if (x)
-            be->ops->buf_free(be->ctx, x);
-        if (y)
-            be->ops->buf_free(be->ctx, y);
-        backend_destroy(&be);
+        bk_level_close(&L[0]);
+        open = 0;
     }
 done:
+    for (int li = 0; li < open; li++)
+        bk_level_close(&L[li]);
     free(xh);
-    free(w);
     if (pool)
         (void)munmap(pool, len);
     return e;
@@ -341,7 +480,7 @@ static void bk_usage(FILE *f)
     fprintf(f, "usage: river bench --kernels [--threads N] [--runs R] [--pool-mib P]\n"
                "                   [--bandwidth-mib M] [--levels L,..] [--formats F,..]\n"
                "                   [--batches N,..] [--shapes S,..] [--output text|json]\n"
-               "                   [--peak]\n"
+               "                   [--peak] [--interleave]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, f16x8,\n"
                "q8-g32-z128, q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512,\n"
@@ -352,6 +491,9 @@ static void bk_usage(FILE *f)
                "level, and G multiply-adds per second. Each shape is placed as distinct copies filling P\n"
                "MiB (default 1024, past the last-level cache), called in rotation. Shapes:\n"
                "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n"
+               "--interleave times the levels together instead, their calls in turn, each\n"
+               "call timed alone (the drift of a shared host's speed falls on every level\n"
+               "alike; each level's sweep is taken before the first call of the shape).\n"
                "--peak instead measures the compute peaks prefill is judged against, per\n"
                "level: f32 FMA GFLOP/s and 8-bit integer GOP/s (vpmaddubsw, or vpdpbusd\n"
                "with AVX-512 VNNI), register-only chains on every thread, best of R runs.\n");
@@ -381,6 +523,10 @@ int bench_kernels(int argc, char **argv)
             continue;
         if (!strcmp(a, "--peak")) {
             o.peak = 1;
+            continue;
+        }
+        if (!strcmp(a, "--interleave")) {
+            o.interleave = 1;
             continue;
         }
         if (!strcmp(a, "--help")) {

@@ -121,6 +121,73 @@ START_TEST(test_levels)
 }
 END_TEST
 
+/* cpu_backend_set_simd: a backend placed at the best level and switched to level l gives
+ * the bits of a backend made at l (bf16 and Q4X8 weights, one row of x and five), and a
+ * level that is not one, or that the processor lacks, is refused with the level left. */
+START_TEST(test_set_simd)
+{
+    cpu_simd_t best = cpu_simd_detect();
+    enum { ROWS = 64, COLS = 256, N = 5 };
+    test_rand_seed(11);
+    uint16_t *codes = malloc(sizeof *codes * ROWS * COLS);
+    float *x = malloc(sizeof *x * N * COLS);
+    ck_assert(codes && x);
+    for (int i = 0; i < ROWS * COLS; i++)
+        codes[i] = f32_to_bf16(test_rand(-0.1f, 0.1f));
+    for (int i = 0; i < N * COLS; i++)
+        x[i] = test_rand(-1.0f, 1.0f);
+    weight_t q4 = q4_rand(ROWS, COLS, 32);
+    backend_t *top = NULL;
+    ck_assert_int_eq(cpu_backend_new(&top, 2, best), 0);
+    weight_t wt[2] = {{.dtype = DTYPE_BF16, .rows = ROWS, .cols = COLS, .data = codes}, q4};
+    for (int t = 0; t < 2; t++)
+        ck_assert_int_eq(top->ops->weight_upload(top->ctx, &wt[t]), 0);
+    for (int l = 0; l <= (int)best; l++) {
+        backend_t *at = NULL;
+        ck_assert_int_eq(cpu_backend_new(&at, 2, (cpu_simd_t)l), 0);
+        ck_assert_int_eq(cpu_backend_set_simd(top, (cpu_simd_t)l), 0);
+        ck_assert_int_eq(cpu_backend_simd(top), l);
+        for (int t = 0; t < 2; t++) {
+            weight_t wl = t ? q4 : (weight_t){.dtype = DTYPE_BF16, .rows = ROWS, .cols = COLS,
+                                              .data = codes};
+            ck_assert_int_eq(at->ops->weight_upload(at->ctx, &wl), 0);
+            for (int n = 1; n <= N; n += N - 1) {
+                float y[2][N * ROWS];
+                backend_t *b[2] = {top, at};
+                const weight_t *w[2] = {&wt[t], &wl};
+                for (int k = 0; k < 2; k++) {
+                    const ops_t *op = b[k]->ops;
+                    ops_ctx_t *c = b[k]->ctx;
+                    void *xb = op->buf_alloc(c, (size_t)(n * COLS));
+                    void *yb = op->buf_alloc(c, (size_t)(n * ROWS));
+                    ck_assert(xb && yb);
+                    ck_assert_int_eq(op->from_host(c, xb, 0, x, (size_t)(n * COLS)), 0);
+                    ck_assert_int_eq(op->matmul(c, yb, xb, w[k], n), 0);
+                    ck_assert_int_eq(op->to_host(c, y[k], yb, 0, (size_t)(n * ROWS)), 0);
+                    op->buf_free(c, xb);
+                    op->buf_free(c, yb);
+                }
+                ck_assert_msg(memcmp(y[0], y[1], sizeof(float) * (size_t)(n * ROWS)) == 0,
+                              "%s switched to %s, n %d: not the bits of a backend made there",
+                              t ? "q4" : "bf16", cpu_simd_name((cpu_simd_t)l), n);
+            }
+        }
+        cpu_backend_destroy(&at);
+    }
+    ck_assert_int_eq(cpu_backend_set_simd(top, CPU_SIMD_COUNT), RIVER_EINVAL);
+    ck_assert_int_eq(cpu_backend_simd(top), best);
+    ck_assert_int_eq(cpu_backend_set_simd(NULL, CPU_SIMD_SCALAR), RIVER_EINVAL);
+    if (best + 1 < CPU_SIMD_COUNT) {
+        ck_assert_int_eq(cpu_backend_set_simd(top, (cpu_simd_t)(best + 1)), RIVER_EUNSUPPORTED);
+        ck_assert_int_eq(cpu_backend_simd(top), best);
+    }
+    cpu_backend_destroy(&top);
+    q4_free(&q4);
+    free(codes);
+    free(x);
+}
+END_TEST
+
 /* The compute peaks prefill is judged against: positive at every level, below what any
  * core could retire (a chain the compiler dropped would time as nearly free), the vector
  * levels well above the portable one, and bad arguments refused. */
@@ -525,6 +592,7 @@ static Suite *ops_suite(void)
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_levels);
+    tcase_add_test(tc, test_set_simd);
     tcase_add_test(tc, test_compute_peak);
     tcase_add_test(tc, test_simd_env);
     tcase_add_test(tc, test_q4x8_env);

@@ -1324,6 +1324,35 @@ START_TEST(test_bench_compute_peak)
 }
 END_TEST
 
+/* `river bench --kernels`, level after level and --interleave (the levels call by call):
+ * one line a level the processor has, in order, each with a time per call. */
+START_TEST(test_bench_kernels_interleave)
+{
+    int levels = (int)cpu_simd_detect() + 1;
+    for (int mixed = 0; mixed < 2; mixed++) {
+        char *b[] = {(char *)test_bin("river"), "bench", "--kernels", "--threads", "1",
+                     "--pool-mib", "8", "--bandwidth-mib", "16", "--formats", "bf16x8",
+                     "--batches", "1", "--shapes", "512x2048", "--runs", "1", "--output",
+                     "json", mixed ? "--interleave" : NULL, NULL};
+        char *out;
+        ck_assert_int_eq(test_capture(b, NULL, 0, &out), 0);
+        const char *line = out;
+        for (int l = 0; l < levels; l++) {
+            char want[64];
+            snprintf(want, sizeof want, "{\"level\":\"%s\",", cpu_simd_name((cpu_simd_t)l));
+            ck_assert_msg(line && !strncmp(line, want, strlen(want)),
+                          "interleave %d: line %d is not %s: %.600s", mixed, l, want, out);
+            ck_assert_msg(bench_num(line, "ms") > 0, "%.300s", line);
+            line = strchr(line, '\n');
+            line = line ? line + 1 : NULL;
+        }
+        ck_assert_msg(!line || !*line, "interleave %d: more than %d lines: %.600s", mixed, levels,
+                      out);
+        free(out);
+    }
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
     Suite *s = suite_create("quant");
@@ -1331,6 +1360,7 @@ static Suite *quant_suite(void)
     tcase_add_test(q, test_rtn_round_trip);
     tcase_add_test(q, test_bench_prints_figures);
     tcase_add_test(q, test_bench_compute_peak);
+    tcase_add_test(q, test_bench_kernels_interleave);
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
     tcase_add_test(q, test_simd_kernels_agree);

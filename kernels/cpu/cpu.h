@@ -75,6 +75,12 @@ bool cpu_matmul_rows_alone(cpu_simd_t level, const weight_t *w, int n);
 int cpu_backend_threads(const backend_t *b);
 /* The SIMD level the backend's kernels use. */
 cpu_simd_t cpu_backend_simd(const backend_t *b);
+/* For benchmarks that compare levels call by call on one backend, one thread pool and the
+ * same placed weights (river bench --kernels --interleave): later ops run level simd's
+ * kernels. The weights stay as placed; every level reads every layout the backend places.
+ * Not while an op runs. RIVER_EINVAL (the level unchanged) if b is not a CPU backend or
+ * simd is not a level, RIVER_EUNSUPPORTED if the processor lacks it. */
+int cpu_backend_set_simd(backend_t *b, cpu_simd_t simd);
 
 /* Measures the read bandwidth of main memory in GB/s (1e9 bytes/s): a read-only SIMD sweep
  * with n_threads threads over a buffer of `bytes` (far larger than the caches), best of

@@ -907,3 +907,14 @@ cpu_simd_t cpu_backend_simd(const backend_t *b)
 {
     return b->ctx->k->level;
 }
+
+int cpu_backend_set_simd(backend_t *b, cpu_simd_t simd)
+{
+    if (!b || b->ops != &cpu_ops || (unsigned)simd >= CPU_SIMD_COUNT)
+        return river_err_set(RIVER_EINVAL, "cpu backend: set simd level %d", (int)simd);
+    if (simd > cpu_simd_detect())
+        return river_err_set(RIVER_EUNSUPPORTED, "cpu backend: this processor has up to %s, "
+                             "not %s", cpu_simd_name(cpu_simd_detect()), cpu_simd_name(simd));
+    b->ctx->k = cpu_kernels_get(simd);
+    return 0;
+}
