@@ -86,12 +86,6 @@ static size_t bk_align(size_t n)
     return (n + 63) / 64 * 64;
 }
 
-static int bk_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Bytes of one copy of the weight: codes, then scales and zeros (each 64-byte aligned). */
 static size_t bk_copy_bytes(const bk_format_t *f, int64_t rows, int64_t cols, size_t *data,
                             size_t *meta)
@@ -163,8 +157,7 @@ static int bk_time(backend_t *be, weight_t *w, int copies, int *next, void *y, c
         t[r] = calls ? dt / calls * 1e3 : 0.0;
     }
     if (!e) {
-        qsort(t, (size_t)runs, sizeof *t, bk_cmp);
-        *ms = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
+        *ms = cli_median(t, runs); /* sorts t */
         *ms_min = t[0];
     }
     free(t);
@@ -249,11 +242,7 @@ static int bk_level_open(const bk_opts_t *o, bk_level_t *L, cpu_simd_t level,
     if (!e)
         return 0;
 fail:
-    if (L->be)
-        bk_level_close(L);
-    else
-        free(L->w);
-    L->w = NULL;
+    bk_level_close(L);
     return e;
 }
 
@@ -303,10 +292,8 @@ static int bk_time_mixed(const bk_level_t *L, const cpu_simd_t *levels, const in
             t[li * runs + r] = calls[li] ? sum[li] / calls[li] * 1e3 : 0.0;
     }
     for (int li = 0; li < nl && !e; li++) {
-        double *tl = t + li * runs;
-        qsort(tl, (size_t)runs, sizeof *tl, bk_cmp);
-        ms[li] = runs % 2 ? tl[runs / 2] : 0.5 * (tl[runs / 2 - 1] + tl[runs / 2]);
-        ms_min[li] = tl[0];
+        ms[li] = cli_median(t + li * runs, runs); /* sorts them */
+        ms_min[li] = t[li * runs];
     }
     free(t);
     return e;
@@ -337,8 +324,8 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
     size_t len = 0;
     uint8_t *pool = cpu_huge_map(each * (size_t)copies, &len);
     float *xh = malloc(sizeof *xh * (size_t)(BK_MAX_N * cols));
-    bk_level_t L[1] = {0};
-    int e = 0, open = 0, next = 0;
+    bk_level_t L = {0};
+    int e = 0, open = 0, next = 0; /* open: L holds a backend */
     if (!pool || !xh) {
         e = river_err_set(RIVER_ENOMEM, "bench kernels: a pool of %d copies of %s %s", copies,
                           f->name, bk_shapes[si].name);
@@ -359,12 +346,12 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
             levels[li] = (cpu_simd_t)o->levels[li];
             top = levels[li] > top ? levels[li] : top;
         }
-        e = bk_level_open(o, &L[0], top, f, pool, copies, data, meta, rows, cols, xh);
+        e = bk_level_open(o, &L, top, f, pool, copies, data, meta, rows, cols, xh);
         if (e)
             goto done;
         open = 1;
         for (int li = 0; li < nl && !e; li++) {
-            bws[li] = levels[li] == top ? L[0].bw
+            bws[li] = levels[li] == top ? L.bw
                                         : cpu_read_bandwidth_gbs(o->threads,
                                                                  (size_t)o->bw_mib << 20, 3,
                                                                  levels[li]);
@@ -376,7 +363,7 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
             double ms[CPU_SIMD_COUNT], ms_min[CPU_SIMD_COUNT];
             for (int li = 0; li < nl; li++)
                 use[li] = !(levels[li] == CPU_SIMD_SCALAR && n > o->scalar_max_n);
-            e = bk_time_mixed(&L[0], levels, use, nl, copies, &next, n, o->runs, ms, ms_min);
+            e = bk_time_mixed(&L, levels, use, nl, copies, &next, n, o->runs, ms, ms_min);
             for (int li = 0; li < nl && !e; li++)
                 if (use[li])
                     bk_report(o, levels[li], bws[li], f, si, n, ms[li], ms_min[li],
@@ -385,27 +372,26 @@ static int bk_case(const bk_opts_t *o, int si, const bk_format_t *f)
         goto done;
     }
     for (int li = 0; li < o->n_levels && !e; li++) {
-        e = bk_level_open(o, &L[0], (cpu_simd_t)o->levels[li], f, pool, copies, data, meta,
-                          rows, cols, xh);
+        e = bk_level_open(o, &L, (cpu_simd_t)o->levels[li], f, pool, copies, data, meta, rows,
+                          cols, xh);
         if (e)
             break;
         open = 1;
         for (int bi = 0; bi < o->n_batches && !e; bi++) {
             int n = o->batches[bi];
-            if (L[0].level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
+            if (L.level == CPU_SIMD_SCALAR && n > o->scalar_max_n)
                 continue;
             double ms = 0.0, ms_min = 0.0;
-            e = bk_time(L[0].be, L[0].w, copies, &next, L[0].y, L[0].x, n, o->runs, &ms,
-                        &ms_min);
+            e = bk_time(L.be, L.w, copies, &next, L.y, L.x, n, o->runs, &ms, &ms_min);
             if (!e)
-                bk_report(o, L[0].level, L[0].bw, f, si, n, ms, ms_min, weight_bytes);
+                bk_report(o, L.level, L.bw, f, si, n, ms, ms_min, weight_bytes);
         }
-        bk_level_close(&L[0]);
+        bk_level_close(&L);
         open = 0;
     }
 done:
-    for (int li = 0; li < open; li++)
-        bk_level_close(&L[li]);
+    if (open)
+        bk_level_close(&L);
     free(xh);
     if (pool)
         (void)munmap(pool, len);
