@@ -196,8 +196,10 @@ START_TEST(test_compute_peak)
     cpu_simd_t best = cpu_simd_detect();
     double f32[CPU_SIMD_COUNT] = {0};
     for (int l = 0; l <= (int)best; l++) {
-        f32[l] = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_F32, 1);
-        double i8 = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 1);
+        /* Best of three: one pass on a shared host once read avx2 at 1.1x scalar under the
+         * sanitizer, whose margin below is smaller. */
+        f32[l] = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_F32, 3);
+        double i8 = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 3);
         printf("compute peak, 2 threads, %s: f32 %.1f G multiply-adds/s, int8 %.1f\n",
                cpu_simd_name((cpu_simd_t)l), f32[l], i8);
         ck_assert_msg(f32[l] > 0.1 && f32[l] < 2 * 500.0, "f32 peak at %d: %g", l, f32[l]);
