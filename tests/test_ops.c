@@ -332,10 +332,18 @@ START_TEST(test_x8_levels_agree)
     static const int64_t shapes[][3] = {{37, 512, 64}, {8, 256, 32}, {13, 768, 128}};
     const cpu_kernels_t *k[2] = {&cpu_kernels_avx2, &cpu_kernels_avx512};
     test_rand_seed(5);
-    for (int q8 = 0; q8 < 2; q8++)
+    /* Q4 weights, Q8 weights with random zeros, Q8 weights whose zeros are all 128 (int8
+     * symmetric: llama.cpp's Q8_0, River's q8 backbones). */
+    for (int mode = 0; mode < 3; mode++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int q8 = mode > 0, z128 = mode == 2;
             int64_t rows = shapes[si][0], cols = shapes[si][1];
             weight_t w = q4_rand(rows, cols, (int)shapes[si][2]);
+            if (z128) {
+                for (int64_t g = 0; g < rows * (cols / shapes[si][2]); g++)
+                    ((uint16_t *)w.zeros)[g] = f32_to_f16(128.0f);
+                w.zero128 = 1;
+            }
             size_t bytes = dtype_row_bytes(q8 ? DTYPE_Q8 : DTYPE_Q4, cols) * (size_t)rows;
             uint8_t *codes = malloc(bytes), *packed = malloc(bytes);
             ck_assert(codes && packed);
@@ -371,13 +379,17 @@ START_TEST(test_x8_levels_agree)
                 }
                 for (int64_t i = 0; i < n * rows; i++) {
                     float a = y[0][i], b = y[1][i];
-                    /* Q8X8's two paths sum 8 to 24 blocks in f32 in other orders: the
-                     * x rows past the eighth met differences up to 1.1e-5 at y near 0.07. */
-                    ck_assert_msg(q8 ? fabsf(a - b) <= 3e-5f * (fabsf(a) + 1.0f) : a == b,
+                    /* Q8X8 with other zeros: the level without VNNI takes the codes as
+                     * q - 128 and the zero terms in f32 in another order, differences up
+                     * to 1.1e-5 at y near 0.07. With zeros of 128 both levels' integer
+                     * sums are exactly those of q - 128 (the VNNI one starts each block's
+                     * sum from -128 times its sum of x), so the bits are the same. */
+                    bool exact = !q8 || z128;
+                    ck_assert_msg(exact ? a == b : fabsf(a - b) <= 3e-5f * (fabsf(a) + 1.0f),
                                   "%s (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
-                                  q8 ? "q8x8" : "q4x8", (long long)rows, (long long)cols, n,
-                                  (long long)i, a, b);
-                    if (!q8)
+                                  q8 ? z128 ? "q8x8 zero 128" : "q8x8" : "q4x8", (long long)rows,
+                                  (long long)cols, n, (long long)i, a, b);
+                    if (exact)
                         ck_assert(memcmp(&a, &b, sizeof a) == 0);
                 }
                 for (int l = 0; l < 2; l++) {

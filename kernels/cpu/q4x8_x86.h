@@ -11,14 +11,16 @@
  *
  * xq row (ldq floats): x8 as cols bytes (per set of 256 columns, 8 vectors of 32 bytes:
  * vector 2p+h, lane j, byte t = x8 of column 32j + 8p + 4h + t of the set), then cols/32
- * block scales d, then the cols/group group sums (zero padded to a multiple of 8). */
+ * block scales d, then the cols/group group sums (zero padded to a multiple of 8), then
+ * cols/32 int32: -128 times each block's sum of x8, which Q8X8 weights with zeros of 128
+ * start their vpdpbusd sums from (q8_x86.h), so that their zero terms are exact integers. */
 
 #include "kernels/cpu/q4x8.h"
 
 __attribute__((unused)) static int64_t Q4X8_FN(prep_floats)(const weight_t *w)
 {
     int64_t ng = w->cols / w->group;
-    int64_t f = w->cols / 4 + w->cols / 32 + (ng + 7) / 8 * 8;
+    int64_t f = w->cols / 4 + w->cols / 32 + (ng + 7) / 8 * 8 + w->cols / 32;
     return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
 }
 
@@ -32,6 +34,7 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
         float *qi = xq + i * ldq;
         int8_t *x8 = (int8_t *)qi;
         float *d = qi + cols / 4, *xs = d + nb;
+        int32_t *xz = (int32_t *)(xs + (ng + 7) / 8 * 8);
         for (int64_t g = 0; g < (ng + 7) / 8 * 8; g++)
             xs[g] = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
@@ -50,6 +53,7 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
                 sum += t[o] + t[o + 1] + t[o + 2] + t[o + 3];
             }
             xs[b / bpg] += d[b] * (float)sum;
+            xz[b] = -128 * sum;
         }
     }
 }
@@ -114,6 +118,23 @@ AI Q4X8_FN(geom_t) Q4X8_FN(geom)(const weight_t *wt)
     g.gstep = group <= Q4X8_SET ? Q4X8_SET / group : 0;
     g.spg = group <= Q4X8_SET ? 1 : group / Q4X8_SET;
     return g;
+}
+
+/* A weight row's scales for the eight blocks of a set, from its group at off (lane j:
+ * block j's group, gidx), for the 512-bit prefill tiles. Where the scales do not end
+ * within the next eight they are read without a mask, and groups of 32 (gstep 8, the
+ * identity) without the permutation: the same values, and 1.1-1.2x a Q8X8 tile's speed at
+ * 512 rows of x (river bench --kernels, one thread); in the decode tiles it made no
+ * difference past the noise for Q8X8 and ran Q4X8 1-5 % slower, so they keep their own. */
+AI __m256 Q4X8_FN(set_scales)(const weight_t *wt, int64_t off, int64_t ng, int64_t gstep,
+                              __m256i gidx)
+{
+    int64_t left = wt->rows * ng - off;
+    if (left >= 8) {
+        __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wt->scales + off)));
+        return gstep == 8 ? s : _mm256_permutevar8x32_ps(s, gidx);
+    }
+    return _mm256_permutevar8x32_ps(ld8_f16_tail(wt->scales + off, left), gidx);
 }
 
 /* R weight rows (from row r0 of wt, rb bytes apart at w) against N rows of xq.
@@ -280,9 +301,7 @@ AI void Q4X8_FN(tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, con
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
-            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
-            sc = _mm256_permutevar8x32_ps(sc, gidx);
+            __m256 sc = Q4X8_FN(set_scales)(wt, (r0 + r) * ng + g0, ng, gstep, gidx);
 #pragma GCC unroll 4
             for (int i = 0; i < N; i++) {
                 __m256i d32 = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),

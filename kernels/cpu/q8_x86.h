@@ -17,13 +17,17 @@
  *
  * The dot products of a block are exact in 32-bit integers:
  * - with VNNI, vpdpbusd multiplies the unsigned codes by the signed x8 directly (four
- *   products a lane, at most 4 * 255 * 127), and the zero terms use z as it is;
+ *   products a lane, at most 4 * 255 * 127), and the zero terms use z as it is; in Q8X8
+ *   weights whose zeros are all 128 each block's sum starts instead from -128 times its
+ *   sum of x8 (prepared with x), which makes it exactly the sum of (q - 128) x8, as the
+ *   second path's, with no zero terms in f32. The zero terms had been a fifth of a
+ *   prefill tile's time (perf); 512 rows of x ran 1.14-1.3x as fast without them;
  * - without, the codes are taken as q - 128 (flipping the top bit gives that as int8) and
  *   multiplied by the sign trick: vpmaddubsw(|q - 128|, x8 with the sign of q - 128), whose
  *   16-bit pair sums stay within 2 * 128 * 127 = 32512; the zero terms then use z - 128.
  * A weight whose zeros are all 128 (int8 symmetric, found by the backend at placement:
- * weight_t.zero128) needs no zero terms on the second path and one multiply by 128 of the
- * scales on the first: its zeros are never read.
+ * weight_t.zero128) needs no zero terms on the second path, nor in Q8X8 on the first, and
+ * one multiply by 128 of the scales in Q8 on the first: its zeros are never read.
  *
  * xq row (ldq floats): x8 as cols bytes in column order, then the cols/32 block scales d,
  * then per group sum d * sum(x8) (zero padded to a multiple of 8). */
@@ -230,13 +234,16 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
     const int8_t *x8 = (const int8_t *)xq;
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    const int32_t *xz = (const int32_t *)(xs + (ng + 7) / 8 * 8);
+    const bool fold = Q8_VNNI && wt->zero128;
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
-    Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
+    if (!fold)
+        Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
     const __m256i gidx = geo->gidx;
     const int64_t gstep = geo->gstep;
     const int spg = geo->spg;
@@ -250,10 +257,13 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
         __asm__ volatile("" : "+m"(acc));
         __m256i dot[4][4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
+        for (int i = 0; i < N; i++) {
+            __m256i z0 = fold ? _mm256_loadu_si256((const __m256i *)(xz + i * ldq + s * 8))
+                              : _mm256_setzero_si256();
 #pragma GCC unroll 4
-            for (int i = 0; i < N; i++)
-                dot[r][i] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++)
+                dot[r][i] = z0;
+        }
         const uint8_t *ws = w + s * Q8X8_SET_BYTES;
         if (pf)
 #pragma GCC unroll 4
@@ -325,13 +335,16 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
     const int8_t *x8 = (const int8_t *)xq;
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
+    const int32_t *xz = (const int32_t *)(xs + (ng + 7) / 8 * 8);
+    const bool fold = wt->zero128;
     __m256 acc[R][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
             acc[r][i] = _mm256_setzero_ps();
-    Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
+    if (!fold)
+        Q8_FN(zero_terms)(acc, wt, r0, ng, xs, ldq, R, N);
     const __m256i gidx = geo->gidx;
     const int64_t gstep = geo->gstep;
     const int spg = geo->spg;
@@ -341,10 +354,14 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
         __asm__ volatile("" : "+m"(acc));
         __m512i dot[R][N];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
+        for (int i = 0; i < N; i++) {
+            __m512i z0 = fold ? _mm512_zextsi256_si512(_mm256_loadu_si256(
+                                    (const __m256i *)(xz + i * ldq + s * 8)))
+                              : _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int i = 0; i < N; i++)
-                dot[r][i] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++)
+                dot[r][i] = z0;
+        }
         const uint8_t *ws = w + s * Q8X8_SET_BYTES;
         if (pf)
 #pragma GCC unroll 4
@@ -369,9 +386,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            int64_t off = (r0 + r) * ng + g0, left = wt->rows * ng - off;
-            __m256 sc = ld8_f16_tail(wt->scales + off, left < 8 ? left : 8);
-            sc = _mm256_permutevar8x32_ps(sc, gidx);
+            __m256 sc = Q8_Q4X8(set_scales)(wt, (r0 + r) * ng + g0, ng, gstep, gidx);
 #pragma GCC unroll 4
             for (int i = 0; i < N; i++) {
                 __m256i d = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),
