@@ -17,10 +17,15 @@
 
 #include "kernels/cpu/q4x8.h"
 
+/* Where in a row of xq (floats from its start) the -128 x block sums begin. */
+AI int64_t Q4X8_FN(zsums_at)(int64_t cols, int64_t ng)
+{
+    return cols / 4 + cols / 32 + (ng + 7) / 8 * 8;
+}
+
 __attribute__((unused)) static int64_t Q4X8_FN(prep_floats)(const weight_t *w)
 {
-    int64_t ng = w->cols / w->group;
-    int64_t f = w->cols / 4 + w->cols / 32 + (ng + 7) / 8 * 8 + w->cols / 32;
+    int64_t f = Q4X8_FN(zsums_at)(w->cols, w->cols / w->group) + w->cols / 32;
     return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
 }
 
@@ -34,7 +39,7 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
         float *qi = xq + i * ldq;
         int8_t *x8 = (int8_t *)qi;
         float *d = qi + cols / 4, *xs = d + nb;
-        int32_t *xz = (int32_t *)(xs + (ng + 7) / 8 * 8);
+        int32_t *xz = (int32_t *)(qi + Q4X8_FN(zsums_at)(cols, ng));
         for (int64_t g = 0; g < (ng + 7) / 8 * 8; g++)
             xs[g] = 0.0f;
         for (int64_t b = 0; b < nb; b++) {

@@ -234,7 +234,7 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
     const int8_t *x8 = (const int8_t *)xq;
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
-    const int32_t *xz = (const int32_t *)(xs + (ng + 7) / 8 * 8);
+    const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
     const bool fold = Q8_VNNI && wt->zero128;
     __m256 acc[4][4];
 #pragma GCC unroll 4
@@ -335,7 +335,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
     const int8_t *x8 = (const int8_t *)xq;
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
-    const int32_t *xz = (const int32_t *)(xs + (ng + 7) / 8 * 8);
+    const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
     const bool fold = wt->zero128;
     __m256 acc[R][4];
 #pragma GCC unroll 4
