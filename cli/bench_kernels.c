@@ -30,7 +30,7 @@
 /* The formats measured, each as a dtype, a group and how its zeros are drawn. */
 typedef enum {
     BK_ZERO_NONE = 0, /* float weights */
-    BK_ZERO_128,      /* every zero 128: int8 symmetric, as llama.cpp's q8_0 */
+    BK_ZERO_INT,      /* every zero the format's integer: llama.cpp's q8_0 (128), Q4_0 (8) */
     BK_ZERO_ANY,      /* zeros drawn over the code range, as HQQ leaves them */
 } bk_zero_t;
 
@@ -39,17 +39,19 @@ typedef struct bk_format {
     dtype_t dtype;
     int group;
     bk_zero_t zero;
-    int code_max; /* the zeros' range for BK_ZERO_ANY */
+    int code_max; /* BK_ZERO_ANY: the zeros' range; BK_ZERO_INT: every zero */
 } bk_format_t;
 
 static const bk_format_t bk_formats[] = {
     {"bf16", DTYPE_BF16, 0, BK_ZERO_NONE, 0},
     {"bf16x8", DTYPE_BF16X8, 0, BK_ZERO_NONE, 0},
     {"f16x8", DTYPE_F16X8, 0, BK_ZERO_NONE, 0},
-    {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_128, 255},
+    {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_INT, 128},
     {"q8-g32", DTYPE_Q8, 32, BK_ZERO_ANY, 255},
-    {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_128, 255},
+    {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_INT, 128},
+    {"q8x8-g32-z16", DTYPE_Q8X8, 32, BK_ZERO_INT, 16},
     {"q4x8-g32", DTYPE_Q4X8, 32, BK_ZERO_ANY, 15},
+    {"q4x8-g32-z8", DTYPE_Q4X8, 32, BK_ZERO_INT, 8},
     {"q4x8-g64", DTYPE_Q4X8, 64, BK_ZERO_ANY, 15},
 };
 #define BK_N_FORMATS (int)(sizeof bk_formats / sizeof bk_formats[0])
@@ -119,7 +121,7 @@ static void bk_fill(uint8_t *pool, int copies, size_t data, size_t meta, const b
         for (size_t g = 0; g < ng; g++) {
             uint64_t v = rng_next(&s);
             sc[g] = f32_to_f16(0.001f + (float)(v & 1023) * 1e-5f);
-            float z = f->zero == BK_ZERO_128 ? 128.0f
+            float z = f->zero == BK_ZERO_INT ? (float)f->code_max
                                              : (float)((v >> 10) % (uint64_t)(f->code_max + 1));
             ze[g] = f32_to_f16(z);
         }
@@ -469,8 +471,9 @@ static void bk_usage(FILE *f)
                "                   [--peak] [--interleave]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, f16x8,\n"
-               "q8-g32-z128, q8-g32, q8x8-g32-z128, q4x8-g32, q4x8-g64) and batch (1 to 512,\n"
-               "default 1,2,4,8,128; the scalar level stops at 8), the median ms per call over\n"
+               "q8-g32-z128, q8-g32, q8x8-g32-z128, q8x8-g32-z16, q4x8-g32, q4x8-g32-z8,\n"
+               "q4x8-g64; -zZ: every zero Z, as llama.cpp's q8_0, Q5_0 and Q4_0) and batch (1\n"
+               "to 512, default 1,2,4,8,128; the scalar level stops at 8), the median ms per call over\n"
                "R runs (default 5), the weight bytes (codes, scales, zeros) per second and their\n"
                "fraction of a read sweep of M MiB (default 1024) with the same threads\n"
                "(default 2) and that level's loads, taken before each shape's runs at each\n"

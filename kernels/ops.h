@@ -65,9 +65,10 @@ typedef struct weight {
     const uint16_t *scales;  /* Q2/Q3/Q4/Q8: (rows, cols/group) fp16, else NULL */
     const uint16_t *zeros;   /* Q2/Q3/Q4/Q8: (rows, cols/group) fp16, in code units, else NULL */
     int group;               /* Q2/Q3/Q4/Q8: inputs per group, else 0 */
-    int zero128;             /* Q8: 1 when every zero is 128 (int8 symmetric, as llama.cpp's
-                              * q8_0), found by the CPU backend's weight_upload so that its
-                              * kernels skip the zero terms; 0 claims nothing */
+    int zero_int;            /* Q4/Q8: z when every zero is the integer z (128: int8
+                              * symmetric, as llama.cpp's q8_0; 8: its Q4_0; 16: Q5_0), found
+                              * by the CPU backend's weight_upload so that its integer kernels
+                              * fold the zero terms into their integer sums; 0 claims nothing */
 } weight_t;
 
 typedef enum {

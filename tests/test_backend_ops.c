@@ -397,12 +397,12 @@ static void run_matmul(bpair_t *p, const op_case_t *c)
     if (lowbit_refused(p, dt, c->a, c->b, c->d))
         return;
     weight_t host = weight_rand(dt, c->a, c->b, c->d, 0.05f);
-    if (c->e) /* Q8 with every zero 128 */
+    if (c->e) /* every zero the integer c->e */
         for (int64_t i = 0; i < c->a * (c->b / c->d); i++)
-            ((uint16_t *)host.zeros)[i] = f32_to_f16(128.0f);
+            ((uint16_t *)host.zeros)[i] = f32_to_f16((float)c->e);
     wtwin_t w = wtwin_new(p, host);
-    if (p->level >= 0) /* the CPU's placement marks symmetric Q8 */
-        ck_assert_int_eq(w.x.zero128, c->e);
+    if (p->level >= 0) /* the CPU's placement marks it */
+        ck_assert_int_eq(w.x.zero_int, c->e);
     bool q4x8_off = case_env(c, "RIVER_Q4X8=0");
     if (p->level >= CPU_SIMD_AVX2 && dt == DTYPE_Q4 && (q4x8_off || c->dt == DTYPE_Q4X8))
         ck_assert_int_eq(w.x.dtype, q4x8_off ? DTYPE_Q4 : DTYPE_Q4X8);
@@ -1096,18 +1096,24 @@ static void tw_make(tw_t *t, dtype_t dt, int64_t rows, int64_t cols, int group)
     }
 }
 
-/* Every zero of a Q8 test weight set to 128 (int8 symmetric, as llama.cpp's q8_0 and
- * river quant --backbone q8 write it), the reference values with it. */
-static void tw_zeros_128(tw_t *t)
+/* Every zero of a Q8 or Q4 test weight set to the integer z (128: int8 symmetric, as
+ * llama.cpp's q8_0 and river quant --backbone q8 write it; 8 its Q4_0, 16 its Q5_0), the
+ * reference values with it. */
+static void tw_zeros_int(tw_t *t, int z)
 {
+    dtype_t dt = t->w.dtype;
     int64_t rows = t->w.rows, cols = t->w.cols, ng = cols / t->w.group;
+    size_t rb = dtype_row_bytes(dt, cols);
+    ck_assert(dt == DTYPE_Q8 || dt == DTYPE_Q4);
     for (int64_t i = 0; i < rows * ng; i++)
-        t->zeros[i] = f32_to_f16(128.0f);
+        t->zeros[i] = f32_to_f16((float)z);
     for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *row = (const uint8_t *)t->data + r * cols;
-        for (int64_t k = 0; k < cols; k++)
+        const uint8_t *row = (const uint8_t *)t->data + r * rb;
+        for (int64_t k = 0; k < cols; k++) {
+            unsigned q = dt == DTYPE_Q8 ? row[k] : (k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15;
             t->ref[r * cols + k] =
-                ((float)row[k] - 128.0f) * ref_f16(t->scales[r * ng + k / t->w.group]);
+                ((float)q - (float)z) * ref_f16(t->scales[r * ng + k / t->w.group]);
+        }
     }
 }
 
@@ -1241,16 +1247,17 @@ static void check_matmul_case(bpair_t *p, const op_case_t *c)
     tw_make(&t, case_file_dtype(c->dt), c->a, c->b, c->d);
     uint8_t *packed = NULL;
     if (c->e) {
-        /* Symmetric Q8: placement finds it (and only it: one zero off 128 is not). */
-        tw_zeros_128(&t);
+        /* Every zero the integer c->e: placement finds it (and only it: with one zero off
+         * by one it does not), and the weight is read as placement leaves it. */
+        tw_zeros_int(&t, c->e);
         uint16_t keep = t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1];
-        t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1] = f32_to_f16(127.0f);
+        t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1] = f32_to_f16((float)(c->e - 1));
         weight_t off = t.w;
         ck_assert_int_eq(e.o->weight_upload(e.c, &off), 0);
-        ck_assert_int_eq(off.zero128, 0);
+        ck_assert_int_eq(off.zero_int, 0);
         t.zeros[t.w.rows * (t.w.cols / t.w.group) - 1] = keep;
         ck_assert_int_eq(e.o->weight_upload(e.c, &t.w), 0);
-        ck_assert_int_eq(t.w.zero128, 1);
+        ck_assert_int_eq(t.w.zero_int, c->e);
     }
     if (c->dt == DTYPE_Q4X8) {
         ck_assert(cpu_q4x8_eligible(&t.w));
@@ -1879,8 +1886,11 @@ static void run_attention_hist(bpair_t *p, const op_case_t *c)
     {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, env}
 /* The same for Q8 with every zero 128 (e = 1), at n rows (0: over mm_ns), placed first:
  * the SIMD levels' symmetric path, which skips the zero terms. */
-#define MM_SYM_CASE(name, rows, cols, group, n)                                               \
-    {name, run_matmul, check_matmul_case, DTYPE_Q8, rows, cols, n, group, 1, 0, 0, 0, NULL}
+/* matmul on Q8 or Q4 weights whose zeros are all the integer z (placement marks them,
+ * weight_t.zero_int, and the CPU's integer kernels fold the zero terms into their sums):
+ * rows x cols, n rows of x (0: each count of mm_ns). */
+#define MM_ZINT_CASE(name, dt, rows, cols, group, n, z)                                        \
+    {name, run_matmul, check_matmul_case, dt, rows, cols, n, group, z, 0, 0, 0, NULL}
 
 /* matmul_multi: count weights, the first of rows0 rows, the others of rows1 (F32 where
  * mixed is 1), over mm_ns. */
@@ -2088,13 +2098,25 @@ static const op_case_t cases[] = {
             "RIVER_ROWBLOCK=0"),
     MM_CASE("matmul f16 (64, 1024) RIVER_ROWBLOCK=0", DTYPE_F16, 64, 1024, 0,
             "RIVER_ROWBLOCK=0"),
-    MM_SYM_CASE("matmul q8 z128 g32 (37, 384)", 37, 384, 32, 0),
-    MM_SYM_CASE("matmul q8 z128 g64 (19, 256)", 19, 256, 64, 0),
-    MM_SYM_CASE("matmul q8 z128 g128 (8, 4096)", 8, 4096, 128, 0),
-    MM_SYM_CASE("matmul q8 z128 g32 (64, 2048) n 1", 64, 2048, 32, 1),
-    MM_SYM_CASE("matmul q8 z128 g32 (96, 2048) n 33", 96, 2048, 32, 33),
-    MM_SYM_CASE("matmul q8 z128 g32 (40, 1024) n 128", 40, 1024, 32, 128),
-    MM_SYM_CASE("matmul q8 z128 g16 (13, 96)", 13, 96, 16, 0),
+    MM_ZINT_CASE("matmul q8 z128 g32 (37, 384)", DTYPE_Q8, 37, 384, 32, 0, 128),
+    MM_ZINT_CASE("matmul q8 z128 g64 (19, 256)", DTYPE_Q8, 19, 256, 64, 0, 128),
+    MM_ZINT_CASE("matmul q8 z128 g128 (8, 4096)", DTYPE_Q8, 8, 4096, 128, 0, 128),
+    MM_ZINT_CASE("matmul q8 z128 g32 (64, 2048) n 1", DTYPE_Q8, 64, 2048, 32, 1, 128),
+    MM_ZINT_CASE("matmul q8 z128 g32 (96, 2048) n 33", DTYPE_Q8, 96, 2048, 32, 33, 128),
+    MM_ZINT_CASE("matmul q8 z128 g32 (40, 1024) n 128", DTYPE_Q8, 40, 1024, 32, 128, 128),
+    MM_ZINT_CASE("matmul q8 z128 g16 (13, 96)", DTYPE_Q8, 13, 96, 16, 0, 128),
+    /* ...llama.cpp's Q5_0 (Q8, zeros of 16) and Q4_0 (Q4, zeros of 8), in the file's layout
+     * (384 columns) and repacked (Q8X8, Q4X8), the prefill's 512-bit tiles included... */
+    MM_ZINT_CASE("matmul q8 z16 g32 (37, 384)", DTYPE_Q8, 37, 384, 32, 0, 16),
+    MM_ZINT_CASE("matmul q8 z16 g32 (19, 512)", DTYPE_Q8, 19, 512, 32, 0, 16),
+    MM_ZINT_CASE("matmul q8 z16 g32 (96, 2048) n 33", DTYPE_Q8, 96, 2048, 32, 33, 16),
+    MM_ZINT_CASE("matmul q8 z16 g32 (40, 1024) n 128", DTYPE_Q8, 40, 1024, 32, 128, 16),
+    MM_ZINT_CASE("matmul q4 z8 g32 (37, 384)", DTYPE_Q4, 37, 384, 32, 0, 8),
+    MM_ZINT_CASE("matmul q4 z8 g32 (19, 512)", DTYPE_Q4, 19, 512, 32, 0, 8),
+    MM_ZINT_CASE("matmul q4 z8 g64 (13, 768)", DTYPE_Q4, 13, 768, 64, 0, 8),
+    MM_ZINT_CASE("matmul q4 z8 g32 (64, 2048) n 1", DTYPE_Q4, 64, 2048, 32, 1, 8),
+    MM_ZINT_CASE("matmul q4 z8 g32 (96, 2048) n 33", DTYPE_Q4, 96, 2048, 32, 33, 8),
+    MM_ZINT_CASE("matmul q4 z8 g32 (40, 1024) n 128", DTYPE_Q4, 40, 1024, 32, 128, 8),
     /* ...Q8X8, the CPU's repacked Q8, read by every level as Q4X8 is (and Q8 of the same
      * shapes kept in the file's layout with RIVER_Q4X8=0)... */
     MM_CASE("matmul q8x8 g32 (8, 256)", DTYPE_Q8X8, 8, 256, 32, NULL),

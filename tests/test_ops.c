@@ -324,7 +324,9 @@ END_TEST
 /* The AVX2 and AVX-512 levels' Q4X8 kernels give the same bits (x8_pick.h: the AVX-512
  * level may run either; both multiply the unsigned codes): prepared x, gemv at 1..12 rows
  * of x, and rows_to_f32. Their Q8X8 kernels agree to rounding (without VNNI the codes are
- * taken as q - 128, with the zero terms to match), and dequantize the same bits. */
+ * taken as q - 128, with the zero terms to match), and dequantize the same bits; where
+ * every zero is one integer (weight_t.zero_int) both fold it into exact integer sums, and
+ * their Q8X8 sums are the same bits too. */
 START_TEST(test_x8_levels_agree)
 {
     if (cpu_simd_detect() < CPU_SIMD_AVX512)
@@ -332,17 +334,21 @@ START_TEST(test_x8_levels_agree)
     static const int64_t shapes[][3] = {{37, 512, 64}, {8, 256, 32}, {13, 768, 128}};
     const cpu_kernels_t *k[2] = {&cpu_kernels_avx2, &cpu_kernels_avx512};
     test_rand_seed(5);
-    /* Q4 weights, Q8 weights with random zeros, Q8 weights whose zeros are all 128 (int8
-     * symmetric: llama.cpp's Q8_0, River's q8 backbones). */
-    for (int mode = 0; mode < 3; mode++)
+    /* Q4 weights with random zeros and with zeros of 8 (llama.cpp's Q4_0); Q8 weights with
+     * random zeros, zeros of 128 (int8 symmetric: llama.cpp's Q8_0, River's q8 backbones)
+     * and of 16 (its Q5_0). */
+    static const struct {
+        int q8, zero; /* zero: every zero this integer, or 0 (random) */
+    } modes[] = {{0, 0}, {0, 8}, {1, 0}, {1, 128}, {1, 16}};
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-            const int q8 = mode > 0, z128 = mode == 2;
+            const int q8 = modes[mi].q8, zint = modes[mi].zero;
             int64_t rows = shapes[si][0], cols = shapes[si][1];
             weight_t w = q4_rand(rows, cols, (int)shapes[si][2]);
-            if (z128) {
+            if (zint) {
                 for (int64_t g = 0; g < rows * (cols / shapes[si][2]); g++)
-                    ((uint16_t *)w.zeros)[g] = f32_to_f16(128.0f);
-                w.zero128 = 1;
+                    ((uint16_t *)w.zeros)[g] = f32_to_f16((float)zint);
+                w.zero_int = zint;
             }
             size_t bytes = dtype_row_bytes(q8 ? DTYPE_Q8 : DTYPE_Q4, cols) * (size_t)rows;
             uint8_t *codes = malloc(bytes), *packed = malloc(bytes);
@@ -381,14 +387,15 @@ START_TEST(test_x8_levels_agree)
                     float a = y[0][i], b = y[1][i];
                     /* Q8X8 with other zeros: the level without VNNI takes the codes as
                      * q - 128 and the zero terms in f32 in another order, differences up
-                     * to 1.1e-5 at y near 0.07. With zeros of 128 both levels' integer
-                     * sums are exactly those of q - 128 (the VNNI one starts each block's
-                     * sum from -128 times its sum of x), so the bits are the same. */
-                    bool exact = !q8 || z128;
+                     * to 1.1e-5 at y near 0.07. With every zero the integer z both levels'
+                     * integer sums are exactly those of q - z (each block's sum starts from
+                     * its sum of x times -z, or 128 - z for codes taken as q - 128), so the
+                     * bits are the same. */
+                    bool exact = !q8 || zint;
                     ck_assert_msg(exact ? a == b : fabsf(a - b) <= 3e-5f * (fabsf(a) + 1.0f),
-                                  "%s (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
-                                  q8 ? z128 ? "q8x8 zero 128" : "q8x8" : "q4x8", (long long)rows,
-                                  (long long)cols, n, (long long)i, a, b);
+                                  "%s zero %d (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
+                                  q8 ? "q8x8" : "q4x8", zint, (long long)rows, (long long)cols,
+                                  n, (long long)i, a, b);
                     if (exact)
                         ck_assert(memcmp(&a, &b, sizeof a) == 0);
                 }

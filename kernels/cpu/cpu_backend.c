@@ -540,11 +540,11 @@ static int64_t cpu_mem_free(ops_ctx_t *ctx)
  * memory, and the source's pages are handed back (MADV_PAGEOUT, which loses nothing: file
  * pages come back from the file, and memory the caller owns is only swapped, if at all).
  * Q4 and Q8 codes that this level's integer kernels want in Q4X8 or Q8X8 (q4x8.h) are
- * repacked into such memory, and Q8 weights whose zeros are all 128 are marked
- * (weight_t.zero128) so that the kernels skip their zero terms. A backend told to keep
- * weights mapped (cpu_backend_keep_mapped, for backbone offloading: the copies cannot be
- * released) reads every weight in place, 4-bit and 8-bit codes in the file's layout
- * included. */
+ * repacked into such memory, and Q4 and Q8 weights whose zeros are all one integer are
+ * marked (weight_t.zero_int) so that the integer kernels fold their zero terms into the
+ * integer sums. A backend told to keep weights mapped (cpu_backend_keep_mapped, for
+ * backbone offloading: the copies cannot be released) reads every weight in place, 4-bit
+ * and 8-bit codes in the file's layout included. */
 /* RIVER_Q4X8=0 keeps 4-bit and 8-bit weights in the file's layout (the Q4 and Q8 kernels),
  * and RIVER_ROWBLOCK=0 bf16 and f16 weights row-major (rowblock.h), to measure the one
  * layout against the other in one run; 1 (or unset) repacks. Read once; any other value is
@@ -608,18 +608,25 @@ static void cpu__advise(const void *p, size_t bytes, int advice)
 
 static int cpu__owns(const ops_ctx_t *ctx, const void *p);
 
-/* Whether w is Q8 with every zero 128 (fp16 0x5800): int8 symmetric, whose kernels then
- * skip the zero terms and never read the zeros. One pass over the zeros, a sixteenth of
- * the codes' bytes at groups of 32, once at placement. */
-static int cpu__zeros_all_128(const weight_t *w)
+/* The integer z when every zero of the Q4 or Q8 weight w is z (0 < z <= the largest code),
+ * else 0: llama.cpp's Q8_0 (and River's q8 backbones) have zeros of 128, its Q4_0 8, its
+ * Q5_0 16, and the integer kernels then fold the zero terms into their integer sums
+ * (q4x8_x86.h, q8_x86.h). One pass over the zeros, a sixteenth of the 8-bit codes' bytes
+ * at groups of 32, once at placement. */
+static int cpu__zeros_all_int(const weight_t *w)
 {
-    if ((w->dtype != DTYPE_Q8 && w->dtype != DTYPE_Q8X8) || !w->zeros || w->group <= 0 || w->cols % w->group != 0)
+    if ((w->dtype != DTYPE_Q8 && w->dtype != DTYPE_Q8X8 && w->dtype != DTYPE_Q4 &&
+         w->dtype != DTYPE_Q4X8) ||
+        !w->zeros || w->group <= 0 || w->cols % w->group != 0)
         return 0;
     size_t n = (size_t)w->rows * (size_t)(w->cols / w->group);
-    for (size_t i = 0; i < n; i++)
-        if (w->zeros[i] != 0x5800)
+    uint16_t z16 = w->zeros[0];
+    for (size_t i = 1; i < n; i++)
+        if (w->zeros[i] != z16)
             return 0;
-    return 1;
+    float z = f16_to_f32(z16);
+    int top = w->dtype == DTYPE_Q8 || w->dtype == DTYPE_Q8X8 ? 255 : 15;
+    return z >= 1.0f && z <= (float)top && z == (float)(int)z ? (int)z : 0;
 }
 
 static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
@@ -638,7 +645,7 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     /* Placed already: a view shared by two weights (a tied head). */
     if (!w->data || cpu__owns(ctx, w->data))
         return 0;
-    int zero128 = cpu__zeros_all_128(w);
+    int zero_int = cpu__zeros_all_int(w);
     size_t bytes = dtype_row_bytes(w->dtype, w->cols) * (size_t)w->rows;
     /* Kept mapped, 4-bit and 8-bit codes stay in the file's layout too (the Q4 and Q8
      * kernels read it), so that a quantized backbone's layers can be released like any
@@ -648,7 +655,7 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     int blocked = ctx->k->rowblock && !repack_envs[REPACK_ROWBLOCK].off && !ctx->keep_mapped &&
                   cpu_rowblock_eligible(w);
     if (!repack && !repack8 && !blocked && (ctx->keep_mapped || bytes < CPU_HUGE_BYTES)) {
-        w->zero128 = zero128;
+        w->zero_int = zero_int;
         return 0;
     }
     uint8_t *p = cpu__owned_alloc(ctx, bytes);
@@ -667,7 +674,7 @@ static int cpu_weight_upload(ops_ctx_t *ctx, weight_t *w)
     cpu__advise(w->data, bytes, MADV_PAGEOUT);
 #endif
     w->data = p;
-    w->zero128 = zero128;
+    w->zero_int = zero_int;
     if (repack)
         w->dtype = DTYPE_Q4X8;
     else if (repack8)

@@ -439,7 +439,12 @@ static int avx512_gemv_x8_block(const weight_t *w)
 static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8) {
-        avx512_q4x8_prep(xq, x, ldx, n, w);
+        /* The same x8 either way; the folded zero sums (q4x8_x86.h, zfold) are the ones
+         * the kernels that will read them want. */
+        if (avx512_has_vnni())
+            avx512_q4x8v_prep(xq, x, ldx, n, w);
+        else
+            avx512_q4x8_prep(xq, x, ldx, n, w);
         return;
     }
     if (q8_int_path(w)) {

@@ -431,7 +431,7 @@ int cpu_matmul_multi(ops_ctx_t *ctx, void *const *y, const void *x, const weight
     bool one = mm_decode(k, w[0], n);
     for (int i = 1; i < count && one; i++)
         one = w[i]->dtype == w[0]->dtype && w[i]->group == w[0]->group &&
-              w[i]->zero128 == w[0]->zero128 && cpu_kernels_for(ctx->k, w[i], n) == k &&
+              w[i]->zero_int == w[0]->zero_int && cpu_kernels_for(ctx->k, w[i], n) == k &&
               mm_decode(k, w[i], n);
     if (!one) {
         for (int i = 0; i < count; i++) {

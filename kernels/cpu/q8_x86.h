@@ -17,17 +17,17 @@
  *
  * The dot products of a block are exact in 32-bit integers:
  * - with VNNI, vpdpbusd multiplies the unsigned codes by the signed x8 directly (four
- *   products a lane, at most 4 * 255 * 127), and the zero terms use z as it is; in Q8X8
- *   weights whose zeros are all 128 each block's sum starts instead from -128 times its
- *   sum of x8 (prepared with x), which makes it exactly the sum of (q - 128) x8, as the
- *   second path's, with no zero terms in f32. The zero terms had been a fifth of a
- *   prefill tile's time (perf); 512 rows of x ran 1.14-1.3x as fast without them;
+ *   products a lane, at most 4 * 255 * 127), and the zero terms use z as it is;
  * - without, the codes are taken as q - 128 (flipping the top bit gives that as int8) and
  *   multiplied by the sign trick: vpmaddubsw(|q - 128|, x8 with the sign of q - 128), whose
  *   16-bit pair sums stay within 2 * 128 * 127 = 32512; the zero terms then use z - 128.
- * A weight whose zeros are all 128 (int8 symmetric, found by the backend at placement:
- * weight_t.zero128) needs no zero terms on the second path, nor in Q8X8 on the first, and
- * one multiply by 128 of the scales in Q8 on the first: its zeros are never read.
+ * Where every zero is one integer z (found by the backend at placement: weight_t.zero_int;
+ * 128 for int8 symmetric weights, llama.cpp's q8_0, 16 for its Q5_0), Q8X8 has no zero
+ * terms in f32 on either path: each block's sum starts from its sum of x8 times -z (VNNI)
+ * or 128 - z (prepared with x: q4x8_x86.h, zfold), which makes it exactly the sum of
+ * (q - z) x8 on both, the same bits. Q8 in the file's layout takes the zero terms as
+ * s (z - shift) per group without reading the zeros, and none at all on the second path
+ * when z is 128.
  *
  * xq row (ldq floats): x8 as cols bytes in column order, then the cols/32 block scales d,
  * then per group sum d * sum(x8) (zero padded to a multiple of 8). */
@@ -69,21 +69,21 @@ __attribute__((unused)) static void Q8_FN(prep)(float *xq, const float *x, int64
 }
 
 /* acc[r][i] -= s_g (z_g - zshift) xs_i[g] over the groups of weight row r0 + r, eight
- * groups a vector, lane by lane (acc is summed across lanes at the end). With zero128 the
- * zeros are 128 and not read; zshift 128 then leaves nothing to do. */
+ * groups a vector, lane by lane (acc is summed across lanes at the end). With zero_int the
+ * zeros are that integer and not read; 128 and zshift 128 leave nothing to do. */
 AI void Q8_FN(zero_terms)(__m256 acc[][4], const weight_t *wt, int64_t r0, int64_t ng,
                           const float *xs, int64_t ldq, const int R, const int N)
 {
     const float zshift = Q8_VNNI ? 0.0f : 128.0f;
-    if (wt->zero128 && !Q8_VNNI)
+    if (wt->zero_int == 128 && !Q8_VNNI)
         return;
     for (int64_t gb = 0; gb < ng; gb += 8) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m256 s = ld8_f16_tail(wt->scales + (r0 + r) * ng + gb, ng - gb);
             __m256 sz;
-            if (wt->zero128) {
-                sz = _mm256_mul_ps(s, _mm256_set1_ps(128.0f - zshift));
+            if (wt->zero_int) {
+                sz = _mm256_mul_ps(s, _mm256_set1_ps((float)wt->zero_int - zshift));
             } else {
                 __m256 z = ld8_f16_tail(wt->zeros + (r0 + r) * ng + gb, ng - gb);
                 sz = _mm256_mul_ps(s, _mm256_sub_ps(z, _mm256_set1_ps(zshift)));
@@ -235,7 +235,7 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
     const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
-    const bool fold = Q8_VNNI && wt->zero128;
+    const bool fold = Q8_Q4X8(zfold)(wt) != 0;
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -336,7 +336,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
     const int64_t ldq8 = ldq * 4;
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
     const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
-    const bool fold = wt->zero128;
+    const bool fold = Q8_Q4X8(zfold)(wt) != 0;
     __m256 acc[R][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)

@@ -4,10 +4,10 @@
  * Both levels have them (q4x8_x86.h and q8_x86.h, compiled once with each level's flags,
  * with vpdpbusd at the AVX-512 level where the processor has VNNI). Their Q4X8 sums are the
  * same bits: the integer dot products of the unsigned codes are exact either way and the
- * float work around them is the same code. So are their Q8X8 sums where every zero is 128
- * (llama.cpp's Q8_0, River's q8 backbones: both take exact integer sums of (q - 128) x8);
- * with other zeros they differ by rounding (without VNNI the codes are taken as q - 128,
- * with zero terms to match). Which is faster depends on the processor, and not in a way a kernel timed
+ * float work around them is the same code. So are their Q8X8 sums where every zero is one
+ * integer z (llama.cpp's Q8_0 and Q5_0, River's q8 backbones: both take exact integer sums
+ * of (q - z) x8); with other zeros they differ by rounding (without VNNI the codes are
+ * taken as q - 128, with zero terms to match). Which is faster depends on the processor, and not in a way a kernel timed
  * in cache shows: on this kind of machine (AMD EPYC with AVX-512 VNNI) both ran a 256 x 2048
  * Q4X8 matrix in L2 in 7.4-7.6 us, but from memory (river bench --kernels, 2 threads,
  * RIVER_X8_LEVEL alternating, three rounds, 8192 x 2048 and 2048 x 8192) the AVX2 level's

@@ -384,7 +384,7 @@ static int opq_weight_upload(ops_ctx_t *ctx, weight_t *w)
         memcpy(opq__real(ctx, d), cw.data, bytes);
     }
     w->dtype = cw.dtype;
-    w->zero128 = cw.zero128; /* what the CPU's placement found, for the same kernels */
+    w->zero_int = cw.zero_int; /* what the CPU's placement found, for the same kernels */
     if (qbytes) {
         w->scales = s;
         w->zeros = z;
