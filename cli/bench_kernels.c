@@ -48,6 +48,7 @@ static const bk_format_t bk_formats[] = {
     {"f16x8", DTYPE_F16X8, 0, BK_ZERO_NONE, 0},
     {"q8-g32-z128", DTYPE_Q8, 32, BK_ZERO_INT, 128},
     {"q8-g32", DTYPE_Q8, 32, BK_ZERO_ANY, 255},
+    {"q8-g16-z32", DTYPE_Q8, 16, BK_ZERO_INT, 32},
     {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_INT, 128},
     {"q8x8-g32-z16", DTYPE_Q8X8, 32, BK_ZERO_INT, 16},
     {"q4x8-g32", DTYPE_Q4X8, 32, BK_ZERO_ANY, 15},
@@ -471,8 +472,9 @@ static void bk_usage(FILE *f)
                "                   [--peak] [--interleave]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, f16x8,\n"
-               "q8-g32-z128, q8-g32, q8x8-g32-z128, q8x8-g32-z16, q4x8-g32, q4x8-g32-z8,\n"
-               "q4x8-g64; -zZ: every zero Z, as llama.cpp's q8_0, Q5_0 and Q4_0) and batch (1\n"
+               "q8-g32-z128, q8-g32, q8-g16-z32, q8x8-g32-z128, q8x8-g32-z16, q4x8-g32,\n"
+               "q4x8-g32-z8, q4x8-g64; -zZ: every zero Z, as llama.cpp's q8_0, Q6_K, Q5_0 and\n"
+               "Q4_0 have them) and batch (1\n"
                "to 512, default 1,2,4,8,128; the scalar level stops at 8), the median ms per call over\n"
                "R runs (default 5), the weight bytes (codes, scales, zeros) per second and their\n"
                "fraction of a read sweep of M MiB (default 1024) with the same threads\n"

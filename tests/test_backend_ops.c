@@ -318,7 +318,12 @@ static void check_rows_alone(backend_t *b, cpu_simd_t level, const weight_t *w, 
 {
     dtype_t et = cpu_rowblock_elem(w->dtype);
     bool flt = et == DTYPE_F32 || et == DTYPE_BF16 || et == DTYPE_F16;
-    if (flt || (level >= CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8)))
+    /* Q8 on the integer kernels (whole 32-column blocks, or groups of 16 as llama.cpp's Q6_K
+     * has them) never takes the prefill GEMM either. */
+    bool q8_int = w->dtype == DTYPE_Q8 &&
+                  (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
+    if (flt || (level >= CPU_SIMD_AVX2 &&
+                (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8 || q8_int)))
         ck_assert_msg(cpu_matmul_rows_alone(level, w, n), "%s: %s at %d rows", what,
                       cpu_simd_name(level), n);
     if (!cpu_matmul_rows_alone(level, w, n))
@@ -1126,14 +1131,16 @@ static void tw_free(tw_t *t)
 }
 
 /* Whether a matmul at this level takes x as 8-bit blocks (at every n: those weights never
- * take the prefill path): Q4X8, Q8X8 and Q8 of whole 32-column groups at both SIMD levels
- * (q4x8_x86.h, q8_x86.h), Q4 of those groups at the AVX2 level (kernels_avx2.c). */
+ * take the prefill path): Q4X8, Q8X8 and Q8 of whole 32-column groups or of halves of
+ * them (groups of 16) at both SIMD levels (q4x8_x86.h, q8_x86.h), Q4 of whole groups at
+ * the AVX2 level (kernels_avx2.c). */
 static int mm_x8(const env_t *e, const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return e->level >= CPU_SIMD_AVX2;
     if (w->dtype == DTYPE_Q8)
-        return e->level >= CPU_SIMD_AVX2 && w->group % 32 == 0;
+        return e->level >= CPU_SIMD_AVX2 &&
+               (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
     return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0;
 }
 
@@ -1884,11 +1891,9 @@ static void run_attention_hist(bpair_t *p, const op_case_t *c)
 /* A matmul over mm_ns with its reference check: rows, cols, group, the setting it makes. */
 #define MM_CASE(name, dt, rows, cols, group, env)                                             \
     {name, run_matmul, check_matmul_case, dt, rows, cols, 0, group, 0, 0, 0, 0, env}
-/* The same for Q8 with every zero 128 (e = 1), at n rows (0: over mm_ns), placed first:
- * the SIMD levels' symmetric path, which skips the zero terms. */
-/* matmul on Q8 or Q4 weights whose zeros are all the integer z (placement marks them,
- * weight_t.zero_int, and the CPU's integer kernels fold the zero terms into their sums):
- * rows x cols, n rows of x (0: each count of mm_ns). */
+/* The same for Q8 or Q4 weights whose zeros are all the integer z (e), at n rows (0: over
+ * mm_ns), placed first: placement marks them (weight_t.zero_int), and the CPU's integer
+ * kernels fold the zero terms into their sums or take them without reading the zeros. */
 #define MM_ZINT_CASE(name, dt, rows, cols, group, n, z)                                        \
     {name, run_matmul, check_matmul_case, dt, rows, cols, n, group, z, 0, 0, 0, NULL}
 
@@ -2105,6 +2110,11 @@ static const op_case_t cases[] = {
     MM_ZINT_CASE("matmul q8 z128 g32 (96, 2048) n 33", DTYPE_Q8, 96, 2048, 32, 33, 128),
     MM_ZINT_CASE("matmul q8 z128 g32 (40, 1024) n 128", DTYPE_Q8, 40, 1024, 32, 128, 128),
     MM_ZINT_CASE("matmul q8 z128 g16 (13, 96)", DTYPE_Q8, 13, 96, 16, 0, 128),
+    /* ...llama.cpp's Q6_K (Q8 in groups of 16, zeros of 32), on the integer kernels... */
+    MM_ZINT_CASE("matmul q8 z32 g16 (37, 384)", DTYPE_Q8, 37, 384, 16, 0, 32),
+    MM_ZINT_CASE("matmul q8 z32 g16 (64, 2048) n 1", DTYPE_Q8, 64, 2048, 16, 1, 32),
+    MM_ZINT_CASE("matmul q8 z32 g16 (40, 1024) n 128", DTYPE_Q8, 40, 1024, 16, 128, 32),
+    MM_CASE("matmul q8 g16 (21, 2080)", DTYPE_Q8, 21, 2080, 16, NULL),
     /* ...llama.cpp's Q5_0 (Q8, zeros of 16) and Q4_0 (Q4, zeros of 8), in the file's layout
      * (384 columns) and repacked (Q8X8, Q4X8), the prefill's 512-bit tiles included... */
     MM_ZINT_CASE("matmul q8 z16 g32 (37, 384)", DTYPE_Q8, 37, 384, 32, 0, 16),

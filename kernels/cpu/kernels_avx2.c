@@ -339,10 +339,11 @@ static int q8_path(const weight_t *w)
     return w->dtype == DTYPE_Q4 && w->group % Q8_BLOCK == 0;
 }
 
-/* Q8 weights of whole 32-column blocks take the shared integer kernel (q8_x86.h). */
+/* Q8 weights of whole 32-column blocks, or of halves of them (groups of 16, llama.cpp's
+ * Q6_K), take the shared integer kernel (q8_x86.h). */
 static int q8_int_path(const weight_t *w)
 {
-    return w->dtype == DTYPE_Q8 && w->group % Q8_BLOCK == 0;
+    return w->dtype == DTYPE_Q8 && (w->group % Q8_BLOCK == 0 || (w->group == 16 && w->cols % Q8_BLOCK == 0));
 }
 
 /* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves

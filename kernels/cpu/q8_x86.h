@@ -6,8 +6,9 @@
  * before: its geometry and its preparation of x, which Q8X8 shares). The includer
  * provides AI, ld8_f16_tail and kernels/cpu/x86_util.h.
  *
- * Which weights: Q8 whose groups are whole blocks of 32 columns (group % 32 == 0), in the
- * file's layout, and Q8X8 (below), the layout the backend repacks most of them into.
+ * Which weights: Q8 whose groups are whole blocks of 32 columns (group % 32 == 0) or halves
+ * of one (group 16: llama.cpp's Q6_K), in the file's layout, and Q8X8 (below), the layout
+ * the backend repacks most of the former into.
  *
  * x is quantized once per call (Q8_FN(prep)) as llama.cpp's q8_0 does: per block of 32
  * columns d = max|x| / 127 and x8 = round(x / d), ties to even. With w = s (q - z) per
@@ -44,6 +45,7 @@ __attribute__((unused)) static void Q8_FN(prep)(float *xq, const float *x, int64
 {
     int64_t ldq = Q8_FN(prep_floats)(w), cols = w->cols;
     int64_t nb = cols / 32, ng = cols / w->group, bpg = w->group / 32;
+    const bool halves = w->group == 16; /* two groups a block */
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * ldx;
         float *qi = xq + i * ldq;
@@ -56,14 +58,20 @@ __attribute__((unused)) static void Q8_FN(prep)(float *xq, const float *x, int64
             float amax = x86_absmax(xb, 32);
             d[b] = amax / 127.0f;
             x86_pack32(x8 + b * 32, xb, _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f));
-            /* The block's sum of codes: vpsadbw of the codes offset to unsigned. */
+            /* The block's sums of codes: vpsadbw of the codes offset to unsigned, one sum
+             * per 8 bytes, the first two the block's first half. */
             __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x8 + b * 32)),
                                          _mm256_set1_epi8((char)0x80));
             __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad),
-                                       _mm256_extracti128_si256(sad, 1));
-            int sum = (int)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-            xs[b / bpg] += d[b] * (float)sum;
+            __m128i lo = _mm256_castsi256_si128(sad), hi = _mm256_extracti128_si256(sad, 1);
+            int h0 = (int)(_mm_cvtsi128_si64(lo) + _mm_extract_epi64(lo, 1)) - 16 * 128;
+            int h1 = (int)(_mm_cvtsi128_si64(hi) + _mm_extract_epi64(hi, 1)) - 16 * 128;
+            if (halves) {
+                xs[2 * b] = d[b] * (float)h0;
+                xs[2 * b + 1] = d[b] * (float)h1;
+            } else {
+                xs[b / bpg] += d[b] * (float)(h0 + h1);
+            }
         }
     }
 }
@@ -120,7 +128,10 @@ AI void Q8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const u
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i top = _mm256_set1_epi8((char)0x80);
 #endif
-    const int bpg = group / 32;
+    /* Groups of 16 are halves of a block: lanes 0-3 of its dot product (columns 0-15)
+     * take the first group's scale, lanes 4-7 the second's. */
+    const bool halves = group == 16;
+    const int bpg = halves ? 1 : group / 32, gpb = halves ? 2 : 1;
     for (int64_t g8 = 0; g8 < ng; g8 += 8) {
         /* The scales of eight groups, converted at once and kept in L1 (the registers hold
          * the sums), where each block broadcasts its own. */
@@ -128,9 +139,9 @@ AI void Q8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const u
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             _mm256_store_ps(scm[r], ld8_f16_tail(wt->scales + (r0 + r) * ng + g8, ng - g8));
-        int64_t b1 = (g8 + 8 < ng ? g8 + 8 : ng) * bpg;
-        for (int64_t b = g8 * bpg; b < b1; b++) {
-            int gl = (int)(b / bpg - g8);
+        int64_t b1 = (g8 + 8 < ng ? g8 + 8 : ng) * bpg / gpb;
+        for (int64_t b = g8 * bpg / gpb; b < b1; b++) {
+            int gl = (int)(b * gpb / bpg - g8);
             if (pf && (b & 1) == 0)
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
@@ -146,7 +157,9 @@ AI void Q8_FN(tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const u
                 __m256i qs = _mm256_xor_si256(q, top); /* q - 128 as int8 */
                 __m256i qa = _mm256_abs_epi8(qs);      /* |q - 128|; 128 reads as unsigned */
 #endif
-                __m256 sr = _mm256_broadcast_ss(&scm[r][gl]);
+                __m256 sr = halves ? _mm256_set_m128(_mm_broadcast_ss(&scm[r][gl + 1]),
+                                                     _mm_broadcast_ss(&scm[r][gl]))
+                                   : _mm256_broadcast_ss(&scm[r][gl]);
 #pragma GCC unroll 4
                 for (int i = 0; i < N; i++) {
 #if Q8_VNNI
