@@ -9,12 +9,13 @@
 #              THREADS threads, at the start (for the record)
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
 #              backbones (`river quant --backbone`), or on llama.cpp's own q8_0 and q4_0
-#              files (formats q8_0, q4_0: the GGUF llama.cpp runs), at every vector level: the median
-#              prefill tok/s of ROUNDS runs and its GFLOP/s (the layers, attention over the
-#              mean causal context, the head once a prompt: bench's prefill_gflop_per_token),
-#              and the median over the runs of that run's GFLOP/s over the same peak taken
-#              right after it (bench's prefill_peak_fraction: the host's speed drifts, and a
-#              peak taken minutes away measures the drift)
+#              files (formats q8_0, q4_0: the GGUF llama.cpp runs), at every vector
+#              level: the median prefill tok/s of ROUNDS runs and its GFLOP/s (the
+#              layers, attention over the mean causal context, the head once a prompt:
+#              bench's prefill_gflop_per_token), and the median over the runs of that
+#              run's GFLOP/s over the same peak taken right after it (bench's
+#              prefill_peak_fraction: the host's speed drifts, and a peak taken minutes
+#              away measures the drift)
 #   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
 #              (bf16, q8_0, q4_0): a P-token prompt evaluated in micro-batches of 512, the
 #              median of ROUNDS runs

@@ -343,7 +343,8 @@ static int q8_path(const weight_t *w)
  * Q6_K), take the shared integer kernel (q8_x86.h). */
 static int q8_int_path(const weight_t *w)
 {
-    return w->dtype == DTYPE_Q8 && (w->group % Q8_BLOCK == 0 || (w->group == 16 && w->cols % Q8_BLOCK == 0));
+    return w->dtype == DTYPE_Q8 &&
+           (w->group % Q8_BLOCK == 0 || (w->group == 16 && w->cols % Q8_BLOCK == 0));
 }
 
 /* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves
