@@ -320,10 +320,8 @@ static void check_rows_alone(backend_t *b, cpu_simd_t level, const weight_t *w, 
     bool flt = et == DTYPE_F32 || et == DTYPE_BF16 || et == DTYPE_F16;
     /* Q8 on the integer kernels (whole 32-column blocks, or groups of 16 as llama.cpp's Q6_K
      * has them) never takes the prefill GEMM either. */
-    bool q8_int = w->dtype == DTYPE_Q8 &&
-                  (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
-    if (flt || (level >= CPU_SIMD_AVX2 &&
-                (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8 || q8_int)))
+    if (flt || (level >= CPU_SIMD_AVX2 && (w->dtype == DTYPE_Q8X8 || w->dtype == DTYPE_Q4X8 ||
+                                           cpu_q8_int_eligible(w))))
         ck_assert_msg(cpu_matmul_rows_alone(level, w, n), "%s: %s at %d rows", what,
                       cpu_simd_name(level), n);
     if (!cpu_matmul_rows_alone(level, w, n))
@@ -1139,8 +1137,7 @@ static int mm_x8(const env_t *e, const weight_t *w)
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return e->level >= CPU_SIMD_AVX2;
     if (w->dtype == DTYPE_Q8)
-        return e->level >= CPU_SIMD_AVX2 &&
-               (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
+        return e->level >= CPU_SIMD_AVX2 && cpu_q8_int_eligible(w);
     return e->level == CPU_SIMD_AVX2 && w->dtype == DTYPE_Q4 && w->group % 32 == 0;
 }
 

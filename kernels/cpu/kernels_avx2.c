@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/peak_rounds.h"
 #include "kernels/cpu/simd.h"
@@ -339,12 +340,11 @@ static int q8_path(const weight_t *w)
     return w->dtype == DTYPE_Q4 && w->group % Q8_BLOCK == 0;
 }
 
-/* Q8 weights of whole 32-column blocks, or of halves of them (groups of 16, llama.cpp's
- * Q6_K), take the shared integer kernel (q8_x86.h). */
+/* Q8 weights of whole 32-column blocks, or of halves of them, take the shared integer
+ * kernel (q8_x86.h). */
 static int q8_int_path(const weight_t *w)
 {
-    return w->dtype == DTYPE_Q8 &&
-           (w->group % Q8_BLOCK == 0 || (w->group == 16 && w->cols % Q8_BLOCK == 0));
+    return cpu_q8_int_eligible(w);
 }
 
 /* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves

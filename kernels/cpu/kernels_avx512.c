@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/peak_rounds.h"
 #include "kernels/cpu/simd.h"
@@ -393,7 +394,7 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 
 static int q8_int_path(const weight_t *w)
 {
-    return w->dtype == DTYPE_Q8 && (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
+    return cpu_q8_int_eligible(w);
 }
 
 /* Whether vpdpbusd may run: read once (the answer does not change), under pthread_once,

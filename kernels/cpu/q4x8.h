@@ -57,6 +57,16 @@ void cpu_q4x8_repack(const weight_t *w, uint8_t *dst);
 int cpu_q8x8_eligible(const weight_t *w);
 void cpu_q8x8_repack(const weight_t *w, uint8_t *dst);
 
+/* Whether the SIMD levels' integer kernels read Q8 weight w in the file's layout (q8_x86.h)
+ * with x quantized to 8 bits, at every number of rows: groups of whole 32-column blocks,
+ * or of halves of one (groups of 16, llama.cpp's Q6_K). Other Q8 weights take the float
+ * path. */
+static inline int cpu_q8_int_eligible(const weight_t *w)
+{
+    return w->dtype == DTYPE_Q8 &&
+           (w->group % 32 == 0 || (w->group == 16 && w->cols % 32 == 0));
+}
+
 /* Byte of a Q8X8 row that holds column k. */
 static inline int64_t cpu_q8x8_byte(int64_t k)
 {
