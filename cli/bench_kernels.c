@@ -51,6 +51,7 @@ static const bk_format_t bk_formats[] = {
     {"q8-g16-z32", DTYPE_Q8, 16, BK_ZERO_INT, 32},
     {"q8x8-g32-z128", DTYPE_Q8X8, 32, BK_ZERO_INT, 128},
     {"q8x8-g32-z16", DTYPE_Q8X8, 32, BK_ZERO_INT, 16},
+    {"q8x8-g16-z32", DTYPE_Q8X8, 16, BK_ZERO_INT, 32},
     {"q4x8-g32", DTYPE_Q4X8, 32, BK_ZERO_ANY, 15},
     {"q4x8-g32-z8", DTYPE_Q4X8, 32, BK_ZERO_INT, 8},
     {"q4x8-g64", DTYPE_Q4X8, 64, BK_ZERO_ANY, 15},
@@ -472,16 +473,18 @@ static void bk_usage(FILE *f)
                "                   [--peak] [--interleave]\n"
                "Times the CPU matmul on Llama 3.2 1B's matrix shapes from memory: per SIMD\n"
                "level (default every one the processor has), format (bf16, bf16x8, f16x8,\n"
-               "q8-g32-z128, q8-g32, q8-g16-z32, q8x8-g32-z128, q8x8-g32-z16, q4x8-g32,\n"
-               "q4x8-g32-z8, q4x8-g64; -zZ: every zero Z, as llama.cpp's q8_0, Q6_K, Q5_0 and\n"
-               "Q4_0 have them) and batch (1 to 512, default 1,2,4,8,128; the scalar level\n"
-               "stops at 8), the median ms per call over R runs (default 5), the weight\n"
-               "bytes (codes, scales, zeros) per second and their fraction of a read sweep\n"
-               "of M MiB (default 1024) with the same threads (default 2) and that level's\n"
-               "loads, taken before each shape's runs at each level, and G multiply-adds per\n"
-               "second. Each shape is placed as distinct copies filling P MiB (default 1024,\n"
-               "past the last-level cache), called in rotation. Shapes:\n"
-               "2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default all).\n"
+               "q8-g32-z128, q8-g32, q8-g16-z32, q8x8-g32-z128, q8x8-g32-z16, q8x8-g16-z32,\n"
+               "q4x8-g32, q4x8-g32-z8, q4x8-g64; -zZ: every zero Z, as llama.cpp's q8_0,\n"
+               "Q6_K, Q5_0 and Q4_0 have them; q8 in the file's layout, q8x8 and q4x8 as\n"
+               "the backend repacks them) and batch (1 to 512, default 1,2,4,8,128; the\n"
+               "scalar level stops at 8), the median ms per call over R runs (default 5),\n"
+               "the weight bytes (codes, scales, zeros) per second and their fraction of a\n"
+               "read sweep of M MiB (default 1024) with the same threads (default 2) and\n"
+               "that level's loads, taken before each shape's runs at each level, and G\n"
+               "multiply-adds per second. Each shape is placed as distinct copies filling\n"
+               "P MiB (default 1024, past the last-level cache), called in rotation.\n"
+               "Shapes: 2048x2048, 512x2048, 8192x2048, 2048x8192, 128256x2048 (default\n"
+               "all).\n"
                "--interleave times the levels together instead, their calls in turn, each\n"
                "call timed alone (the drift of a shared host's speed falls on every level\n"
                "alike; each level's sweep is taken before the first call of the shape).\n"

@@ -8,8 +8,8 @@
 #              its bf16 matmuls run) and 8-bit integer GOP/s (the Q8/Q4 weights'), on
 #              THREADS threads, at the start (for the record)
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
-#              backbones (`river quant --backbone`), or on llama.cpp's own q8_0 and q4_0
-#              files (formats q8_0, q4_0: the GGUF llama.cpp runs), at every vector
+#              backbones (`river quant --backbone`), or on llama.cpp's own q8_0, q4_0 and
+#              q4_k_m files (those formats: the GGUF llama.cpp runs), at every vector
 #              level: the median prefill tok/s of ROUNDS runs and its GFLOP/s (the
 #              layers, attention over the mean causal context, the head once a prompt:
 #              bench's prefill_gflop_per_token), and the median over the runs of that
@@ -17,11 +17,11 @@
 #              prefill_peak_fraction: the host's speed drifts, and a peak taken minutes
 #              away measures the drift)
 #   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
-#              (bf16, q8_0, q4_0): a P-token prompt evaluated in micro-batches of 512, the
-#              median of ROUNDS runs
+#              (bf16, q8_0, q4_0, q4_k_m): a P-token prompt evaluated in micro-batches of
+#              512, the median of ROUNDS runs
 #
 # for each prompt length P in LENS (default 128 512 2048) and format in FORMATS (default
-# bf16 q8 q4; also q8_0 q4_0), River and llama.cpp alternating per length. Then the
+# bf16 q8 q4; also q8_0 q4_0 q4_k_m), River and llama.cpp alternating per length. Then the
 # ratios: River / llama.cpp per format, and River's fraction of the f32 peak (bf16) or the
 # integer peak (the others; their integer kernels run 8-bit products), each run against
 # its own.
@@ -41,13 +41,14 @@ gguf_of() {
     bf16) echo bf16 ;;
     q8 | q8_0) echo q8_0 ;;
     q4 | q4_0) echo q4_0 ;;
-    *) die "FORMATS: unknown format $1 (bf16, q8, q4, q8_0, q4_0)" ;;
+    q4_k_m) echo q4_k_m ;;
+    *) die "FORMATS: unknown format $1 (bf16, q8, q4, q8_0, q4_0, q4_k_m)" ;;
     esac
 }
 # What River runs for a format: its own checkpoint or backbone, or llama.cpp's file.
 river_model() {
     case $1 in
-    q8_0 | q4_0) echo "$dir/1b-$1.gguf" ;;
+    q8_0 | q4_0 | q4_k_m) echo "$dir/1b-$1.gguf" ;;
     *) backbone "$1" ;;
     esac
 }
@@ -115,4 +116,4 @@ for p in $LENS; do
         echo
     done
 done
-echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4; the same file for q8_0, q4_0), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (q8, q4) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4; the same file for q8_0, q4_0, q4_k_m), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (the others) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -2167,6 +2167,8 @@ static const op_case_t cases[] = {
     RCASE("embed q8 g16 50x32", run_embed, check_embed, DTYPE_Q8, 50, 32, 6, 16, 0, 0, 0),
     RCASE("embed q8 g16 50x48", run_embed, check_embed, DTYPE_Q8, 50, 48, 6, 16, 0, 0, 0),
     RCASE("embed q8 g16 50x96", run_embed, check_embed, DTYPE_Q8, 50, 96, 6, 16, 0, 0, 0),
+    /* Whole sets of 256 columns: repacked to Q8X8 at placement where a level does. */
+    RCASE("embed q8 g16 50x512", run_embed, check_embed, DTYPE_Q8, 50, 512, 6, 16, 0, 0, 0),
     RCASE("embed q4 g8 50x16", run_embed, check_embed, DTYPE_Q4, 50, 16, 6, 8, 0, 0, 0),
     RCASE("embed q4 g16 50x32", run_embed, check_embed, DTYPE_Q4, 50, 32, 6, 16, 0, 0, 0),
     RCASE("embed q4 g16 50x48", run_embed, check_embed, DTYPE_Q4, 50, 48, 6, 16, 0, 0, 0),

@@ -336,17 +336,21 @@ START_TEST(test_x8_levels_agree)
     test_rand_seed(5);
     /* Q4 weights with random zeros and with zeros of 8 (llama.cpp's Q4_0); Q8 weights with
      * random zeros, zeros of 128 (int8 symmetric: llama.cpp's Q8_0, River's q8 backbones)
-     * and of 16 (its Q5_0). */
+     * and of 16 (its Q5_0); Q8 in groups of 16 with random zeros and zeros of 32 (its
+     * Q6_K). */
     static const struct {
         int q8, zero; /* zero: every zero this integer, or 0 (random) */
-    } modes[] = {{0, 0}, {0, 8}, {1, 0}, {1, 128}, {1, 16}};
+        int group;    /* 0: the shape's */
+    } modes[] = {{0, 0, 0}, {0, 8, 0}, {1, 0, 0}, {1, 128, 0}, {1, 16, 0}, {1, 0, 16},
+                 {1, 32, 16}};
     for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int q8 = modes[mi].q8, zint = modes[mi].zero;
+            const int group = modes[mi].group ? modes[mi].group : (int)shapes[si][2];
             int64_t rows = shapes[si][0], cols = shapes[si][1];
-            weight_t w = q4_rand(rows, cols, (int)shapes[si][2]);
+            weight_t w = q4_rand(rows, cols, group);
             if (zint) {
-                for (int64_t g = 0; g < rows * (cols / shapes[si][2]); g++)
+                for (int64_t g = 0; g < rows * (cols / group); g++)
                     ((uint16_t *)w.zeros)[g] = f32_to_f16((float)zint);
                 w.zero_int = zint;
             }
@@ -393,8 +397,9 @@ START_TEST(test_x8_levels_agree)
                      * bits are the same. */
                     bool exact = !q8 || zint;
                     ck_assert_msg(exact ? a == b : fabsf(a - b) <= 3e-5f * (fabsf(a) + 1.0f),
-                                  "%s zero %d (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
-                                  q8 ? "q8x8" : "q4x8", zint, (long long)rows, (long long)cols,
+                                  "%s g%d zero %d (%lld, %lld) n %d: y[%lld] %.9g against %.9g",
+                                  q8 ? "q8x8" : "q4x8", group, zint, (long long)rows,
+                                  (long long)cols,
                                   n, (long long)i, a, b);
                     if (exact)
                         ck_assert(memcmp(&a, &b, sizeof a) == 0);

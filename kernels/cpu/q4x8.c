@@ -21,7 +21,7 @@ int cpu_q8x8_eligible(const weight_t *w)
 {
     if (w->dtype != DTYPE_Q8 || !w->data || w->cols % Q4X8_SET != 0)
         return 0;
-    return q4x8_group_ok(w->group);
+    return w->group == 16 || q4x8_group_ok(w->group);
 }
 
 void cpu_q8x8_repack(const weight_t *w, uint8_t *dst)

@@ -42,8 +42,13 @@ void cpu_q4x8_repack(const weight_t *w, uint8_t *dst);
  * Layout, per row: the columns in sets of 256, each set eight blocks of 32 columns, stored
  * as 8 vectors of 32 bytes (256 bytes, the same size as Q8). In vector v (0..7), the four
  * bytes of lane j (0..7), byte t (0..3), hold block j's column 4v+t. Which weights: Q8
- * with the same columns and groups as Q4X8. Every code stays the byte it was: only its
- * place changes, so zeros and scales are Q8's. */
+ * with the same columns and groups as Q4X8, and groups of 16 (llama.cpp's Q6_K), whose two
+ * groups a block are vectors 0-3 and 4-7 of a set: the kernels scale a set's dot products
+ * once a half (q8_x86.h, x8_half_step), still a conversion for eight groups, where the
+ * file's layout takes one for every two (the q4_k_m file's Q6_K head and down projections
+ * took 24.8 of its 46.3 ms decode step there, at 15-17 G multiply-adds/s against Q4X8's
+ * 45 in the same step: river bench --profile, avx512bf16). Every code stays
+ * the byte it was: only its place changes, so zeros and scales are Q8's. */
 #define Q8X8_SET_BYTES 256 /* bytes per set */
 
 /* Rows of x above which the VNNI kernels of the AVX-512 level take Q4X8 and Q8X8 in 4 x 4

@@ -13,7 +13,8 @@
  * vector 2p+h, lane j, byte t = x8 of column 32j + 8p + 4h + t of the set), then cols/32
  * block scales d, then the cols/group group sums (zero padded to a multiple of 8), then
  * cols/32 int32: each block's sum of x8 times zfold (below), which the integer sums of a
- * weight whose zeros are all one integer start from, so that its zero terms are exact. */
+ * weight whose zeros are all one integer start from, so that its zero terms are exact
+ * (cols/16 for groups of 16: one a half block, prep_floats). */
 
 #include "kernels/cpu/q4x8.h"
 
@@ -38,9 +39,13 @@ AI int32_t Q4X8_FN(zfold)(const weight_t *w)
     return w->dtype == DTYPE_Q8X8 && !Q4X8_VNNI ? 128 - w->zero_int : -w->zero_int;
 }
 
+/* Groups of 16 columns (Q8X8 only: llama.cpp's Q6_K) are the halves of a block, so each
+ * block has two folded sums; in a set they are stored as the eight first halves' sums, then
+ * the eight second halves'. */
 __attribute__((unused)) static int64_t Q4X8_FN(prep_floats)(const weight_t *w)
 {
-    int64_t f = Q4X8_FN(zsums_at)(w->cols, w->cols / w->group) + w->cols / 32;
+    int64_t f = Q4X8_FN(zsums_at)(w->cols, w->cols / w->group) +
+                w->cols / (w->group == 16 ? 16 : 32);
     return (f + 15) / 16 * 16; /* rows stay 64-byte aligned */
 }
 
@@ -48,7 +53,7 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
 {
     int64_t ldq = Q4X8_FN(prep_floats)(w), cols = w->cols;
     int64_t nb = cols / 32, ng = cols / w->group;
-    int bpg = w->group / 32; /* blocks per group; the group is a multiple of 32 */
+    int bpg = w->group / 32; /* blocks per group: a multiple of 32, or 0 for halves (16) */
     int32_t zf = Q4X8_FN(zfold)(w);
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * ldx;
@@ -68,13 +73,21 @@ __attribute__((unused)) static void Q4X8_FN(prep)(float *xq, const float *x, int
             /* Column o of block j goes to vector o/4 (= 2p+h), lane j, byte o%4: the eight
              * groups of four columns of the block land four bytes apart in eight vectors. */
             int8_t *set = x8 + b / 8 * Q4X8_SET;
-            int j = (int)(b % 8), sum = 0;
+            int j = (int)(b % 8), half[2] = {0, 0};
             for (int o = 0; o < 32; o += 4) {
                 memcpy(set + (o / 4) * 32 + j * 4, t + o, 4);
-                sum += t[o] + t[o + 1] + t[o + 2] + t[o + 3];
+                half[o / 16] += t[o] + t[o + 1] + t[o + 2] + t[o + 3];
             }
-            xs[b / bpg] += d[b] * (float)sum;
-            xz[b] = zf * sum;
+            if (bpg == 0) {
+                xs[2 * b] = d[b] * (float)half[0];
+                xs[2 * b + 1] = d[b] * (float)half[1];
+                xz[b / 8 * 16 + j] = zf * half[0];
+                xz[b / 8 * 16 + 8 + j] = zf * half[1];
+            } else {
+                int sum = half[0] + half[1];
+                xs[b / bpg] += d[b] * (float)sum;
+                xz[b] = zf * sum;
+            }
         }
     }
 }
@@ -156,6 +169,17 @@ AI __m256 Q4X8_FN(set_scales)(const weight_t *wt, int64_t off, int64_t ng, int64
         return gstep == 8 ? s : _mm256_permutevar8x32_ps(s, gidx);
     }
     return _mm256_permutevar8x32_ps(ld8_f16_tail(wt->scales + off, left), gidx);
+}
+
+/* A weight row's scales for half h of the eight blocks of a set whose groups are 16
+ * columns (Q8X8 only), from the set's sixteen at sc16: lane j takes group 2j + h. */
+AI __m256 Q4X8_FN(half_scales)(const uint16_t *sc16, int h)
+{
+    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc16));
+    __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc16 + 8)));
+    /* Lanes a0 a2 b0 b2 | a4 a6 b4 b6 (odd ones for h), then the middle pairs swapped. */
+    __m256 e = h ? _mm256_shuffle_ps(a, b, 0xdd) : _mm256_shuffle_ps(a, b, 0x88);
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xd8));
 }
 
 /* R weight rows (from row r0 of wt, rb bytes apart at w) against N rows of xq.

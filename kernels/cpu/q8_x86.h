@@ -233,15 +233,37 @@ static void Q8_FN(gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, int
 
 /* ---- Q8X8 (q4x8.h): the lanes of a dot product vector are eight different blocks ------ */
 
+/* Groups of 16 columns (llama.cpp's Q6_K): vectors 0-3 of a set hold columns 0-15 of every
+ * block, its first group, and vectors 4-7 its second, so the dot products of a set are
+ * converted and scaled once a half, lane j with group 2j + h's scale (half_scales), and the
+ * second half's sums start again from its folded zero terms. Step h of set s: acc[r][i] +=
+ * dot[r][i] s_h d_i. */
+AI void Q8_FN(x8_half_step)(__m256 acc[][4], __m256i dot[][4], const weight_t *wt,
+                            const float *xd, int64_t ldq, int64_t r0, int64_t ng, int64_t s,
+                            int h, const int R, const int N)
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256 sc = Q8_Q4X8(half_scales)(wt->scales + (r0 + r) * ng + s * 16, h);
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+            __m256 dv = _mm256_loadu_ps(xd + i * ldq + s * 8);
+            acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][i]), _mm256_mul_ps(sc, dv),
+                                        acc[r][i]);
+        }
+    }
+}
+
 /* x is prepared as for Q4X8 (Q8_Q4X8(prep)): per set of 256 columns, vector v lane j byte t
  * holds x8 of column 32j + 4v + t, the order of Q8X8's codes. Per set and (weight row, x
  * row) the eight code vectors go into one int32 vector (lane j: block j's dot product),
  * converted and scaled once: with VNNI one vpdpbusd a vector, else the sign trick and a
  * vpmaddwd (the 16-bit pair sums, up to 32512, leave no room to add two before widening).
- * The dot products live in registers for the set, the f32 sums in memory (as in Q4X8). */
+ * The dot products live in registers for the set, the f32 sums in memory (as in Q4X8).
+ * With halves (groups of 16) the conversion and scaling come once a half instead. */
 AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
                        size_t rb, const weight_t *wt, const Q8_Q4X8(geom_t) *geo, int64_t r0,
-                       int64_t pf, const int R, const int N)
+                       int64_t pf, const int R, const int N, const bool halves)
 {
     const int64_t cols = wt->cols, ng = geo->ng, nsets = geo->nsets;
     const int8_t *x8 = (const int8_t *)xq;
@@ -249,6 +271,7 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
     const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
     const bool fold = Q8_Q4X8(zfold)(wt) != 0;
+    const int64_t zstride = halves ? 16 : 8; /* folded sums a set */
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -271,7 +294,8 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
         __m256i dot[4][4];
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++) {
-            __m256i z0 = fold ? _mm256_loadu_si256((const __m256i *)(xz + i * ldq + s * 8))
+            __m256i z0 = fold ? _mm256_loadu_si256(
+                                    (const __m256i *)(xz + i * ldq + s * zstride))
                               : _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
@@ -286,6 +310,18 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
                     _mm_prefetch((const char *)(ws + r * rb + pf + 64 * l), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int v = 0; v < 8; v++) {
+            if (halves && v == 4) {
+                Q8_FN(x8_half_step)(acc, dot, wt, xd, ldq, r0, ng, s, 0, R, N);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    __m256i z1 = fold ? _mm256_loadu_si256(
+                                            (const __m256i *)(xz + i * ldq + s * 16 + 8))
+                                      : _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++)
+                        dot[r][i] = z1;
+                }
+            }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(ws + r * rb + v * 32));
@@ -307,6 +343,10 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
 #endif
                 }
             }
+        }
+        if (halves) {
+            Q8_FN(x8_half_step)(acc, dot, wt, xd, ldq, r0, ng, s, 1, R, N);
+            continue;
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -333,6 +373,22 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
 }
 
 #if Q8_VNNI && defined(Q8_ZMM)
+/* x8_half_step from the 4 x 4 dot products of x8_tile_z: each one's two 256-bit halves
+ * (block j's even and odd vectors) added first, as that tile does for every set. */
+AI void Q8_FN(x8_half_step_z)(__m256 acc[][4], __m512i dot[][4], const weight_t *wt,
+                              const float *xd, int64_t ldq, int64_t r0, int64_t ng, int64_t s,
+                              int h)
+{
+    __m256i d[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            d[r][i] = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),
+                                       _mm512_extracti64x4_epi64(dot[r][i], 1));
+    Q8_FN(x8_half_step)(acc, d, wt, xd, ldq, r0, ng, s, h, 4, 4);
+}
+
 /* x8_tile at 4 x 4 with 512-bit vpdpbusd (Q8_ZMM: the includer compiles AVX-512): one load
  * of 64 bytes is vectors v and v + 1 of the set, so lanes 0-7 of the dot product vector
  * add block j's even vectors and lanes 8-15 its odd ones. Their sum, in 32-bit integers,
@@ -341,7 +397,7 @@ AI void Q8_FN(x8_tile)(float *y, int64_t ldy, const float *xq, int64_t ldq, cons
  * add, and its 16 dot products reuse each loaded vector four times. */
 AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8_t *w,
                          size_t rb, const weight_t *wt, const Q8_Q4X8(geom_t) *geo, int64_t r0,
-                         int64_t pf)
+                         int64_t pf, const bool halves)
 {
     enum { R = 4, N = 4 };
     const int64_t cols = wt->cols, ng = geo->ng, nsets = geo->nsets;
@@ -350,6 +406,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
     const float *xd = xq + cols / 4, *xs = xd + cols / 32;
     const int32_t *xz = (const int32_t *)(xq + Q8_Q4X8(zsums_at)(cols, ng));
     const bool fold = Q8_Q4X8(zfold)(wt) != 0;
+    const int64_t zstride = halves ? 16 : 8; /* as in x8_tile: vectors 0-3 (v 0, 1), 4-7 */
     __m256 acc[R][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -369,7 +426,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++) {
             __m512i z0 = fold ? _mm512_zextsi256_si512(_mm256_loadu_si256(
-                                    (const __m256i *)(xz + i * ldq + s * 8)))
+                                    (const __m256i *)(xz + i * ldq + s * zstride)))
                               : _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
@@ -384,6 +441,18 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
                     _mm_prefetch((const char *)(ws + r * rb + pf + 64 * l), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
+            if (halves && v == 2) {
+                Q8_FN(x8_half_step_z)(acc, dot, wt, xd, ldq, r0, ng, s, 0);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    __m512i z1 = fold ? _mm512_zextsi256_si512(_mm256_loadu_si256(
+                                            (const __m256i *)(xz + i * ldq + s * 16 + 8)))
+                                      : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++)
+                        dot[r][i] = z1;
+                }
+            }
             __m512i xv[N];
 #pragma GCC unroll 4
             for (int i = 0; i < N; i++)
@@ -396,6 +465,10 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
                 for (int i = 0; i < N; i++)
                     dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], q, xv[i]);
             }
+        }
+        if (halves) {
+            Q8_FN(x8_half_step_z)(acc, dot, wt, xd, ldq, r0, ng, s, 1);
+            continue;
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -425,7 +498,7 @@ AI void Q8_FN(x8_tile_z)(float *y, int64_t ldy, const float *xq, int64_t ldq, co
 /* Tiles as Q4X8's: 4 x 1 at one row of x, 2 x 2 at two or three, 2 x 4 from four. */
 AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
                        const weight_t *w, const Q8_Q4X8(geom_t) *geo, int64_t r, int64_t pf,
-                       const int R)
+                       const int R, const bool halves)
 {
     size_t rb = dtype_row_bytes(DTYPE_Q8X8, w->cols);
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;
@@ -437,31 +510,35 @@ AI void Q8_FN(x8_rows)(float *y, int64_t ldy, const float *xq, int64_t ldq, int 
         if (R == 1) {
             int nn = left >= 4 ? 4 : left >= 2 ? 2 : 1;
             if (nn == 4)
-                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 4);
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 4, halves);
             else if (nn == 2)
-                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 2);
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 2, halves);
             else
-                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 1);
+                Q8_FN(x8_tile)(yi, ldy, qi, ldq, wr, rb, w, geo, r, p, 1, 1, halves);
             i += nn;
         } else if (left >= 4) {
 #if Q8_VNNI && defined(Q8_ZMM)
             if (n > CPU_X8_WIDE_MIN_N) {
                 for (int h = 0; h < R; h += 4)
-                    Q8_FN(x8_tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p);
+                    Q8_FN(x8_tile_z)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p,
+                                     halves);
                 i += 4;
                 continue;
             }
 #endif
             for (int h = 0; h < R; h += 2)
-                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 4);
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 4,
+                               halves);
             i += 4;
         } else if (left >= 2) {
             for (int h = 0; h < R; h += 2)
-                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 2);
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 2, 2,
+                               halves);
             i += 2;
         } else {
             for (int h = 0; h < R; h += 4)
-                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 4, 1);
+                Q8_FN(x8_tile)(yi + h, ldy, qi, ldq, wr + h * rb, rb, w, geo, r + h, p, 4, 1,
+                               halves);
             i += 1;
         }
     }
@@ -475,12 +552,19 @@ static void Q8_FN(x8_gemv)(float *y, int64_t ldy, const float *xq, int64_t ldq, 
      * several rows of x want it short), taken for Q8X8 rows as they are. */
     int64_t pf = Q8_Q4X8(prefetch_bytes)(rb, n);
     const Q8_Q4X8(geom_t) geo = Q8_Q4X8(geom)(w);
+    /* Groups of 16 get their own instances of the tiles (x8_half_step), so that the
+     * others' keep the code they had. */
+    const bool halves = w->group == 16;
     int64_t r = r0;
-    for (; r + 8 <= r1; r += 8)
-        Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r,
-                       (r + 8) * (int64_t)rb + pf <= r1 * (int64_t)rb ? pf : 0, 8);
+    for (; r + 8 <= r1; r += 8) {
+        int64_t p = (r + 8) * (int64_t)rb + pf <= r1 * (int64_t)rb ? pf : 0;
+        if (halves)
+            Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r, p, 8, true);
+        else
+            Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r, p, 8, false);
+    }
     for (; r < r1; r++)
-        Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r, 0, 1);
+        Q8_FN(x8_rows)(y, ldy, xq, ldq, n, w, &geo, r, 0, 1, halves);
 }
 
 /* dst[(r - r0) * cols + k] = W[r][k] as f32 (the prefill path and embed): each set's codes
@@ -500,10 +584,11 @@ __attribute__((unused)) static void Q8_FN(x8_rows_to_f32)(float *dst, const weig
                 for (int j = 0; j < 8; j++)
                     memcpy(t + 32 * j + 4 * v, in + 32 * v + 4 * j, 4);
             for (int j = 0; j < 8; j++) {
-                int64_t g = (s * Q4X8_SET + 32 * j) / w->group;
-                __m256 sc = _mm256_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
-                __m256 ze = _mm256_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
                 for (int h = 0; h < 32; h += 8) {
+                    /* Eight columns lie in one group (16 columns or more). */
+                    int64_t g = (s * Q4X8_SET + 32 * j + h) / w->group;
+                    __m256 sc = _mm256_set1_ps(_cvtsh_ss(w->scales[r * ng + g]));
+                    __m256 ze = _mm256_set1_ps(_cvtsh_ss(w->zeros[r * ng + g]));
                     __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                         _mm_loadl_epi64((const __m128i *)(t + 32 * j + h))));
                     _mm256_storeu_ps(d + s * Q4X8_SET + 32 * j + h,
