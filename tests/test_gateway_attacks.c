@@ -167,22 +167,33 @@ START_TEST(test_slow_headers)
         ga_send_all(mine[i], "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
     }
     /* The excess is closed when the gateway accepts it, which a loaded machine may delay
-     * behind the slow connections' traffic: all four get one deadline together. */
-    int refused = 0, gone[4] = {0};
+     * behind the slow connections' traffic: all get one deadline together. Which four are
+     * the excess is the order the gateway's threads accept them in (a pool, every thread
+     * accepting from the one socket), not always the order they connected in, so any four
+     * of them may be. */
+    enum { MINE = GA_PER_ADDRESS + 4 };
+    int refused = 0, gone[MINE] = {0};
     double until = clock_now_s() + 10;
     while (refused < 4 && clock_now_s() < until) {
-        for (int k = 0; k < 4; k++) {
-            if (!gone[k] && ga_closed_within(mine[GA_PER_ADDRESS + k], 100)) {
+        for (int k = 0; k < MINE; k++) {
+            if (!gone[k] && ga_closed_within(mine[k], 5)) {
                 gone[k] = 1;
                 refused++;
             }
         }
     }
-    ck_assert_msg(refused == 4, "%d of 4 connections over the per-address limit closed "
-                  "within 10 s", refused);
-    for (int i = 0; i < GA_PER_ADDRESS; i++)
-        ck_assert_msg(!ga_closed_within(mine[i], i ? 0 : 200),
-                      "connection %d of the address, under its limit, was closed", i);
+    ck_assert_msg(refused == 4, "%d of %d connections of one address (limit %d) closed "
+                  "within 10 s", refused, MINE, GA_PER_ADDRESS);
+    /* The others are held: none of them closes. */
+    int also = 0, waited = 0;
+    for (int i = 0; i < MINE; i++) {
+        if (gone[i])
+            continue;
+        also += ga_closed_within(mine[i], waited ? 0 : 200);
+        waited = 1;
+    }
+    ck_assert_msg(also == 0, "%d more connections of the address, under its limit, closed",
+                  also);
     int other = gt_connect_from(port, ga_addr(77, 0, 2));
     ga_send_all(other, "GET /health HTTP/1.0\r\n\r\n");
     ck_assert_int_eq(ga_status_within(other, 1000), 200);
