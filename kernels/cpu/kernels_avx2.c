@@ -340,13 +340,6 @@ static int q8_path(const weight_t *w)
     return w->dtype == DTYPE_Q4 && w->group % Q8_BLOCK == 0;
 }
 
-/* Q8 weights of whole 32-column blocks, or of halves of them, take the shared integer
- * kernel (q8_x86.h). */
-static int q8_int_path(const weight_t *w)
-{
-    return cpu_q8_int_eligible(w);
-}
-
 /* Columns per block of x: 64 where the groups allow it (Q4 codes of two 32-column halves
  * then come out of one 32-byte load, and the 16-bit pair sums of both halves are added
  * before widening: at most 2 * 2 * 15 * 127 = 7620), else 32. */
@@ -383,7 +376,7 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return avx2_q4x8_prep_floats(w);
-    if (q8_int_path(w))
+    if (cpu_q8_int_eligible(w))
         return avx2_q8_prep_floats(w);
     if (!q8_path(w))
         return 0;
@@ -394,7 +387,7 @@ static int64_t avx2_gemv_prep_floats(const weight_t *w)
 
 static int avx2_gemv_x8_block(const weight_t *w)
 {
-    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || q8_int_path(w))
+    if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || cpu_q8_int_eligible(w))
         return 32;
     return q8_path(w) ? q8_xblock(w) : 0;
 }
@@ -405,7 +398,7 @@ static void avx2_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const 
         avx2_q4x8_prep(xq, x, ldx, n, w);
         return;
     }
-    if (q8_int_path(w)) {
+    if (cpu_q8_int_eligible(w)) {
         avx2_q8_prep(xq, x, ldx, n, w);
         return;
     }

@@ -392,11 +392,6 @@ AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
 #undef Q8_ZMM
 #undef Q8_Q4X8
 
-static int q8_int_path(const weight_t *w)
-{
-    return cpu_q8_int_eligible(w);
-}
-
 /* Whether vpdpbusd may run: read once (the answer does not change), under pthread_once,
  * since the first matmul of a process asks on every thread at once. A plain flag set after
  * the answer let a thread see the flag before the answer and run the other kernel on its
@@ -423,7 +418,7 @@ static int64_t avx512_gemv_prep_floats(const weight_t *w)
 {
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
         return avx512_q4x8_prep_floats(w);
-    if (q8_int_path(w))
+    if (cpu_q8_int_eligible(w))
         return avx512_q8_prep_floats(w);
     if (!q_factored(w))
         return 0;
@@ -434,7 +429,7 @@ static int64_t avx512_gemv_prep_floats(const weight_t *w)
 /* Q4 outside Q4X8 reads x in f32 at this level (gemv_tile_qf). */
 static int avx512_gemv_x8_block(const weight_t *w)
 {
-    return w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || q8_int_path(w) ? 32 : 0;
+    return w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8 || cpu_q8_int_eligible(w) ? 32 : 0;
 }
 
 static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, const weight_t *w)
@@ -448,7 +443,7 @@ static void avx512_gemv_prep(float *xq, const float *x, int64_t ldx, int n, cons
             avx512_q4x8_prep(xq, x, ldx, n, w);
         return;
     }
-    if (q8_int_path(w)) {
+    if (cpu_q8_int_eligible(w)) {
         avx512_q8_prep(xq, x, ldx, n, w);
         return;
     }
@@ -604,7 +599,7 @@ static void avx512_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, cons
             avx512_q8_x8_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         return;
     }
-    if (xq && q8_int_path(w)) {
+    if (xq && cpu_q8_int_eligible(w)) {
         if (avx512_has_vnni())
             avx512_q8v_gemv(y, ldy, xq, ldq, n, w, r0, r1);
         else
