@@ -14,8 +14,9 @@
 #include "kernels/profile.h"
 
 /* Runs one request of n_prompt tokens and gen_len more to its end, a step at a time; with
- * `profile`, the profile's window starts after the step that ran the prompt. *steps: the
- * decode-only steps after it. */
+ * `profile`, the profile's window starts after the step that ran the prompt's last chunk
+ * (a prompt longer than a chunk takes several steps). *steps: the decode-only steps after
+ * it. */
 static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_prompt,
                           int gen_len, int profile, int64_t *steps)
 {
@@ -25,11 +26,12 @@ static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_
     int e = gen_submit(g, &req, &seq);
     gen_stats_t a, b;
     gen_get_stats(g, &a);
+    const int64_t prefilled = a.prefill_tokens + n_prompt;
     int started = 0;
     while (!e && gen_active(g)) {
         e = gen_step(g);
         gen_get_stats(g, &b);
-        if (!e && profile && !started && b.prefill_tokens > a.prefill_tokens) {
+        if (!e && profile && !started && b.prefill_tokens >= prefilled) {
             e = profile_reset(be);
             started = 1;
             a = b;

@@ -41,6 +41,7 @@
 #include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/rowblock.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 #include "tests/testutil.h"
 
 #ifdef RIVER_CUDA
@@ -1599,6 +1600,7 @@ typedef struct attn_case {
     int lens[4];   /* final length of each sequence */
     int in_batch[4]; /* how many of its last positions are rows of the tested batch */
     int mask_every;  /* > 0: history positions p with p % mask_every == 1 are invalid slots */
+    dtype_t dt;      /* the pool's element type (kv_view_t.dtype; F32 where not given) */
 } attn_ref_t;
 
 /* Whether slot p of sequence s is valid in a case (rows of the batch always are). */
@@ -1625,11 +1627,18 @@ static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
     n_pages += 3; /* pages no sequence owns: they must stay untouched */
     kv_view_t kv = { .page_stride = (int64_t)n_layers * ps * kv_dim,
                      .layer_stride = (int64_t)ps * kv_dim, .page_size = ps, .kv_dim = kv_dim,
-                     .n_pages = n_pages };
-    size_t pool = (size_t)n_pages * kv.page_stride;
+                     .n_pages = n_pages, .dtype = ac->dt };
+    size_t elems = (size_t)n_pages * kv.page_stride;
+    size_t es = kv_dtype_bytes(ac->dt, 1), codes = elems * es;
+    size_t pool = (codes + kv_dtype_scale_bytes(ac->dt, (int64_t)elems) + 3) / sizeof(float);
     kv.k = e->o->buf_alloc(e->c, pool);
     kv.v = e->o->buf_alloc(e->c, pool);
     ck_assert(kv.k && kv.v);
+    if (ac->dt == DTYPE_Q8) {
+        /* The scales follow the codes, as in a pool (engine/kv_pool.c). */
+        kv.k_scale = (float *)((char *)kv.k + codes);
+        kv.v_scale = (float *)((char *)kv.v + codes);
+    }
 
     /* Scattered page ids: a shuffled list handed out in order. */
     int32_t *perm = malloc((size_t)n_pages * sizeof(int32_t));
@@ -1653,6 +1662,17 @@ static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
         vref[s] = malloc((size_t)ac->lens[s] * kv_dim * sizeof(float));
         fill(kref[s], (size_t)ac->lens[s] * kv_dim, -1.0f, 1.0f);
         fill(vref[s], (size_t)ac->lens[s] * kv_dim, -1.0f, 1.0f);
+        /* The reference reads what the pool holds: each row as kv_write narrows it. */
+        if (ac->dt != DTYPE_F32) {
+            uint8_t row[4096];
+            float rsc[64];
+            ck_assert(kv_dim * es <= sizeof row && kv_dim / KV_Q8_BLOCK <= 64);
+            for (int t = 0; t < 2 * ac->lens[s]; t++) {
+                float *r = (t % 2 ? vref[s] : kref[s]) + (size_t)(t / 2) * kv_dim;
+                kv_row_from_f32(ac->dt, row, rsc, 0, r, kv_dim);
+                kv_row_to_f32(ac->dt, row, rsc, 0, r, kv_dim);
+            }
+        }
     }
 
     /* The history of every sequence, written in one batch per sequence. */
@@ -1751,6 +1771,33 @@ static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
         free(qoh);
         e->o->buf_free(e->c, qo);
 
+        /* At the SIMD levels each row alone (a decode step) has the bits it has in the
+         * batch (a prefill tile, a verify pass), at any length: lossless mode and the
+         * prefix cache rest on it. Where a row alone has a KV head for each thread, it is
+         * cut by heads, never into chunks of positions (whose merge adds in another order). */
+        if (e->level > CPU_SIMD_SCALAR && ac->mask_every == 0 &&
+            (e->threads == 1 || ac->n_kv >= e->threads)) {
+            size_t rn = (size_t)ac->n_heads * ac->hd;
+            float *ro = e->o->buf_alloc(e->c, rn);
+            for (int i = 0; i < n; i++) {
+                float *rq = dev_copy(e, qh + (size_t)i * rn, rn);
+                attn_batch_t one = {.n = 1, .pos = &pos[i], .page_table = &pt[i]};
+                ck_assert_int_eq(e->o->attention(e->c, ro, rq, &kv, layer, &one, ac->n_heads,
+                                                 ac->n_kv, ac->hd, scale), 0);
+                float *roh = host_copy(e, ro, rn);
+                for (size_t z = 0; z < rn; z++)
+                    ck_assert_msg(memcmp(&roh[z], &oh[(size_t)i * rn + z], sizeof(float)) == 0,
+                                  "attention %s thr %d (heads %d/%d, hd %d): row %d at %d "
+                                  "alone, output %zu is %.9g, %.9g in the batch",
+                                  cpu_simd_name((cpu_simd_t)e->level), e->threads, ac->n_heads,
+                                  ac->n_kv, ac->hd, i, pos[i], z, roh[z],
+                                  oh[(size_t)i * rn + z]);
+                free(roh);
+                e->o->buf_free(e->c, rq);
+            }
+            e->o->buf_free(e->c, ro);
+        }
+
         double *sc = malloc((size_t)(ac->lens[0] + 4096) * sizeof(double));
         for (int i = 0; i < n; i++) {
             int s = row_seq[i], len = row_pos[i] + 1;
@@ -1789,14 +1836,15 @@ static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
         }
         free(sc);
     }
-    /* Pages nobody owns, and layer 0 of every page, were never written. */
+    /* Pages nobody owns, and layer 0 of every page, were never written (their codes). */
     float *kh = host_copy(e, kv.k, pool);
+    const uint8_t *kc = (const uint8_t *)kh;
     for (int p = next; p < n_pages; p++)
-        for (int64_t z = 0; z < kv.page_stride; z++)
-            EXPECT_TRUE(kh[(size_t)perm[p] * kv.page_stride + z] == 0.0f);
+        for (size_t z = 0; z < kv.page_stride * es; z++)
+            EXPECT_TRUE(kc[(size_t)perm[p] * kv.page_stride * es + z] == 0);
     for (int p = 0; p < n_pages; p++)
-        for (int64_t z = 0; z < kv.layer_stride; z++)
-            EXPECT_TRUE(kh[(size_t)p * kv.page_stride + z] == 0.0f);
+        for (size_t z = 0; z < kv.layer_stride * es; z++)
+            EXPECT_TRUE(kc[(size_t)p * kv.page_stride * es + z] == 0);
 
     /* A page id outside the pool is refused. */
     int32_t bad_table[1] = { n_pages };
@@ -1833,26 +1881,32 @@ static size_t run_attention_case(env_t *e, const attn_ref_t *ac, float **res)
 
 static const attn_ref_t attn_refs[] = {
     /* GQA 2, three sequences, two rows of one sequence in the batch (causal within it). */
-    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 0},
+    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 0, DTYPE_F32},
     /* Plain multi-head attention, odd head size, a prefill-like batch. */
-    {3, 3, 20, 4, 2, {6, 11}, {6, 3}, 0},
+    {3, 3, 20, 4, 2, {6, 11}, {6, 3}, 0, DTYPE_F32},
     /* GQA 2 with llama-sized heads. */
-    {8, 4, 64, 16, 3, {40, 1, 33}, {1, 1, 2}, 0},
-    /* GQA 4 and a long sequence: the decode chunking path with two threads. */
-    {8, 2, 64, 16, 1, {700}, {1}, 0},
-    /* One KV head, a long and a short sequence: chunks that are empty for one row. */
-    {2, 1, 32, 8, 2, {600, 5}, {1, 1}, 0},
+    {8, 4, 64, 16, 3, {40, 1, 33}, {1, 1, 2}, 0, DTYPE_F32},
+    /* GQA 4 and a long sequence decoding: with two threads, one KV head each. */
+    {8, 2, 64, 16, 1, {700}, {1}, 0, DTYPE_F32},
+    /* One KV head, a long and a short sequence: a tile each. */
+    {2, 1, 32, 8, 2, {600, 5}, {1, 1}, 0, DTYPE_F32},
     /* Validity maps (masked early exit): every third history slot is NaN and skipped. */
-    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 3},
-    {8, 2, 64, 16, 2, {700, 30}, {1, 2}, 2},
+    {4, 2, 8, 4, 3, {1, 9, 14}, {1, 2, 1}, 3, DTYPE_F32},
+    {8, 2, 64, 16, 2, {700, 30}, {1, 2}, 2, DTYPE_F32},
     /* Masked slots covering whole pages. */
-    {4, 4, 16, 1, 1, {9}, {2}, 2},
+    {4, 4, 16, 1, 1, {9}, {2}, 2, DTYPE_F32},
     /* Prefill tiles (SIMD levels): 40 rows of one sequence after 110 positions of history,
      * so three tiles (the last partial) over three K/V blocks, GQA 4. */
-    {8, 2, 64, 16, 1, {150}, {40}, 0},
+    {8, 2, 64, 16, 1, {150}, {40}, 0, DTYPE_F32},
     /* Two sequences prefilled from position 0 (one of them entirely in the batch), an odd
      * head size and page size, plus a decode row of a third. */
-    {6, 3, 20, 7, 3, {70, 33, 12}, {20, 33, 1}, 0},
+    {6, 3, 20, 7, 3, {70, 33, 12}, {20, 33, 1}, 0, DTYPE_F32},
+    /* A long sequence's last 16 positions as one prefill tile, each row also alone, in
+     * pools of F16 and Q8 (a thread widens only its KV heads: Q8 in whole scale blocks). */
+    {8, 2, 64, 16, 1, {600}, {16}, 0, DTYPE_F16},
+    {4, 4, 16, 16, 1, {530}, {3}, 0, DTYPE_Q8},
+    /* One KV head and one long sequence: with two threads, chunks of positions. */
+    {2, 1, 32, 8, 1, {600}, {1}, 0, DTYPE_BF16},
 };
 
 /* Attention case attn_refs[a] against the double-precision softmax. */
@@ -2281,6 +2335,12 @@ static const op_case_t cases[] = {
           DTYPE_F32, 8, 0, 0, 0, 0, 0, 1e-4),
     RCASE("attention ref 9: two prompts and a decode", run_attention_hist,
           check_attention_case, DTYPE_F32, 9, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 10: f16 tile ctx 600, rows alone", run_attention_hist,
+          check_attention_case, DTYPE_F16, 10, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 11: q8 tile ctx 530, rows alone", run_attention_hist,
+          check_attention_case, DTYPE_Q8, 11, 0, 0, 0, 0, 0, 1e-4),
+    RCASE("attention ref 12: bf16 1 kv head ctx 600", run_attention_hist,
+          check_attention_case, DTYPE_BF16, 12, 0, 0, 0, 0, 0, 1e-4),
     /* cosine, gather, scatter: 6 rows of Llama 3.2 1B's width, and with the reference. */
     CASE("rows 6x2048", run_rows, DTYPE_F32, 6, 2048, 0, 0, 0),
     RCASE("rows 5x37", run_rows, check_rows, DTYPE_F32, 5, 37, 0, 0, 0, 0, 0),

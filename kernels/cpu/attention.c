@@ -1,14 +1,18 @@
 /* Paged causal grouped-query attention.
  *
- * The unit of work is one row of the batch and a range of its positions (all of them,
- * unless there are too few rows to keep every thread busy, as in decoding one sequence):
- * the K and V rows of a position hold every KV head side by side, so a task walks them
- * in blocks of ATTN_BLOCK positions and lets every head use a block while it is in cache.
- * Memory then sees a few sequential streams instead of one strided stream per head. The
- * G = n_heads/n_kv_heads query heads that share a KV head are computed together, each K
- * and V slice loaded once for them. When a sequence is cut into chunks, each chunk yields
- * its own maximum, sum of exponentials and unnormalised output per head, and a final pass
- * merges them (the usual log-sum-exp rescaling).
+ * The unit of work is a tile of rows (below) and a range of its KV heads: all of them,
+ * unless there are too few tiles to keep every thread busy, as in decoding one sequence.
+ * Heads are computed apart from each other, so the cut changes no bit. Where even cutting
+ * by heads leaves threads idle on a long sequence (a model with one KV head, many
+ * threads), and for the scalar level and rows with validity maps, the unit is one row and
+ * a range of its positions. The K and V rows of a position hold every KV head side by
+ * side, so a task walks them in blocks of ATTN_BLOCK positions and lets every head use a
+ * block while it is in cache. Memory then sees a few sequential streams instead of one
+ * strided stream per head. The G = n_heads/n_kv_heads query heads that share a KV head
+ * are computed together, each K and V slice loaded once for them. When a sequence is cut
+ * into chunks of positions, each chunk yields its own maximum, sum of exponentials and
+ * unnormalised output per head, and a final pass merges them (the usual log-sum-exp
+ * rescaling).
  *
  * Prefill (consecutive rows of one sequence at consecutive positions) goes a tile of up to
  * ATTN_TILE query rows at a time, flash-attention style: for each block of ATTN_BLOCK
@@ -17,13 +21,13 @@
  * rescaled when the maximum grows) and adds the block's V slice, while both slices are in
  * L1. Each K/V row is then read once per tile instead of once per row. The scalar level
  * keeps the one-row path (it reproduces llama2.c's arithmetic exactly), and so do rows with
- * validity maps.
+ * validity maps and rows cut into chunks of positions.
  *
  * Pools of F16, BF16 or Q8 (kv_view_t.dtype) are read a block of ATTN_BLOCK positions at a
- * time: the level's kv_to_f32 widens the block's K (then V) rows into the thread's scratch,
- * once for every head and every row of a tile, and the f32 kernels read those rows. The
- * widening is exact and per position, so the rule above holds in every dtype; an F32 pool
- * is read in place, as before. */
+ * time: the level's kv_to_f32 widens the block's K (then V) rows, the task's heads of
+ * them, into the thread's scratch, once for every head and every row of a tile, and the
+ * f32 kernels read those rows. The widening is exact and per position, so the rule above
+ * holds in every dtype; an F32 pool is read in place, as before. */
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +43,8 @@
 #define ATTN_BLOCK 64
 /* Query rows of one sequence that share each K/V block (prefill). */
 #define ATTN_TILE 16
+/* Positions ahead of the one being widened whose rows are prefetched. */
+#define ATTN_WIDEN_PF 8
 
 /* A thread's view of the K and V rows of one block of positions (attn_block_rows). */
 typedef struct attn_rows {
@@ -75,20 +81,32 @@ static float *attn_rows_carve(float *p, const kv_view_t *kv, int64_t n, attn_row
 }
 
 /* rows[t] = the row of position b0 + t of K (v 0) or V (v 1) for t < n (n <= ATTN_BLOCK):
- * the pool's own row for F32, else the row widened into buf. */
+ * the pool's own row for F32, else the row widened into buf, only its elements c0 to
+ * c0 + cn - 1 (the KV heads the task computes; the others are left as they were). off
+ * holds the left positions from b0 on. */
 static void attn_block_rows(const cpu_kernels_t *k, const kv_view_t *kv, int v,
-                            const int64_t *off, int64_t n, float *buf, const float **rows)
+                            const int64_t *off, int64_t n, int64_t left, int64_t c0, int64_t cn,
+                            float *buf, const float **rows)
 {
     const void *base = v ? kv->v : kv->k;
     const float *sc = v ? kv->v_scale : kv->k_scale;
+    size_t es = kv_dtype_bytes(kv->dtype, 1), bytes = (size_t)cn * es;
     for (int64_t t = 0; t < n; t++) {
+        /* A page's rows lie apart from the next page's, which the hardware prefetchers do
+         * not follow: the row ATTN_WIDEN_PF positions on is asked for (of the left
+         * positions from this block's first, the next block's too). */
+        if (kv->dtype != DTYPE_F32 && t + ATTN_WIDEN_PF < left && off[t + ATTN_WIDEN_PF] >= 0) {
+            const char *p = (const char *)base + (size_t)(off[t + ATTN_WIDEN_PF] + c0) * es;
+            for (size_t b = 0; b < bytes; b += 64)
+                __builtin_prefetch(p + b, 0, 3);
+        }
         if (off[t] < 0) {
             rows[t] = NULL;
         } else if (kv->dtype == DTYPE_F32) {
             rows[t] = (const float *)base + off[t];
         } else {
             float *r = buf + t * kv->kv_dim;
-            k->kv_to_f32(r, kv->dtype, base, sc, off[t], kv->kv_dim);
+            k->kv_to_f32(r + c0, kv->dtype, base, sc, off[t] + c0, cn);
             rows[t] = r;
         }
     }
@@ -107,16 +125,24 @@ typedef struct attn_job {
     int chunk_len; /* positions per chunk */
     float *part;   /* n_chunks > 1: per (row, chunk), n_heads * (hd + 2) floats: o, then m, l */
     const int *tile_row; /* tiled: (n_tiles + 1) first batch row of each tile */
+    int kv_per;          /* tiled: KV heads a task computes (all of them, or a part) */
+    int n_split;         /* tiled: tasks a tile is cut into, ceil(n_kv / kv_per) */
 } attn_job_t;
 
-/* One tile of rows r0..r1-1 of one sequence at consecutive positions (pos[r0] + i). */
+/* One tile of rows r0..r1-1 of one sequence at consecutive positions (pos[r0] + i), for
+ * KV heads h0..h1-1 and their query heads: a tile's heads are computed apart from each
+ * other, so cutting it into parts changes no bit. */
 static void attn_tile_task(void *arg, int task, int thread)
 {
     const attn_job_t *j = arg;
     const kv_view_t *kv = j->kv;
     const cpu_kernels_t *k = j->ctx->k;
-    int r0 = j->tile_row[task], r1 = j->tile_row[task + 1], m = r1 - r0;
+    int tile = task / j->n_split, part = task % j->n_split;
+    int r0 = j->tile_row[tile], r1 = j->tile_row[tile + 1], m = r1 - r0;
     int G = j->G, hd = j->hd, H = j->n_heads;
+    int h0 = part * j->kv_per, h1 = h0 + j->kv_per < j->n_kv ? h0 + j->kv_per : j->n_kv;
+    int64_t c0 = (int64_t)h0 * hd, cn = (int64_t)(h1 - h0) * hd; /* the K/V row's part */
+    int q0 = h0 * G, qn = (h1 - h0) * G;                          /* query heads */
     int64_t len = (int64_t)j->b->pos[r1 - 1] + 1; /* positions the last row attends to */
     int64_t p0 = j->b->pos[r0];
     /* Scratch: the rows of every position (attn_rows_t), the tile's outputs (m rows of
@@ -131,22 +157,24 @@ static void attn_tile_task(void *arg, int task, int thread)
     for (int64_t t = 0; t < len; t++)
         r.off[t] = (int64_t)pt[t / kv->page_size] * kv->page_stride + layer_off +
                    (t % kv->page_size) * kv->kv_dim;
-    memset(o, 0, (size_t)m * H * hd * sizeof(float));
-    for (int i = 0; i < m * H; i++) {
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
+    for (int i = 0; i < m; i++) {
+        memset(o + ((int64_t)i * H + q0) * hd, 0, (size_t)qn * hd * sizeof(float));
+        for (int hh = q0; hh < q0 + qn; hh++) {
+            mx[i * H + hh] = -INFINITY;
+            sum[i * H + hh] = 0.0f;
+        }
     }
     for (int64_t b0 = 0; b0 < len; b0 += ATTN_BLOCK) {
         int64_t blk = len - b0 < ATTN_BLOCK ? len - b0 : ATTN_BLOCK;
-        attn_block_rows(k, kv, 0, r.off + b0, blk, r.kbuf, r.krow);
-        attn_block_rows(k, kv, 1, r.off + b0, blk, r.vbuf, r.vrow);
+        attn_block_rows(k, kv, 0, r.off + b0, blk, len - b0, c0, cn, r.kbuf, r.krow);
+        attn_block_rows(k, kv, 1, r.off + b0, blk, len - b0, c0, cn, r.vbuf, r.vrow);
         /* Where every row of the tile sees the whole block (all but the block on the
          * diagonal), the values of all rows go in one call after their scores, as one
          * product of the tile's probabilities and the V block. */
         int whole = k->attn_values_rows && p0 + 1 - b0 >= blk;
         /* And so do the scores, before any row's softmax step, where the level has it. */
         int whole_scores = whole && k->attn_scores_rows;
-        for (int h = 0; h < j->n_kv; h++) {
+        for (int h = h0; h < h1; h++) {
             if (whole_scores)
                 k->attn_scores_rows(s, blk, j->q + ((int64_t)r0 * H + (int64_t)h * G) * hd,
                                     (int64_t)H * hd, m, G, hd, r.krow, (int64_t)h * hd, blk,
@@ -185,10 +213,11 @@ static void attn_tile_task(void *arg, int task, int thread)
                                     r.vrow, (int64_t)h * hd, blk);
         }
     }
-    /* Written only now that every q row of the tile has been read: out may be q. */
+    /* Written only now that every q row of the tile has been read: out may be q (the
+     * other parts of the tile read and write only their own heads). */
     for (int i = 0; i < m; i++) {
         float *dst = j->out + (int64_t)(r0 + i) * H * hd;
-        for (int hh = 0; hh < H; hh++) {
+        for (int hh = q0; hh < q0 + qn; hh++) {
             float inv = sum[i * H + hh] > 0.0f ? 1.0f / sum[i * H + hh] : 0.0f;
             for (int d = 0; d < hd; d++)
                 dst[hh * hd + d] = o[((int64_t)i * H + hh) * hd + d] * inv;
@@ -239,7 +268,7 @@ static void attn_task(void *arg, int task, int thread)
     if (n_valid > 0)
         for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
             int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
-            attn_block_rows(k, kv, 0, r.off + b0, bn, r.kbuf, r.krow);
+            attn_block_rows(k, kv, 0, r.off + b0, bn, T - b0, 0, kv->kv_dim, r.kbuf, r.krow);
             for (int h = 0; h < j->n_kv; h++)
                 k->attn_scores(s + (int64_t)h * G * T + b0, T, q + (int64_t)h * G * hd, G, hd,
                                r.krow, (int64_t)h * hd, bn, j->scale);
@@ -272,7 +301,7 @@ static void attn_task(void *arg, int task, int thread)
     }
     for (int64_t b0 = 0; b0 < T; b0 += ATTN_BLOCK) {
         int64_t bn = T - b0 < ATTN_BLOCK ? T - b0 : ATTN_BLOCK;
-        attn_block_rows(k, kv, 1, r.off + b0, bn, r.vbuf, r.vrow);
+        attn_block_rows(k, kv, 1, r.off + b0, bn, T - b0, 0, kv->kv_dim, r.vbuf, r.vrow);
         for (int h = 0; h < j->n_kv; h++)
             k->attn_values(o + (int64_t)h * G * hd, s + (int64_t)h * G * T + b0, T, G, hd,
                            r.vrow, (int64_t)h * hd, bn);
@@ -352,24 +381,18 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
     int threads = ctx->n_threads;
     if (total_len * n_heads * head_dim * 2 < ATTN_PAR_WORK)
         threads = 1;
-    /* Too few rows to share among the threads evenly: cut the sequences into chunks. */
-    if (threads > 1 && b->n < 4 * threads && max_len >= 2 * ATTN_MIN_CHUNK) {
-        int want = (4 * threads + b->n - 1) / b->n;
-        int most = (int)(max_len / ATTN_MIN_CHUNK);
-        j.n_chunks = want < most ? want : most;
-    }
     /* Tiles of consecutive rows of one sequence at consecutive positions (the scalar level
      * and validity maps aside). A decode row is a tile of one: a row's arithmetic in a tile
      * does not depend on the tile's other rows, so a position gets the same floats whether
      * it is prefilled, decoded or verified (lossless mode, a resumed or preempted
-     * sequence, a prefix reused from the cache). Only sequences cut into chunks across
-     * threads add their chunks in another order. */
-    if (j.n_chunks == 1 && !b->kv_valid && ctx->k->level != CPU_SIMD_SCALAR) {
+     * sequence, a prefix reused from the cache). */
+    int tiled = !b->kv_valid && ctx->k->level != CPU_SIMD_SCALAR;
+    int n_tiles = 0, *tile_row = NULL;
+    if (tiled) {
         int e = cpu_scratch_reserve(&ctx->shared2, (size_t)b->n + 1);
         if (e)
             return e;
-        int *tile_row = (int *)ctx->shared2.p;
-        int n_tiles = 0;
+        tile_row = (int *)ctx->shared2.p;
         for (int i = 0; i < b->n; i++) {
             int start = n_tiles == 0 || i - tile_row[n_tiles - 1] >= ATTN_TILE ||
                         b->page_table[i] != b->page_table[i - 1] ||
@@ -378,24 +401,48 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
                 tile_row[n_tiles++] = i;
         }
         tile_row[n_tiles] = b->n;
-        {
-            j.tile_row = tile_row;
-            j.chunk_len = (int)max_len;
-            e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, max_len) +
-                                                    (size_t)ATTN_TILE * n_heads *
-                                                        (head_dim + 2) +
+    }
+    /* Fewer tiles than twice the threads (one sequence decoding, a few): each tile is cut
+     * into parts of whole KV heads, so that every thread has work and no bit moves. For a
+     * Q8 pool a part must hold whole blocks of its scales. */
+    int kv_per = n_kv_heads;
+    if (tiled && threads > 1 && n_tiles < 2 * threads) {
+        int want = (2 * threads + n_tiles - 1) / n_tiles;
+        int per = (n_kv_heads + want - 1) / want;
+        while (per < n_kv_heads && kv->dtype == DTYPE_Q8 && (per * head_dim) % KV_Q8_BLOCK)
+            per++;
+        kv_per = per;
+    }
+    int n_split = (n_kv_heads + kv_per - 1) / kv_per;
+    /* Still too few tasks to share among the threads evenly, with a long sequence: cut the
+     * sequences into chunks of positions instead, whose partial sums a final pass merges
+     * (in another order than a tile adds them, so those rows' bits are their own). */
+    if (threads > 1 && max_len >= 2 * ATTN_MIN_CHUNK &&
+        (tiled ? n_tiles * n_split < threads : b->n < 4 * threads)) {
+        int want = (4 * threads + b->n - 1) / b->n;
+        int most = (int)(max_len / ATTN_MIN_CHUNK);
+        j.n_chunks = want < most ? want : most;
+        tiled = 0;
+    }
+    if (tiled) {
+        j.tile_row = tile_row;
+        j.chunk_len = (int)max_len;
+        j.kv_per = kv_per;
+        j.n_split = n_split;
+        int e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, max_len) +
+                                                    (size_t)ATTN_TILE * n_heads * (head_dim + 2) +
                                                     (size_t)ATTN_TILE *
                                                         (n_heads / n_kv_heads) * ATTN_BLOCK);
-            if (e)
-                return e;
-            if (threads == 1 || n_tiles == 1) {
-                for (int t = 0; t < n_tiles; t++)
-                    attn_tile_task(&j, t, 0);
-            } else {
-                threadpool_run(ctx->pool, attn_tile_task, &j, n_tiles);
-            }
-            return 0;
+        if (e)
+            return e;
+        int n_tasks = n_tiles * n_split;
+        if (threads == 1 || n_tasks == 1) {
+            for (int t = 0; t < n_tasks; t++)
+                attn_tile_task(&j, t, 0);
+        } else {
+            threadpool_run(ctx->pool, attn_tile_task, &j, n_tasks);
         }
+        return 0;
     }
     j.chunk_len = (int)((max_len + j.n_chunks - 1) / j.n_chunks);
     /* Per thread: the chunk's rows and n_heads rows of chunk_len scores. */
