@@ -37,6 +37,10 @@
 /* Below this many multiply-adds (q.k and p.v together) attention runs on the calling
  * thread: dispatch would cost more than it saves. */
 #define ATTN_PAR_WORK (1 << 15)
+/* Below this many multiply-adds a tile is not cut into parts by KV heads (ctx 128 of
+ * Llama 3.2 1B's 32 heads of 64): at 16 to 64 positions the parts took longer than the
+ * tile on one thread (river bench --profile). */
+#define ATTN_SPLIT_WORK (1 << 19)
 /* The shortest chunk a sequence is cut into. */
 #define ATTN_MIN_CHUNK 256
 /* Positions whose K (or V) rows every head goes through before the next ones. */
@@ -403,10 +407,14 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         tile_row[n_tiles] = b->n;
     }
     /* Fewer tiles than twice the threads (one sequence decoding, a few): each tile is cut
-     * into parts of whole KV heads, so that every thread has work and no bit moves. For a
-     * Q8 pool a part must hold whole blocks of its scales. */
+     * into parts of whole KV heads, so that every thread has work and no bit moves; not
+     * for a short context, whose attention takes less than handing it out would (unless
+     * it is long enough to be cut into chunks below instead). For a Q8 pool a part must
+     * hold whole blocks of its scales. */
     int kv_per = n_kv_heads;
-    if (tiled && threads > 1 && n_tiles < 2 * threads) {
+    if (tiled && threads > 1 && n_tiles < 2 * threads &&
+        (max_len * n_heads * head_dim * 2 >= ATTN_SPLIT_WORK ||
+         max_len >= 2 * ATTN_MIN_CHUNK)) {
         int want = (2 * threads + n_tiles - 1) / n_tiles;
         int per = (n_kv_heads + want - 1) / want;
         while (per < n_kv_heads && kv->dtype == DTYPE_Q8 && (per * head_dim) % KV_Q8_BLOCK)
