@@ -1278,6 +1278,32 @@ static double bench_num(const char *out, const char *key)
     return strtod(f + strlen(k), NULL);
 }
 
+/* `river bench --profile` times decode steps only: after a prompt of more than one prefill
+ * chunk (256 tokens), no matmul or attention of its window ran more than one row of x. */
+START_TEST(test_bench_profile_window)
+{
+    char *b[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                 "--profile", "--prompt-len", "300", "--gen-len", "3", "--bandwidth-mib", "16",
+                 "--output", "json", NULL};
+    char *out;
+    ck_assert_msg(test_capture(b, NULL, 0, &out) == 0, "%s", out);
+    ck_assert_int_eq((int)bench_num(out, "steps"), 3);
+    /* n is the rows of x for these ops (for others, such as add, their width). */
+    const char *ops[] = {"{\"op\":\"matmul\"", "{\"op\":\"attention\""};
+    int n_ops = 0;
+    for (int k = 0; k < 2; k++)
+        for (const char *f = strstr(out, ops[k]); f; f = strstr(f + 1, ops[k])) {
+            const char *n = strstr(f, "\"n\":");
+            ck_assert_ptr_nonnull(n);
+            ck_assert_msg(strtol(n + 4, NULL, 10) == 1, "an op of %ld rows in the window: "
+                          "%.300s", strtol(n + 4, NULL, 10), f);
+            n_ops++;
+        }
+    ck_assert_int_ge(n_ops, 5);
+    free(out);
+}
+END_TEST
+
 /* `river bench` measures the compute peak after each run, the float one for a float model
  * and the 8-bit one for a q8 backbone, and prefill's fraction of it: with one run, exactly
  * prefill_gflops over compute_peak_gflops. A device backend has no CPU peak to report. */
@@ -1359,6 +1385,7 @@ static Suite *quant_suite(void)
     TCase *q = tcase_create("quantizers");
     tcase_add_test(q, test_rtn_round_trip);
     tcase_add_test(q, test_bench_prints_figures);
+    tcase_add_test(q, test_bench_profile_window);
     tcase_add_test(q, test_bench_compute_peak);
     tcase_add_test(q, test_bench_kernels_interleave);
     tcase_add_test(q, test_hqq_round_trip);
