@@ -130,8 +130,13 @@ typedef struct attn_job {
     float *part;   /* n_chunks > 1: per (row, chunk), n_heads * (hd + 2) floats: o, then m, l */
     const int *tile_row; /* tiled: (n_tiles + 1) first batch row of each tile */
     int kv_per;          /* tiled: KV heads a task computes (all of them, or a part) */
-    int n_split;         /* tiled: tasks a tile is cut into, ceil(n_kv / kv_per) */
 } attn_job_t;
+
+/* The parts a tile is cut into, kv_per KV heads each (the last may hold fewer). */
+static int attn_parts(int n_kv, int kv_per)
+{
+    return (n_kv + kv_per - 1) / kv_per;
+}
 
 /* One tile of rows r0..r1-1 of one sequence at consecutive positions (pos[r0] + i), for
  * KV heads h0..h1-1 and their query heads: a tile's heads are computed apart from each
@@ -141,7 +146,8 @@ static void attn_tile_task(void *arg, int task, int thread)
     const attn_job_t *j = arg;
     const kv_view_t *kv = j->kv;
     const cpu_kernels_t *k = j->ctx->k;
-    int tile = task / j->n_split, part = task % j->n_split;
+    int n_parts = attn_parts(j->n_kv, j->kv_per);
+    int tile = task / n_parts, part = task % n_parts;
     int r0 = j->tile_row[tile], r1 = j->tile_row[tile + 1], m = r1 - r0;
     int G = j->G, hd = j->hd, H = j->n_heads;
     int h0 = part * j->kv_per, h1 = h0 + j->kv_per < j->n_kv ? h0 + j->kv_per : j->n_kv;
@@ -421,7 +427,7 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
             per++;
         kv_per = per;
     }
-    int n_split = (n_kv_heads + kv_per - 1) / kv_per;
+    int n_split = attn_parts(n_kv_heads, kv_per);
     /* Still too few tasks to share among the threads evenly, with a long sequence: cut the
      * sequences into chunks of positions instead, whose partial sums a final pass merges
      * (in another order than a tile adds them, so those rows' bits are their own). */
@@ -436,7 +442,6 @@ int cpu_attention(ops_ctx_t *ctx, void *out, const void *q, const kv_view_t *kv,
         j.tile_row = tile_row;
         j.chunk_len = (int)max_len;
         j.kv_per = kv_per;
-        j.n_split = n_split;
         int e = cpu_thread_scratch_reserve(ctx, attn_rows_floats(kv, max_len) +
                                                     (size_t)ATTN_TILE * n_heads * (head_dim + 2) +
                                                     (size_t)ATTN_TILE *
