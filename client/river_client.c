@@ -812,6 +812,12 @@ void river_admin_destroy(river_admin_t **pa)
     river_admin_t *a = pa ? *pa : NULL;
     if (!a)
         return;
+    /* Every admin call waits for its reply, so a request still queued here is one whose
+     * caller was already told it failed (a timeout, a refused handshake): it is dropped,
+     * not delivered to a riverd that comes up later. Nothing left to send also means
+     * nothing for the context's end to wait on after a handshake riverd refused. */
+    int zero = 0;
+    zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof zero);
     client__monitor_close(a->sock, &a->mon);
     zmq_close(a->sock);
     zmq_ctx_term(a->zctx);

@@ -245,6 +245,8 @@ int river_admin_new(river_admin_t **out, const char *endpoint, int timeout_ms);
  * call with another one fails with RIVER_EAUTH. */
 int river_admin_new_secure(river_admin_t **out, const char *endpoint, int timeout_ms,
                            const river_keys_t *keys);
+/* Closes the connection at once: a request whose call failed (timed out, refused) is
+ * dropped, never delivered later. */
 void river_admin_destroy(river_admin_t **a);
 
 typedef struct river_status {

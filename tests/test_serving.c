@@ -1519,12 +1519,43 @@ START_TEST(test_prefix_placement)
 }
 END_TEST
 
+/* An admin call riverd never answered has failed for its caller (RIVER_ETIMEOUT): closing
+ * the admin client drops it, so a riverd that comes up after the caller gave up never runs
+ * it. Here riverd's admin socket is bound right after the timeout, while the client closes:
+ * a client that lingered on its unsent request would connect within its reconnect interval
+ * (100 ms) and deliver the scale. */
+START_TEST(test_admin_abandoned_call)
+{
+    char ep[256];
+    snprintf(ep, sizeof ep, "ipc://%s/late-admin", test_tmpdir());
+    river_admin_t *a;
+    ck_assert_int_eq(river_admin_new(&a, ep, 300), 0);
+    uint32_t prev = 0;
+    ck_assert_int_eq(river_admin_scale(a, 3, &prev), RIVER_ETIMEOUT);
+    void *ctx = zmq_ctx_new();
+    void *late = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(late, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_bind(late, ep), 0);
+    double t0 = clock_now_s();
+    river_admin_destroy(&a);
+    double closed = clock_now_s() - t0;
+    zmq_pollitem_t it = {.socket = late, .events = ZMQ_POLLIN};
+    int n = zmq_poll(&it, 1, 600);
+    zmq_close(late);
+    zmq_ctx_term(ctx);
+    ck_assert_msg(n == 0, "the timed-out scale reached the late riverd after its caller was "
+                  "told it failed (the client took %.3f s to close)", closed);
+}
+END_TEST
+
 static Suite *serving_suite(void)
 {
     Suite *s = suite_create("serving");
     TCase *tc = tcase_create("serving");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_bad_config);
+    tcase_add_test(tc, test_admin_abandoned_call);
     tcase_add_test(tc, test_greedy_matches_engine);
     tcase_add_test(tc, test_bad_frames);
     tcase_add_test(tc, test_limits_and_queue);
