@@ -49,6 +49,9 @@ AI void GD_FN(gemm_wpack_et)(float *wp, const weight_t *w, int64_t r0, int64_t r
         const int per = CPU_ROWBLOCK_CHUNK / (int)es / GD_L; /* vectors a chunk */
         for (int64_t b = r0; b < r1; b += CPU_ROWBLOCK_ROWS) {
             const uint8_t *span = cpu_rowblock_at(w->data, rb, b, (size_t)k0 * es);
+            /* As the decode tiles do: the prefetchers start cold at each 4 KiB page. */
+            cpu_rowblock_prefetch_pages(cpu_rowblock_at(w->data, rb, b, 0),
+                                        CPU_ROWBLOCK_ROWS * rb);
             for (int64_t s = 0; s < steps; s += per, span += CPU_ROWBLOCK_SPAN) {
                 _mm_prefetch((const char *)span + 4 * CPU_ROWBLOCK_SPAN, _MM_HINT_T0);
                 for (int q = 0; q < CPU_ROWBLOCK_ROWS; q++)

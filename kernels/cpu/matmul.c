@@ -129,9 +129,9 @@ static void mm_gemm_task(void *arg, int task, int thread)
 }
 
 /* The prefill path of float weights (simd.h: gemm_wpack, gemm_dot). Each thread takes its
- * weight rows MM_MC at a time and converts them to f32 panels (gemm_nr rows each) for all
- * columns, a block at a time (MM_KC floats of x, or the level's gemm_kc). Then for each
- * block of MM_MB rows of x it goes over the blocks of columns, every panel against the
+ * weight rows MM_MC at a time and converts them to f32 panels (gemm_nr rows each) over
+ * all columns in one pass. Then for each block of MM_MB rows of x it goes over the blocks
+ * of columns (MM_KC floats of x, or the level's gemm_kc), every panel against the
  * block's rows: a panel's part (a few KiB) stays in L1 while the rows of x pass over it
  * from L2. The tiles' vectors of partial sums are
  * carried from one block of columns to the next in the thread's scratch (MM_MB x MM_MC
@@ -199,10 +199,25 @@ static void mm_dot_task(void *arg, int task, int thread)
     for (int64_t b0 = r0; b0 < r1; b0 += MM_MC) {
         int64_t b1 = b0 + MM_MC < r1 ? b0 + MM_MC : r1;
         int panels = (int)((b1 - b0 + NR - 1) / NR);
-        /* The panels of the block of columns from k0 start at column k0's place. */
-        for (int64_t k0 = 0; k0 < cols && !in_place; k0 += KC) {
-            int64_t kc = cols - k0 < KC ? cols - k0 : KC;
-            k->gemm_wpack(wp + (int64_t)panels * NR * k0 / per, w, b0, b1, k0, k0 + kc);
+        /* Every column at once: the rows are then read in the order they are stored, one
+         * stream, where a block of columns at a time jumped from row to row (or block of
+         * rows to block) every few KiB, each jump a page the prefetchers met cold. Panel p
+         * holds all its columns, so the block of columns from k0 starts NR * k0 floats on. */
+        if (!in_place)
+            k->gemm_wpack(wp, w, b0, b1, 0, cols);
+        /* The next block's rows are asked for a slice at each panel call of the last block
+         * of x, so that packing them reads from cache, not from memory: packed straight
+         * from memory, one read of each weight took 6-8 % of the time of the hundreds of
+         * multiply-adds the GEMM does with it (perf, 512-token prefill of the 1B shape, 2
+         * threads, AVX2 and AVX-512). */
+        const uint8_t *nx = NULL;
+        size_t nx_bytes = 0, nx_slice = 0;
+        if (!in_place && b1 < r1) {
+            int64_t e = b1 + MM_MC < r1 ? b1 + MM_MC : r1;
+            nx = (const uint8_t *)w->data + (size_t)b1 * rb;
+            nx_bytes = (size_t)(e - b1) * rb;
+            size_t calls = (size_t)((cols + KC - 1) / KC) * (size_t)panels;
+            nx_slice = (nx_bytes / calls + 63) / 64 * 64;
         }
         for (int i0 = 0; i0 < j->n; i0 += MM_MB) {
             int i1 = i0 + MM_MB < j->n ? i0 + MM_MB : j->n;
@@ -210,12 +225,19 @@ static void mm_dot_task(void *arg, int task, int thread)
                 int64_t kc = cols - k0 < KC ? cols - k0 : KC;
                 bool last = k0 + kc == cols;
                 for (int p = 0; p < panels; p++) {
+                    if (nx && i1 == j->n && nx_bytes) {
+                        size_t take = nx_slice < nx_bytes ? nx_slice : nx_bytes;
+                        for (size_t o = 0; o < take; o += 64)
+                            __builtin_prefetch(nx + o, 0, 2);
+                        nx += take;
+                        nx_bytes -= take;
+                    }
                     int64_t p0 = b0 + (int64_t)p * NR;
                     int nr = b1 - p0 < NR ? (int)(b1 - p0) : NR;
                     const float *pan =
                         in_place ? (const float *)cpu_rowblock_at(w->data, rb, p0,
                                                                   dtype_row_bytes(w->dtype, k0))
-                                 : wp + ((int64_t)panels * NR * k0 + (int64_t)p * NR * kc) / per;
+                                 : wp + ((int64_t)p * NR * cols + (int64_t)NR * k0) / per;
                     k->gemm_dot(carry + (int64_t)p * tiles * MR * NR * L,
                                 last ? j->y + (int64_t)i0 * rows + p0 : NULL, rows,
                                 xs + (int64_t)i0 * ldxs + k0 / per, ldxs, i1 - i0, pan, nr,
