@@ -4,9 +4,10 @@
 set -eu
 PKGS="build-essential pkg-config check libjansson-dev libpcre2-dev libutf8proc-dev \
 libzmq3-dev libczmq-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev \
-libmicrohttpd-dev libsystemd-dev nettle-dev curl iproute2 iptables nftables"
+libmicrohttpd-dev libsystemd-dev nettle-dev curl iproute2 iptables nftables gdb"
 # iproute2, iptables and nftables: the namespaces, links, packet loss and firewall of
-# `make test-multihost`.
+# `make test-multihost`. gdb: the stacks of a program a test finds hung (tests/proc.h:
+# test_capture_within), so that a hang on a CI machine says where it waited.
 # --fuzz adds what `make fuzz` needs (clang and its libFuzzer runtime); `make test` does not.
 quiet=""
 for a in "$@"; do

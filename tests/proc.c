@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,13 +97,47 @@ static void proc__exec(char *const argv[], const char *const *env)
     _exit(127);
 }
 
+/* Writes to stderr what every thread of pid is doing: gdb's backtraces where gdb is
+ * installed (a parent may attach to its child), else each thread's name, state, kernel wait
+ * channel and system call from /proc. */
+static void proc__describe(pid_t pid)
+{
+    char cmd[256];
+    fprintf(stderr, "---- process %d, still running: its threads ----\n", (int)pid);
+    fflush(stderr);
+    if (access("/usr/bin/gdb", X_OK) == 0) {
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/gdb -batch -nx -p %d -ex 'thread apply all bt' 1>&2 2>/dev/null",
+                 (int)pid);
+        if (system(cmd) == 0)
+            return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "for t in /proc/%d/task/*; do echo \"$(cat $t/comm) $(cut -d' ' -f3 $t/stat) "
+             "wchan=$(cat $t/wchan) syscall=$(cat $t/syscall 2>&1)\"; done 1>&2",
+             (int)pid);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(its threads could not be read)\n");
+}
+
 int test_capture(char *const argv[], const char *const *env, int merge_stderr, char **out)
+{
+    return test_capture_within(argv, env, merge_stderr, 0, out);
+}
+
+int test_capture_within(char *const argv[], const char *const *env, int merge_stderr,
+                        int limit_ms, char **out)
 {
     int fd[2];
     ck_assert_int_eq(pipe(fd), 0);
+    pid_t parent = getpid();
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+        /* A program the test gave up on (its time limit, Check's) does not outlive it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(126);
         dup2(fd[1], 1);
         if (merge_stderr)
             dup2(fd[1], 2);
@@ -114,8 +149,27 @@ int test_capture(char *const argv[], const char *const *env, int merge_stderr, c
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     ck_assert_ptr_nonnull(buf);
+    double until = clock_now_s() + limit_ms / 1000.0;
     ssize_t r;
-    while ((r = read(fd[0], buf + len, cap - len - 1)) != 0) {
+    for (;;) {
+        if (limit_ms > 0) {
+            int left = (int)((until - clock_now_s()) * 1000.0);
+            struct pollfd p = {.fd = fd[0], .events = POLLIN};
+            int ready = left > 0 ? poll(&p, 1, left) : 0;
+            if (ready < 0 && errno == EINTR)
+                continue;
+            if (ready == 0) {
+                proc__describe(pid);
+                kill(pid, SIGKILL);
+                waitpid(pid, NULL, 0);
+                buf[len] = '\0';
+                ck_abort_msg("%s did not end within %d ms (its threads are on stderr); it had "
+                             "written: %.300s", argv[0], limit_ms, buf);
+            }
+        }
+        r = read(fd[0], buf + len, cap - len - 1);
+        if (r == 0)
+            break;
         if (r < 0) {
             if (errno == EINTR)
                 continue;

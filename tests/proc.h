@@ -37,6 +37,12 @@ void test_remove_tree(const char *path);
  * entries added to the child's environment, NULL-terminated, or NULL. Returns the exit
  * status as test_exit_code does. */
 int test_capture(char *const argv[], const char *const *env, int merge_stderr, char **out);
+/* test_capture for a program that must end within limit_ms: one still running then has
+ * every thread's stack written to the test's stderr (through gdb where it is installed,
+ * else each thread's kernel wait and system call from /proc), is killed, and the test fails
+ * there, so that a hang is reported where it happened and with what it waited on. */
+int test_capture_within(char *const argv[], const char *const *env, int merge_stderr,
+                        int limit_ms, char **out);
 /* Starts argv (argv[0] a path) with its stdout and stderr appended to log (NULL: the test's
  * own), env as for test_capture. The child is killed when the test's process ends, however
  * it ends. */
