@@ -97,6 +97,16 @@ static void proc__exec(char *const argv[], const char *const *env)
     _exit(127);
 }
 
+/* In the child, after fork: nothing a test starts outlives it, even a test that fails
+ * half-way or runs out of time. The parent may have died before prctl took effect, which
+ * the death signal would then miss. */
+static void proc__die_with(pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(126);
+}
+
 /* Writes to stderr what every thread of pid is doing: gdb's backtraces where gdb is
  * installed (a parent may attach to its child), else each thread's name, state, kernel wait
  * channel and system call from /proc. */
@@ -134,10 +144,7 @@ int test_capture_within(char *const argv[], const char *const *env, int merge_st
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        /* A program the test gave up on (its time limit, Check's) does not outlive it. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(126);
+        proc__die_with(parent);
         dup2(fd[1], 1);
         if (merge_stderr)
             dup2(fd[1], 2);
@@ -196,11 +203,7 @@ pid_t test_spawn(char *const argv[], const char *log, const char *const *env)
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        /* Nothing outlives the test, even one that fails half-way. The parent may have
-         * died before prctl took effect, which the death signal would then miss. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(126);
+        proc__die_with(parent);
         if (log) {
             int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
             if (fd >= 0) {

@@ -173,6 +173,13 @@ static int64_t mm_dot_scratch_floats(const cpu_kernels_t *k, const weight_t *w)
     return mm_dot_panel_floats(k, w) + tiles * panels * k->gemm_mr * k->gemm_nr * k->gemm_lanes;
 }
 
+/* Asks for slice i of n of the bytes from p, whole lines, into L2. */
+static void mm_prefetch_slice(const uint8_t *p, size_t bytes, size_t i, size_t n)
+{
+    for (size_t o = bytes * i / n / 64 * 64; o < bytes * (i + 1) / n; o += 64)
+        __builtin_prefetch(p + o, 0, 2);
+}
+
 static void mm_dot_task(void *arg, int task, int thread)
 {
     const mm_job_t *j = arg;
@@ -210,28 +217,17 @@ static void mm_dot_task(void *arg, int task, int thread)
          * from memory, one read of each weight took 6-8 % of the time of the hundreds of
          * multiply-adds the GEMM does with it (perf, 512-token prefill of the 1B shape, 2
          * threads, AVX2 and AVX-512). */
-        const uint8_t *nx = NULL;
-        size_t nx_bytes = 0, nx_slice = 0;
-        if (!in_place && b1 < r1) {
-            int64_t e = b1 + MM_MC < r1 ? b1 + MM_MC : r1;
-            nx = (const uint8_t *)w->data + (size_t)b1 * rb;
-            nx_bytes = (size_t)(e - b1) * rb;
-            size_t calls = (size_t)((cols + KC - 1) / KC) * (size_t)panels;
-            nx_slice = (nx_bytes / calls + 63) / 64 * 64;
-        }
+        const uint8_t *nx = (const uint8_t *)w->data + (size_t)b1 * rb;
+        size_t nx_bytes = in_place ? 0 : (size_t)((b1 + MM_MC < r1 ? b1 + MM_MC : r1) - b1) * rb;
+        size_t calls = (size_t)((cols + KC - 1) / KC) * (size_t)panels;
         for (int i0 = 0; i0 < j->n; i0 += MM_MB) {
             int i1 = i0 + MM_MB < j->n ? i0 + MM_MB : j->n;
             for (int64_t k0 = 0; k0 < cols; k0 += KC) {
                 int64_t kc = cols - k0 < KC ? cols - k0 : KC;
                 bool last = k0 + kc == cols;
                 for (int p = 0; p < panels; p++) {
-                    if (nx && i1 == j->n && nx_bytes) {
-                        size_t take = nx_slice < nx_bytes ? nx_slice : nx_bytes;
-                        for (size_t o = 0; o < take; o += 64)
-                            __builtin_prefetch(nx + o, 0, 2);
-                        nx += take;
-                        nx_bytes -= take;
-                    }
+                    if (nx_bytes && i1 == j->n)
+                        mm_prefetch_slice(nx, nx_bytes, (size_t)(k0 / KC) * panels + p, calls);
                     int64_t p0 = b0 + (int64_t)p * NR;
                     int nr = b1 - p0 < NR ? (int)(b1 - p0) : NR;
                     const float *pan =
