@@ -216,9 +216,11 @@ static void mm_dot_task(void *arg, int task, int thread)
          * of x, so that packing them reads from cache, not from memory: packed straight
          * from memory, one read of each weight took 6-8 % of the time of the hundreds of
          * multiply-adds the GEMM does with it (perf, 512-token prefill of the 1B shape, 2
-         * threads, AVX2 and AVX-512). */
+         * threads, AVX2 and AVX-512). Where the level reads the rows in place, the first
+         * block of x is what would wait on memory instead: its tiles ask for the panel's
+         * bytes at several times the rate the memory gives one core. */
         const uint8_t *nx = (const uint8_t *)w->data + (size_t)b1 * rb;
-        size_t nx_bytes = in_place ? 0 : (size_t)((b1 + MM_MC < r1 ? b1 + MM_MC : r1) - b1) * rb;
+        size_t nx_bytes = (size_t)((b1 + MM_MC < r1 ? b1 + MM_MC : r1) - b1) * rb;
         size_t calls = (size_t)((cols + KC - 1) / KC) * (size_t)panels;
         for (int i0 = 0; i0 < j->n; i0 += MM_MB) {
             int i1 = i0 + MM_MB < j->n ? i0 + MM_MB : j->n;
