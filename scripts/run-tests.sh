@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every Check test binary (or suite script) given, from the repository root, and ends
-# with the list of what was skipped and one summary line "N passed, N failed" counting
-# individual checks across all suites.
+# with the list of what was skipped, why each failing suite failed, and one summary line
+# "N passed, N failed" counting individual checks across all suites. The reasons are repeated
+# at the end because a CI log is often read from its tail, far below the suite's own output.
 #
 # A suite that cannot run something here prints one line "SKIP (<reason>): <why>"
 # (tests/testutil.h, scripts/node-env.sh). Three reasons are a fact of the machine: no-gpu,
@@ -13,6 +14,7 @@ pass=0
 fail=0
 failed_bins=""
 skips=""
+whys=""
 nl='
 '
 for t in "$@"; do
@@ -31,6 +33,12 @@ for t in "$@"; do
     if [ $rc -ne 0 ] || [ -z "$line" ]; then
         failed_bins="$failed_bins $t"
         [ -z "$line" ] && fail=$((fail + 1))
+        # Check's failure and error lines (file:line:F: or :E:, a timeout included), the
+        # shell and Node suites' FAIL lines and the sanitizers' reports; failing those, the
+        # suite's last lines (a crash or an exit before any check said anything).
+        why=$(printf '%s\n' "$out" | grep -E ':[0-9]+:[EF]:|^FAIL|runtime error:|ERROR: [A-Za-z]+Sanitizer|^SUMMARY: ' | head -n 12)
+        [ -z "$why" ] && why=$(printf '%s\n' "$out" | tail -n 5)
+        whys="$whys$t (exit $rc):$nl$(printf '%s\n' "$why" | sed 's/^/    /')$nl"
     fi
     # One entry per distinct line: a suite that skips the same thing in every test says so once.
     s=$(printf '%s\n' "$out" | sed -n 's/^SKIP (\([a-z-]*\)): \(.*\)$/\1\t\2/p' | awk '!seen[$0]++')
@@ -51,6 +59,10 @@ if [ -n "$bad" ] && [ "${CI:-}" = "true" ]; then
         "SIMD level the processor lacks, so they did not run: $bad"
     failed_bins="$failed_bins $bad"
     fail=$((fail + $(echo $bad | wc -w)))
+fi
+if [ -n "$whys" ]; then
+    echo "why they failed:"
+    printf '%s' "$whys" | sed 's/^/  /'
 fi
 [ -n "$failed_bins" ] && echo "failing suites:$failed_bins"
 echo "$pass passed, $fail failed"

@@ -2,7 +2,7 @@
 # The test runner's skip list as a suite of `make test`: scripts/run-tests.sh over small
 # fake suites lists each skip with its reason before the closing line, accepts the three
 # hardware reasons under CI=true, and under CI=true fails a run where a suite skipped for
-# anything else, naming that suite.
+# anything else, naming that suite; a failing suite's reason is repeated at the end.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/suite-lib.sh"
@@ -40,5 +40,26 @@ printf '%s\n' "$out" | grep -E '^(CI=true|failing suites|[0-9]+ passed)'
 check "under CI=true a missing program fails the run" test "$rc" -ne 0
 check "the failure names the suite" has "$out" "failing suites: $tmp/npmless"
 check "the closing line counts it as a failure" has "$out" "6 passed, 1 failed"
+
+# A Check suite that fails one test and prints pages after it: its failure line comes back
+# in the summary, below everything the suite printed. One that dies without a word: its last
+# lines do.
+f=$tmp/failing
+{ echo '#!/bin/sh'
+  echo "echo 'tests/test_x.c:42:F:cpu:test_peak:0: avx2 f32 peak 3.1 against scalar 2.9'"
+  echo 'i=0; while [ $i -lt 200 ]; do echo "noise $i"; i=$((i + 1)); done'
+  echo "echo '50%: Checks: 2, Failures: 1, Errors: 0'"; echo 'exit 1'; } > "$f"
+printf '#!/bin/sh\necho "loading weights"\nkill -SEGV $$\n' > "$tmp/crash"
+chmod +x "$f" "$tmp/crash"
+out=$(CI= "$here/run-tests.sh" "$tmp/failing" "$tmp/crash" "$tmp/plain" 2>&1)
+rc=$?
+tailout=$(printf '%s\n' "$out" | tail -n 8)
+printf '%s\n' "$tailout"
+check "a failing suite fails the run" test "$rc" -ne 0
+check "its failure line is in the run's last lines" has "$tailout" \
+    "tests/test_x.c:42:F:cpu:test_peak:0: avx2 f32 peak 3.1 against scalar 2.9"
+check "a silent crash is shown by its last line" has "$tailout" "loading weights"
+check "the closing line stays last" \
+    sh -c 'printf "%s\n" "$1" | tail -n 1 | grep -qx "3 passed, 2 failed"' _ "$out"
 
 suite_end
