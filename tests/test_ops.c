@@ -194,24 +194,24 @@ END_TEST
 START_TEST(test_compute_peak)
 {
     cpu_simd_t best = cpu_simd_detect();
-    double f32[CPU_SIMD_COUNT] = {0};
+    double f32[CPU_SIMD_COUNT] = {0}, i8[CPU_SIMD_COUNT] = {0};
+    /* Best of three passes a level, the levels taken in turn each round, so that a busy
+     * second on a shared host (another program on one of the two cores reads a pass at
+     * 0.55-0.7 of a quiet one) falls on one pass of several levels, not on all of one's. */
+    for (int r = 0; r < 3; r++)
+        for (int l = 0; l <= (int)best; l++) {
+            f32[l] = fmax(f32[l], cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_F32, 1));
+            i8[l] = fmax(i8[l], cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 1));
+        }
     for (int l = 0; l <= (int)best; l++) {
-        /* Best of three: one pass on a shared host once read avx2 at 1.1x scalar under the
-         * sanitizer, whose margin below is smaller. */
-        f32[l] = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_F32, 3);
-        double i8 = cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 3);
         printf("compute peak, 2 threads, %s: f32 %.1f G multiply-adds/s, int8 %.1f\n",
-               cpu_simd_name((cpu_simd_t)l), f32[l], i8);
+               cpu_simd_name((cpu_simd_t)l), f32[l], i8[l]);
         ck_assert_msg(f32[l] > 0.1 && f32[l] < 2 * 500.0, "f32 peak at %d: %g", l, f32[l]);
-        ck_assert_msg(i8 > 0.1 && i8 < 2 * 2000.0, "int8 peak at %d: %g", l, i8);
+        ck_assert_msg(i8[l] > 0.1 && i8[l] < 2 * 2000.0, "int8 peak at %d: %g", l, i8[l]);
     }
-    /* Eight lanes against one: a vector level is far ahead (10-20x here), except in the
-     * sanitizer build, whose instrumented chains keep it about 2x ahead. */
-#ifdef __SANITIZE_ADDRESS__
-    const double lead = 1.2;
-#else
+    /* Eight lanes against one: a vector level is far ahead (about 9x here, the sanitizer
+     * build included, since the peak's chains are built without it: peak_rounds.h). */
     const double lead = 2.0;
-#endif
     for (int l = CPU_SIMD_AVX2; l <= (int)best; l++)
         ck_assert_msg(f32[l] > lead * f32[CPU_SIMD_SCALAR], "%s f32 peak %g against scalar %g",
                       cpu_simd_name((cpu_simd_t)l), f32[l], f32[CPU_SIMD_SCALAR]);

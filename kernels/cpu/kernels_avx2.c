@@ -1340,7 +1340,7 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
 
 /* ---- compute peak ------------------------------------------------------------------------ */
 
-static float avx2_peak_f32(int64_t iters)
+PEAK_FN static float avx2_peak_f32(int64_t iters)
 {
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
 #define INIT(i) _mm256_set1_ps((float)(i))

@@ -1575,7 +1575,7 @@ static void avx512_kv_to_f32(float *dst, dtype_t dt, const void *base, const flo
 /* ---- compute peak ------------------------------------------------------------------------ */
 
 /* At full width, as the float matmuls run. */
-static float avx512_peak_f32(int64_t iters)
+PEAK_FN static float avx512_peak_f32(int64_t iters)
 {
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
 #define INIT(i) _mm512_set1_ps((float)(i))
@@ -1587,7 +1587,7 @@ static float avx512_peak_f32(int64_t iters)
 
 /* vdpbf16ps at full width: 32 multiply-adds an instruction, the float peak of the
  * avx512bf16 level, whose bf16 matmuls run it. */
-static float avx512bf16_peak_f32(int64_t iters)
+PEAK_FN static float avx512bf16_peak_f32(int64_t iters)
 {
     const __m512bh m = (__m512bh)_mm512_set1_epi32(0x3f803f80); /* 1.0 twice */
     const __m512bh c = (__m512bh)_mm512_set1_epi32(0x358637bd); /* about 1e-6 */
@@ -1602,7 +1602,7 @@ static float avx512bf16_peak_f32(int64_t iters)
  * (each chain fed its own products as the unsigned operand), 64 products a chain and round.
  * The Q8/Q4 kernels run 256-bit integer code, so their fraction of this peak is the fraction
  * of what the processor could do, not of what their width allows. */
-static int32_t avx512_peak_i8(int64_t iters)
+PEAK_FN static int32_t avx512_peak_i8(int64_t iters)
 {
     const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
 #define INIT(i) _mm512_set1_epi8((char)((i) + 1))

@@ -253,12 +253,12 @@ static uint64_t scalar_read_sum(const void *buf, size_t bytes)
 #define ISTEP(a) ((a) * 3u + 5u)
 #define ADD(a, b) ((a) + (b))
 #define XOR(a, b) ((a) ^ (b))
-static float scalar_peak_f32(int64_t iters)
+PEAK_FN static float scalar_peak_f32(int64_t iters)
 {
     return PEAK_ROUNDS(float, iters, INIT, FSTEP, ADD);
 }
 
-static int32_t scalar_peak_i8(int64_t iters)
+PEAK_FN static int32_t scalar_peak_i8(int64_t iters)
 {
     return (int32_t)PEAK_ROUNDS(uint32_t, iters, INIT, ISTEP, XOR);
 }

@@ -45,7 +45,7 @@ AI void x86_pack32(int8_t *t, const float *x, __m256 iv)
 /* The 8-bit rounds of the compute peak (simd.h: peak_i8) with vpmaddubsw, as the AVX2
  * level's Q8/Q4 kernels multiply: each chain fed its own products as the unsigned operand,
  * 32 products a chain and round. */
-AI int32_t x86_peak_maddubs(int64_t iters)
+PEAK_FN AI int32_t x86_peak_maddubs(int64_t iters)
 {
     const __m256i x = _mm256_set1_epi8(3);
 #define INIT(i) _mm256_set1_epi8((char)((i) + 1))
