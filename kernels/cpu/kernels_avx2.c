@@ -253,8 +253,6 @@ AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int n, con
     size_t rb = dtype_row_bytes(dt, w->cols);
     int quant = dt == DTYPE_Q4 || dt == DTYPE_Q8;
     int i = 0;
-    if (R == GEMV_R && cpu_rowblock_is(w->dtype))
-        cpu_rowblock_prefetch_pages(cpu_rowblock_at(w->data, rb, r, 0), R * rb);
     /* Four x rows at a time for float weights, in two 3 x 4 tiles and a 2 x 4 for the
      * block's last two rows: a tile converts each weight vector once for four FMAs, and
      * the 12 accumulators of a 3 x 4 tile are 12 chains of dependent FMAs, enough to keep
@@ -886,8 +884,6 @@ AI void eo_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n, cons
                                : (const uint8_t *)w->data + (size_t)r * rb;
     size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
     size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
-    if (blocked && R == CPU_ROWBLOCK_ROWS)
-        cpu_rowblock_prefetch_pages(b, R * rb);
     int64_t cols = w->cols;
     for (int i = 0; i < n;) {
         float *yi = y + i * ldy + r;

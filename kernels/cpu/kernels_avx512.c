@@ -524,7 +524,6 @@ AI void gemv_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
      * every pass reads its block as one stream (measured against 4 x 4 tiles at 2 and 4
      * rows of x: 0.94 and 0.89 of the read sweep against 0.82 and 0.70). */
     if (R == GEMV_R && cpu_rowblock_is(w->dtype)) {
-        cpu_rowblock_prefetch_pages(cpu_rowblock_at(w->data, rb, r, 0), R * rb);
         for (int i = 0; i < n;) {
             if (n - i >= 2) {
                 gemv_tile_any(y, ldy, x, ldx, xq, ldq, w, rb, r, i, 0, dt, 8, 2);
@@ -881,8 +880,6 @@ AI void eo_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n, cons
                                : (const uint8_t *)w->data + (size_t)r * rb;
     size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
     size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
-    if (blocked && R == CPU_ROWBLOCK_ROWS)
-        cpu_rowblock_prefetch_pages(b, R * rb);
     for (int i = 0; i < n;) {
         float *yi = y + i * ldy + r;
         const float *xi = xq + i * ldq;
@@ -995,8 +992,6 @@ AI void bf16d_rows(float *y, int64_t ldy, const float *xq, int64_t ldq, int n,
                                : (const uint8_t *)w->data + (size_t)r * rb;
     size_t rs = blocked ? CPU_ROWBLOCK_CHUNK : rb;
     size_t cs = blocked ? CPU_ROWBLOCK_SPAN : CPU_ROWBLOCK_CHUNK;
-    if (blocked && R == CPU_ROWBLOCK_ROWS)
-        cpu_rowblock_prefetch_pages(b, R * rb);
     for (int i = 0; i < n;) {
         float *yi = y + i * ldy + r;
         const float *xi = xq + i * ldq;

@@ -75,37 +75,58 @@ static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_
  * gave 0.72-0.80; without the prefetch, 4 and 8 rows of x fell to 0.36-0.48. */
 #define CPU_ROWBLOCK_PF_SPANS 16
 
-/* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
- * p. The backend's copies start 2 MiB aligned, so spans start at multiples of their size
- * and these are the lines of every row of p's block. */
-static inline void cpu_rowblock_prefetch(const void *p)
+/* Prefetches the line at address a into every cache level. Not __builtin_prefetch: GCC
+ * (12.2) counts a prefetch as free of effects and drops one under a condition, and with it
+ * at times the unconditional ones beside it; in the FMA levels' tiles the page touch below
+ * was compiled to nothing, where the same source kept it in the avx512bf16 tile. The asm
+ * is kept as written. */
+static inline void rowblock__prefetch_line(uintptr_t a)
 {
-    const char *c = (const char *)(((uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1)) +
-                                   (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN);
-    for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
-        __builtin_prefetch(c + l, 0, 3);
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 (%0)" : : "r"(a));
+#else
+    __builtin_prefetch((const void *)a, 0, 3);
+#endif
 }
 
-/* How far ahead of a block each of its pages is touched, in bytes, before the block's
- * tiles run. The processor's prefetchers appear to stop at every 4 KiB boundary, even in
+/* How far ahead of a decode tile each 4 KiB page of its weights gets one prefetched line,
+ * in bytes. The processor's prefetchers appear to stop at every 4 KiB boundary, even in
  * the 2 MiB pages the backend places weights in, so a stream they follow starts cold on
  * each page; one line of each page from 64 KiB ahead sets them to work on it long before
- * the tiles come to it. Measured with river bench --kernels (8192 x 2048 and 2048 x 8192
- * bf16, 2 threads, AMD EPYC Zen 5, three rounds, alternating binaries) at 1 / 2 / 8 rows of
- * x: avx2 1.66 / 1.27 / 1.19x, avx512 1.49 / 1.36 / 1.14x, avx512bf16 1.34 / 1.63 / 1.41x.
- * In a standalone loop of the AVX2 tile on one thread, a line for every 2 KiB read a little
- * slower than one for every 4 KiB and one for every 8 KiB far slower, from 32 to 512 KiB
- * ahead alike. Touching the line from inside the tiles, at each page's first span, did as
- * well at avx512bf16 but cost the FMA levels a fifth at 2 and 8 rows of x. */
+ * the tiles come to it (in a standalone loop of the AVX2 tile on one thread, a line for
+ * every 2 KiB read a little slower than one for every 4 KiB and one for every 8 KiB far
+ * slower, from 32 to 512 KiB ahead alike; README, "Every 4 KiB page touched 64 KiB
+ * ahead"). The tiles touch each page as they reach the first span of the page 64 KiB
+ * before it, one line at a time in step with their reading. They used to touch all of a
+ * block's pages at once before its tiles ran: an earlier measurement had found the touch
+ * in step a fifth slower at the FMA levels, likely because the compiler drops it from
+ * those tiles unless it is written as rowblock__prefetch_line writes it. Against the block
+ * at once, river bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5, three
+ * alternating rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and
+ * 0.82-1.03 after (1.12-1.35x; 0.95-1.28x at 2 and 8 rows), f16 1.11-2.12x. */
 #define CPU_ROWBLOCK_PF_PAGE_BYTES 65536
 
+/* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
+ * p, and where p's span is the first of a 4 KiB page, one line CPU_ROWBLOCK_PF_PAGE_BYTES
+ * past it. A tile calls it once for each span it reads. The backend's copies start 2 MiB
+ * aligned, so spans start at multiples of their size and these are the lines of every row
+ * of p's block. In integers: the lines may lie past the end of the matrix, where a
+ * prefetch is harmless but a pointer may not point. */
+static inline void cpu_rowblock_prefetch(const void *p)
+{
+    uintptr_t s = (uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1);
+    uintptr_t c = s + (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN;
+    for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
+        rowblock__prefetch_line(c + l);
+    if ((s & 4095) == 0)
+        rowblock__prefetch_line(s + CPU_ROWBLOCK_PF_PAGE_BYTES);
+}
+
 /* Prefetches one line of each 4 KiB page of the `bytes` that start
- * CPU_ROWBLOCK_PF_PAGE_BYTES past block (a block's rows: rows * row bytes). Called once a
- * block, before its tiles. */
+ * CPU_ROWBLOCK_PF_PAGE_BYTES past block (a block's rows: rows * row bytes), all at once:
+ * the prefill pack's way (gemm_dot_x86.h), called before it reads a block. */
 static inline void cpu_rowblock_prefetch_pages(const uint8_t *block, size_t bytes)
 {
-    /* In integers: the lines may lie past the end of the matrix, where a prefetch is
-     * harmless but a pointer may not point. */
     uintptr_t a = (uintptr_t)block + CPU_ROWBLOCK_PF_PAGE_BYTES;
     for (size_t o = 0; o < bytes; o += 4096)
         __builtin_prefetch((const void *)(a + o), 0, 3);
