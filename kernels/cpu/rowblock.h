@@ -129,7 +129,7 @@ static inline void cpu_rowblock_prefetch_pages(const uint8_t *block, size_t byte
 {
     uintptr_t a = (uintptr_t)block + CPU_ROWBLOCK_PF_PAGE_BYTES;
     for (size_t o = 0; o < bytes; o += 4096)
-        __builtin_prefetch((const void *)(a + o), 0, 3);
+        rowblock__prefetch_line(a + o);
 }
 
 #endif
