@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/prefetch.h"
 #include "kernels/ops.h"
 
 /* Rows a block and bytes a chunk. */
@@ -75,40 +76,18 @@ static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_
  * gave 0.72-0.80; without the prefetch, 4 and 8 rows of x fell to 0.36-0.48. */
 #define CPU_ROWBLOCK_PF_SPANS 16
 
-/* Prefetches the line at address a into every cache level. Not __builtin_prefetch: GCC
- * (12.2) counts a prefetch as free of effects and drops one under a condition, and with it
- * at times the unconditional ones beside it; in the FMA levels' tiles the page touch below
- * was compiled to nothing, where the same source kept it in the avx512bf16 tile. The asm
- * is kept as written. */
-static inline void rowblock__prefetch_line(uintptr_t a)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("prefetcht0 (%0)" : : "r"(a));
-#else
-    __builtin_prefetch((const void *)a, 0, 3);
-#endif
-}
-
-/* How far ahead of a decode tile each 4 KiB page of its weights gets one prefetched line,
- * in bytes. The processor's prefetchers appear to stop at every 4 KiB boundary, even in
- * the 2 MiB pages the backend places weights in, so a stream they follow starts cold on
- * each page; one line of each page from 64 KiB ahead sets them to work on it long before
- * the tiles come to it (in a standalone loop of the AVX2 tile on one thread, a line for
- * every 2 KiB read a little slower than one for every 4 KiB and one for every 8 KiB far
- * slower, from 32 to 512 KiB ahead alike; README, "Every 4 KiB page touched 64 KiB
- * ahead"). The tiles touch each page as they reach the first span of the page 64 KiB
- * before it, one line at a time in step with their reading. They used to touch all of a
- * block's pages at once before its tiles ran: an earlier measurement had found the touch
- * in step a fifth slower at the FMA levels, likely because the compiler drops it from
- * those tiles unless it is written as rowblock__prefetch_line writes it. Against the block
- * at once, river bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5, three
- * alternating rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and
+/* The page touch (prefetch.h) in the row-blocked tiles: they touch each page as they
+ * reach the first span of the page CPU_PF_PAGE_BYTES before it, one line at a time in
+ * step with their reading. They used to touch all of a block's pages at once before its
+ * tiles ran: an earlier measurement had found the touch in step a fifth slower at the FMA
+ * levels, likely because the compiler dropped it from those tiles (prefetch.h). Against
+ * the block at once, river bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5,
+ * three alternating rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and
  * 0.82-1.03 after (1.12-1.35x; 0.95-1.28x at 2 and 8 rows), f16 1.11-2.12x. */
-#define CPU_ROWBLOCK_PF_PAGE_BYTES 65536
 
 /* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
- * p, and where p's span is the first of a 4 KiB page, one line CPU_ROWBLOCK_PF_PAGE_BYTES
- * past it. A tile calls it once for each span it reads. The backend's copies start 2 MiB
+ * p, and where p's span is the first of a 4 KiB page, one line CPU_PF_PAGE_BYTES past
+ * it. A tile calls it once for each span it reads. The backend's copies start 2 MiB
  * aligned, so spans start at multiples of their size and these are the lines of every row
  * of p's block. In integers: the lines may lie past the end of the matrix, where a
  * prefetch is harmless but a pointer may not point. */
@@ -117,19 +96,18 @@ static inline void cpu_rowblock_prefetch(const void *p)
     uintptr_t s = (uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1);
     uintptr_t c = s + (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN;
     for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
-        rowblock__prefetch_line(c + l);
-    if ((s & 4095) == 0)
-        rowblock__prefetch_line(s + CPU_ROWBLOCK_PF_PAGE_BYTES);
+        cpu_prefetch_line(c + l);
+    cpu_prefetch_page_ahead(s);
 }
 
-/* Prefetches one line of each 4 KiB page of the `bytes` that start
- * CPU_ROWBLOCK_PF_PAGE_BYTES past block (a block's rows: rows * row bytes), all at once:
+/* Prefetches one line of each 4 KiB page of the `bytes` that start CPU_PF_PAGE_BYTES
+ * past block (a block's rows: rows * row bytes), all at once:
  * the prefill pack's way (gemm_dot_x86.h), called before it reads a block. */
 static inline void cpu_rowblock_prefetch_pages(const uint8_t *block, size_t bytes)
 {
-    uintptr_t a = (uintptr_t)block + CPU_ROWBLOCK_PF_PAGE_BYTES;
+    uintptr_t a = (uintptr_t)block + CPU_PF_PAGE_BYTES;
     for (size_t o = 0; o < bytes; o += 4096)
-        rowblock__prefetch_line(a + o);
+        cpu_prefetch_line(a + o);
 }
 
 #endif

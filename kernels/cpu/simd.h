@@ -135,8 +135,8 @@ typedef struct cpu_kernels {
     float (*max)(const float *x, int64_t n);
 
     /* Sums `bytes` (a multiple of 256, 64-byte aligned) as integers: the memory sweep. The
-     * SIMD levels touch each 4 KiB page CPU_ROWBLOCK_PF_PAGE_BYTES ahead, as their decode
-     * kernels do (rowblock.h), so that the sweep stays the fastest read a kernel could make:
+     * SIMD levels touch each 4 KiB page CPU_PF_PAGE_BYTES ahead, as their decode kernels
+     * do (prefetch.h), so that the sweep stays the fastest read a kernel could make:
      * the plain loop read 0.87-0.96 of it on the Zen 5 VM, below what the kernels read. */
     uint64_t (*read_sum)(const void *buf, size_t bytes);
 
