@@ -76,21 +76,19 @@ static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_
  * gave 0.72-0.80; without the prefetch, 4 and 8 rows of x fell to 0.36-0.48. */
 #define CPU_ROWBLOCK_PF_SPANS 16
 
-/* The page touch (prefetch.h) in the row-blocked tiles: they touch each page as they
- * reach the first span of the page CPU_PF_PAGE_BYTES before it, one line at a time in
- * step with their reading. They used to touch all of a block's pages at once before its
- * tiles ran: an earlier measurement had found the touch in step a fifth slower at the FMA
- * levels, likely because the compiler dropped it from those tiles (prefetch.h). Against
- * the block at once, river bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5,
- * three alternating rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and
- * 0.82-1.03 after (1.12-1.35x; 0.95-1.28x at 2 and 8 rows), f16 1.11-2.12x. */
-
 /* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
- * p, and where p's span is the first of a 4 KiB page, one line CPU_PF_PAGE_BYTES past
- * it. A tile calls it once for each span it reads. The backend's copies start 2 MiB
- * aligned, so spans start at multiples of their size and these are the lines of every row
- * of p's block. In integers: the lines may lie past the end of the matrix, where a
- * prefetch is harmless but a pointer may not point. */
+ * p, and where p's span is the first of a 4 KiB page, one line CPU_PF_PAGE_BYTES past it
+ * (prefetch.h's page touch). A tile calls it once for each span it reads. The backend's
+ * copies start 2 MiB aligned, so spans start at multiples of their size and these are the
+ * lines of every row of p's block. In integers: the lines may lie past the end of the
+ * matrix, where a prefetch is harmless but a pointer may not point.
+ *
+ * The tiles used to touch all of a block's pages at once before its tiles ran: an earlier
+ * measurement had found the touch in step a fifth slower at the FMA levels, likely because
+ * the compiler dropped it from those tiles (prefetch.h). Against the block at once, river
+ * bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5, three alternating
+ * rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and 0.82-1.03 after
+ * (1.12-1.35x; 0.95-1.28x at 2 and 8 rows), f16 1.11-2.12x. */
 static inline void cpu_rowblock_prefetch(const void *p)
 {
     uintptr_t s = (uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1);
@@ -101,8 +99,8 @@ static inline void cpu_rowblock_prefetch(const void *p)
 }
 
 /* Prefetches one line of each 4 KiB page of the `bytes` that start CPU_PF_PAGE_BYTES
- * past block (a block's rows: rows * row bytes), all at once:
- * the prefill pack's way (gemm_dot_x86.h), called before it reads a block. */
+ * past block (a block's rows: rows * row bytes), all at once: the prefill pack's way
+ * (gemm_dot_x86.h), called before it reads a block. */
 static inline void cpu_rowblock_prefetch_pages(const uint8_t *block, size_t bytes)
 {
     uintptr_t a = (uintptr_t)block + CPU_PF_PAGE_BYTES;
