@@ -1320,9 +1320,7 @@ static uint64_t avx2_read_sum(const void *buf, size_t bytes)
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
     __m256i a2 = _mm256_setzero_si256(), a3 = _mm256_setzero_si256();
     for (size_t i = 0; i < bytes / 32; i += 4) {
-        if (i % (4096 / 32) == 0) /* as the decode tiles touch their pages (prefetch.h) */
-            __builtin_prefetch(
-                (const void *)((uintptr_t)(p + i) + CPU_PF_PAGE_BYTES), 0, 3);
+        cpu_prefetch_page_ahead((uintptr_t)(p + i)); /* as the decode tiles (prefetch.h) */
         a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
         a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 1));
         a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 2));

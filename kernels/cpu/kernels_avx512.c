@@ -1527,9 +1527,7 @@ static uint64_t avx512_read_sum(const void *buf, size_t bytes)
     __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
     __m512i a2 = _mm512_setzero_si512(), a3 = _mm512_setzero_si512();
     for (size_t i = 0; i < bytes / 64; i += 4) {
-        if (i % (4096 / 64) == 0) /* as the decode tiles touch their pages (prefetch.h) */
-            __builtin_prefetch(
-                (const void *)((uintptr_t)(p + i) + CPU_PF_PAGE_BYTES), 0, 3);
+        cpu_prefetch_page_ahead((uintptr_t)(p + i)); /* as the decode tiles (prefetch.h) */
         a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
         a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 1));
         a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 2));

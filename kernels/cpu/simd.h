@@ -134,7 +134,7 @@ typedef struct cpu_kernels {
     float (*exp_sum)(float *x, int64_t n, float max);
     float (*max)(const float *x, int64_t n);
 
-    /* Sums `bytes` (a multiple of 256, 64-byte aligned) as integers: the memory sweep. The
+    /* Sums `bytes` (a multiple of 256, 256-byte aligned) as integers: the memory sweep. The
      * SIMD levels touch each 4 KiB page CPU_PF_PAGE_BYTES ahead, as their decode kernels
      * do (prefetch.h), so that the sweep stays the fastest read a kernel could make:
      * the plain loop read 0.87-0.96 of it on the Zen 5 VM, below what the kernels read. */
