@@ -437,7 +437,7 @@ static int x8_env_body(const char *value)
         if (e == RIVER_EINVAL && strstr(river_err_detail(), value))
             code = 100;
         else if (e == 0 && up.dtype == DTYPE_Q4X8)
-            code = (int)cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8, 1)->level;
+            code = (int)cpu_x8_kernels(&cpu_kernels_avx512, &up, 1)->level;
         q4_free(&w);
         cpu_backend_destroy(&be);
     }
@@ -445,10 +445,21 @@ static int x8_env_body(const char *value)
 }
 
 /* The same past CPU_X8_WIDE_MIN_N rows of x. */
+static const weight_t x8_q4x8 = {.dtype = DTYPE_Q4X8};
 static int x8_env_wide_body(const char *value)
 {
     (void)value;
-    return (int)cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8, CPU_X8_WIDE_MIN_N + 1)->level;
+    return (int)cpu_x8_kernels(&cpu_kernels_avx512, &x8_q4x8, CPU_X8_WIDE_MIN_N + 1)->level;
+}
+
+/* Q8X8 at one row of x: with every zero one integer (int8 symmetric, 128), and without. */
+static const weight_t x8_q8x8_zint = {.dtype = DTYPE_Q8X8, .zero_int = 128};
+static const weight_t x8_q8x8 = {.dtype = DTYPE_Q8X8};
+static int x8_env_q8_body(const char *value)
+{
+    (void)value;
+    return (int)cpu_x8_kernels(&cpu_kernels_avx512, &x8_q8x8_zint, 1)->level * 10 +
+           (int)cpu_x8_kernels(&cpu_kernels_avx512, &x8_q8x8, 1)->level;
 }
 
 START_TEST(test_x8_env)
@@ -461,15 +472,29 @@ START_TEST(test_x8_env)
     /* Past CPU_X8_WIDE_MIN_N rows Q4X8 takes the 512-bit VNNI tiles where the processor
      * has VNNI, unless the variable names a level; up to it, the choice for one row. */
     ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "avx2", x8_env_wide_body), CPU_SIMD_AVX2);
+    /* Q8X8 at one row takes Q4X8's level where every zero is one integer (the two levels'
+     * bits are the same there), else the AVX-512 level's at every n, whose bits the AVX2
+     * level's would not keep; the variable forces both. */
+    const int avx2 = CPU_SIMD_AVX2, avx512 = CPU_SIMD_AVX512;
+    ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "avx2", x8_env_q8_body), avx2 * 10 + avx2);
+    ck_assert_int_eq(env_child("RIVER_X8_LEVEL", "avx512", x8_env_q8_body),
+                     avx512 * 10 + avx512);
+    const cpu_kernels_t *avx512_k = &cpu_kernels_avx512;
+    if (!getenv("RIVER_X8_LEVEL")) {
+        ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &x8_q8x8_zint, 1),
+                         cpu_x8_kernels(avx512_k, &x8_q4x8, 1));
+        ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &x8_q8x8, 1), avx512_k);
+        ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &x8_q8x8_zint, 2), avx512_k);
+    }
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512vnni") && !getenv("RIVER_X8_LEVEL"))
-        ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8, CPU_X8_WIDE_MIN_N + 1),
-                         &cpu_kernels_avx512);
-    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8, CPU_X8_WIDE_MIN_N),
-                     cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_Q4X8, 1));
+        ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &x8_q4x8, CPU_X8_WIDE_MIN_N + 1), avx512_k);
+    ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &x8_q4x8, CPU_X8_WIDE_MIN_N),
+                     cpu_x8_kernels(avx512_k, &x8_q4x8, 1));
     /* Below the AVX-512 level nothing changes, and other types keep their level. */
-    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx2, DTYPE_Q4X8, 1), &cpu_kernels_avx2);
-    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx512, DTYPE_BF16, 1), &cpu_kernels_avx512);
+    static const weight_t bf16 = {.dtype = DTYPE_BF16};
+    ck_assert_ptr_eq(cpu_x8_kernels(&cpu_kernels_avx2, &x8_q4x8, 1), &cpu_kernels_avx2);
+    ck_assert_ptr_eq(cpu_x8_kernels(avx512_k, &bf16, 1), avx512_k);
 }
 END_TEST
 

@@ -92,7 +92,7 @@ const cpu_kernels_t *cpu_kernels_for(const cpu_kernels_t *k, const weight_t *w, 
         w->cols % 32 == 0)
         return &cpu_kernels_avx512_bf16;
     if (w->dtype == DTYPE_Q4X8 || w->dtype == DTYPE_Q8X8)
-        return cpu_x8_kernels(k, w->dtype, n);
+        return cpu_x8_kernels(k, w, n);
     if (w->dtype != DTYPE_Q2 && w->dtype != DTYPE_Q3)
         return k;
     /* pthread_once fails only on misuse; the tables are then still built by this thread. */

@@ -9,6 +9,8 @@
 #include "common/err.h"
 
 static const cpu_kernels_t *pick_q4x8, *pick_q8x8;
+/* Q8X8 at one row of x where every zero is one integer. */
+static const cpu_kernels_t *pick_q8x8_one;
 /* Q4X8 past CPU_X8_WIDE_MIN_N rows of x. */
 static const cpu_kernels_t *pick_q4x8_wide;
 static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
@@ -21,6 +23,7 @@ static void pick_init(void)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         pick_q4x8 = &cpu_kernels_avx2;
+    pick_q8x8_one = pick_q4x8;
     pick_q4x8_wide = __builtin_cpu_supports("avx512vnni") ? &cpu_kernels_avx512 : pick_q4x8;
     const char *v = getenv("RIVER_X8_LEVEL");
     if (!v || !*v)
@@ -32,7 +35,7 @@ static void pick_init(void)
         pick_q4x8 = pick_q8x8 = &cpu_kernels_avx512;
     else
         env_bad = 1;
-    pick_q4x8_wide = pick_q4x8;
+    pick_q4x8_wide = pick_q8x8_one = pick_q4x8;
 }
 
 int cpu_x8_env_check(void)
@@ -46,8 +49,9 @@ int cpu_x8_env_check(void)
     return 0;
 }
 
-const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt, int n)
+const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, const weight_t *w, int n)
 {
+    dtype_t dt = w->dtype;
     if (k->level != CPU_SIMD_AVX512 || (dt != DTYPE_Q4X8 && dt != DTYPE_Q8X8))
         return k;
     /* pthread_once fails only on misuse; the choice is then made by this thread. */
@@ -55,5 +59,5 @@ const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt, int n)
         pick_init();
     if (dt == DTYPE_Q4X8)
         return n > CPU_X8_WIDE_MIN_N ? pick_q4x8_wide : pick_q4x8;
-    return pick_q8x8;
+    return n == 1 && w->zero_int ? pick_q8x8_one : pick_q8x8;
 }

@@ -15,8 +15,13 @@
  * a decode step (river bench --profile, a bf16 backbone's exit onto a 4-bit river) the Q4X8
  * matmuls reached 0.83-0.85 of the bf16 matmuls' bandwidth against 0.69. Its Q8X8 kernels
  * were 1.05-1.15x at 1 and 4 rows but 0.85-0.93x at 8. So on AMD processors Q4X8 runs the
- * AVX2 level's kernels; Q8X8 there, and both elsewhere (processors this machine cannot
- * measure), the AVX-512 level's own. Past CPU_X8_WIDE_MIN_N rows of x (a prefill, a batch
+ * AVX2 level's kernels, and so does Q8X8 at one row of x (decode of one stream) where every
+ * zero is one integer: a decode step of llama.cpp's q8_0 file ran 1.10-1.30x as fast on
+ * them (eight alternating rounds, all eight faster) and one of River's q8 backbone
+ * 1.03-1.13x (six rounds), though the kernels timed alone, calls minutes apart, had read
+ * 0.89-1.05x. Q8X8 with other zeros keeps one level at every n, since the two levels' bits
+ * differ there and a row's bits must not depend on the batch; at more rows and elsewhere
+ * (processors this machine cannot measure) Q8X8 runs the AVX-512 level's own. Past CPU_X8_WIDE_MIN_N rows of x (a prefill, a batch
  * of many rows) the weights no longer come from memory at the kernels' pace, and the
  * AVX-512 level's 512-bit VNNI tiles (q4x8_x86.h: tile_z) ran Q4X8 1.3x as fast as the
  * AVX2 level's at 128 and 512 rows and 1.1-1.2x at 16 (river bench --kernels, 2 threads,
@@ -30,11 +35,11 @@
 #include "kernels/cpu/q4x8.h"
 #include "kernels/cpu/simd.h"
 
-/* The table to run a weight of dtype dt with against n rows of x (0 where there is no x:
- * the table's dequantization, the same at both levels), for level table k: k itself below
- * the AVX-512 level and for dtypes other than Q4X8 and Q8X8; else the AVX2 table where the
- * choice above says so. */
-const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, dtype_t dt, int n);
+/* The table to run weight w with against n rows of x (0 where there is no x: the table's
+ * dequantization, the same at both levels), for level table k: k itself below the AVX-512
+ * level and for dtypes other than Q4X8 and Q8X8; else the AVX2 table where the choice
+ * above says so. */
+const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, const weight_t *w, int n);
 
 /* RIVER_X8_LEVEL's error, checked at placement: 0, or RIVER_EINVAL naming the value. */
 int cpu_x8_env_check(void);
