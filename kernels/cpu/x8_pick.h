@@ -9,9 +9,9 @@
  * of (q - z) x8); with other zeros they differ by rounding (without VNNI the codes are
  * taken as q - 128, with zero terms to match). Which is faster depends on the processor,
  * and not in a way a kernel timed in cache shows: on this kind of machine (AMD EPYC with
- * AVX-512 VNNI) both ran a 256 x 2048 Q4X8 matrix in L2 in 7.4-7.6 us, but from memory (river bench --kernels, 2 threads,
- * RIVER_X8_LEVEL alternating, three rounds, 8192 x 2048 and 2048 x 8192) the AVX2 level's
- * Q4X8 kernels moved 1.00-1.21x the bytes of the VNNI ones at 1, 4 and 8 rows of x, and in
+ * AVX-512 VNNI) both ran a 256 x 2048 Q4X8 matrix in L2 in 7.4-7.6 us, but from memory
+ * (river bench --kernels, 2 threads, RIVER_X8_LEVEL alternating, three rounds, 8192 x 2048
+ * and 2048 x 8192) the AVX2 level's Q4X8 kernels moved 1.00-1.21x the bytes of the VNNI ones at 1, 4 and 8 rows of x, and in
  * a decode step (river bench --profile, a bf16 backbone's exit onto a 4-bit river) the Q4X8
  * matmuls reached 0.83-0.85 of the bf16 matmuls' bandwidth against 0.69. Its Q8X8 kernels
  * were 1.05-1.15x at 1 and 4 rows but 0.85-0.93x at 8. So on AMD processors Q4X8 runs the
