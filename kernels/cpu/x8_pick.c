@@ -9,8 +9,6 @@
 #include "common/err.h"
 
 static const cpu_kernels_t *pick_q4x8, *pick_q8x8;
-/* Q8X8 at one row of x where every zero is one integer. */
-static const cpu_kernels_t *pick_q8x8_one;
 /* Q4X8 past CPU_X8_WIDE_MIN_N rows of x. */
 static const cpu_kernels_t *pick_q4x8_wide;
 static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
@@ -23,7 +21,6 @@ static void pick_init(void)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         pick_q4x8 = &cpu_kernels_avx2;
-    pick_q8x8_one = pick_q4x8;
     pick_q4x8_wide = __builtin_cpu_supports("avx512vnni") ? &cpu_kernels_avx512 : pick_q4x8;
     const char *v = getenv("RIVER_X8_LEVEL");
     if (!v || !*v)
@@ -35,7 +32,7 @@ static void pick_init(void)
         pick_q4x8 = pick_q8x8 = &cpu_kernels_avx512;
     else
         env_bad = 1;
-    pick_q4x8_wide = pick_q8x8_one = pick_q4x8;
+    pick_q4x8_wide = pick_q4x8;
 }
 
 int cpu_x8_env_check(void)
@@ -59,5 +56,6 @@ const cpu_kernels_t *cpu_x8_kernels(const cpu_kernels_t *k, const weight_t *w, i
         pick_init();
     if (dt == DTYPE_Q4X8)
         return n > CPU_X8_WIDE_MIN_N ? pick_q4x8_wide : pick_q4x8;
-    return n == 1 && w->zero_int ? pick_q8x8_one : pick_q8x8;
+    /* Q8X8 at one row of x with every zero one integer: Q4X8's choice (x8_pick.h). */
+    return n == 1 && w->zero_int ? pick_q4x8 : pick_q8x8;
 }
