@@ -18,13 +18,17 @@
 #              away measures the drift)
 #   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
 #              (bf16, q8_0, q4_0, q4_k_m): a P-token prompt evaluated in micro-batches of
-#              512, the median of ROUNDS runs
+#              512, the median of ROUNDS runs, at every one of River's levels with
+#              llama.cpp's CPU build of the same instruction sets (scripts/bench-1b.sh,
+#              llamacpp_at: haswell's at avx2, skylakex's or icelake's at avx512, its own
+#              pick at avx512bf16), so that a level is measured against what a processor
+#              of that level runs
 #
 # for each prompt length P in LENS (default 128 512 2048) and format in FORMATS (default
-# bf16 q8 q4; also q8_0 q4_0 q4_k_m), River and llama.cpp alternating per length. Then the
-# ratios: River / llama.cpp per format, and River's fraction of the f32 peak (bf16) or the
-# integer peak (the others; their integer kernels run 8-bit products), each run against
-# its own.
+# bf16 q8 q4; also q8_0 q4_0 q4_k_m), llama.cpp and River alternating level by level. Then
+# the ratios: River / llama.cpp per format and level, and River's fraction of the f32 peak
+# (bf16) or the integer peak (the others; their integer kernels run 8-bit products), each
+# run against its own.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 unset RIVER_SIMD
@@ -64,6 +68,10 @@ mkdir -p "$out"
 # shellcheck disable=SC2046 # one line of the level names, a space apart
 levels=$(echo $(sed -n 's/.*"level":"\([a-z0-9]*\)".*/\1/p' "$out/peak.json" | grep -v scalar))
 [ -n "$levels" ] || die "no vector SIMD level on this processor"
+for level in $levels; do
+    llamacpp_at "$level"
+    eval "npm_$level=\$npm_at"
+done
 echo "bench-prefill: node-llama-cpp $version (llama.cpp CPU, prebuilt), levels: $levels, $THREADS threads, prompts of $LENS tokens, $ROUNDS runs each; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 results=$out/results.txt
@@ -72,12 +80,14 @@ for p in $LENS; do
     for b in $FORMATS; do
         t=$(gguf_of $b)
         echo "bench-prefill: $p tokens, $b" >&2
-        "$NODE" tests/llamacpp/ref.mjs prefill --model "$dir/1b-$t.gguf" --tokens "$p" \
-            --threads "$THREADS" --runs "$ROUNDS" >"$out/l.json" 2>"$out/l.log" ||
-            die "llama.cpp prefill failed on $t" "$out/l.log"
-        awk -v k="llama.cpp $b $p" -v t="$(num prefill_tok_s "$out/l.json")" \
-            'BEGIN {printf "%s %.1f -\n", k, t}' >>"$results"
         for level in $levels; do
+            RIVER_NPM_DIR=$(eval echo "\$npm_$level") "$NODE" tests/llamacpp/ref.mjs prefill \
+                --model "$dir/1b-$t.gguf" --tokens "$p" --threads "$THREADS" \
+                --runs "$ROUNDS" >"$out/l.json" 2>"$out/l.log" ||
+                die "llama.cpp prefill failed on $t at $level" "$out/l.log"
+            llamacpp_check "$level" "$out/l.json"
+            awk -v k="llama.cpp-$level $b $p" -v t="$(num prefill_tok_s "$out/l.json")" \
+                -v v="$v" 'BEGIN {printf "%s %.1f %s\n", k, t, v}' >>"$results"
             RIVER_SIMD=$level "$river" bench --model "$(river_model $b)" --threads "$THREADS" \
                 --prompt-len "$p" --gen-len 1 --runs "$ROUNDS" --bandwidth-mib 256 \
                 --output json >"$out/r.json" 2>"$out/r.log" ||
@@ -99,21 +109,25 @@ for level in $levels; do
     [ "$level" = avx512bf16 ] && f="bf16 dot (vdpbf16ps)"
     echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s at the start"
 done
-printf '\n%-8s %6s %12s' "format" "tokens" "llama.cpp"
+# shellcheck disable=SC2046 # one line, a space apart
+echo "llama.cpp's CPU build at each level:" $(for level in $levels; do
+    echo "$level $(awk -v k="llama.cpp-$level" '$1 == k {print $5}' "$results" | sort -u)"
+done)
+printf '\n%-8s %6s' "format" "tokens"
 for level in $levels; do
-    printf ' %14s %10s %8s %8s' "River $level" "GFLOP/s" "/llama" "/peak"
+    printf ' %14s %14s %10s %8s %8s' "llama.cpp $level" "River $level" "GFLOP/s" "/llama" "/peak"
 done
 echo
 for p in $LENS; do
     for b in $FORMATS; do
-        l=$(get llama.cpp "$b" "$p" 4)
-        printf '%-8s %6s %12s' "$b" "$p" "$l"
+        printf '%-8s %6s' "$b" "$p"
         for level in $levels; do
+            l=$(get "llama.cpp-$level" "$b" "$p" 4)
             r=$(get "river-$level" "$b" "$p" 4)
             g=$(get "river-$level" "$b" "$p" 5)
-            printf ' %14s %10s %8s %8s' "$r" "$g" "$(ratio "$r" "$l")" "$(get "river-$level" "$b" "$p" 6)"
+            printf ' %14s %14s %10s %8s %8s' "$l" "$r" "$g" "$(ratio "$r" "$l")" "$(get "river-$level" "$b" "$p" 6)"
         done
         echo
     done
 done
-echo "bench-prefill: tok/s; /llama is River over llama.cpp on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4; the same file for q8_0, q4_0, q4_k_m), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (the others) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-prefill: tok/s; /llama is River over llama.cpp at the same level on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4; the same file for q8_0, q4_0, q4_k_m), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (the others) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

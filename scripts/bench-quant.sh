@@ -11,13 +11,16 @@
 #
 # Everything is written once under $BUILD/bench-quant and reused. Each figure is the median
 # over ROUNDS rounds (default 3); a round measures every configuration once, llama.cpp and
-# River alternating, River at its native SIMD level and at RIVER_SIMD=avx2. A River figure
+# River alternating, River at its native SIMD level and at RIVER_SIMD=avx2, and llama.cpp
+# with its own pick of its CPU builds and with its AVX2 build (haswell's, the one an
+# AVX2-only processor runs: scripts/bench-1b.sh, llamacpp_at). A River figure
 # is `river run --output json`'s decode_tok_s for GEN tokens (default 64) after a short
 # prompt, no stop on EOS; a llama.cpp figure is tests/llamacpp/ref.mjs bench (GEN tokens
 # timed from the first generated one, after a 4-token warm-up in the same process).
 #
-# The ratios: River q8 / llama.cpp q8_0, River q4 / llama.cpp q4_0, River on each GGUF /
-# llama.cpp on it, each exit figure / its byte ideal (the same backbone's plain decode
+# The ratios, River at each level over llama.cpp at the same: River q8 / llama.cpp q8_0,
+# River q4 / llama.cpp q4_0, River on each GGUF / llama.cpp on it; each exit figure / its
+# byte ideal (the same backbone's plain decode
 # scaled by plain bytes per token / exit-path bytes per token, both from `river eval`'s
 # bytes model), and River q8 + 4-bit river + 4-bit head exit 4/16 / llama.cpp q8_0.
 set -u
@@ -56,16 +59,23 @@ echo "bench-quant: node-llama-cpp $version (llama.cpp CPU, prebuilt), River's na
 # The forced AVX2 figures only where the native level is another one.
 levels=native
 [ "$native" = avx2 ] || levels="native avx2"
+for level in $levels; do
+    llamacpp_at "$level"
+    eval "npm_$level=\$npm_at"
+done
 results=$dir/results.txt
 : >"$results"
-# llama_run FILE KEY and river_run KEY LEVEL MODEL [OPTIONS]: one figure, appended as
-# "PROGRAM/KEY TOK_S".
+# llama_run KEY LEVEL FILE and river_run KEY LEVEL MODEL [OPTIONS]: one figure, appended
+# as "PROGRAM-LEVEL/KEY TOK_S" (LEVEL native: River's native level, llama.cpp's own pick).
 llama_run() {
-    "$NODE" tests/llamacpp/ref.mjs bench --model "$1" --tokens "$GEN" --threads "$THREADS" \
-        --runs 1 --prompt "$PROMPT" >"$dir/out.json" 2>"$dir/out.log" ||
-        die "llama.cpp bench failed on $1" "$dir/out.log"
-    echo "llama.cpp/$2 $(num decode_tok_s "$dir/out.json")" >>"$results"
+    RIVER_NPM_DIR=$(eval echo "\$npm_$2") "$NODE" tests/llamacpp/ref.mjs bench --model "$3" \
+        --tokens "$GEN" --threads "$THREADS" --runs 1 --prompt "$PROMPT" >"$dir/out.json" \
+        2>"$dir/out.log" || die "llama.cpp bench failed on $3 ($2)" "$dir/out.log"
+    llamacpp_check "$2" "$dir/out.json"
+    [ "$2" = native ] && llama_native=$v
+    echo "llama.cpp-$(lvl "$2")/$1 $(num decode_tok_s "$dir/out.json")" >>"$results"
 }
+lvl() { if [ "$1" = native ]; then echo "$native"; else echo "$1"; fi; }
 river_run() {
     key=$1 level=$2 model=$3
     shift 3
@@ -80,8 +90,8 @@ r=1
 while [ $r -le "$ROUNDS" ]; do
     echo "bench-quant: round $r of $ROUNDS" >&2
     for t in bf16 q8_0 q4_0 q4_k_m; do
-        llama_run "$dir/1b-$t.gguf" "gguf-$t"
         for level in $levels; do
+            llama_run "gguf-$t" "$level" "$dir/1b-$t.gguf"
             river_run "gguf-$t" "$level" "$dir/1b-$t.gguf"
         done
     done
@@ -102,25 +112,32 @@ awk '{v[$1] = v[$1] " " $2} END {for (k in v) print k, v[k]}' "$results" |
         printf "%s %.2f\n" "$key" "$med"
     done | sort >"$dir/medians.txt"
 med() { awk -v k="$1" '$1 == k {print $2}' "$dir/medians.txt"; }
-printf '\n%-44s %12s %12s %12s\n' "decode tok/s (median of $ROUNDS)" "llama.cpp" "River $native" "River avx2"
+printf '\n%-44s %12s %12s %12s %12s\n' "decode tok/s (median of $ROUNDS)" "llama.cpp" "River $native" \
+    "llama.cpp avx2" "River avx2"
 for t in bf16 q8_0 q4_0 q4_k_m; do
-    printf '%-44s %12s %12s %12s\n' "GGUF $t" "$(med llama.cpp/gguf-$t)" \
-        "$(med river-$native/gguf-$t)" "$(med river-avx2/gguf-$t)"
+    printf '%-44s %12s %12s %12s %12s\n' "GGUF $t" "$(med llama.cpp-$native/gguf-$t)" \
+        "$(med river-$native/gguf-$t)" "$(med llama.cpp-avx2/gguf-$t)" "$(med river-avx2/gguf-$t)"
 done
 for b in bf16 q8 q4; do
-    printf '%-44s %12s %12s %12s\n' "River $b checkpoint" "" "$(med river-$native/$b)" "$(med river-avx2/$b)"
-    printf '%-44s %12s %12s %12s\n' "River $b, exit 4/16, 4-bit river + 4-bit head" "" \
-        "$(med river-$native/$b-exit4)" "$(med river-avx2/$b-exit4)"
+    printf '%-44s %12s %12s %12s %12s\n' "River $b checkpoint" "" "$(med river-$native/$b)" "" \
+        "$(med river-avx2/$b)"
+    printf '%-44s %12s %12s %12s %12s\n' "River $b, exit 4/16, 4-bit river + 4-bit head" "" \
+        "$(med river-$native/$b-exit4)" "" "$(med river-avx2/$b-exit4)"
 done
+echo "llama.cpp's CPU build: ${llama_native:-?} (its own pick) and haswell (avx2)"
 echo
-printf '%-56s %10s %10s\n' "ratio" "$native" "avx2"
-row() { printf '%-56s %10s %10s\n' "$1" "$(ratio "$(med river-$native/$2)" "$3")" "$(ratio "$(med river-avx2/$2)" "$3")"; }
-row "River q8 / llama.cpp q8_0" q8 "$(med llama.cpp/gguf-q8_0)"
-row "River q4 / llama.cpp q4_0" q4 "$(med llama.cpp/gguf-q4_0)"
+printf '%-56s %10s %10s\n' "ratio (River / llama.cpp at the same level)" "$native" "avx2"
+# row LABEL RIVER_KEY LLAMA_KEY
+row() {
+    printf '%-56s %10s %10s\n' "$1" "$(ratio "$(med river-$native/$2)" "$(med llama.cpp-$native/$3)")" \
+        "$(ratio "$(med river-avx2/$2)" "$(med llama.cpp-avx2/$3)")"
+}
+row "River q8 / llama.cpp q8_0" q8 gguf-q8_0
+row "River q4 / llama.cpp q4_0" q4 gguf-q4_0
 for t in bf16 q8_0 q4_0 q4_k_m; do
-    row "River on GGUF $t / llama.cpp on it" "gguf-$t" "$(med llama.cpp/gguf-$t)"
+    row "River on GGUF $t / llama.cpp on it" "gguf-$t" "gguf-$t"
 done
-row "River q8 + 4-bit river/head exit 4/16 / llama.cpp q8_0" q8-exit4 "$(med llama.cpp/gguf-q8_0)"
+row "River q8 + 4-bit river/head exit 4/16 / llama.cpp q8_0" q8-exit4 gguf-q8_0
 for b in bf16 q8 q4; do
     pb=$(num plain_bytes_per_token "$dir/bytes-$b.json")
     eb=$(num bytes_per_token "$dir/bytes-$b.json")

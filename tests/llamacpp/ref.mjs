@@ -36,7 +36,11 @@
 //     correct implementation must decode differently, so the suite can show it fails.
 //
 // ref and bench print one JSON object on stdout; ref's says how many tensors of each ggml
-// type the file holds (`tensor_types`), so a suite can tell which block layouts it covered. node-llama-cpp is found through RIVER_NPM_DIR (the
+// type the file holds (`tensor_types`), so a suite can tell which block layouts it covered,
+// and every mode's says which of llama.cpp's CPU builds ran (`cpu_variant`: haswell,
+// skylakex, zen4, ...; the prebuilt libraries hold one a set of instruction sets and ggml
+// loads the best the processor can run from the directory node-llama-cpp points it at, so a
+// copy of that directory holding fewer makes it run a lower level's). node-llama-cpp is found through RIVER_NPM_DIR (the
 // npm prefix scripts/node-env.sh installs into) or Node's own resolution.
 import { createRequire } from "node:module";
 import { readFileSync, writeFileSync } from "node:fs";
@@ -84,6 +88,19 @@ async function importLlama() {
     if (!dir) return import("node-llama-cpp");
     const req = createRequire(path.join(dir, "package.json"));
     return import(pathToFileURL(req.resolve("node-llama-cpp")).href);
+}
+
+// The CPU build ggml loaded, read from this process's mappings (Linux): the name in
+// libggml-cpu-NAME.so, or null where there is none or no /proc.
+function cpuVariant() {
+    let maps;
+    try {
+        maps = readFileSync("/proc/self/maps", "utf8");
+    } catch {
+        return null;
+    }
+    const names = new Set([...maps.matchAll(/libggml-cpu-([a-z0-9_]+)\.so/g)].map((m) => m[1]));
+    return names.size ? [...names].sort().join(",") : null;
 }
 
 function median(xs) {
@@ -226,7 +243,8 @@ async function main() {
                                    logLevel: LlamaLogLevel.error });
     const model = await llama.loadModel({ modelPath: o.model, gpuLayers: 0 });
     const result = { model: o.model, threads: o.threads, bos: model.tokens.bos,
-                     eos: model.tokens.eos, add_bos: model.tokens.shouldPrependBosToken };
+                     eos: model.tokens.eos, add_bos: model.tokens.shouldPrependBosToken,
+                     cpu_variant: cpuVariant() };
     // Serving's contexts are a short prompt and its completion, each sequence its own
     // (contextSize is per sequence); the batch holds every sequence's prompt at once.
     const nctx = o.mode === "bench" ? 512 : o.mode === "serve" ? 256
