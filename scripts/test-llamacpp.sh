@@ -133,6 +133,11 @@ echo "$models" | while IFS='|' read -r label src prompts types; do
             error "$name: llama.cpp could not load or run the file" "$tmp/llama.log"
             continue
         fi
+        # Which of llama.cpp's CPU builds is the reference here (ref.mjs: cpu_variant), once.
+        if [ ! -e "$tmp/variant" ]; then
+            sed -n 's/.*"cpu_variant":"\([a-z0-9_,]*\)".*/\1/p' "$tmp/llama.json" >"$tmp/variant"
+            echo "llama.cpp CPU build: $(cat "$tmp/variant")"
+        fi
         tok=
         [ "$type" = f32 ] && tok=tok
         if ! river_answers "$f" "$prompts" "$tmp/river.jsonl" $tok 2>"$tmp/river.log"; then
