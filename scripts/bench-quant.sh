@@ -19,10 +19,10 @@
 # timed from the first generated one, after a 4-token warm-up in the same process).
 #
 # The ratios, River at each level over llama.cpp at the same: River q8 / llama.cpp q8_0,
-# River q4 / llama.cpp q4_0, River on each GGUF / llama.cpp on it; each exit figure / its
-# byte ideal (the same backbone's plain decode
-# scaled by plain bytes per token / exit-path bytes per token, both from `river eval`'s
-# bytes model), and River q8 + 4-bit river + 4-bit head exit 4/16 / llama.cpp q8_0.
+# River q4 / llama.cpp q4_0, River on each GGUF / llama.cpp on it, River q8 + 4-bit river +
+# 4-bit head exit 4/16 / llama.cpp q8_0; and each exit figure / its byte ideal (the same
+# backbone's plain decode scaled by plain bytes per token / exit-path bytes per token, both
+# from `river eval`'s bytes model).
 set -u
 cd "$(dirname "$0")/.."
 unset RIVER_SIMD # River's native level, except where a figure forces avx2
@@ -124,7 +124,11 @@ for b in bf16 q8 q4; do
     printf '%-44s %12s %12s %12s %12s\n' "River $b, exit 4/16, 4-bit river + 4-bit head" "" \
         "$(med river-$native/$b-exit4)" "" "$(med river-avx2/$b-exit4)"
 done
-echo "llama.cpp's CPU build: ${llama_native:-?} (its own pick) and haswell (avx2)"
+if [ "$levels" = native ]; then
+    echo "llama.cpp's CPU build: ${llama_native:-?} (its own pick)"
+else
+    echo "llama.cpp's CPU build: ${llama_native:-?} (its own pick) and haswell (avx2)"
+fi
 echo
 printf '%-56s %10s %10s\n' "ratio (River / llama.cpp at the same level)" "$native" "avx2"
 # row LABEL RIVER_KEY LLAMA_KEY
