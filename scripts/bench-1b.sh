@@ -14,8 +14,8 @@
 #   bench_llamacpp             installs node-llama-cpp and its CPU package unless there; sets
 #                              NODE, version and exports RIVER_NPM_DIR; no llama.cpp exits 1
 #   llamacpp_at LEVEL          after bench_llamacpp: sets npm_at to an npm prefix whose
-#                              llama.cpp runs its CPU build of River's vector level LEVEL
-#                              (below), and keep to those builds' names ("" for any)
+#                              llama.cpp runs its CPU build of River's vector level LEVEL,
+#                              and keep to those builds' names ("" for any; node-env.sh)
 #   llamacpp_check LEVEL JSON  stops unless ref.mjs's JSON says one of LEVEL's builds ran
 #   bench_gguf TYPE            writes $dir/1b-TYPE.gguf unless there (bf16, q8_0, q4_0, ...)
 #   once FILE LOG CMD...       runs CMD unless FILE exists (a step done by an earlier run),
@@ -74,48 +74,15 @@ bench_llamacpp() {
     node_env_llamacpp "$npm_dir"
 }
 
-# node-llama-cpp's prebuilt CPU libraries hold one llama.cpp build a set of instruction sets
-# (libggml-cpu-haswell.so, -skylakex.so, -icelake.so, -zen4.so, ...), and ggml loads the best
-# one the processor runs from that directory. So on a processor with AVX-512 llama.cpp never
-# runs its AVX2 build, the one an AVX2-only processor (AMD Zen 3, say) gets, unless a copy
-# of the directory holds that build alone. River's levels take the builds of the same
-# instruction sets: avx2 haswell's (AVX2, FMA, F16C), avx512 skylakex's or icelake's
-# (AVX-512 F/BW/DQ/VL; icelake's adds VNNI, which River's level uses where the processor has
-# it), and avx512bf16, or any other, llama.cpp's own pick (zen4's, cooperlake's or
-# sapphirerapids's, whose AMX River has no level for). The copies are hard links, made
-# again each run so that they follow the package.
-llamacpp_keep() {
-    case $1 in
-    avx2) keep=haswell ;;
-    avx512) keep="skylakex icelake" ;;
-    *) keep= ;;
-    esac
-}
-
+# The level's llama.cpp (scripts/node-env.sh: node_env_llamacpp_at), or the benchmark stops.
 llamacpp_at() {
-    llamacpp_keep "$1"
-    npm_at=$npm_dir
-    [ -n "$keep" ] || return 0
-    npm_at=$build/npm/llama.cpp-$1
-    rm -rf "$npm_at"
-    cp -al "$npm_dir" "$npm_at" 2>/dev/null || cp -a "$npm_dir" "$npm_at" ||
-        die "cannot copy $npm_dir to $npm_at"
-    n=0
-    for f in "$npm_at"/node_modules/@node-llama-cpp/*/bins/*/libggml-cpu-*.so; do
-        [ -e "$f" ] || continue
-        v=${f##*/libggml-cpu-}
-        v=${v%.so}
-        case " $keep " in
-        *" $v "*) n=$((n + 1)) ;;
-        *) rm -f "$f" ;;
-        esac
-    done
-    [ "$n" -gt 0 ] || die "node-llama-cpp has no llama.cpp build for $1 ($keep) in $npm_dir"
+    node_env_llamacpp_at "$1" ||
+        die "node-llama-cpp has no llama.cpp build for $1 ($keep) in $npm_dir"
 }
 
 llamacpp_check() {
-    llamacpp_keep "$1"
-    v=$(sed -n 's/.*"cpu_variant":"\([a-z0-9_,]*\)".*/\1/p' "$2")
+    node_env_llamacpp_keep "$1"
+    v=$(node_env_cpu_variant "$2")
     [ -n "$v" ] || die "llama.cpp did not say which CPU build ran ($2)"
     [ -z "$keep" ] && return 0
     case " $keep " in

@@ -19,10 +19,10 @@
 #   llama.cpp  tests/llamacpp/ref.mjs prefill on the GGUF files of the same checkpoint
 #              (bf16, q8_0, q4_0, q4_k_m): a P-token prompt evaluated in micro-batches of
 #              512, the median of ROUNDS runs, at every one of River's levels with
-#              llama.cpp's CPU build of the same instruction sets (scripts/bench-1b.sh,
-#              llamacpp_at: haswell's at avx2, skylakex's or icelake's at avx512, its own
-#              pick at avx512bf16), so that a level is measured against what a processor
-#              of that level runs
+#              llama.cpp's CPU build of the same instruction sets
+#              (scripts/node-env.sh, node_env_llamacpp_at: haswell's at avx2, skylakex's
+#              or icelake's at avx512, its own pick at avx512bf16), so that a level is
+#              measured against what a processor of that level runs
 #
 # for each prompt length P in LENS (default 128 512 2048) and format in FORMATS (default
 # bf16 q8 q4; also q8_0 q4_0 q4_k_m), llama.cpp and River alternating level by level. Then

@@ -13,7 +13,7 @@
 # over ROUNDS rounds (default 3); a round measures every configuration once, llama.cpp and
 # River alternating, River at its native SIMD level and at RIVER_SIMD=avx2, and llama.cpp
 # with its own pick of its CPU builds and with its AVX2 build (haswell's, the one an
-# AVX2-only processor runs: scripts/bench-1b.sh, llamacpp_at). A River figure
+# AVX2-only processor runs: scripts/node-env.sh, node_env_llamacpp_at). A River figure
 # is `river run --output json`'s decode_tok_s for GEN tokens (default 64) after a short
 # prompt, no stop on EOS; a llama.cpp figure is tests/llamacpp/ref.mjs bench (GEN tokens
 # timed from the first generated one, after a 4-token warm-up in the same process).

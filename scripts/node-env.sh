@@ -16,6 +16,12 @@
 #   node_env_llamacpp NPM_DIR      node-llama-cpp and its prebuilt llama.cpp for this machine
 #                                  under NPM_DIR: sets NODE, version (node-llama-cpp's) and
 #                                  plat, and exports RIVER_NPM_DIR for tests/llamacpp/
+#   node_env_llamacpp_at LEVEL     after node_env_llamacpp: sets keep to the names of
+#                                  llama.cpp's CPU builds for River's SIMD level LEVEL
+#                                  (below; "" for llama.cpp's own pick) and npm_at to an npm
+#                                  prefix whose llama.cpp loads only those (NPM_DIR itself
+#                                  for ""); returns 1 where the package holds none of them
+#   node_env_cpu_variant JSON      prints the CPU build a ref.mjs JSON line says ran
 
 node_env_init() {
     NPM_DIR=$1
@@ -91,3 +97,43 @@ node_env_llamacpp() {
     node_env_select node-llama-cpp
     export RIVER_NPM_DIR="$1"
 }
+
+# node-llama-cpp's prebuilt CPU libraries hold one llama.cpp build a set of instruction sets
+# (libggml-cpu-haswell.so, -skylakex.so, -icelake.so, -zen4.so, ...), and ggml loads the best
+# one the processor runs from that directory. So on a processor with AVX-512 llama.cpp never
+# runs its AVX2 build, the one an AVX2-only processor (AMD Zen 3, say) gets, unless a copy
+# of the directory holds that build alone. River's levels take the builds of the same
+# instruction sets: avx2 haswell's (AVX2, FMA, F16C), avx512 skylakex's or icelake's
+# (AVX-512 F/BW/DQ/VL; icelake's adds VNNI, which River's level uses where the processor has
+# it), and avx512bf16, or any other, llama.cpp's own pick (zen4's, cooperlake's or
+# sapphirerapids's, whose AMX River has no level for). The copies are hard links, made
+# again each call so that they follow the package.
+node_env_llamacpp_keep() {
+    case $1 in
+    avx2) keep=haswell ;;
+    avx512) keep="skylakex icelake" ;;
+    *) keep= ;;
+    esac
+}
+
+node_env_llamacpp_at() {
+    node_env_llamacpp_keep "$1"
+    npm_at=$NPM_DIR
+    [ -n "$keep" ] || return 0
+    npm_at=$NPM_DIR-$1
+    rm -rf "$npm_at"
+    cp -al "$NPM_DIR" "$npm_at" 2>/dev/null || cp -a "$NPM_DIR" "$npm_at" || return 1
+    # Names of their own: a sourced script's functions share the caller's variables.
+    node_env_kept=0
+    for node_env_lib in "$npm_at"/node_modules/@node-llama-cpp/*/bins/*/libggml-cpu-*.so; do
+        [ -e "$node_env_lib" ] || continue
+        node_env_name=${node_env_lib##*/libggml-cpu-}
+        case " $keep " in
+        *" ${node_env_name%.so} "*) node_env_kept=$((node_env_kept + 1)) ;;
+        *) rm -f "$node_env_lib" ;;
+        esac
+    done
+    [ "$node_env_kept" -gt 0 ]
+}
+
+node_env_cpu_variant() { sed -n 's/.*"cpu_variant":"\([a-z0-9_,]*\)".*/\1/p' "$1"; }

@@ -94,6 +94,36 @@ models="tinystories-656k|tests/data/tinystories-656k|tests/llamacpp/prompts-sp.t
 stories260K|tests/data/stories260K/stories260K.bin|tests/llamacpp/prompts-sp.txt|f32 q8_0 q4_0 q4_k_m
 llama3-tiny|$l3|tests/llamacpp/prompts-bpe.txt|f32 q8_0 q4_k_m"
 
+# check_builds FILE.gguf VARIANT: ref.mjs says which of llama.cpp's CPU builds ran
+# (VARIANT, from its run on FILE), and the benchmarks' copy of the package for River's avx2
+# level (node_env_llamacpp_at) makes it run the AVX2 build on a processor that has AVX2.
+check_builds() {
+    if [ -z "$2" ]; then
+        verdict FAIL "ref.mjs did not report cpu_variant"
+        return
+    fi
+    verdict PASS "ref.mjs reports $2"
+    grep -qw avx2 /proc/cpuinfo 2>/dev/null || return 0
+    if ! node_env_llamacpp_at avx2; then
+        verdict FAIL "node-llama-cpp $version has no AVX2 build (haswell)"
+    elif ! RIVER_NPM_DIR=$npm_at "$NODE" tests/llamacpp/ref.mjs ref --model "$1" \
+        --prompts tests/llamacpp/prompts-sp.txt --steps 1 --threads 1 >"$tmp/avx2.json" \
+        2>"$tmp/avx2.log"; then
+        error "llama.cpp CPU build: ref.mjs on the AVX2-only copy $npm_at" "$tmp/avx2.log"
+    elif [ "$(node_env_cpu_variant "$tmp/avx2.json")" = haswell ]; then
+        verdict PASS "the avx2 level's copy of the package runs haswell"
+    else
+        verdict FAIL "the avx2 level's copy runs '$(node_env_cpu_variant "$tmp/avx2.json")', not haswell"
+    fi
+}
+# verdict PASS|FAIL TEXT: one check of check_builds, counted.
+verdict() {
+    echo "$1 llama.cpp CPU build: $2"
+    checks=$((checks + 1))
+    [ "$1" = FAIL ] && failures=$((failures + 1))
+    return 0
+}
+
 # river_answers FILE.gguf PROMPTS OUT.jsonl [tok]: River's greedy run per prompt and, with
 # tok, its tokenizations with and without specials. The vocabulary is the same in every type
 # a model is written in, so `river tokenize` runs on the F32 file only (it costs a second
@@ -133,10 +163,10 @@ echo "$models" | while IFS='|' read -r label src prompts types; do
             error "$name: llama.cpp could not load or run the file" "$tmp/llama.log"
             continue
         fi
-        # Which of llama.cpp's CPU builds is the reference here (ref.mjs: cpu_variant), once.
         if [ ! -e "$tmp/variant" ]; then
-            sed -n 's/.*"cpu_variant":"\([a-z0-9_,]*\)".*/\1/p' "$tmp/llama.json" >"$tmp/variant"
+            node_env_cpu_variant "$tmp/llama.json" >"$tmp/variant"
             echo "llama.cpp CPU build: $(cat "$tmp/variant")"
+            check_builds "$f" "$(cat "$tmp/variant")"
         fi
         tok=
         [ "$type" = f32 ] && tok=tok
