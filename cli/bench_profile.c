@@ -13,12 +13,17 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/profile.h"
 
-/* Runs one request of n_prompt tokens and gen_len more to its end, a step at a time; with
- * `profile`, the profile's window starts after the step that ran the prompt's last chunk
- * (a prompt longer than a chunk takes several steps). *steps: the decode-only steps after
- * it. */
+/* What a run times: nothing (the warm-up), the decode steps after the prompt, or the
+ * prompt's steps. */
+enum { PROF_OFF, PROF_DECODE, PROF_PREFILL };
+
+/* Runs one request of n_prompt tokens and gen_len more, a step at a time. PROF_DECODE: the
+ * profile's window starts after the step that ran the prompt's last chunk (a prompt longer
+ * than a chunk takes several steps), and *steps is the decode-only steps after it.
+ * PROF_PREFILL: the window holds the prompt's steps, the run stops after the last of them
+ * (the request stays in g), and *steps is 1, the prompt. */
 static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_prompt,
-                          int gen_len, int profile, int64_t *steps)
+                          int gen_len, int mode, int64_t *steps)
 {
     gen_request_t req = {.prompt = prompt, .n_prompt = (size_t)n_prompt,
                          .max_tokens = gen_len + 1, .ignore_eos = 1};
@@ -26,12 +31,19 @@ static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_
     int e = gen_submit(g, &req, &seq);
     gen_stats_t a, b;
     gen_get_stats(g, &a);
+    b = a;
     const int64_t prefilled = a.prefill_tokens + n_prompt;
     int started = 0;
+    if (!e && mode == PROF_PREFILL)
+        e = profile_reset(be);
     while (!e && gen_active(g)) {
         e = gen_step(g);
         gen_get_stats(g, &b);
-        if (!e && profile && !started && b.prefill_tokens >= prefilled) {
+        if (!e && mode == PROF_PREFILL && b.prefill_tokens >= prefilled) {
+            *steps = 1;
+            return 0;
+        }
+        if (!e && mode == PROF_DECODE && !started && b.prefill_tokens >= prefilled) {
             e = profile_reset(be);
             started = 1;
             a = b;
@@ -41,13 +53,62 @@ static int prof__generate(gen_t *g, backend_t *be, const int32_t *prompt, int n_
     return e;
 }
 
+/* A group's weight as the tables print it ("bf16x8 2048x2048"), empty for ops without one. */
+static void prof__weight(const profile_row_t *r, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    if (r->dtype < DTYPE_COUNT)
+        snprintf(buf, size, "%s %lldx%lld", dtype_name(r->dtype), (long long)r->rows,
+                 (long long)r->cols);
+}
+
+/* The prefill profile's table: per group, milliseconds and share of the prompt, and for
+ * matmuls the arithmetic (2 n rows cols a call) and its rate; then the matmuls' rate
+ * against peak_gflops (0: none measured). */
+static void prof__print_prefill(const profile_row_t *rows, int n_rows, double window,
+                                int prompt_len, double peak_gflops)
+{
+    double ops_s = 0, mm_s = 0, mm_gflop = 0;
+    printf("%-12s %-18s %5s %7s %10s %7s %10s %8s\n", "op", "weight", "rows", "calls", "ms",
+           "share", "GFLOP/call", "GFLOP/s");
+    for (int i = 0; i < n_rows; i++) {
+        const profile_row_t *r = &rows[i];
+        char wbuf[48];
+        prof__weight(r, wbuf, sizeof wbuf);
+        ops_s += r->seconds;
+        printf("%-12s %-18s %5d %7lld %10.2f %6.1f%% ", r->op, wbuf, r->n, (long long)r->calls,
+               r->seconds * 1e3, 100.0 * r->seconds / window);
+        if (!strcmp(r->op, "matmul")) {
+            double gflop = 2.0 * r->n * (double)r->rows * (double)r->cols / 1e9;
+            mm_s += r->seconds;
+            mm_gflop += gflop * (double)r->calls;
+            printf("%10.3f %8.1f\n", gflop,
+                   r->seconds > 0 ? gflop * (double)r->calls / r->seconds : 0.0);
+        } else {
+            printf("%10s %8s\n", "", "");
+        }
+    }
+    printf("ops %.1f ms, between ops %.1f ms (%.1f%%), prompt %.1f ms (%.1f tok/s)\n",
+           ops_s * 1e3, (window - ops_s) * 1e3, 100.0 * (window - ops_s) / window,
+           window * 1e3, prompt_len / window);
+    printf("matmuls: %.1f GFLOP in %.1f ms (%.1f%% of the prompt) = %.1f GFLOP/s", mm_gflop,
+           mm_s * 1e3, 100.0 * mm_s / window, mm_s > 0 ? mm_gflop / mm_s : 0.0);
+    if (peak_gflops > 0)
+        printf("; compute peak %.1f GFLOP/s (matmuls at %.3f of it)", peak_gflops,
+               mm_s > 0 ? mm_gflop / mm_s / peak_gflops : 0.0);
+    printf("\n");
+}
+
 int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int prompt_len,
-                  int gen_len, long bw_mib, int json)
+                  int gen_len, long bw_mib, int prefill, int json)
 {
     const model_t *m = env->model;
     const model_config_t *c = &m->cfg;
     exit_setup_t xs = {0};
     int have_exit = river_path != NULL, e;
+    if (prefill && json)
+        return cli_fail("bench", river_err_set(RIVER_EINVAL, "--profile-prefill prints text "
+                                                             "only"));
     if (exit_layer <= 0)
         exit_layer = c->n_layers / 4 > 0 ? c->n_layers / 4 : 1;
     if (have_exit) {
@@ -77,12 +138,13 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
     cpu_simd_t level = cli_env_is_cpu(env) ? cpu_backend_simd(env->be) : CPU_SIMD_COUNT;
     /* An untimed run first faults the weights in. */
     if (!e)
-        e = prof__generate(g, env->be, prompt, prompt_len, gen_len, 0, &steps);
+        e = prof__generate(g, env->be, prompt, prompt_len, gen_len, PROF_OFF, &steps);
     if (!e)
         e = profile_attach(env->be);
     int attached = !e;
     if (!e)
-        e = prof__generate(g, env->be, prompt, prompt_len, gen_len, 1, &steps);
+        e = prof__generate(g, env->be, prompt, prompt_len, gen_len,
+                           prefill ? PROF_PREFILL : PROF_DECODE, &steps);
     const profile_row_t *rows = NULL;
     int n_rows = 0;
     double window = 0;
@@ -97,6 +159,20 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
         profile_detach(env->be);
     if (!e && steps <= 0)
         e = river_err_set(RIVER_EINVAL, "profile: no decode step ran (--gen-len)");
+    if (!e && prefill) {
+        /* The peak right after the prompt, as river bench takes it (a shared host's speed
+         * moves between minutes). */
+        cpu_peak_t kind = dtype_quant_bits(c->dtype) > 0 ? CPU_PEAK_I8 : CPU_PEAK_F32;
+        double peak = cli_env_is_cpu(env) ? 2.0 * cpu_peak_gmacs(n_threads, level, kind, 2) : 0;
+        printf("prefill profile: %d tokens in chunks of %d, %d threads, simd %s", prompt_len,
+               chunk, n_threads, cli_env_simd_name(env));
+        if (have_exit)
+            printf(", fixed exit after %d of %d layers onto the river", exit_layer,
+                   c->n_layers);
+        printf("\n");
+        prof__print_prefill(copy, n_rows, window, prompt_len, peak > 0 ? peak : 0);
+        goto done;
+    }
     double bw = 0;
     if (!e) {
         bw = cpu_read_bandwidth_gbs(n_threads, (size_t)bw_mib << 20, 3, level);
@@ -155,10 +231,8 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
                "calls/step", "us/step", "share", "MB/call", "GB/s");
         for (int i = 0; i < n_rows; i++) {
             const profile_row_t *r = &copy[i];
-            char wbuf[48] = "";
-            if (r->dtype < DTYPE_COUNT)
-                snprintf(wbuf, sizeof wbuf, "%s %lldx%lld", dtype_name(r->dtype),
-                         (long long)r->rows, (long long)r->cols);
+            char wbuf[48];
+            prof__weight(r, wbuf, sizeof wbuf);
             double us = r->seconds * per;
             printf("%-12s %-18s %5d %10.2f %10.1f %6.1f%% ", r->op, wbuf, r->n,
                    (double)r->calls / steps, us, 100.0 * r->seconds / window);

@@ -80,9 +80,10 @@ int bench_prefix_reuse(cli_env_t *env, int history, int turns, int gen_len, int 
  * prompt of prompt_len, every op timed (kernels/profile.h), printed per op and weight shape
  * with its bytes and bandwidth, the time between ops and a read sweep of bw_mib MiB; with
  * river_path, the steps take a fixed exit after exit_layer layers (0: a quarter of them)
- * onto that river. */
+ * onto that river. With prefill, the prompt's steps instead, each matmul's GFLOP/s against
+ * the compute peak. */
 int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int prompt_len,
-                  int gen_len, long bw_mib, int json);
+                  int gen_len, long bw_mib, int prefill, int json);
 
 /* river bench --kernels (cli/bench_kernels.c): the CPU matmul kernels alone on Llama 3.2
  * 1B's shapes, per SIMD level, format and batch, against the read bandwidth; its own

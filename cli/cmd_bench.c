@@ -113,6 +113,11 @@ static void bench__usage(FILE *f)
                "weight bytes per call and GB/s; then the time between ops and the matmuls'\n"
                "bandwidth against a read sweep. With --river, every step leaves the backbone\n"
                "after E layers (default a quarter) onto that river.\n"
+               "--profile-prefill [--river RIVER [--exit-layer E]] instead times every op of\n"
+               "the prompt's prefill (chunks of up to 256 rows, after a warm-up run): per op\n"
+               "and weight shape, calls, milliseconds, share, and for matmuls the GFLOP a\n"
+               "call and GFLOP/s; then the matmuls' rate against the compute peak taken\n"
+               "right after (on a CPU, as river bench prints compute_peak_gflops).\n"
                "--kernels instead times the CPU matmul kernels alone on Llama 3.2 1B's shapes\n"
                "(river bench --kernels --help).\n"
                "--weights mapped reads the CPU's weights in the mapped checkpoint instead of\n"
@@ -148,6 +153,7 @@ int cmd_bench(int argc, char **argv)
         {"turns", required_argument, 0, 1003},
         {"user-len", required_argument, 0, 1004},
         {"profile", no_argument, 0, 1006},
+        {"profile-prefill", no_argument, 0, 1008},
         {"river", required_argument, 0, 1007},
         {"kv-dtype", required_argument, 0, 1100},
         {0, 0, 0, 0},
@@ -171,6 +177,7 @@ int cmd_bench(int argc, char **argv)
         case 'g': target = &gen_len; gen_len_set = 1; break;
         case 1001: prefix_reuse = 1; continue;
         case 1006: profile = 1; continue;
+        case 1008: profile = 2; continue;
         case 1007: profile_river = optarg; continue;
         case 1002: target = &history; break;
         case 1003: target = &turns; hi = 1000; break;
@@ -238,12 +245,12 @@ int cmd_bench(int argc, char **argv)
     }
     if (profile_river && !profile) {
         cli_env_close(&env);
-        fprintf(stderr, "river bench: --river goes with --profile\n");
+        fprintf(stderr, "river bench: --river goes with --profile or --profile-prefill\n");
         return 2;
     }
     if (profile) {
         int rc2 = bench_profile(&env, profile_river, (int)exit_layer, (int)prompt_len,
-                                (int)gen_len, bw_mib, json);
+                                (int)gen_len, bw_mib, profile == 2, json);
         cli_env_close(&env);
         return rc2;
     }

@@ -118,7 +118,7 @@ START_TEST(test_defaults)
         ck_assert_double_eq(c.w.exit_tau, 0.9);
         ck_assert_double_eq(c.w.exit_theta, 0.5);
         ck_assert_int_eq(c.w.exit_aggregation, EXIT_AGG_MIN);
-        ck_assert_int_eq(c.w.max_batch_rows, 64);
+        ck_assert_int_eq(c.w.max_batch_rows, 256);
         ck_assert_int_eq(c.w.auth_mode, CONFIG_AUTH_CURVE);
         ck_assert_str_eq(c.w.auth_secret_key, "keys/worker.key_secret");
         ck_assert_str_eq(c.w.auth_server_key, "keys/riverd.key");

@@ -1304,6 +1304,44 @@ START_TEST(test_bench_profile_window)
 }
 END_TEST
 
+/* `river bench --profile-prefill` times the prompt's steps only: a prompt of 300 tokens
+ * runs its matmuls on chunks of 256 and 44 rows, and the one row of the last prompt
+ * position's logits on the head; no decode step's one-row matmul of a layer is in the
+ * window. It prints text only and says so to --output json. */
+START_TEST(test_bench_profile_prefill)
+{
+    char *b[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                 "--profile-prefill", "--prompt-len", "300", "--gen-len", "3", NULL};
+    char *out;
+    ck_assert_msg(test_capture(b, NULL, 0, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "prefill profile: 300 tokens in chunks of 256"), "%s", out);
+    int chunks[2] = {0, 0}, head = 0;
+    for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        char shape[64];
+        int n = 0;
+        long long calls = 0;
+        if (strncmp(l, "matmul ", 7) != 0 ||
+            sscanf(l, "matmul %*s %63s %d %lld", shape, &n, &calls) != 3)
+            continue;
+        if (n == 256 || n == 44)
+            chunks[n == 44]++;
+        else if (n == 1 && !strcmp(shape, "512x64") && calls == 1)
+            head++;
+        else
+            ck_abort_msg("a matmul of %d rows on %s in the window: %.200s", n, shape, l);
+    }
+    ck_assert_int_ge(chunks[0], 4);
+    ck_assert_int_eq(chunks[0], chunks[1]);
+    ck_assert_int_eq(head, 1);
+    free(out);
+    char *j[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--profile-prefill",
+                 "--output", "json", NULL};
+    ck_assert_int_ne(test_capture(j, NULL, 1, &out), 0);
+    ck_assert_msg(strstr(out, "--profile-prefill prints text only"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* `river bench` measures the compute peak after each run, the float one for a float model
  * and the 8-bit one for a q8 backbone, and prefill's fraction of it: with one run, exactly
  * prefill_gflops over compute_peak_gflops. A device backend has no CPU peak to report. */
@@ -1386,6 +1424,7 @@ static Suite *quant_suite(void)
     tcase_add_test(q, test_rtn_round_trip);
     tcase_add_test(q, test_bench_prints_figures);
     tcase_add_test(q, test_bench_profile_window);
+    tcase_add_test(q, test_bench_profile_prefill);
     tcase_add_test(q, test_bench_compute_peak);
     tcase_add_test(q, test_bench_kernels_interleave);
     tcase_add_test(q, test_hqq_round_trip);

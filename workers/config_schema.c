@@ -60,8 +60,11 @@ static const config_key_t config__worker_keys[] = {
                     "pages; the copies are this process's own memory), or mapped, read in "
                     "the mapped checkpoint, whose page cache other processes of the host "
                     "share. A GPU copies every weight either way."),
-    WK("max_batch_rows", CONFIG_INT, max_batch_rows, 1, 65536, "64",
-       "Rows in one forward batch: one per decoding sequence plus prefill chunks."),
+    WK("max_batch_rows", CONFIG_INT, max_batch_rows, 1, 65536, "256",
+       "Rows in one forward batch: one per decoding sequence plus prefill chunks. A chunk "
+       "is cut to the rows left, so below prefill_chunk a prompt prefills in smaller "
+       "chunks, whose matmuls run slower on the CPU (64 rows at 0.7-0.8x the rate of "
+       "256)."),
     WK("max_seqs", CONFIG_INT, max_seqs, 1, 65536, "16",
        "Sequences running at once; more wait in the worker's queue."),
     WK("prefill_chunk", CONFIG_INT, prefill_chunk, 1, 65536, "256",

@@ -815,6 +815,10 @@ int main(int argc, char **argv)
     if (w.cfg.auth_mode == CONFIG_AUTH_PLAIN && w.cfg.role != CONFIG_ROLE_BACKBONE)
         log_warn("auth.mode is plain: the link to riverd is neither authenticated nor "
                  "encrypted");
+    if (w.cfg.max_batch_rows < w.cfg.prefill_chunk && w.cfg.role != CONFIG_ROLE_BACKBONE)
+        log_warn("max_batch_rows %d is below prefill_chunk %d: prompts prefill at most %d "
+                 "rows a step", w.cfg.max_batch_rows, w.cfg.prefill_chunk,
+                 w.cfg.max_batch_rows);
     int rc = 1;
     if (w.cfg.role == CONFIG_ROLE_BACKBONE) {
         if ((e = worker__open_backbone(&w)))

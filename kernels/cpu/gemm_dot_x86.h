@@ -44,7 +44,7 @@ AI void GD_FN(gemm_wpack_et)(float *wp, const weight_t *w, int64_t r0, int64_t r
     int64_t kc = k1 - k0, steps = kc / GD_L;
     if (cpu_rowblock_is(w->dtype)) {
         /* Row-blocked weights have whole blocks of rows, whole chunks of columns, and r0
-         * and k0 at the start of both (matmul.c hands out rows by 16 and columns by
+         * and k0 at the start of both (matmul.c hands out rows by MM_MC and columns by
          * MM_KC). */
         const int per = CPU_ROWBLOCK_CHUNK / (int)es / GD_L; /* vectors a chunk */
         for (int64_t b = r0; b < r1; b += CPU_ROWBLOCK_ROWS) {
