@@ -100,6 +100,7 @@ model: "$model"
 threads: 1
 max_seqs: $per_worker
 max_batch_rows: $per_worker
+prefill_chunk: $per_worker
 log_level: warn
 $worker_auth
 YAML
