@@ -162,7 +162,7 @@ int bench_profile(cli_env_t *env, const char *river_path, int exit_layer, int pr
     if (!e && prefill) {
         /* The peak right after the prompt, as river bench takes it (a shared host's speed
          * moves between minutes). */
-        cpu_peak_t kind = dtype_quant_bits(c->dtype) > 0 ? CPU_PEAK_I8 : CPU_PEAK_F32;
+        cpu_peak_t kind = cpu_peak_for(c->dtype);
         double peak = cli_env_is_cpu(env) ? 2.0 * cpu_peak_gmacs(n_threads, level, kind, 2) : 0;
         printf("prefill profile: %d tokens in chunks of %d, %d threads, simd %s", prompt_len,
                chunk, n_threads, cli_env_simd_name(env));

@@ -303,7 +303,7 @@ int cmd_bench(int argc, char **argv)
     /* Prefill of float weights is judged against the level's float multiply-adds (at
      * avx512bf16, vdpbf16ps's, which its bf16 matmuls run), of integer ones against its
      * 8-bit ones, which their kernels run. */
-    cpu_peak_t peak_kind = dtype_quant_bits(cfg->dtype) > 0 ? CPU_PEAK_I8 : CPU_PEAK_F32;
+    cpu_peak_t peak_kind = cpu_peak_for(cfg->dtype);
     double gflop = bench__prefill_gflop(cfg, prompt_len);
     if (!json)
         fprintf(stderr, "river bench: %s, %d threads, simd %s, prompt %ld, gen %ld, %ld runs\n",

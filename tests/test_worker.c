@@ -645,6 +645,37 @@ START_TEST(test_kv_context_too_large)
 }
 END_TEST
 
+/* A batch smaller than the prefill chunk cuts every chunk to it: the worker says so at
+ * start (before it loads the model, so a missing one does not hide it), and says nothing
+ * with the defaults, whose batch holds a whole chunk. */
+START_TEST(test_batch_below_chunk_warns)
+{
+    const char *extra[] = {"max_batch_rows: 64\n", ""};
+    for (int i = 0; i < 2; i++) {
+        char cfg[1024], log[600], name[64];
+        snprintf(cfg, sizeof cfg, "riverd: \"ipc://%s/nobody.sock\"\nmodel: %s/no-model\n"
+                 "threads: 1\nlog_level: warn\nauth: {mode: plain}\n%s", test_tmpdir(),
+                 test_tmpdir(), extra[i]);
+        snprintf(name, sizeof name, "chunk-%d.yaml", i);
+        snprintf(log, sizeof log, "%s/chunk-%d.log", test_tmpdir(), i);
+        pid_t pid = wk_spawn(name, cfg, NULL, log, NULL);
+        int code = test_wait_code(pid, 30000);
+        ck_assert_msg(code > 0, "worker exit status %d", code);
+        size_t n = 0;
+        char *text = test_read_file(log, &n);
+        ck_assert_ptr_nonnull(text);
+        const char *warn = "max_batch_rows 64 is below prefill_chunk 256: prompts prefill at "
+                           "most 64 rows a step";
+        if (i == 0)
+            ck_assert_msg(strstr(text, warn), "%s", text);
+        else
+            ck_assert_msg(!strstr(text, "is below prefill_chunk"), "%s", text);
+        ck_assert_msg(strstr(text, "no-model"), "%s", text);
+        free(text);
+    }
+}
+END_TEST
+
 /* A device lost for good (a sticky GPU fault; here the opaque backend's
  * RIVER_OPAQUE_FAULT_AFTER) fails the running request UNAVAILABLE, which riverd sends to
  * another worker, and ends the worker with a failure status instead of answering every
@@ -1132,6 +1163,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_kv_pages_default_fits);
     tcase_add_test(tc, test_device_lost_exits);
     tcase_add_test(tc, test_kv_context_too_large);
+    tcase_add_test(tc, test_batch_below_chunk_warns);
     tcase_add_test(tc, test_systemd_notify);
     tcase_add_test(tc, test_exit_policy);
     tcase_add_test(tc, test_exit_policy_lowbit);

@@ -96,6 +96,13 @@ typedef enum cpu_peak {
                    * has VNNI), as the Q8/Q4 matmuls run */
 } cpu_peak_t;
 
+/* The peak a prefill on weights of dtype dt is judged against: the 8-bit one for quantized
+ * weights, the float one for the others. */
+static inline cpu_peak_t cpu_peak_for(dtype_t dt)
+{
+    return dtype_quant_bits(dt) > 0 ? CPU_PEAK_I8 : CPU_PEAK_F32;
+}
+
 /* Measures the compute peak in G multiply-adds/s (1e9/s; a multiply-add is two operations):
  * n_threads threads each running independent chains of the level's vector multiply-adds
  * from registers, best of `reps` passes of about 0.2 s, at level `simd` (capped at what the
