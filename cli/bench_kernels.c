@@ -14,6 +14,7 @@
  * 4-bit weights are placed as Q4X8 directly and q8x8 8-bit ones as Q8X8, the layouts the
  * backend repacks them into, and bf16x8 is bf16 in the row-blocked layout the backend
  * repacks bf16 into (rowblock.h), beside plain row-major bf16; f16x8 is f16 in that layout. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,26 +441,42 @@ static int bk_parse_list(const char *arg, const char *what, int *out, int cap, i
 
 /* --peak: per level, the f32 FMA and 8-bit integer peaks (cpu_peak_gmacs), best of the
  * runs, as GFLOP/s and GOP/s (two operations a multiply-add): the yardsticks of prefill. The
- * float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run. */
+ * float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run. Beside them the
+ * ceiling of the level's Q8 prefill tile (CPU_PEAK_Q8_TILE; none at the portable level) and
+ * its fraction of the int8 peak: how much of that peak the work of Q8_0-style blocks leaves
+ * to the tile. The kinds are measured in turn, a pass each a run, so that a slow second of
+ * a shared host falls on all of them rather than on one's every pass. */
 static int bk_peaks(const bk_opts_t *o)
 {
     if (!o->json)
-        printf("%-10s %8s %12s %12s\n", "level", "threads", "f32 GFLOP/s", "int8 GOP/s");
+        printf("%-10s %8s %12s %12s %14s %9s\n", "level", "threads", "f32 GFLOP/s",
+               "int8 GOP/s", "q8 tile GOP/s", "of int8");
     for (int li = 0; li < o->n_levels; li++) {
         cpu_simd_t level = (cpu_simd_t)o->levels[li];
-        double f = cpu_peak_gmacs(o->threads, level, CPU_PEAK_F32, o->runs);
-        if (f < 0)
-            return (int)f;
-        double i8 = cpu_peak_gmacs(o->threads, level, CPU_PEAK_I8, o->runs);
-        if (i8 < 0)
-            return (int)i8;
-        if (o->json)
+        static const cpu_peak_t kind[3] = {CPU_PEAK_F32, CPU_PEAK_I8, CPU_PEAK_Q8_TILE};
+        const int kinds = level == CPU_SIMD_SCALAR ? 2 : 3;
+        double best[3] = {0}; /* G multiply-adds/s of each kind */
+        for (int r = 0; r < o->runs; r++)
+            for (int k = 0; k < kinds; k++) {
+                double g = cpu_peak_gmacs(o->threads, level, kind[k], 1);
+                if (g < 0)
+                    return (int)g;
+                best[k] = fmax(best[k], g);
+            }
+        const char *name = cpu_simd_name(level);
+        if (o->json && kinds == 3)
             printf("{\"level\":\"%s\",\"threads\":%d,\"peak_f32_gflops\":%.1f,"
-                   "\"peak_i8_gops\":%.1f}\n", cpu_simd_name(level), o->threads, 2.0 * f,
-                   2.0 * i8);
+                   "\"peak_i8_gops\":%.1f,\"q8_tile_gops\":%.1f}\n", name, o->threads,
+                   2.0 * best[0], 2.0 * best[1], 2.0 * best[2]);
+        else if (o->json)
+            printf("{\"level\":\"%s\",\"threads\":%d,\"peak_f32_gflops\":%.1f,"
+                   "\"peak_i8_gops\":%.1f}\n", name, o->threads, 2.0 * best[0], 2.0 * best[1]);
+        else if (kinds == 3)
+            printf("%-10s %8d %12.1f %12.1f %14.1f %9.2f\n", name, o->threads, 2.0 * best[0],
+                   2.0 * best[1], 2.0 * best[2], best[2] / best[1]);
         else
-            printf("%-10s %8d %12.1f %12.1f\n", cpu_simd_name(level), o->threads, 2.0 * f,
-                   2.0 * i8);
+            printf("%-10s %8d %12.1f %12.1f %14s %9s\n", name, o->threads, 2.0 * best[0],
+                   2.0 * best[1], "-", "-");
         fflush(stdout);
     }
     return 0;
@@ -490,7 +507,10 @@ static void bk_usage(FILE *f)
                "alike; each level's sweep is taken before the first call of the shape).\n"
                "--peak instead measures the compute peaks prefill is judged against, per\n"
                "level: f32 FMA GFLOP/s and 8-bit integer GOP/s (vpmaddubsw, or vpdpbusd\n"
-               "with AVX-512 VNNI), register-only chains on every thread, best of R runs.\n");
+               "with AVX-512 VNNI), register-only chains on every thread, best of R runs;\n"
+               "then the Q8 prefill tile's ceiling: that tile's instructions on operands in\n"
+               "L1, the 8-bit products with each 32-column block's conversion and scaling,\n"
+               "as GOP/s and as a fraction of the int8 peak.\n");
 }
 
 int bench_kernels(int argc, char **argv)

@@ -6,7 +6,10 @@
 #   peak       `river bench --kernels --peak` at every vector level the processor has: f32
 #              FMA GFLOP/s (the float weights' yardstick; at avx512bf16, vdpbf16ps's, which
 #              its bf16 matmuls run) and 8-bit integer GOP/s (the Q8/Q4 weights'), on
-#              THREADS threads, at the start (for the record)
+#              THREADS threads, at the start (for the record), with the ceiling of the
+#              level's Q8 prefill tile (its products with each 32-column block's conversion
+#              and scaling, on operands in L1) and its fraction of the int8 peak: the most
+#              of that peak a q8 or q4 prefill of this design could show
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
 #              backbones (`river quant --backbone`), or on llama.cpp's own q8_0, q4_0 and
 #              q4_k_m files (those formats: the GGUF llama.cpp runs), at every vector
@@ -107,7 +110,9 @@ for level in $levels; do
     # The float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run.
     f=f32
     [ "$level" = avx512bf16 ] && f="bf16 dot (vdpbf16ps)"
-    echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $(peak "$level" peak_i8_gops) GOP/s at the start"
+    i8=$(peak "$level" peak_i8_gops)
+    t8=$(peak "$level" q8_tile_gops)
+    echo "$level: $f peak $(peak "$level" peak_f32_gflops) GFLOP/s, int8 peak $i8 GOP/s, q8 tile ceiling $t8 GOP/s ($(ratio "$t8" "$i8") of int8) at the start"
 done
 # shellcheck disable=SC2046 # one line, a space apart
 echo "llama.cpp's CPU build at each level:" $(for level in $levels; do

@@ -94,6 +94,9 @@ typedef enum cpu_peak {
                    * avx512bf16, vdpbf16ps, as bf16 weights' do) */
     CPU_PEAK_I8,  /* 8-bit integer products (vpmaddubsw; vpdpbusd where the AVX-512 level
                    * has VNNI), as the Q8/Q4 matmuls run */
+    CPU_PEAK_Q8_TILE, /* the same products inside the level's Q8X8 prefill tile, with the
+                       * conversion and scaling of each block of 32 columns: the ceiling
+                       * of that tile, below CPU_PEAK_I8 (simd.h: peak_q8_tile) */
 } cpu_peak_t;
 
 /* The peak a prefill on weights of dtype dt is judged against: the 8-bit one for quantized
@@ -107,7 +110,7 @@ static inline cpu_peak_t cpu_peak_for(dtype_t dt)
  * n_threads threads each running independent chains of the level's vector multiply-adds
  * from registers, best of `reps` passes of about 0.2 s, at level `simd` (capped at what the
  * processor has; CPU_SIMD_COUNT: the widest it has). Returns a negative river_err code on
- * failure. */
+ * failure: RIVER_EUNSUPPORTED for CPU_PEAK_Q8_TILE at the portable level. */
 double cpu_peak_gmacs(int n_threads, cpu_simd_t simd, cpu_peak_t kind, int reps);
 
 #endif

@@ -1373,8 +1373,10 @@ PEAK_FN static float avx2_peak_f32(int64_t iters)
     .read_sum = avx2_read_sum, \
     .peak_f32 = avx2_peak_f32, \
     .peak_i8 = x86_peak_maddubs, \
+    .peak_q8_tile = x86_peak_q8_tile_maddubs, \
     .peak_macs_f32 = PEAK_CHAINS * 8, \
-    .peak_macs_i8 = PEAK_CHAINS * 32,
+    .peak_macs_i8 = PEAK_CHAINS * 32, \
+    .peak_macs_q8_tile = X86_Q8_TILE_MACS,
 
 const cpu_kernels_t cpu_kernels_avx2 = {
     AVX2_COMMON_FIELDS

@@ -1612,6 +1612,79 @@ PEAK_FN static int32_t avx512_peak_i8(int64_t iters)
            _mm_extract_epi32(_mm512_extracti32x4_epi32(s, 3), 3);
 }
 
+/* The Q8X8 prefill tile of this level with VNNI (q8_x86.h: x8_tile_z, 4 x 4 in 512-bit
+ * vpdpbusd), one set of 256 columns a round, as x86_peak_q8_tile_maddubs does for the
+ * 256-bit tile (simd.h: peak_q8_tile): each of the 16 dot products takes four vpdpbusd, then
+ * its two halves are added, converted, scaled by the weight row's scales (from f16) times
+ * x's, and added to its f32 sums in memory. Without VNNI the level runs that 256-bit tile,
+ * two rounds of it for one of these (the same multiply-adds). */
+#define AVX512_Q8_TILE_MACS (4 * 4 * 4 * 64)
+_Static_assert(AVX512_Q8_TILE_MACS == 2 * X86_Q8_TILE_MACS, "a round of either tile");
+PEAK_FN static int32_t avx512_peak_q8_tile(int64_t iters)
+{
+    if (!avx512_has_vnni())
+        return x86_peak_q8_tile_maddubs(2 * iters);
+    enum { R = 4, N = 4 };
+    _Alignas(64) uint8_t q[4][R][64];
+    _Alignas(64) int8_t x8[N][4][64];
+    _Alignas(32) int32_t z[N][8];
+    _Alignas(32) uint16_t sh[R][8];
+    _Alignas(32) float dv[N][8];
+    _Alignas(64) __m256 acc[R][N];
+    for (int k = 0; k < (int)sizeof q; k++)
+        ((uint8_t *)q)[k] = (uint8_t)(k * 7 + 1);
+    for (int k = 0; k < (int)sizeof x8; k++)
+        ((int8_t *)x8)[k] = (int8_t)(k % 13 - 6);
+    for (int i = 0; i < N; i++)
+        for (int l = 0; l < 8; l++) {
+            z[i][l] = -128 * l;
+            dv[i][l] = 1.0f / 64 + (float)l / 4096;
+        }
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++)
+            sh[r][l] = 0x1400; /* 2^-10 in f16 */
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    for (int64_t it = 0; it < iters; it++) {
+        __asm__ volatile("" : "+m"(acc), "+m"(q), "+m"(x8), "+m"(z), "+m"(sh), "+m"(dv));
+        __m512i dot[R][N];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+            __m512i z0 = _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)z[i]));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                dot[r][i] = z0;
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m512i xv[N];
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                xv[i] = _mm512_load_si512((const void *)x8[i][v]);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i w = _mm512_load_si512((const void *)q[v][r]);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++)
+                    dot[r][i] = _mm512_dpbusd_epi32(dot[r][i], w, xv[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 sc = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sh[r]));
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++) {
+                __m256i d = _mm256_add_epi32(_mm512_castsi512_si256(dot[r][i]),
+                                             _mm512_extracti64x4_epi64(dot[r][i], 1));
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
+                                            _mm256_mul_ps(sc, _mm256_load_ps(dv[i])), acc[r][i]);
+            }
+        }
+    }
+    return x86_fold_sums(&acc[0][0], R * N);
+}
+
 /* The fields the tables of this file share. */
 #define AVX512_COMMON_FIELDS \
     .q4x8 = 1, \
@@ -1636,7 +1709,9 @@ PEAK_FN static int32_t avx512_peak_i8(int64_t iters)
     .max = avx512_max, \
     .read_sum = avx512_read_sum, \
     .peak_i8 = avx512_peak_i8, \
-    .peak_macs_i8 = PEAK_CHAINS * 64,
+    .peak_q8_tile = avx512_peak_q8_tile, \
+    .peak_macs_i8 = PEAK_CHAINS * 64, \
+    .peak_macs_q8_tile = AVX512_Q8_TILE_MACS,
 
 /* The fields of the avx512 level's two tables (f32 multiply-adds) beyond those. */
 #define AVX512_F32_FIELDS \

@@ -32,26 +32,33 @@ static void peak_task(void *arg, int task, int thread)
     if (j->kind == CPU_PEAK_F32) {
         float f = j->k->peak_f32(j->iters);
         memcpy(&j->sink[task], &f, sizeof f); /* its bits: the value may be any float */
-    } else {
+    } else if (j->kind == CPU_PEAK_I8) {
         j->sink[task] = j->k->peak_i8(j->iters);
+    } else {
+        j->sink[task] = j->k->peak_q8_tile(j->iters);
     }
 }
 
 double cpu_peak_gmacs(int n_threads, cpu_simd_t simd, cpu_peak_t kind, int reps)
 {
     if (n_threads < 1 || n_threads > 64 || reps < 1 || (unsigned)simd > CPU_SIMD_COUNT ||
-        (kind != CPU_PEAK_F32 && kind != CPU_PEAK_I8))
+        (kind != CPU_PEAK_F32 && kind != CPU_PEAK_I8 && kind != CPU_PEAK_Q8_TILE))
         return river_err_set(RIVER_EINVAL, "compute peak: %d threads, %d reps, level %d, "
                              "kind %d", n_threads, reps, (int)simd, (int)kind);
     cpu_simd_t has = cpu_simd_detect();
     if (simd > has)
         simd = has;
+    if (kind == CPU_PEAK_Q8_TILE && !cpu_kernels_get(simd)->peak_q8_tile)
+        return river_err_set(RIVER_EUNSUPPORTED, "compute peak: no Q8 tile ceiling at level %s",
+                             cpu_simd_name(simd));
     threadpool_t *pool;
     int e = threadpool_new(&pool, n_threads);
     if (e)
         return e;
     peak_job_t j = {.k = cpu_kernels_get(simd), .kind = kind, .iters = PEAK_PROBE_ITERS};
-    int macs = kind == CPU_PEAK_F32 ? j.k->peak_macs_f32 : j.k->peak_macs_i8;
+    int macs = kind == CPU_PEAK_F32  ? j.k->peak_macs_f32
+               : kind == CPU_PEAK_I8 ? j.k->peak_macs_i8
+                                     : j.k->peak_macs_q8_tile;
 
     double t0 = clock_now_s();
     peak_task(&j, 0, 0);

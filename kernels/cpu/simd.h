@@ -145,10 +145,17 @@ typedef struct cpu_kernels {
      * operands; the result depends on every chain so that none is dead. peak_f32 runs the
      * f32 FMA the float matmuls use (at avx512bf16, the vdpbf16ps its bf16 matmuls use),
      * peak_i8 the 8-bit integer multiply-add the Q8/Q4
-     * kernels use; peak_macs_* are the multiply-adds of one round. */
+     * kernels use; peak_macs_* are the multiply-adds of one round. peak_q8_tile runs the
+     * level's Q8X8 prefill tile on operands in registers and L1: its 8-bit multiply-adds
+     * together with the work each block of 32 columns adds to them (its integer sum
+     * converted, scaled by its two scales and added in f32), which no exact Q8_0-style
+     * kernel is without; its figure is what that tile could reach with memory out of the
+     * way (CPU_PEAK_Q8_TILE). NULL at the portable level, whose loops are what the compiler
+     * makes of them. */
     float (*peak_f32)(int64_t iters);
     int32_t (*peak_i8)(int64_t iters);
-    int peak_macs_f32, peak_macs_i8;
+    int32_t (*peak_q8_tile)(int64_t iters);
+    int peak_macs_f32, peak_macs_i8, peak_macs_q8_tile;
 } cpu_kernels_t;
 
 extern const cpu_kernels_t cpu_kernels_scalar;

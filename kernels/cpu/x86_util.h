@@ -56,4 +56,82 @@ PEAK_FN AI int32_t x86_peak_maddubs(int64_t iters)
     return _mm256_extract_epi32(s, 0) ^ _mm256_extract_epi32(s, 7);
 }
 
+/* The f32 sums of a Q8 tile ceiling (simd.h: peak_q8_tile) folded into one value that
+ * depends on each of them. */
+AI int32_t x86_fold_sums(const __m256 *acc, int n)
+{
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < n; k++)
+        s = _mm256_xor_si256(s, _mm256_castps_si256(acc[k]));
+    return _mm256_extract_epi32(s, 0) ^ _mm256_extract_epi32(s, 7);
+}
+
+/* The Q8X8 prefill tile of the levels without VNNI (q8_x86.h: x8_tile at 2 x 4, the sign
+ * trick), one set of 256 columns a round, its instructions as that tile issues them: the
+ * codes, x8, the folded zero sums and both scales read from L1, the dot products held in
+ * registers, the f32 sums kept in memory (simd.h: peak_q8_tile). The empty asm makes the
+ * compiler read them again every round, as the tile reads a new set. */
+#define X86_Q8_TILE_MACS (8 * 2 * 4 * 32)
+PEAK_FN AI int32_t x86_peak_q8_tile_maddubs(int64_t iters)
+{
+    enum { R = 2, N = 4 };
+    _Alignas(32) uint8_t q[8][R][32];
+    _Alignas(32) int8_t x8[N][8][32];
+    _Alignas(32) int32_t z[N][8];
+    _Alignas(32) uint16_t sh[R][8];
+    _Alignas(32) float dv[N][8];
+    _Alignas(32) __m256 acc[R][N];
+    for (int k = 0; k < (int)sizeof q; k++)
+        ((uint8_t *)q)[k] = (uint8_t)(k * 7 + 1);
+    for (int k = 0; k < (int)sizeof x8; k++)
+        ((int8_t *)x8)[k] = (int8_t)(k % 13 - 6);
+    for (int i = 0; i < N; i++)
+        for (int l = 0; l < 8; l++) {
+            z[i][l] = -128 * l;
+            dv[i][l] = 1.0f / 64 + (float)l / 4096;
+        }
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++)
+            sh[r][l] = 0x1400; /* 2^-10 in f16 */
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < N; i++)
+            acc[r][i] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1), top = _mm256_set1_epi8((char)0x80);
+    for (int64_t it = 0; it < iters; it++) {
+        __asm__ volatile("" : "+m"(acc), "+m"(q), "+m"(x8), "+m"(z), "+m"(sh), "+m"(dv));
+        __m256i dot[R][N];
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+            __m256i z0 = _mm256_load_si256((const __m256i *)z[i]);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++)
+                dot[r][i] = z0;
+        }
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++)
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                __m256i qs = _mm256_xor_si256(_mm256_load_si256((const __m256i *)q[v][r]), top);
+                __m256i qa = _mm256_abs_epi8(qs);
+#pragma GCC unroll 4
+                for (int i = 0; i < N; i++) {
+                    __m256i xv = _mm256_load_si256((const __m256i *)x8[i][v]);
+                    dot[r][i] = _mm256_add_epi32(
+                        dot[r][i], _mm256_madd_epi16(
+                                       _mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, qs)), ones));
+                    __asm__("" : "+x"(dot[r][i]));
+                }
+            }
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m256 sc = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sh[r]));
+#pragma GCC unroll 4
+            for (int i = 0; i < N; i++)
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][i]),
+                                            _mm256_mul_ps(sc, _mm256_load_ps(dv[i])), acc[r][i]);
+        }
+    }
+    return x86_fold_sums(&acc[0][0], R * N);
+}
+
 #endif
