@@ -216,18 +216,19 @@ START_TEST(test_compute_peak)
         ck_assert_msg(f32[l] > lead * f32[CPU_SIMD_SCALAR], "%s f32 peak %g against scalar %g",
                       cpu_simd_name((cpu_simd_t)l), f32[l], f32[CPU_SIMD_SCALAR]);
     /* The Q8 tile's ceiling: the int8 peak's products plus each block's conversion and
-     * scaling, so below that peak (0.35 at AVX2, 0.6 at AVX-512 with VNNI on the Zen 5
-     * VM); a tile the compiler had emptied would time far above it. None at the portable
-     * level. The two taken in turn, as above. */
+     * scaling, so below that peak (0.35 at AVX2, 0.59-0.78 at AVX-512 with VNNI on the Zen 5
+     * VM, by how much of the core the host left it: README, "The Q8 tile's ceiling"); a tile
+     * the compiler had emptied would time far above it. None at the portable level. One
+     * thread, the two taken in turn as above. */
     for (int l = CPU_SIMD_AVX2; l <= (int)best; l++) {
         double pk = 0.0, tile = 0.0;
         for (int r = 0; r < 3; r++) {
-            pk = fmax(pk, cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_I8, 1));
-            tile = fmax(tile, cpu_peak_gmacs(2, (cpu_simd_t)l, CPU_PEAK_Q8_TILE, 1));
+            pk = fmax(pk, cpu_peak_gmacs(1, (cpu_simd_t)l, CPU_PEAK_I8, 1));
+            tile = fmax(tile, cpu_peak_gmacs(1, (cpu_simd_t)l, CPU_PEAK_Q8_TILE, 1));
         }
-        printf("q8 tile ceiling, 2 threads, %s: %.1f G multiply-adds/s, %.2f of the int8 peak\n",
+        printf("q8 tile ceiling, 1 thread, %s: %.1f G multiply-adds/s, %.2f of the int8 peak\n",
                cpu_simd_name((cpu_simd_t)l), tile, tile / pk);
-        ck_assert_msg(tile > 0.1 && tile < 0.9 * pk, "%s q8 tile %g against int8 peak %g",
+        ck_assert_msg(tile > 0.1 && tile < pk, "%s q8 tile %g against int8 peak %g",
                       cpu_simd_name((cpu_simd_t)l), tile, pk);
     }
     ck_assert_int_eq(cpu_peak_gmacs(2, CPU_SIMD_SCALAR, CPU_PEAK_Q8_TILE, 1), RIVER_EUNSUPPORTED);
