@@ -135,4 +135,16 @@ for p in $LENS; do
         echo
     done
 done
+# The 8-bit formats' share of what their tile could do (q4's tile unpacks nibbles besides,
+# so its own ceiling differs): River's GFLOP/s over the Q8 tile's ceiling at the start.
+for p in $LENS; do
+    for b in $FORMATS; do
+        case $b in q8 | q8_0) ;; *) continue ;; esac
+        printf '%s at %s tokens, of the q8 tile ceiling at the start:' "$b" "$p"
+        for level in $levels; do
+            printf ' %s %s' "$level" "$(ratio "$(get "river-$level" "$b" "$p" 5)" "$(peak "$level" q8_tile_gops)")"
+        done
+        echo
+    done
+done
 echo "bench-prefill: tok/s; /llama is River over llama.cpp at the same level on the same format (GGUF bf16, q8_0, q4_0 for River's bf16, q8, q4; the same file for q8_0, q4_0, q4_k_m), /peak the median over River's runs of its GFLOP/s over the f32 peak (bf16) or the int8 peak (the others) taken right after the run; every figure in $results; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
