@@ -9,7 +9,7 @@
 #              THREADS threads, at the start (for the record), with the ceiling of the
 #              level's Q8 prefill tile (its products with each 32-column block's conversion
 #              and scaling, on operands in L1) and its fraction of the int8 peak: the most
-#              of that peak a q8 or q4 prefill of this design could show
+#              of that peak a q8 prefill of this design could show
 #   River      `river bench --prompt-len P` on the bf16 checkpoint and River's own q8 and q4
 #              backbones (`river quant --backbone`), or on llama.cpp's own q8_0, q4_0 and
 #              q4_k_m files (those formats: the GGUF llama.cpp runs), at every vector

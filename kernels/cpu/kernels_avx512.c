@@ -1631,21 +1631,9 @@ PEAK_FN static int32_t avx512_peak_q8_tile(int64_t iters)
     _Alignas(32) uint16_t sh[R][8];
     _Alignas(32) float dv[N][8];
     _Alignas(64) __m256 acc[R][N];
-    for (int k = 0; k < (int)sizeof q; k++)
-        ((uint8_t *)q)[k] = (uint8_t)(k * 7 + 1);
-    for (int k = 0; k < (int)sizeof x8; k++)
-        ((int8_t *)x8)[k] = (int8_t)(k % 13 - 6);
-    for (int i = 0; i < N; i++)
-        for (int l = 0; l < 8; l++) {
-            z[i][l] = -128 * l;
-            dv[i][l] = 1.0f / 64 + (float)l / 4096;
-        }
-    for (int r = 0; r < R; r++)
-        for (int l = 0; l < 8; l++)
-            sh[r][l] = 0x1400; /* 2^-10 in f16 */
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < N; i++)
-            acc[r][i] = _mm256_setzero_ps();
+    x86_q8_tile_operands((uint8_t *)q, (int)sizeof q, (int8_t *)x8, (int)sizeof x8, z, dv, N, sh,
+                         R);
+    memset(acc, 0, sizeof acc);
     for (int64_t it = 0; it < iters; it++) {
         __asm__ volatile("" : "+m"(acc), "+m"(q), "+m"(x8), "+m"(z), "+m"(sh), "+m"(dv));
         __m512i dot[R][N];

@@ -4,6 +4,8 @@
 #ifndef RIVER_KERNELS_CPU_X86_UTIL_H
 #define RIVER_KERNELS_CPU_X86_UTIL_H
 
+#include <string.h>
+
 #include "kernels/cpu/peak_rounds.h"
 
 /* The sum of the eight lanes. */
@@ -66,6 +68,25 @@ AI int32_t x86_fold_sums(const __m256 *acc, int n)
     return _mm256_extract_epi32(s, 0) ^ _mm256_extract_epi32(s, 7);
 }
 
+/* Operands for a Q8 tile ceiling: codes, x8, x's folded zero sums and scales for n rows of
+ * x, f16 scales (2^-10) for r weight rows; values whose f32 sums stay normal floats. */
+AI void x86_q8_tile_operands(uint8_t *q, int nq, int8_t *x8, int nx, int32_t (*z)[8],
+                             float (*dv)[8], int n, uint16_t (*sh)[8], int r)
+{
+    for (int k = 0; k < nq; k++)
+        q[k] = (uint8_t)(k * 7 + 1);
+    for (int k = 0; k < nx; k++)
+        x8[k] = (int8_t)(k % 13 - 6);
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < 8; l++) {
+            z[i][l] = -128 * l;
+            dv[i][l] = 1.0f / 64 + (float)l / 4096;
+        }
+    for (int j = 0; j < r; j++)
+        for (int l = 0; l < 8; l++)
+            sh[j][l] = 0x1400;
+}
+
 /* The Q8X8 prefill tile of the levels without VNNI (q8_x86.h: x8_tile at 2 x 4, the sign
  * trick), one set of 256 columns a round, its instructions as that tile issues them: the
  * codes, x8, the folded zero sums and both scales read from L1, the dot products held in
@@ -81,21 +102,9 @@ PEAK_FN AI int32_t x86_peak_q8_tile_maddubs(int64_t iters)
     _Alignas(32) uint16_t sh[R][8];
     _Alignas(32) float dv[N][8];
     _Alignas(32) __m256 acc[R][N];
-    for (int k = 0; k < (int)sizeof q; k++)
-        ((uint8_t *)q)[k] = (uint8_t)(k * 7 + 1);
-    for (int k = 0; k < (int)sizeof x8; k++)
-        ((int8_t *)x8)[k] = (int8_t)(k % 13 - 6);
-    for (int i = 0; i < N; i++)
-        for (int l = 0; l < 8; l++) {
-            z[i][l] = -128 * l;
-            dv[i][l] = 1.0f / 64 + (float)l / 4096;
-        }
-    for (int r = 0; r < R; r++)
-        for (int l = 0; l < 8; l++)
-            sh[r][l] = 0x1400; /* 2^-10 in f16 */
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < N; i++)
-            acc[r][i] = _mm256_setzero_ps();
+    x86_q8_tile_operands((uint8_t *)q, (int)sizeof q, (int8_t *)x8, (int)sizeof x8, z, dv, N, sh,
+                         R);
+    memset(acc, 0, sizeof acc);
     const __m256i ones = _mm256_set1_epi16(1), top = _mm256_set1_epi8((char)0x80);
     for (int64_t it = 0; it < iters; it++) {
         __asm__ volatile("" : "+m"(acc), "+m"(q), "+m"(x8), "+m"(z), "+m"(sh), "+m"(dv));
