@@ -442,7 +442,7 @@ static int bk_parse_list(const char *arg, const char *what, int *out, int cap, i
 /* --peak: per level, the f32 FMA and 8-bit integer peaks (cpu_peak_gmacs), best of the
  * runs, as GFLOP/s and GOP/s (two operations a multiply-add): the yardsticks of prefill. The
  * float peak of avx512bf16 is vdpbf16ps's, which its bf16 matmuls run. Beside them the
- * ceiling of the level's Q8 prefill tile (CPU_PEAK_Q8_TILE; none at the portable level) and
+ * ceiling of the level's Q8 prefill tile (CPU_PEAK_Q8_TILE, where the level has one) and
  * its fraction of the int8 peak: how much of that peak the work of Q8_0-style blocks leaves
  * to the tile. The kinds are measured in turn, a pass each a run, so that a slow second of
  * a shared host falls on all of them rather than on one's every pass. */
@@ -454,11 +454,15 @@ static int bk_peaks(const bk_opts_t *o)
     for (int li = 0; li < o->n_levels; li++) {
         cpu_simd_t level = (cpu_simd_t)o->levels[li];
         static const cpu_peak_t kind[3] = {CPU_PEAK_F32, CPU_PEAK_I8, CPU_PEAK_Q8_TILE};
-        const int kinds = level == CPU_SIMD_SCALAR ? 2 : 3;
+        int kinds = 3; /* 2 where the level has no Q8 tile ceiling (cpu.h) */
         double best[3] = {0}; /* G multiply-adds/s of each kind */
         for (int r = 0; r < o->runs; r++)
             for (int k = 0; k < kinds; k++) {
                 double g = cpu_peak_gmacs(o->threads, level, kind[k], 1);
+                if (g == RIVER_EUNSUPPORTED && kind[k] == CPU_PEAK_Q8_TILE) {
+                    kinds = 2;
+                    break;
+                }
                 if (g < 0)
                     return (int)g;
                 best[k] = fmax(best[k], g);
