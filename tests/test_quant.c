@@ -1388,6 +1388,37 @@ START_TEST(test_bench_compute_peak)
 }
 END_TEST
 
+/* `river bench --kernels --peak`: one line a level, in order, with the f32 and 8-bit
+ * peaks, and the Q8 tile's ceiling at every level but the portable one, which has none. */
+START_TEST(test_bench_kernels_peak)
+{
+    char *b[] = {(char *)test_bin("river"), "bench", "--kernels", "--peak", "--threads", "1",
+                 "--runs", "1", "--output", "json", NULL};
+    char *out;
+    ck_assert_int_eq(test_capture(b, NULL, 0, &out), 0);
+    const char *line = out;
+    for (int l = 0; l <= (int)cpu_simd_detect(); l++) {
+        char want[64];
+        snprintf(want, sizeof want, "{\"level\":\"%s\",", cpu_simd_name((cpu_simd_t)l));
+        ck_assert_msg(line && !strncmp(line, want, strlen(want)), "line %d is not %s: %.600s", l,
+                      want, out);
+        const char *end = strchr(line, '\n');
+        ck_assert_msg(end, "%.600s", out);
+        char *one = strndup(line, (size_t)(end - line));
+        ck_assert_msg(bench_num(one, "peak_f32_gflops") > 0 && bench_num(one, "peak_i8_gops") > 0,
+                      "%s", one);
+        if (l == CPU_SIMD_SCALAR)
+            ck_assert_msg(!strstr(one, "q8_tile_gops"), "%s", one);
+        else
+            ck_assert_msg(bench_num(one, "q8_tile_gops") > 0, "%s", one);
+        free(one);
+        line = end + 1;
+    }
+    ck_assert_msg(!*line, "more lines than levels: %.600s", out);
+    free(out);
+}
+END_TEST
+
 /* `river bench --kernels`, level after level and --interleave (the levels call by call):
  * one line a level the processor has, in order, each with a time per call. */
 START_TEST(test_bench_kernels_interleave)
@@ -1427,6 +1458,7 @@ static Suite *quant_suite(void)
     tcase_add_test(q, test_bench_profile_prefill);
     tcase_add_test(q, test_bench_compute_peak);
     tcase_add_test(q, test_bench_kernels_interleave);
+    tcase_add_test(q, test_bench_kernels_peak);
     tcase_add_test(q, test_hqq_round_trip);
     tcase_add_test(q, test_kernels_and_threads_agree);
     tcase_add_test(q, test_simd_kernels_agree);
