@@ -71,6 +71,48 @@ static int bench__split_costs(cli_env_t *env, const char *river_path, int json)
     return e ? cli_fail("bench", e) : 0;
 }
 
+/* Decode steps each followed by one pass of the read sweep, and the median over the pairs
+ * of the step's bytes a second over the pass's: the fraction of what the memory gave right
+ * then. On a shared host the sweep read anything from 28 to 49 GB/s in runs a minute apart
+ * (Zen 5 VM, 2 threads), and a run of 64 steps against a sweep after it measured that drift
+ * as much as the step; a step and a pass a tenth of a second apart share the host's state.
+ * Sets *frac, or leaves it 0 where the run had no decode step. */
+static int bench__paired_fraction(gen_t *g, const model_t *m, const int32_t *prompt,
+                                  long prompt_len, long gen_len, int n_threads,
+                                  cpu_simd_t level, long bw_mib, double *frac)
+{
+    *frac = 0.0;
+    cpu_sweep_t *sw = NULL;
+    double *ratios = calloc((size_t)gen_len + 1, sizeof *ratios);
+    int n = 0, seq;
+    int e = ratios ? cpu_sweep_new(&sw, n_threads, (size_t)bw_mib << 20, level)
+                   : river_err_set(RIVER_ENOMEM, "bench: paired ratios");
+    gen_request_t req = {.prompt = prompt, .n_prompt = (size_t)prompt_len,
+                         .max_tokens = (int)gen_len + 1, .ignore_eos = 1};
+    if (!e)
+        e = gen_submit(g, &req, &seq);
+    double bytes = (double)model_bytes_per_token(m);
+    while (!e && gen_active(g) > 0) {
+        gen_stats_t a, b;
+        gen_get_stats(g, &a);
+        e = gen_step(g);
+        gen_get_stats(g, &b);
+        /* Decode-only steps: the prompt's step reads far fewer bytes per second of work. */
+        if (e || b.decode_tokens != a.decode_tokens + 1 || b.decode_s <= a.decode_s ||
+            n > gen_len)
+            continue;
+        double step_gbs = bytes / (b.decode_s - a.decode_s) / 1e9;
+        double pass_gbs = cpu_sweep_pass_gbs(sw);
+        if (pass_gbs > 0.0)
+            ratios[n++] = step_gbs / pass_gbs;
+    }
+    if (!e && n > 0)
+        *frac = cli_median(ratios, n);
+    cpu_sweep_destroy(&sw);
+    free(ratios);
+    return e;
+}
+
 static void bench__usage(FILE *f)
 {
     fprintf(f, "usage: river bench --model PATH [--threads N] [--prompt-len P] [--gen-len G]\n"
@@ -89,7 +131,12 @@ static void bench__usage(FILE *f)
                "a CPU, the compute peak after each run (compute_peak_gflops: the level's f32\n"
                "multiply-adds, at avx512bf16 its vdpbf16ps, or for integer weights its 8-bit\n"
                "ones, as river bench --kernels --peak) and prefill_peak_fraction, the median\n"
-               "over the runs of prefill_gflops / that run's peak.\n"
+               "over the runs of prefill_gflops / that run's peak, and\n"
+               "roofline_fraction_paired (on a CPU, G >= 8): one more run whose every\n"
+               "decode step is followed by one pass of the sweep, the median over those\n"
+               "pairs of the step's bytes_per_token a second over the pass's bytes a second\n"
+               "(a shared host's bandwidth drifts between a run and a sweep after it, hardly\n"
+               "within a pair).\n"
                "--split-costs RIVER instead times the backbone and the river layers (per layer,\n"
                "every river layer once a pass, as decoding streams them) on 1..64 rows and\n"
                "shows when running a batch as two groups (row aggregation) beats running it\n"
@@ -353,6 +400,16 @@ int cmd_bench(int argc, char **argv)
             peaks[runs + r] = gflop * pre[r] / peaks[r];
         }
     }
+    /* Not for runs of a few decode steps (prefill benchmarks), whose pairs would be too few
+     * for a median and whose extra prompt would double the run. */
+    const bool paired = level < CPU_SIMD_COUNT && gen_len >= 8;
+    double frac_paired = 0.0;
+    if (paired) {
+        e = bench__paired_fraction(g, env.model, prompt, prompt_len, gen_len, n_threads, level,
+                                   bw_mib, &frac_paired);
+        if (e)
+            goto done;
+    }
     /* The attention share of prefill: prompts alone (one token sampled, no decode step),
      * attention's time over the forward's, summed over the runs. */
     fwd_stats_t fa, fb;
@@ -393,6 +450,8 @@ int cmd_bench(int argc, char **argv)
             json_object_set_new(o, "prefill_gflops", json_real(gflop * prefill_tps));
             json_object_set_new(o, "read_bandwidth_widest_gbs", json_real(bw_widest));
             json_object_set_new(o, "roofline_fraction_widest", json_real(frac_widest));
+            if (paired)
+                json_object_set_new(o, "roofline_fraction_paired", json_real(frac_paired));
             if (level < CPU_SIMD_COUNT) {
                 json_object_set_new(o, "compute_peak_kind", json_string(peak_name));
                 json_object_set_new(o, "compute_peak_gflops", json_real(peak));
@@ -409,6 +468,9 @@ int cmd_bench(int argc, char **argv)
         printf("roofline_fraction   %.3f\n", frac);
         printf("read_bandwidth_widest_gbs %.2f (roofline_fraction %.3f)\n", bw_widest,
                frac_widest);
+        if (paired)
+            printf("roofline_fraction_paired %.3f (each decode step against a sweep pass "
+                   "right after it)\n", frac_paired);
         printf("prefill_attn_share  %.3f\n", attn_share);
         if (level < CPU_SIMD_COUNT)
             printf("compute_peak_gflops %.1f (%s; prefill_peak_fraction %.3f)\n", peak,

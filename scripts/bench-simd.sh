@@ -13,7 +13,8 @@
 #            realized/ideal against it
 #   decode   bf16 decode roofline_fraction (bytes per token x tok/s / read bandwidth of the
 #            same run, swept with the loads of the forced level), and the same against a
-#            sweep with the widest loads the processor has
+#            sweep with the widest loads the processor has, and each decode step against
+#            a pass of the sweep right after it (roofline_fraction_paired)
 #   prefill  prefill of 512 tokens, tok/s, and attention's share of prefill time
 #   quant    river quant (HQQ) of the whole model, seconds
 set -eu
@@ -46,7 +47,7 @@ jget() { head -n 1 | sed -n "s/.*\"$1\":\([-+0-9.eE]*\).*/\1/p"; }
 for l in $levels; do
     export RIVER_SIMD=$l
     : > "$TMP/$l.r1"; : > "$TMP/$l.r8"; : > "$TMP/$l.b8"; : > "$TMP/$l.pays"
-    : > "$TMP/$l.sp"; : > "$TMP/$l.ri"; : > "$TMP/$l.ib"; : > "$TMP/$l.roof"; : > "$TMP/$l.roofw"; : > "$TMP/$l.pre"; : > "$TMP/$l.att"
+    : > "$TMP/$l.sp"; : > "$TMP/$l.ri"; : > "$TMP/$l.ib"; : > "$TMP/$l.roof"; : > "$TMP/$l.roofw"; : > "$TMP/$l.roofp"; : > "$TMP/$l.pre"; : > "$TMP/$l.att"
     : > "$TMP/$l.q"
     for k in $(seq "$REPS"); do
         $RIVER bench --model "$SYNTH" --threads "$THREADS" --split-costs "$RIVERF" --output json \
@@ -68,6 +69,7 @@ for l in $levels; do
             --output json > "$TMP/dec.json"
         jget roofline_fraction < "$TMP/dec.json" >> "$TMP/$l.roof"
         jget roofline_fraction_widest < "$TMP/dec.json" >> "$TMP/$l.roofw"
+        jget roofline_fraction_paired < "$TMP/dec.json" >> "$TMP/$l.roofp"
         $RIVER bench --model "$SYNTH" --threads "$THREADS" --prompt-len 512 --gen-len 1 --runs 1 \
             --output json > "$TMP/pre.json"
         jget prefill_tok_s < "$TMP/pre.json" >> "$TMP/$l.pre"
@@ -94,6 +96,7 @@ for l in $levels; do
     printf '  eval fixed exit 4: realized/byte ideal (>= 0.9) '; stats < "$TMP/$l.ri"
     printf '  bf16 decode roofline_fraction (>= 0.90)  '; stats < "$TMP/$l.roof"
     printf '    same, against the widest-load sweep    '; stats < "$TMP/$l.roofw"
+    printf '    same, each step against a sweep pass   '; stats < "$TMP/$l.roofp"
     printf '  prefill 512 tokens, tok/s                '; stats < "$TMP/$l.pre"
     printf '  prefill attention share                  '; stats < "$TMP/$l.att"
     printf '  river quant (HQQ), seconds (< 45)        '; stats < "$TMP/$l.q"

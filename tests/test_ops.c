@@ -118,6 +118,22 @@ START_TEST(test_levels)
     }
     ck_assert(cpu_read_bandwidth_gbs(0, 1 << 20, 1, CPU_SIMD_COUNT) < 0);
     ck_assert(cpu_read_bandwidth_gbs(2, 1 << 20, 1, (cpu_simd_t)(CPU_SIMD_COUNT + 1)) < 0);
+    ck_assert(cpu_read_bandwidth_gbs(2, 1 << 20, 0, CPU_SIMD_COUNT) < 0);
+    /* The sweep as an object (river bench pairs its passes with decode steps): each pass
+     * times the whole buffer; a refusal allocates nothing and leaves the handle NULL. */
+    cpu_sweep_t *sw = (cpu_sweep_t *)&be;
+    ck_assert_int_eq(cpu_sweep_new(&sw, 0, 1 << 20, CPU_SIMD_COUNT), RIVER_EINVAL);
+    ck_assert_ptr_null(sw);
+    ck_assert_int_eq(cpu_sweep_new(&sw, 2, 1024, CPU_SIMD_COUNT), RIVER_EINVAL);
+    ck_assert_ptr_null(sw);
+    ck_assert_int_eq(cpu_sweep_new(&sw, 2, (size_t)16 << 20, CPU_SIMD_COUNT), 0);
+    for (int p = 0; p < 3; p++) {
+        double bw = cpu_sweep_pass_gbs(sw);
+        ck_assert_msg(bw > 0.1, "sweep pass %d: %g GB/s", p, bw);
+    }
+    cpu_sweep_destroy(&sw);
+    ck_assert_ptr_null(sw);
+    cpu_sweep_destroy(&sw);
 }
 END_TEST
 

@@ -1184,6 +1184,16 @@ START_TEST(test_quant_group_fit)
 }
 END_TEST
 
+/* The number after "key": in a JSON line; fails the test where there is none. */
+static double bench_num(const char *out, const char *key)
+{
+    char k[96];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *f = strstr(out, k);
+    ck_assert_msg(f, "no %s in %.600s", k, out);
+    return strtod(f + strlen(k), NULL);
+}
+
 /* The numbers `river bench` prints come out and are figures: --split-costs on a river
  * gives one JSON line per batch size, 1..64 rows, with positive layer times; the decode
  * run gives tokens/s, a read bandwidth and a roofline fraction above zero. */
@@ -1235,6 +1245,8 @@ START_TEST(test_bench_prints_figures)
         double v = strtod(f + strlen(keys[k]), NULL);
         ck_assert_msg(v > 0, "%s %g", keys[k], v);
     }
+    /* Four decode steps are too few pairs for the paired fraction; eight are enough. */
+    ck_assert_msg(!strstr(out, "\"roofline_fraction_paired\":"), "%.400s", out);
     /* Prefill's arithmetic for stories260K (dim 64, FFN 172, 5 layers, 8 heads and 4 KV
      * heads of 8, vocabulary 512) at 4 tokens: per layer 64 x (2 x 64 + 2 x 32) + 3 x 64 x
      * 172 multiply-adds, attention 64 x 5 / 2 x 2, the head 512 x 64 once in 4 tokens; and
@@ -1250,6 +1262,13 @@ START_TEST(test_bench_prints_figures)
                   gflop, want);
     ck_assert_msg(fabs(rate - gflop * tps) <= 1e-6 * rate, "prefill_gflops %g, %g x %g", rate,
                   gflop, tps);
+    free(out);
+    char *dec8[] = {(char *)test_bin("river"), "bench", "--model", STORIES, "--threads", "1",
+                    "--prompt-len", "4", "--gen-len", "8", "--runs", "1", "--bandwidth-mib",
+                    "16", "--output", "json", NULL};
+    ck_assert_int_eq(test_capture(dec8, NULL, 0, &out), 0);
+    double paired = bench_num(out, "roofline_fraction_paired");
+    ck_assert_msg(paired > 0 && isfinite(paired), "roofline_fraction_paired %g", paired);
     free(out);
     /* The weights kept in the mapped checkpoint (the A/B against the huge-page copies);
      * a mode that is neither is refused, naming it. */
@@ -1267,16 +1286,6 @@ START_TEST(test_bench_prints_figures)
     remove(river_path);
 }
 END_TEST
-
-/* The number after "key": in a JSON line; fails the test where there is none. */
-static double bench_num(const char *out, const char *key)
-{
-    char k[96];
-    snprintf(k, sizeof k, "\"%s\":", key);
-    const char *f = strstr(out, k);
-    ck_assert_msg(f, "no %s in %.600s", k, out);
-    return strtod(f + strlen(k), NULL);
-}
 
 /* `river bench --profile` times decode steps only: after a prompt of more than one prefill
  * chunk (256 tokens), no matmul or attention of its window ran more than one row of x. */

@@ -88,6 +88,16 @@ int cpu_backend_set_simd(backend_t *b, cpu_simd_t simd);
  * CPU_SIMD_COUNT: the widest it has). Returns a negative river_err code on failure. */
 double cpu_read_bandwidth_gbs(int n_threads, size_t bytes, int reps, cpu_simd_t simd);
 
+/* The same sweep as an object, for measurements that pair its passes with something else
+ * timed between them (river bench: decode steps): the buffer is mapped and touched once.
+ * cpu_sweep_new leaves *out NULL and nothing allocated on failure (RIVER_EINVAL for the
+ * arguments cpu_read_bandwidth_gbs refuses, RIVER_ENOMEM); cpu_sweep_pass_gbs times one
+ * pass over the whole buffer. */
+typedef struct cpu_sweep cpu_sweep_t;
+int cpu_sweep_new(cpu_sweep_t **out, int n_threads, size_t bytes, cpu_simd_t simd);
+double cpu_sweep_pass_gbs(cpu_sweep_t *s);
+void cpu_sweep_destroy(cpu_sweep_t **s);
+
 /* The compute peaks prefill is judged against. */
 typedef enum cpu_peak {
     CPU_PEAK_F32, /* f32 fused multiply-adds, as the float weights' matmuls run (at
