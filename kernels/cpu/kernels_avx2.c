@@ -141,7 +141,7 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
             gemv_prefetch(w, rb, k, pf, dt, R);
         const uint8_t *wk = w + col_off(k, cs, dt);
         if (cs != CPU_ROWBLOCK_CHUNK && col_off(k, CPU_ROWBLOCK_CHUNK, dt) % CPU_ROWBLOCK_CHUNK == 0)
-            cpu_rowblock_prefetch(wk); /* row-blocked: at each chunk's start */
+            cpu_rowblock_prefetch(wk, R); /* row-blocked: at each chunk's start */
         /* Against four rows of x (3 x 4 uses all 16 registers: 12 accumulators, the three
          * converted weight vectors, one x vector) each weight vector is converted first
          * and each x vector loaded once; with fewer rows (8 x 1, 4 x 2) the x vectors are
@@ -842,7 +842,7 @@ AI void eo_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8
         const uint8_t *wk = w + col_off(k, cs, DTYPE_BF16);
         if (cs != CPU_ROWBLOCK_CHUNK) {
             if (k % (CPU_ROWBLOCK_CHUNK / 2) == 0)
-                cpu_rowblock_prefetch(wk);
+                cpu_rowblock_prefetch(wk, R);
         } else if (pf) {
             gemv_prefetch(w, rs, k, pf, DTYPE_BF16, R);
         }

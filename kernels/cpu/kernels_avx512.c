@@ -164,7 +164,7 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
             xv[i] = _mm512_loadu_ps(x + i * ldx + k);
         const uint8_t *wk = w + col_off(k, cs, dt);
         if (cs != CPU_ROWBLOCK_CHUNK && col_off(k, CPU_ROWBLOCK_CHUNK, dt) % CPU_ROWBLOCK_CHUNK == 0)
-            cpu_rowblock_prefetch(wk); /* row-blocked: at each chunk's start */
+            cpu_rowblock_prefetch(wk, R); /* row-blocked: at each chunk's start */
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 wv = ld16(dt, wk + r * rb, 0);
@@ -840,7 +840,7 @@ AI void eo_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8
             acc[r][i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < cols; k += EO_COLS, w += cs) {
         if (cs != CPU_ROWBLOCK_CHUNK)
-            cpu_rowblock_prefetch(w);
+            cpu_rowblock_prefetch(w, R);
         else if (pf)
             gemv_prefetch(w - k * 2, rs, k, pf, DTYPE_BF16, R);
         __m512 xe[2], xo[2];
@@ -960,7 +960,7 @@ AI void bf16d_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const ui
     int64_t k = 0;
     for (; k < cols; k += 32, w += cs) {
         if (cs != CPU_ROWBLOCK_CHUNK)
-            cpu_rowblock_prefetch(w);
+            cpu_rowblock_prefetch(w, R);
         __mmask32 m = cols - k >= 32 ? (__mmask32)0xffffffffu
                                      : (__mmask32)((1u << (cols - k)) - 1u);
         __m512bh xv[3];

@@ -68,20 +68,30 @@ static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_
            (size_t)(r % CPU_ROWBLOCK_ROWS) * CPU_ROWBLOCK_CHUNK + byte % CPU_ROWBLOCK_CHUNK;
 }
 
-/* How far ahead a decode tile prefetches, in spans. The layout is one stream a block, which
- * the hardware prefetchers follow; but a tile of fewer rows than its block reads only its
- * rows' lines of each span, and the next tile the others, so every tile prefetches whole
- * spans for them all, 16 spans (8 KiB) ahead. Measured with river bench --kernels (8192 x
- * 2048, 2 threads): 0.86-0.99 of the read sweep at 1 row of x where the row-major layout
- * gave 0.72-0.80; without the prefetch, 4 and 8 rows of x fell to 0.36-0.48. */
+/* How far ahead a tile of fewer rows than its block prefetches, in spans. The layout is one
+ * stream a block, which the hardware prefetchers follow; but a tile of fewer rows reads only
+ * its rows' lines of each span, and the next tile the others, so such a tile prefetches
+ * whole spans for them all, 16 spans (8 KiB) ahead. Measured with river bench --kernels
+ * (8192 x 2048, 2 threads): 0.86-0.99 of the read sweep at 1 row of x where the row-major
+ * layout gave 0.72-0.80; without the prefetch, tiles of half a block (then at 4 and 8 rows
+ * of x) fell to 0.36-0.48. */
 #define CPU_ROWBLOCK_PF_SPANS 16
 
-/* Prefetches, a line at a time, the span CPU_ROWBLOCK_PF_SPANS spans past the one holding
- * p, and where p's span is the first of a 4 KiB page, one line CPU_PF_PAGE_BYTES past it
- * (prefetch.h's page touch). A tile calls it once for each span it reads. The backend's
- * copies start 2 MiB aligned, so spans start at multiples of their size and these are the
- * lines of every row of p's block. In integers: the lines may lie past the end of the
- * matrix, where a prefetch is harmless but a pointer may not point.
+/* The prefetches of a tile that reads `rows` rows of p's block, called once for each span
+ * it reads. Where p's span is the first of a 4 KiB page, one line CPU_PF_PAGE_BYTES past it
+ * (prefetch.h's page touch); and where the tile reads fewer rows than the block, the span
+ * CPU_ROWBLOCK_PF_SPANS spans past p's, a line at a time. The backend's copies start 2 MiB
+ * aligned, so spans start at multiples of their size and these are the lines of every row
+ * of p's block. In integers: the lines may lie past the end of the matrix, where a prefetch
+ * is harmless but a pointer may not point.
+ *
+ * A tile of the whole block reads the one stream in order and gets the page touch alone:
+ * without the lines, the AVX2 level's bf16 decode step read 0.95-1.02 of a sweep pass
+ * right after it instead of 0.77-0.95, the avx512 level's 1.00-1.06 instead of 0.87-1.04,
+ * and the avx512bf16 level's, already at the sweep, the same (README, "A tile of the
+ * whole block reads without line prefetches"). 16 spans ahead is 128 lines, more than a
+ * core keeps in flight, so those prefetches likely held the places the stream's own reads
+ * needed.
  *
  * The tiles used to touch all of a block's pages at once before its tiles ran: an earlier
  * measurement had found the touch in step a fifth slower at the FMA levels, likely because
@@ -89,12 +99,14 @@ static inline const uint8_t *cpu_rowblock_at(const void *base, size_t rb, int64_
  * bench --kernels (2048 x 8192 and 8192 x 2048, 2 threads, Zen 5, three alternating
  * rounds) read bf16 at one row of x at 0.67-0.86 of the sweep before and 0.82-1.03 after
  * (1.12-1.35x; 0.95-1.28x at 2 and 8 rows), f16 1.11-2.12x. */
-static inline void cpu_rowblock_prefetch(const void *p)
+static inline void cpu_rowblock_prefetch(const void *p, int rows)
 {
     uintptr_t s = (uintptr_t)p & ~(uintptr_t)(CPU_ROWBLOCK_SPAN - 1);
-    uintptr_t c = s + (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN;
-    for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
-        cpu_prefetch_line(c + l);
+    if (rows < CPU_ROWBLOCK_ROWS) {
+        uintptr_t c = s + (uintptr_t)CPU_ROWBLOCK_PF_SPANS * CPU_ROWBLOCK_SPAN;
+        for (size_t l = 0; l < CPU_ROWBLOCK_SPAN; l += 64)
+            cpu_prefetch_line(c + l);
+    }
     cpu_prefetch_page_ahead(s);
 }
 
