@@ -3,10 +3,11 @@
  * kernels_avx512.c, which compile it with their own vector width. Before including, define
  * GD_FN(name) (the names it defines), GD_V (the vector type), GD_L (its lanes), GD_MR and
  * GD_NR (the tile: rows of x, weight rows), GD_ZERO(), GD_LOAD(p) (aligned), GD_LOADU(p),
- * GD_STORE(p, v) (aligned), GD_FMA(a, b, c) (a * b + c, rounded once), GD_SUM(v) (the
- * decode kernels' sum of the lanes) and GD_LDW(et, p) (GD_L weights of element type et at
- * byte p, as f32). The includer provides AI and kernels/cpu/rowblock.h. A level whose decode
- * kernels take bf16 weights in even/odd order (simd.h: gemm_x_cols_per_float) also defines
+ * GD_STORE(p, v) (aligned), GD_FMA(a, b, c) (a * b + c, rounded once), GD_SUMS(y, v,
+ * nr) (y[j] for j < nr becomes the decode kernels' sum of the lanes of v[j], of a row's
+ * GD_NR vectors) and GD_LDW(et, p) (GD_L weights of element type et at byte p, as f32).
+ * The includer provides AI and kernels/cpu/rowblock.h. A level whose decode kernels take
+ * bf16 weights in even/odd order (simd.h: gemm_x_cols_per_float) also defines
  * GD_LDW_EO(p, s): vector s of that order, where p is the byte of the plain order's vector
  * s, counted from a block of 2 GD_L columns; the template then defines gemm_wpack_eo.
  *
@@ -153,10 +154,7 @@ AI void GD_FN(gemm_dot_tile)(float *c, float *y, int64_t ldy, const float *x, in
     }
 #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
-#pragma GCC unroll 16
-        for (int j = 0; j < GD_NR; j++)
-            if (j < nr)
-                y[i * ldy + j] = GD_SUM(acc[i][j]);
+        GD_SUMS(y + i * ldy, acc[i], nr);
 }
 
 /* m rows of x, a tile of GD_MR at a time (the carry's tiles one after another), against

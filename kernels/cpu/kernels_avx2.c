@@ -761,6 +761,26 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
 
 /* ---- prefill of float weights in gemv's order (simd.h: gemm_wpack, gemm_dot) ---------- */
 
+/* y[j] = hsum8(v[j]) for the j < nr of a tile row's 6 vectors of partial sums: hsum8x8 of
+ * the six and two of zeros, hsum8's bits in half the instructions of six hsum8s. */
+AI void avx2_gd_sums(float *y, const __m256 *v, int nr)
+{
+    __m256 x[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        x[j] = j < 6 ? v[j] : _mm256_setzero_ps();
+    __m256 s = hsum8x8(x);
+    if (nr == 6) {
+        _mm_storeu_ps(y, _mm256_castps256_ps128(s));
+        _mm_storel_pi((__m64 *)(y + 4), _mm256_extractf128_ps(s, 1));
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    for (int j = 0; j < nr; j++)
+        y[j] = t[j];
+}
+
 /* Tiles of 2 rows of x against 6 weight rows: 12 vectors of partial sums (12 chains of
  * multiply-adds, enough to keep both FMA units busy through their latency), the two x
  * vectors and one weight vector at a time, 15 of the 16 registers. Per step the tile loads
@@ -776,7 +796,7 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
 #define GD_LOADU(p) _mm256_loadu_ps(p)
 #define GD_STORE(p, v) _mm256_store_ps(p, v)
 #define GD_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define GD_SUM(v) hsum8(v)
+#define GD_SUMS(y, v, nr) avx2_gd_sums(y, v, nr)
 #define GD_LDW(et, p) ld8(et, p, 0)
 #define GD_LDW_EO(p, s) ld8_eo(p, s)
 #include "kernels/cpu/gemm_dot_x86.h"
@@ -1055,25 +1075,6 @@ static float avx2_max(const float *x, int64_t n)
 
 /* Rows ATTN_PF positions ahead are prefetched: their stride defeats the hardware. */
 #define ATTN_PF 16
-
-/* hsum8 of eight vectors at once: lane u of the result is hsum8(x[u]), its additions in
- * hsum8's order (the halves, then lanes two apart, then neighbours), so the sums are
- * hsum8's bits. */
-AI __m256 hsum8x8(const __m256 x[8])
-{
-    __m256 w[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        w[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
-    __m256 p0 = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], 0x44),
-                              _mm256_shuffle_ps(w[0], w[1], 0xee));
-    __m256 p1 = _mm256_add_ps(_mm256_shuffle_ps(w[2], w[3], 0x44),
-                              _mm256_shuffle_ps(w[2], w[3], 0xee));
-    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(p0, p1, 0x88), _mm256_shuffle_ps(p0, p1, 0xdd));
-    /* r holds x[0], x[2], x[4], x[6] in its low half and x[1], x[3], ... in its high. */
-    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
 
 /* The sums of one query head against eight positions, hsum8x8 of their two chains each;
  * inlined with hd a constant for the usual head size of 64, whose query then stays in

@@ -18,6 +18,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
+#include "kernels/cpu/x86_util.h"
+
 /* Decode: weight rows per block (the rows streamed at once), and the most x rows one
  * register tile applies them to. A tile holds R x N accumulators: 8 x 2 or 4 x 4. More x
  * rows per tile would convert each weight vector fewer times, but their x slices would no
@@ -33,6 +35,58 @@
 /* GEMM tile: rows of f32 weights against one 32-row panel of x (two vectors). */
 #define GEMM_P 32
 #define GEMM_R 12
+
+/* ---- sums of the lanes ---------------------------------------------------------------- */
+
+/* The sum of the 16 lanes, in the order GCC's _mm512_reduce_add_ps adds them (the halves,
+ * then quarters, then lanes two apart, then neighbours), written out so that every output
+ * of a float matmul gets these bits whichever compiler builds it: the prefill GEMM's sums of
+ * many vectors at once (hsum16x16) take the same pairs. */
+AI float hsum16(__m512 v)
+{
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* hsum16 of sixteen vectors at once: lane u of the result is hsum16(x[u]) bit for bit,
+ * each step adding the pairs hsum16 adds, of all sixteen, in 15 additions, 30 shuffles
+ * within or across 128-bit lanes and one permutation instead of 16 x 4 additions and 16 x 4
+ * shuffles. Inlined with some of x constant zeros, their work folds away. (reduce16, the
+ * attention kernels' tree, adds neighbouring lanes first: other bits than decode's.) */
+AI __m512 hsum16x16(const __m512 x[16])
+{
+    __m512 h[8], q[4], p[2];
+    /* h[i]: lanes 0-7 the halves of x[2i] added, lanes 8-15 those of x[2i + 1]. */
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xee));
+    /* q[i]: 128-bit lane m the quarters of x[4i + m] added. */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xdd));
+    /* p[i]: 128-bit lane m lanes two apart added, of x[8i + m] then of x[8i + 4 + m]. */
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        p[i] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * i], q[2 * i + 1], 0xee));
+    /* Lane 4m + j: the sum of x[m + 4j]. */
+    __m512 r =
+        _mm512_add_ps(_mm512_shuffle_ps(p[0], p[1], 0x88), _mm512_shuffle_ps(p[0], p[1], 0xdd));
+    return _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* y[j] = hsum16(v[j]) for the j < nr of n (a constant, at most 16) vectors of partial sums:
+ * the prefill GEMM's ending of a tile row, hsum16x16 with the vectors past n zeros. */
+AI void avx512_sums_store(float *y, const __m512 *v, const int n, int nr)
+{
+    __m512 x[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        x[j] = j < n ? v[j] : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), hsum16x16(x));
+}
 
 /* ---- loading 16 weights as f32 ---------------------------------------------------------- */
 
@@ -191,7 +245,7 @@ AI void gemv_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+            y[i * ldy + r] = hsum16(acc[r][i]);
 }
 
 /* The same for Q4/Q8 (rows r0.. of wt): each group's codes are dequantised in registers as
@@ -237,7 +291,7 @@ AI void gemv_tile_q(float *y, int64_t ldy, const float *x, int64_t ldx, const ui
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+            y[i * ldy + r] = hsum16(acc[r][i]);
 }
 
 /* Q4/Q8 factored by group: sum_k (q_k - z) s x_k = s sum_k q_k x_k - s z sum_k x_k. The
@@ -336,7 +390,7 @@ AI void gemv_tile_qf(float *y, int64_t ldy, const float *xq, int64_t ldq, const 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+            y[i * ldy + r] = hsum16(acc[r][i]);
 }
 
 /* Whether a Q4/Q8 weight takes the factored path (its groups hold whole vectors, and for
@@ -348,8 +402,6 @@ static int q_factored(const weight_t *w)
 }
 
 /* ---- Q4X8: 256-bit integer kernels, with vpdpbusd where the processor has AVX-512 VNNI --- */
-
-#include "kernels/cpu/x86_util.h"
 
 /* Eight fp16 values from p, the ones past `left` read as 0. */
 AI __m256 ld8_f16_tail(const uint16_t *p, int64_t left)
@@ -786,7 +838,7 @@ static void avx512_gemm_block(float *y, int64_t ldy, const float *xp, int m, con
 #define GD_LOADU(p) _mm512_loadu_ps(p)
 #define GD_STORE(p, v) _mm512_store_ps(p, v)
 #define GD_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define GD_SUM(v) _mm512_reduce_add_ps(v)
+#define GD_SUMS(y, v, nr) avx512_sums_store(y, v, GD_NR, nr)
 #define GD_LDW(et, p) ld16(et, p, 0)
 #define GD_LDW_EO(p, s) ld16_eo(p, s)
 #include "kernels/cpu/gemm_dot_x86.h"
@@ -865,7 +917,7 @@ AI void eo_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const uint8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
         for (int i = 0; i < N; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+            y[i * ldy + r] = hsum16(acc[r][i]);
 }
 
 /* R rows (a block of 8, or 1) from row r against all n rows of x, two at a time (8 x 2
@@ -979,7 +1031,7 @@ AI void bf16d_tile(float *y, int64_t ldy, const float *xq, int64_t ldq, const ui
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
         for (int i = 0; i < N; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+            y[i * ldy + r] = hsum16(acc[r][i]);
 }
 
 /* R rows from row r against all n rows of x, up to three at a time (24 accumulators). */

@@ -17,6 +17,25 @@ AI float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* hsum8 of eight vectors at once: lane u of the result is hsum8(x[u]), its additions in
+ * hsum8's order (the halves, then lanes two apart, then neighbours), so the sums are
+ * hsum8's bits. */
+AI __m256 hsum8x8(const __m256 x[8])
+{
+    __m256 w[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
+    __m256 p0 = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], 0x44),
+                              _mm256_shuffle_ps(w[0], w[1], 0xee));
+    __m256 p1 = _mm256_add_ps(_mm256_shuffle_ps(w[2], w[3], 0x44),
+                              _mm256_shuffle_ps(w[2], w[3], 0xee));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(p0, p1, 0x88), _mm256_shuffle_ps(p0, p1, 0xdd));
+    /* r holds x[0], x[2], x[4], x[6] in its low half and x[1], x[3], ... in its high. */
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 /* max |x[k]| over n floats (a multiple of 8). */
 AI float x86_absmax(const float *x, int n)
 {
