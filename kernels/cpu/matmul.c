@@ -46,6 +46,7 @@ typedef struct mm_job {
     const weight_t *w;
     int n;
     int n_tasks;
+    int threads; /* the float prefill path's: threads taking part */
     int64_t units; /* MM_ROW_UNIT-row units of w */
     const float *xq; /* decode: x as gemv_prep leaves it, or NULL */
     int64_t ldq;
@@ -152,19 +153,39 @@ static void mm_gemm_task(void *arg, int task, int thread)
 _Static_assert(MM_MC % CPU_ROWBLOCK_ROWS == 0, "tasks of whole row blocks");
 #define MM_MB 96
 
-/* Tasks a thread of the float prefill path, each a run of whole blocks of MM_MC rows, which
- * the threads claim in turn. Two halves, one a thread, left the caller waiting whenever the
- * other thread lost its core for a while: in one run of river bench --prompt-len 512
- * (avx512bf16, 2 threads, Zen 5 VM) the caller waited 2.0 s in these matmuls, in the next
- * 0.05 s of their 4.4 s a thread. In whole blocks, only the last task has a block short of
- * MM_MC rows, whose last panel is padded, where each half had one. */
-#define MM_DOT_TASKS_PER_THREAD 4
+/* The float prefill path's tasks, which the threads claim in turn (threadpool.h), are runs
+ * of whole blocks of MM_MC rows, each 1 / MM_DOT_SHARE of a thread's share of the blocks
+ * left, so they shrink to single blocks at the end and whichever thread finishes first
+ * waits a block or two for the other, however the host shares the cores meanwhile. Within
+ * a task the blocks run in order, each one's rows asked for while the one before runs
+ * (mm_dot_task); a task's first block comes cold from memory, hence not single blocks
+ * throughout. Two halves, one a thread, left the caller waiting 2.0 s of a thread's 4.4 s
+ * in these matmuls in one run of river bench --prompt-len 512 (avx512bf16, 2 threads, Zen 5
+ * VM) and 0.05 s in the next; four equal tasks a thread still left up to a quarter of a
+ * thread's share to wait for. */
+#define MM_DOT_SHARE 2
 
-/* Task `task` of n_tasks of the float prefill path: its weight rows, whole blocks. */
+/* Where task `task` of the float prefill path starts (*b0, in blocks of MM_MC rows) and
+ * how many blocks it has: 0 past the last task, so that the count of tasks is the first
+ * task with none. */
+static int64_t mm_dot_task_blocks(int64_t blocks, int threads, int task, int64_t *b0)
+{
+    int64_t b = 0, d = (int64_t)MM_DOT_SHARE * threads;
+    for (int t = 0;; t++) {
+        int64_t size = threads > 1 ? (blocks - b + d - 1) / d : blocks - b;
+        if (t == task || size == 0) {
+            *b0 = b;
+            return size;
+        }
+        b += size;
+    }
+}
+
+/* Task `task` of the float prefill path: its weight rows, whole blocks. */
 static void mm_dot_task_rows(const mm_job_t *j, int task, int64_t *r0, int64_t *r1)
 {
-    int64_t blocks = (j->w->rows + MM_MC - 1) / MM_MC;
-    int64_t b0 = blocks * task / j->n_tasks, b1 = blocks * (task + 1) / j->n_tasks;
+    int64_t blocks = (j->w->rows + MM_MC - 1) / MM_MC, b0;
+    int64_t size = mm_dot_task_blocks(blocks, j->threads, task, &b0), b1 = b0 + size;
     *r0 = b0 * MM_MC;
     *r1 = b1 * MM_MC < j->w->rows ? b1 * MM_MC : j->w->rows;
 }
@@ -409,10 +430,11 @@ int cpu_matmul(ops_ctx_t *ctx, void *y, const void *x, const weight_t *w, int n)
             return e;
         if (k->gemm_x_cols_per_float && (e = mm_prep(ctx, &j)) != 0)
             return e;
-        int64_t blocks = (w->rows + MM_MC - 1) / MM_MC;
-        j.n_tasks = threads > 1 ? threads * MM_DOT_TASKS_PER_THREAD : 1;
-        if (j.n_tasks > blocks)
-            j.n_tasks = (int)blocks;
+        int64_t blocks = (w->rows + MM_MC - 1) / MM_MC, b0;
+        j.threads = threads;
+        j.n_tasks = 0;
+        while (mm_dot_task_blocks(blocks, threads, j.n_tasks, &b0) > 0)
+            j.n_tasks++;
         threadpool_run(ctx->pool, mm_dot_task, &j, j.n_tasks);
         return 0;
     }
