@@ -763,7 +763,7 @@ static void avx2_gemm_block(float *y, int64_t ldy, const float *xp, int m, const
 
 /* y[j] = hsum8(v[j]) for the j < nr of a tile row's 6 vectors of partial sums: hsum8x8 of
  * the six and two of zeros, hsum8's bits in half the instructions of six hsum8s. */
-AI void avx2_gd_sums(float *y, const __m256 *v, int nr)
+AI void avx2_sums_store(float *y, const __m256 *v, int nr)
 {
     __m256 x[8];
 #pragma GCC unroll 8
@@ -791,12 +791,13 @@ AI void avx2_gd_sums(float *y, const __m256 *v, int nr)
 #define GD_L 8
 #define GD_MR 2
 #define GD_NR 6
+_Static_assert(GD_NR == 6, "avx2_sums_store ends rows of six vectors");
 #define GD_ZERO() _mm256_setzero_ps()
 #define GD_LOAD(p) _mm256_load_ps(p)
 #define GD_LOADU(p) _mm256_loadu_ps(p)
 #define GD_STORE(p, v) _mm256_store_ps(p, v)
 #define GD_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define GD_SUMS(y, v, nr) avx2_gd_sums(y, v, nr)
+#define GD_SUMS(y, v, nr) avx2_sums_store(y, v, nr)
 #define GD_LDW(et, p) ld8(et, p, 0)
 #define GD_LDW_EO(p, s) ld8_eo(p, s)
 #include "kernels/cpu/gemm_dot_x86.h"
