@@ -17,6 +17,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/x8_pick.h"
 #include "kernels/half.h"
+#include "kernels/kv_row.h"
 #include "tests/testutil.h"
 
 /* A Q4 weight of random codes, scales and zeros (the caller frees data, scales, zeros). */
@@ -670,6 +671,73 @@ START_TEST(test_attn_rows_kernels)
 }
 END_TEST
 
+/* kv_from_f32, kv_write's narrowing, writes the bits of kv_row_from_f32 at every level:
+ * a position's K/V must not depend on the level or the batch that wrote it. F16 over a
+ * sweep of f32 bit patterns with the edges among them (halves' subnormals and the ties
+ * between them, the largest half and the midpoint above it, infinities, NaNs with
+ * payloads, zeros of both signs), at offsets and lengths that leave vector tails; the
+ * other types, which the levels hand to kv_row_from_f32, once each. */
+START_TEST(test_kv_from_f32_levels)
+{
+    enum { N = 4096 + 7, OFF = 3 };
+    static const uint32_t edges[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+        0x7f800001u, 0x7fbfffffu, 0xff812345u, 0x477fe000u, 0x477fefffu, 0x477ff000u,
+        0x477ff001u, 0xc77ff000u, 0x38800000u, 0x387fffffu, 0x33800000u, 0x33000000u,
+        0x33000001u, 0x337fffffu, 0x33c00000u, 0x34400000u, 0x00000001u, 0x00800000u,
+        0x3f800fffu, 0x3f801000u, 0x3f801001u, 0x3f803000u, 0x387fe000u, 0x387ff000u};
+    float *src = malloc(sizeof(float) * N);
+    uint16_t *want = malloc(sizeof(uint16_t) * (N + OFF));
+    uint16_t *got = malloc(sizeof(uint16_t) * (N + OFF));
+    ck_assert(src && want && got);
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < (int)(sizeof edges / sizeof edges[0])
+                         ? edges[i]
+                         : (uint32_t)i * 1048573u + test_rand_u32() % 4096u;
+        memcpy(&src[i], &u, sizeof u);
+    }
+    for (int l = CPU_SIMD_SCALAR; l <= (int)cpu_simd_detect(); l++) {
+        const cpu_kernels_t *k = cpu_kernels_get((cpu_simd_t)l);
+        ck_assert_ptr_nonnull(k->kv_from_f32);
+        for (int n = N; n >= N - 9; n -= 3) {
+            memset(want, 0x5a, sizeof(uint16_t) * (N + OFF));
+            memset(got, 0x5a, sizeof(uint16_t) * (N + OFF));
+            kv_row_from_f32(DTYPE_F16, want, NULL, OFF, src, n);
+            k->kv_from_f32(DTYPE_F16, got, NULL, OFF, src, n);
+            for (int i = 0; i < N + OFF; i++) {
+                if (want[i] == got[i])
+                    continue;
+                uint32_t from = 0;
+                if (i >= OFF && i < OFF + n)
+                    memcpy(&from, &src[i - OFF], sizeof from);
+                ck_abort_msg("%s kv_from_f32 f16 (n %d): element %d is %04x, kv_row_from_f32's "
+                             "%04x (from %08x)", cpu_simd_name((cpu_simd_t)l), n, i, got[i],
+                             want[i], from);
+            }
+        }
+        /* The other types: a row of 64 random values (two Q8 blocks). */
+        float row[64], sw[2], sg[2];
+        for (int i = 0; i < 64; i++)
+            row[i] = test_rand(-3.0f, 3.0f);
+        uint8_t bw[256], bg[256];
+        const dtype_t dts[] = {DTYPE_BF16, DTYPE_Q8, DTYPE_F32};
+        for (int d = 0; d < 3; d++) {
+            memset(bw, 0, sizeof bw);
+            memset(bg, 0, sizeof bg);
+            kv_row_from_f32(dts[d], bw, sw, 0, row, 64);
+            k->kv_from_f32(dts[d], bg, sg, 0, row, 64);
+            ck_assert_msg(memcmp(bw, bg, sizeof bw) == 0, "%s kv_from_f32 %s differs",
+                          cpu_simd_name((cpu_simd_t)l), dtype_name(dts[d]));
+            if (dts[d] == DTYPE_Q8)
+                ck_assert(memcmp(sw, sg, sizeof sw) == 0);
+        }
+    }
+    free(src);
+    free(want);
+    free(got);
+}
+END_TEST
+
 static Suite *ops_suite(void)
 {
     Suite *s = suite_create("ops");
@@ -684,6 +752,7 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_x8_env);
     tcase_add_test(tc, test_prefill_kernels_split);
     tcase_add_test(tc, test_attn_rows_kernels);
+    tcase_add_test(tc, test_kv_from_f32_levels);
     tcase_add_loop_test(tc, test_q4x8_layout, 0, 2 * CPU_SIMD_COUNT);
     suite_add_tcase(s, tc);
     return s;

@@ -20,7 +20,6 @@
 #include "kernels/cpu/rowblock.h"
 #include "kernels/cpu/x8_pick.h"
 #include "kernels/half.h"
-#include "kernels/kv_row.h"
 #include "kernels/shm.h"
 
 /* Element-wise ops on fewer elements than this run on the calling thread: below it the
@@ -223,6 +222,9 @@ struct rows_job {
     int n_heads;
     const rope_t *rope;
     int64_t total; /* add: elements */
+    const kv_view_t *kv; /* kv_write: the pool, its batch and layer */
+    const attn_batch_t *batch;
+    int layer;
 };
 
 static void rows_task(void *arg, int task, int thread)
@@ -436,10 +438,26 @@ static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *o
     return 0;
 }
 
+/* Rows r0..r1-1 of a batch into their slots (checked by cpu_kv_write). Rows of one batch
+ * hold distinct slots, so the threads write apart. */
+static void kv_write_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    const kv_view_t *kv = j->kv;
+    for (int64_t i = r0; i < r1; i++) {
+        int64_t off;
+        (void)kv_slot(kv, j->batch, (int)i, &off);
+        off += (int64_t)j->layer * kv->layer_stride;
+        j->ctx->k->kv_from_f32(kv->dtype, kv->k, kv->k_scale, off, j->a + i * kv->kv_dim,
+                               kv->kv_dim);
+        j->ctx->k->kv_from_f32(kv->dtype, kv->v, kv->v_scale, off, j->b + i * kv->kv_dim,
+                               kv->kv_dim);
+    }
+}
+
 static int cpu_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
                         const void *k, const void *v)
 {
-    (void)ctx;
     if (!kv || !b || layer < 0 || kv->page_size <= 0 || kv->kv_dim <= 0 || b->n < 0 ||
         (b->n > 0 && (!k || !v || !b->pos || !b->page_table || !kv->k || !kv->v)))
         return river_err_set(RIVER_EINVAL, "cpu kv_write: bad arguments");
@@ -453,15 +471,9 @@ static int cpu_kv_write(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const at
         if (e)
             return e;
     }
-    for (int i = 0; i < b->n; i++) {
-        int64_t off;
-        (void)kv_slot(kv, b, i, &off);
-        off += (int64_t)layer * kv->layer_stride;
-        kv_row_from_f32(kv->dtype, kv->k, kv->k_scale, off,
-                        (const float *)k + (int64_t)i * kv->kv_dim, kv->kv_dim);
-        kv_row_from_f32(kv->dtype, kv->v, kv->v_scale, off,
-                        (const float *)v + (int64_t)i * kv->kv_dim, kv->kv_dim);
-    }
+    rows_job_t j = { .ctx = ctx, .fn = kv_write_rows, .n_rows = b->n, .a = k, .b = v,
+                     .kv = kv, .batch = b, .layer = layer };
+    rows_run(&j, 2 * (int64_t)b->n * kv->kv_dim);
     return 0;
 }
 

@@ -1370,6 +1370,7 @@ PEAK_FN static float avx2_peak_f32(int64_t iters)
     .attn_values = avx2_attn_values, \
     .attn_values_rows = avx2_attn_values_rows, \
     .kv_to_f32 = avx2_kv_to_f32, \
+    .kv_from_f32 = x86_kv_from_f32, \
     .exp_sum = avx2_exp_sum, \
     .max = avx2_max, \
     .read_sum = avx2_read_sum, \

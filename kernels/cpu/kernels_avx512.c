@@ -1745,6 +1745,7 @@ PEAK_FN static int32_t avx512_peak_q8_tile(int64_t iters)
     .attn_scores_rows = avx512_attn_scores_rows, \
     .attn_values_rows = avx512_attn_values_rows, \
     .kv_to_f32 = avx512_kv_to_f32, \
+    .kv_from_f32 = x86_kv_from_f32, \
     .exp_sum = avx512_exp_sum, \
     .max = avx512_max, \
     .read_sum = avx512_read_sum, \

@@ -283,6 +283,7 @@ const cpu_kernels_t cpu_kernels_scalar = {
     .attn_scores = scalar_attn_scores,
     .attn_values = scalar_attn_values,
     .kv_to_f32 = scalar_kv_to_f32,
+    .kv_from_f32 = kv_row_from_f32,
     .exp_sum = scalar_exp_sum,
     .max = scalar_max,
     .read_sum = scalar_read_sum,

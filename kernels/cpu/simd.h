@@ -130,6 +130,12 @@ typedef struct cpu_kernels {
      * a block of rows at a time, into rows that attn_scores and attn_values then read. */
     void (*kv_to_f32)(float *dst, dtype_t dt, const void *base, const float *scales,
                       int64_t off, int64_t n);
+    /* The other way, kv_write's: src[0..n) into elements off..off+n-1 of a KV array of
+     * type dt, with kv_row_from_f32's bits at every level (the x86 levels narrow F16 with
+     * F16C's vcvtps2ph, which rounds to nearest even and keeps a NaN's high payload bits,
+     * quieted, as kernels/half.h does; the other types go through kv_row_from_f32). */
+    void (*kv_from_f32)(dtype_t dt, void *base, float *scales, int64_t off, const float *src,
+                        int64_t n);
     /* x[t] = exp(x[t] - max) for t < n, returns the sum; max is given. */
     float (*exp_sum)(float *x, int64_t n, float max);
     float (*max)(const float *x, int64_t n);

@@ -7,6 +7,24 @@
 #include <string.h>
 
 #include "kernels/cpu/peak_rounds.h"
+#include "kernels/kv_row.h"
+
+/* simd.h: kv_from_f32, eight F16 values at a time; the tail and the other types as
+ * kv_row_from_f32. */
+__attribute__((unused)) static void x86_kv_from_f32(dtype_t dt, void *base, float *scales,
+                                                    int64_t off, const float *src, int64_t n)
+{
+    int64_t j = 0;
+    if (dt == DTYPE_F16) {
+        uint16_t *h = (uint16_t *)base + off;
+        for (; j + 8 <= n; j += 8)
+            _mm_storeu_si128((__m128i *)(h + j),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + j),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    if (j < n)
+        kv_row_from_f32(dt, base, scales, off + j, src + j, n - j);
+}
 
 /* The sum of the eight lanes. */
 AI float hsum8(__m256 v)
