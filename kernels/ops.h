@@ -284,7 +284,8 @@ typedef struct ops {
     int (*swiglu)(ops_ctx_t *ctx, void *out, const void *gate, const void *up, int n, int d,
                   int stride);
     /* Writes k and v (n, kv_dim, f32) into the slots (layer, pos[i]) of each row's pages,
-     * narrowed to kv->dtype (kv_view_t). */
+     * narrowed to kv->dtype (kv_view_t). The rows' slots must be distinct: a backend writes
+     * rows in parallel (CUDA's threads, the CPU's pool), so two rows on one slot race. */
     int (*kv_write)(ops_ctx_t *ctx, const kv_view_t *kv, int layer, const attn_batch_t *b,
                     const void *k, const void *v);
     /* Causal grouped-query attention of q (n, n_heads*head_dim) over the pages of each

@@ -438,8 +438,8 @@ static int kv_slot(const kv_view_t *kv, const attn_batch_t *b, int i, int64_t *o
     return 0;
 }
 
-/* Rows r0..r1-1 of a batch into their slots (checked by cpu_kv_write). Rows of one batch
- * hold distinct slots, so the threads write apart. */
+/* Rows r0..r1-1 of a batch into their slots (checked by cpu_kv_write), which are distinct
+ * (ops.h: kv_write), so the threads write apart. */
 static void kv_write_rows(const rows_job_t *j, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
